@@ -1,0 +1,255 @@
+// Backend: argument validation shared by every transport, then dispatch to its start_* calls.
+#include "loom/backend.hpp"
+
+#include <string>
+
+#include "loom/error.hpp"
+
+namespace loom {
+
+std::string_view to_string(Collective collective) noexcept {
+  switch (collective) {
+    case Collective::broadcast: return "broadcast";
+    case Collective::reduce: return "reduce";
+    case Collective::allreduce: return "allreduce";
+    case Collective::allgather: return "allgather";
+    case Collective::reduce_scatter: return "reduce_scatter";
+    case Collective::alltoall: return "alltoall";
+    case Collective::barrier: return "barrier";
+  }
+  return "unknown";
+}
+
+Collective parse_collective(std::string_view name) {
+  for (auto c : {Collective::broadcast, Collective::reduce, Collective::allreduce,
+                 Collective::allgather, Collective::reduce_scatter, Collective::alltoall,
+                 Collective::barrier})
+    if (name == to_string(c)) return c;
+  if (name == "reducescatter") return Collective::reduce_scatter;
+  throw Error(ErrorCode::invalid_argument,
+              "unknown collective '" + std::string(name) +
+                  "' (expected broadcast, reduce, allreduce, allgather, reduce_scatter, "
+                  "alltoall or barrier)");
+}
+
+Backend::~Backend() = default;
+
+std::string Backend::where(std::string_view operation) const {
+  return std::string(operation) + " on rank " + std::to_string(rank()) + " of " +
+         std::to_string(world_size()) + " (" + std::string(name()) + ")";
+}
+
+namespace {
+
+// Checks shared by every buffer argument.
+class Check {
+ public:
+  Check(const Backend& backend, std::string_view operation)
+      : _backend(backend), _where(backend.where(operation)) {}
+
+  [[noreturn]] void fail(ErrorCode code, const std::string& what) const {
+    throw Error(code, _where + ": " + what);
+  }
+
+  void buffer(const char* role, Buffer b) const {
+    if (b.data() == nullptr && b.count() != 0)
+      fail(ErrorCode::invalid_argument,
+           std::string(role) + " buffer is null with count " + std::to_string(b.count()));
+    if (!_backend.supports(b.device()))
+      fail(ErrorCode::unsupported, std::string(role) + " buffer " + b.describe() +
+                                       " is on a device this backend cannot reach");
+  }
+
+  void same_dtype(Buffer send, Buffer recv) const {
+    if (send.dtype() != recv.dtype())
+      fail(ErrorCode::invalid_argument, "send " + send.describe() + " and recv " +
+                                            recv.describe() + " have different dtypes");
+  }
+
+  void op(ReduceOp op, DType dtype) const {
+    if (!supports(op, dtype))
+      fail(ErrorCode::unsupported, "reduce op " + std::string(to_string(op)) +
+                                       " is not defined for " + std::string(to_string(dtype)) +
+                                       " (avg on integers would truncate; use sum and divide)");
+  }
+
+  void root(int root) const {
+    if (root < 0 || root >= _backend.world_size())
+      fail(ErrorCode::invalid_argument, "root " + std::to_string(root) + " is out of range [0, " +
+                                            std::to_string(_backend.world_size()) + ")");
+  }
+
+  void peer(int peer, bool wildcard_allowed) const {
+    if (wildcard_allowed && peer == any_source) return;
+    if (peer < 0 || peer >= _backend.world_size())
+      fail(ErrorCode::invalid_argument, "peer " + std::to_string(peer) + " is out of range [0, " +
+                                            std::to_string(_backend.world_size()) + ")");
+  }
+
+  void tag(int tag, int max_tag, bool wildcard_allowed) const {
+    if (wildcard_allowed && tag == any_tag) return;
+    if (tag < 0 || tag > max_tag)
+      fail(ErrorCode::invalid_argument,
+           "tag " + std::to_string(tag) + " is out of range [0, " + std::to_string(max_tag) + "]");
+  }
+
+  // Out-of-place operations must not read memory they are writing.
+  void disjoint(Buffer send, Buffer recv) const {
+    if (send.bytes() == 0 || recv.bytes() == 0) return;
+    auto* s = static_cast<const std::byte*>(send.data());
+    auto* r = static_cast<const std::byte*>(recv.data());
+    if (s < r + recv.bytes() && r < s + send.bytes())
+      fail(ErrorCode::invalid_argument, "send " + send.describe() + " and recv " +
+                                            recv.describe() +
+                                            " overlap (only the documented in-place form is allowed)");
+  }
+
+ private:
+  const Backend& _backend;
+  std::string _where;
+};
+
+std::string count_text(Buffer b) { return std::to_string(b.count()); }
+
+}  // namespace
+
+std::unique_ptr<Work> Backend::broadcast_async(Buffer buffer, int root) {
+  Check check(*this, "broadcast");
+  check.buffer("", buffer);
+  check.root(root);
+  return start_broadcast(buffer, root);
+}
+
+std::unique_ptr<Work> Backend::reduce_async(Buffer send, Buffer recv, ReduceOp op, int root) {
+  Check check(*this, "reduce");
+  check.root(root);
+  check.buffer("send", send);
+  check.op(op, send.dtype());
+  if (rank() == root) {
+    check.buffer("recv", recv);
+    check.same_dtype(send, recv);
+    if (recv.count() != send.count())
+      check.fail(ErrorCode::invalid_argument, "recv count " + count_text(recv) +
+                                                  " differs from send count " + count_text(send));
+    if (send.data() != recv.data()) check.disjoint(send, recv);
+  }
+  return start_reduce(send, recv, op, root);
+}
+
+std::unique_ptr<Work> Backend::allreduce_async(Buffer send, Buffer recv, ReduceOp op) {
+  Check check(*this, "allreduce");
+  check.buffer("send", send);
+  check.buffer("recv", recv);
+  check.same_dtype(send, recv);
+  check.op(op, send.dtype());
+  if (recv.count() != send.count())
+    check.fail(ErrorCode::invalid_argument,
+               "recv count " + count_text(recv) + " differs from send count " + count_text(send));
+  if (send.data() != recv.data()) check.disjoint(send, recv);
+  return start_allreduce(send, recv, op);
+}
+
+std::unique_ptr<Work> Backend::allgather_async(Buffer send, Buffer recv) {
+  Check check(*this, "allgather");
+  check.buffer("send", send);
+  check.buffer("recv", recv);
+  check.same_dtype(send, recv);
+  const auto world = static_cast<std::size_t>(world_size());
+  if (recv.count() != send.count() * world)
+    check.fail(ErrorCode::invalid_argument, "recv count " + count_text(recv) +
+                                                " must be send count " + count_text(send) + " x " +
+                                                std::to_string(world) + " ranks = " +
+                                                std::to_string(send.count() * world));
+  const bool in_place = send.count() != 0 &&
+                        send.data() == recv.slice(rank() * send.count(), send.count()).data();
+  if (!in_place) check.disjoint(send, recv);
+  return start_allgather(send, recv);
+}
+
+std::unique_ptr<Work> Backend::reduce_scatter_async(Buffer send, Buffer recv, ReduceOp op) {
+  Check check(*this, "reduce_scatter");
+  check.buffer("send", send);
+  check.buffer("recv", recv);
+  check.same_dtype(send, recv);
+  check.op(op, send.dtype());
+  const auto world = static_cast<std::size_t>(world_size());
+  if (send.count() % world != 0)
+    check.fail(ErrorCode::invalid_argument, "send count " + count_text(send) +
+                                                " does not divide by " + std::to_string(world) +
+                                                " ranks (pad it to a multiple of the world size)");
+  if (recv.count() * world != send.count())
+    check.fail(ErrorCode::invalid_argument, "recv count " + count_text(recv) + " must be send count " +
+                                                count_text(send) + " / " + std::to_string(world) +
+                                                " ranks = " + std::to_string(send.count() / world));
+  check.disjoint(send, recv);
+  return start_reduce_scatter(send, recv, op);
+}
+
+std::unique_ptr<Work> Backend::alltoall_async(Buffer send, Buffer recv) {
+  Check check(*this, "alltoall");
+  check.buffer("send", send);
+  check.buffer("recv", recv);
+  check.same_dtype(send, recv);
+  const auto world = static_cast<std::size_t>(world_size());
+  if (send.count() != recv.count())
+    check.fail(ErrorCode::invalid_argument,
+               "recv count " + count_text(recv) + " differs from send count " + count_text(send));
+  if (send.count() % world != 0)
+    check.fail(ErrorCode::invalid_argument, "count " + count_text(send) + " does not divide by " +
+                                                std::to_string(world) + " ranks");
+  check.disjoint(send, recv);
+  return start_alltoall(send, recv);
+}
+
+std::unique_ptr<Work> Backend::barrier_async() { return start_barrier(); }
+
+std::unique_ptr<Work> Backend::send_async(Buffer buffer, int peer, int tag) {
+  Check check(*this, "send");
+  check.buffer("send", buffer);
+  check.peer(peer, false);
+  check.tag(tag, max_tag(), false);
+  return start_send(buffer, peer, tag);
+}
+
+std::unique_ptr<Work> Backend::recv_async(Buffer buffer, int peer, int tag) {
+  Check check(*this, "recv");
+  check.buffer("recv", buffer);
+  check.peer(peer, true);
+  check.tag(tag, max_tag(), true);
+  return start_recv(buffer, peer, tag);
+}
+
+std::optional<Status> Backend::try_probe(int peer, int tag) {
+  Check check(*this, "probe");
+  check.peer(peer, true);
+  check.tag(tag, max_tag(), true);
+  return poll_probe(peer, tag);
+}
+
+Status Backend::probe(int peer, int tag) {
+  Check check(*this, "probe");
+  check.peer(peer, true);
+  check.tag(tag, max_tag(), true);
+  // A Work so that probing waits with the same back-off as every other operation.
+  struct ProbeWork final : Work {
+    ProbeWork(Backend& b, int p, int t) : Work(b.where("probe")), backend(b), peer(p), tag(t) {}
+    bool poll() override {
+      result = backend.try_probe(peer, tag);
+      return result.has_value();
+    }
+    Backend& backend;
+    int peer, tag;
+    std::optional<Status> result;
+  } work(*this, peer, tag);
+  work.wait();
+  return *work.result;
+}
+
+Message Backend::recv_message(int peer, int tag) {
+  Check check(*this, "recv_message");
+  check.peer(peer, true);
+  check.tag(tag, max_tag(), true);
+  return receive_message(peer, tag);
+}
+
+}  // namespace loom

@@ -1,0 +1,57 @@
+// create_backend: LOOM_BACKEND, mpirun detection and the list of backends this build has.
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
+#include "loom/backend.hpp"
+#include "loom/config.hpp"
+#include "loom/error.hpp"
+#include "loom/local.hpp"
+#if LOOM_HAVE_MPI
+#include "loom/mpi.hpp"
+#endif
+
+namespace loom {
+
+std::vector<std::string> built_backends() {
+  std::vector<std::string> names{"local"};
+#if LOOM_HAVE_MPI
+  names.push_back("mpi");
+#endif
+#if LOOM_HAVE_NCCL
+  names.push_back("nccl");
+#endif
+  return names;
+}
+
+bool launched_by_mpirun() noexcept {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"})
+    if (std::getenv(var) != nullptr) return true;
+  return false;
+}
+
+std::shared_ptr<Backend> create_backend(std::string_view name) {
+  std::string chosen(name);
+  if (chosen.empty()) {
+    if (const char* env = std::getenv("LOOM_BACKEND"); env != nullptr && *env != '\0') chosen = env;
+  }
+  const auto built = built_backends();
+  if (chosen.empty()) {
+    const bool mpi_built = std::find(built.begin(), built.end(), "mpi") != built.end();
+    chosen = launched_by_mpirun() && mpi_built ? "mpi" : "local";
+  }
+  if (chosen == "local") return make_local_backend();
+#if LOOM_HAVE_MPI
+  if (chosen == "mpi") return make_mpi_backend();
+#endif
+  std::string list;
+  for (const auto& b : built) list += (list.empty() ? "" : ", ") + b;
+  if (chosen == "mpi" || chosen == "nccl")
+    throw Error(ErrorCode::unavailable, "backend '" + chosen +
+                                            "' is not available in this build (available: " +
+                                            list + ")");
+  throw Error(ErrorCode::unavailable,
+              "unknown backend '" + chosen + "' (available: " + list + ")");
+}
+
+}  // namespace loom

@@ -1,0 +1,137 @@
+// Backend: the communication interface every transport implements (local, mpi, nccl).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "loom/buffer.hpp"
+#include "loom/dtype.hpp"
+#include "loom/work.hpp"
+
+namespace loom {
+
+/// @brief The collective operations loom schedules.
+enum class Collective : unsigned char {
+  broadcast,
+  reduce,
+  allreduce,
+  allgather,
+  reduce_scatter,
+  alltoall,
+  barrier
+};
+
+std::string_view to_string(Collective collective) noexcept;
+/// @brief Parses "allreduce", "reduce_scatter" (also "reducescatter"), ...
+Collective parse_collective(std::string_view name);
+
+inline constexpr int any_source = -1;
+inline constexpr int any_tag = -1;
+
+/// @brief What probe() found: who sent, with which tag, how many bytes.
+struct Status {
+  int source = -1;
+  int tag = -1;
+  std::size_t bytes = 0;
+};
+
+/// @brief A message received without knowing its size in advance.
+struct Message {
+  int source = -1;
+  int tag = -1;
+  std::vector<std::byte> data;
+};
+
+/// @brief A group of ranks and the operations among them.
+///
+/// Every public operation validates its arguments and throws loom::Error naming the operation,
+/// the rank and the sizes before anything is sent. Collectives must be called in the same
+/// order on every rank (as in MPI). Semantics of the buffers:
+///  - broadcast(buffer, root): in place.
+///  - reduce(send, recv, op, root): recv is used on root only (may equal send there).
+///  - allreduce(send, recv, op): equal counts; send == recv means in place.
+///  - allgather(send, recv): recv.count == send.count * world; send may be recv's own slice.
+///  - reduce_scatter(send, recv, op): send.count == recv.count * world (a count that does not
+///    divide by world is an invalid_argument error); rank r gets block r.
+///  - alltoall(send, recv): equal counts divisible by world; block j of send goes to rank j.
+///  - avg divides the sum by world size; it is defined for floating dtypes only.
+class Backend {
+ public:
+  virtual ~Backend();
+
+  virtual int rank() const noexcept = 0;
+  virtual int world_size() const noexcept = 0;
+  /// @brief "local", "mpi" or "nccl".
+  virtual std::string_view name() const noexcept = 0;
+  /// @brief Whether buffers on `device` can be passed directly.
+  virtual bool supports(Device device) const noexcept { return device.kind == DeviceKind::cpu; }
+
+  std::unique_ptr<Work> broadcast_async(Buffer buffer, int root);
+  std::unique_ptr<Work> reduce_async(Buffer send, Buffer recv, ReduceOp op, int root);
+  std::unique_ptr<Work> allreduce_async(Buffer send, Buffer recv, ReduceOp op);
+  std::unique_ptr<Work> allgather_async(Buffer send, Buffer recv);
+  std::unique_ptr<Work> reduce_scatter_async(Buffer send, Buffer recv, ReduceOp op);
+  std::unique_ptr<Work> alltoall_async(Buffer send, Buffer recv);
+  std::unique_ptr<Work> barrier_async();
+  /// @brief Sends `buffer` to `peer`; the buffer must stay valid until the work finishes.
+  std::unique_ptr<Work> send_async(Buffer buffer, int peer, int tag = 0);
+  /// @brief Receives exactly buffer.bytes() from `peer` (or any_source); a message of another
+  /// size fails with ErrorCode::mismatch naming both sizes.
+  std::unique_ptr<Work> recv_async(Buffer buffer, int peer, int tag = 0);
+
+  void broadcast(Buffer buffer, int root) { broadcast_async(buffer, root)->wait(); }
+  void reduce(Buffer send, Buffer recv, ReduceOp op, int root) {
+    reduce_async(send, recv, op, root)->wait();
+  }
+  void allreduce(Buffer send, Buffer recv, ReduceOp op) { allreduce_async(send, recv, op)->wait(); }
+  void allreduce(Buffer buffer, ReduceOp op) { allreduce(buffer, buffer, op); }
+  void allgather(Buffer send, Buffer recv) { allgather_async(send, recv)->wait(); }
+  void reduce_scatter(Buffer send, Buffer recv, ReduceOp op) {
+    reduce_scatter_async(send, recv, op)->wait();
+  }
+  void alltoall(Buffer send, Buffer recv) { alltoall_async(send, recv)->wait(); }
+  void barrier() { barrier_async()->wait(); }
+  void send(Buffer buffer, int peer, int tag = 0) { send_async(buffer, peer, tag)->wait(); }
+  void recv(Buffer buffer, int peer, int tag = 0) { recv_async(buffer, peer, tag)->wait(); }
+
+  /// @brief Blocks until a message from `peer`/`tag` (wildcards allowed) can be received.
+  Status probe(int peer = any_source, int tag = any_tag);
+  /// @brief Non-blocking probe.
+  std::optional<Status> try_probe(int peer = any_source, int tag = any_tag);
+  /// @brief Receives a message whose size is not known in advance (probe + receive, atomically).
+  Message recv_message(int peer = any_source, int tag = any_tag);
+
+  /// @brief "allreduce on rank 1 of 4 (mpi)": the prefix of every error message.
+  std::string where(std::string_view operation) const;
+
+ protected:
+  virtual std::unique_ptr<Work> start_broadcast(Buffer buffer, int root) = 0;
+  virtual std::unique_ptr<Work> start_reduce(Buffer send, Buffer recv, ReduceOp op, int root) = 0;
+  virtual std::unique_ptr<Work> start_allreduce(Buffer send, Buffer recv, ReduceOp op) = 0;
+  virtual std::unique_ptr<Work> start_allgather(Buffer send, Buffer recv) = 0;
+  virtual std::unique_ptr<Work> start_reduce_scatter(Buffer send, Buffer recv, ReduceOp op) = 0;
+  virtual std::unique_ptr<Work> start_alltoall(Buffer send, Buffer recv) = 0;
+  virtual std::unique_ptr<Work> start_barrier() = 0;
+  virtual std::unique_ptr<Work> start_send(Buffer buffer, int peer, int tag) = 0;
+  virtual std::unique_ptr<Work> start_recv(Buffer buffer, int peer, int tag) = 0;
+  virtual std::optional<Status> poll_probe(int peer, int tag) = 0;
+  /// @brief Blocks until a matching message arrives and receives it whole.
+  virtual Message receive_message(int peer, int tag) = 0;
+  /// @brief Largest tag the transport accepts.
+  virtual int max_tag() const noexcept { return 32767; }
+};
+
+/// @brief Names of the backends built into this library ("local", "mpi", ...).
+std::vector<std::string> built_backends();
+/// @brief Whether the process was started by mpirun/mpiexec (Open MPI, PMIx or Hydra env).
+bool launched_by_mpirun() noexcept;
+/// @brief Creates the backend named by `name`, or by LOOM_BACKEND when empty, or mpi when
+/// launched by mpirun and built, else a one-rank local backend. An unknown or unavailable
+/// name is ErrorCode::unavailable listing the available ones.
+std::shared_ptr<Backend> create_backend(std::string_view name = {});
+
+}  // namespace loom

@@ -1,0 +1,59 @@
+// Work: the handle of an asynchronous operation (test, wait, wait_for, error).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <exception>
+#include <mutex>
+#include <string>
+
+namespace loom {
+
+/// @brief Handle of an operation started asynchronously by a Backend.
+///
+/// test() advances and polls the operation; wait() blocks with back-off until it ends and
+/// rethrows its failure as loom::Error. Any thread may call these; calls are serialised.
+class Work {
+ public:
+  explicit Work(std::string description);
+  virtual ~Work();
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+
+  /// @brief Advances the operation; true once it has finished (successfully or not). Never throws.
+  bool test() noexcept;
+  /// @brief Blocks until finished; throws the operation's loom::Error if it failed.
+  void wait();
+  /// @brief Waits at most `timeout`: true when finished successfully, false when still running;
+  /// throws the operation's loom::Error if it failed.
+  bool wait_for(std::chrono::nanoseconds timeout);
+
+  bool finished() const noexcept { return _finished.load(std::memory_order_acquire); }
+  bool failed() const noexcept { return finished() && _error != nullptr; }
+  /// @brief The failure, or nullptr; meaningful once finished().
+  std::exception_ptr error() const noexcept { return finished() ? _error : nullptr; }
+  /// @brief What this operation is ("allreduce float32[1024] sum on rank 0").
+  const std::string& description() const noexcept { return _description; }
+
+ protected:
+  /// @brief Advances the operation; true when it has finished. Throwing marks it failed.
+  /// Called with the work's lock held, never after it returned true.
+  virtual bool poll() = 0;
+
+ private:
+  std::string _description;
+  std::mutex _mutex;
+  std::atomic<bool> _finished{false};
+  std::exception_ptr _error;
+};
+
+/// @brief A Work that finished when it was made (an eager send, an empty collective).
+class CompletedWork final : public Work {
+ public:
+  explicit CompletedWork(std::string description) : Work(std::move(description)) {}
+
+ protected:
+  bool poll() override { return true; }
+};
+
+}  // namespace loom

@@ -1,0 +1,452 @@
+// The local backend: collectives meet by sequence number in shared state and the last rank to
+// arrive moves the data; point-to-point uses MPI-style posted/unexpected queues.
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <deque>
+#include <limits>
+#include <list>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "loom/error.hpp"
+#include "loom/kernels/reduce.hpp"
+#include "loom/local.hpp"
+
+namespace loom {
+namespace {
+
+std::byte* bytes_of(Buffer b) { return static_cast<std::byte*>(b.data()); }
+
+void copy(Buffer dst, Buffer src) {
+  if (src.bytes() != 0 && dst.data() != src.data())
+    std::memcpy(dst.data(), src.data(), src.bytes());
+}
+
+// What every rank must agree on for the n-th collective.
+struct Signature {
+  Collective kind;
+  DType dtype;
+  std::size_t count;
+  ReduceOp op;
+  int root;
+
+  bool operator==(const Signature&) const = default;
+  std::string describe() const {
+    std::string s(to_string(kind));
+    if (kind == Collective::barrier) return s;
+    s += " " + std::string(to_string(dtype)) + "[" + std::to_string(count) + "]";
+    if (kind == Collective::reduce || kind == Collective::allreduce ||
+        kind == Collective::reduce_scatter)
+      s += " " + std::string(to_string(op));
+    if (kind == Collective::reduce || kind == Collective::broadcast)
+      s += " root " + std::to_string(root);
+    return s;
+  }
+};
+
+struct Rendezvous {
+  Rendezvous(std::uint64_t seq, int n) : sequence(seq), send(n), recv(n), signatures(n) {}
+  std::uint64_t sequence;
+  std::vector<Buffer> send, recv;
+  std::vector<std::optional<Signature>> signatures;
+  int arrived = 0;
+  std::atomic<bool> done{false};
+  std::exception_ptr error;
+};
+
+struct Envelope {
+  int source;
+  int tag;
+  std::vector<std::byte> data;
+};
+
+struct PostedRecv {
+  int source, tag;
+  Buffer buffer;
+  std::atomic<bool> matched{false};
+  std::exception_ptr error;
+};
+
+bool matches(int want_source, int want_tag, int source, int tag) {
+  return (want_source == any_source || want_source == source) &&
+         (want_tag == any_tag || want_tag == tag);
+}
+
+}  // namespace
+
+struct LocalWorld::State {
+  explicit State(int n) : size(n), unexpected(n), posted(n) {}
+  int size;
+  std::mutex mutex;
+  std::map<std::uint64_t, std::shared_ptr<Rendezvous>> rendezvous;
+  std::vector<std::deque<Envelope>> unexpected;                  // per destination rank
+  std::vector<std::list<std::shared_ptr<PostedRecv>>> posted;   // per destination rank
+  std::atomic<bool> aborted{false};
+  std::string abort_reason;  // written once, before aborted is set
+
+  void check_alive(const std::string& what) const {
+    if (aborted.load(std::memory_order_acquire))
+      throw Error(ErrorCode::cancelled, what + " abandoned: " + abort_reason);
+  }
+};
+
+namespace {
+
+using State = LocalWorld::State;
+
+// Copies a matched message into a posted buffer, or records why it cannot.
+void deliver(PostedRecv& recv, const std::byte* data, std::size_t bytes, int source, int tag,
+             const std::string& where) {
+  if (bytes != recv.buffer.bytes()) {
+    recv.error = std::make_exception_ptr(Error(
+        ErrorCode::mismatch, where + ": expected " + std::to_string(recv.buffer.bytes()) +
+                                 " bytes but the message from rank " + std::to_string(source) +
+                                 " with tag " + std::to_string(tag) + " has " +
+                                 std::to_string(bytes) + " bytes"));
+  } else if (bytes != 0) {
+    std::memcpy(recv.buffer.data(), data, bytes);
+  }
+}
+
+class ReadyWork final : public Work {
+ public:
+  ReadyWork(std::string description, std::exception_ptr error)
+      : Work(std::move(description)), _error(std::move(error)) {}
+
+ protected:
+  bool poll() override {
+    if (_error) std::rethrow_exception(_error);
+    return true;
+  }
+
+ private:
+  std::exception_ptr _error;
+};
+
+class CollectiveWork final : public Work {
+ public:
+  CollectiveWork(std::string description, std::shared_ptr<State> state,
+                 std::shared_ptr<Rendezvous> rendezvous)
+      : Work(std::move(description)), _state(std::move(state)), _rendezvous(std::move(rendezvous)) {}
+
+ protected:
+  bool poll() override {
+    if (_rendezvous->done.load(std::memory_order_acquire)) {
+      if (_rendezvous->error) std::rethrow_exception(_rendezvous->error);
+      return true;
+    }
+    _state->check_alive(description());
+    return false;
+  }
+
+ private:
+  std::shared_ptr<State> _state;
+  std::shared_ptr<Rendezvous> _rendezvous;
+};
+
+class RecvWork final : public Work {
+ public:
+  RecvWork(std::string description, std::shared_ptr<State> state,
+           std::shared_ptr<PostedRecv> posted)
+      : Work(std::move(description)), _state(std::move(state)), _posted(std::move(posted)) {}
+
+ protected:
+  bool poll() override {
+    if (_posted->matched.load(std::memory_order_acquire)) {
+      if (_posted->error) std::rethrow_exception(_posted->error);
+      return true;
+    }
+    _state->check_alive(description());
+    return false;
+  }
+
+ private:
+  std::shared_ptr<State> _state;
+  std::shared_ptr<PostedRecv> _posted;
+};
+
+// Executes a collective once every rank has arrived; runs on the last arriving thread, which
+// has exclusive use of all ranks' buffers until `done` is set.
+void execute(const Signature& sig, Rendezvous& rv, int n) {
+  const auto& send = rv.send;
+  const auto& recv = rv.recv;
+  const std::size_t count = sig.count;
+  auto reduce_into = [&](Buffer out, auto&& block_of) {
+    // out = block_of(0) op block_of(1) op ...; sources never alias `out` except in place,
+    // so combine into a temporary first when any source is `out` itself.
+    std::vector<std::byte> scratch(out.bytes());
+    Buffer acc(scratch.data(), out.count(), out.dtype());
+    copy(acc, block_of(0));
+    for (int r = 1; r < n; ++r)
+      kernels::reduce(acc.data(), block_of(r).data(), acc.count(), acc.dtype(), sig.op);
+    if (sig.op == ReduceOp::avg) kernels::average(acc.data(), acc.count(), acc.dtype(), n);
+    return scratch;
+  };
+  switch (sig.kind) {
+    case Collective::barrier: return;
+    case Collective::broadcast:
+      for (int r = 0; r < n; ++r)
+        if (r != sig.root) copy(send[r], send[sig.root]);
+      return;
+    case Collective::reduce: {
+      if (count == 0) return;
+      auto result = reduce_into(recv[sig.root], [&](int r) { return send[r]; });
+      std::memcpy(recv[sig.root].data(), result.data(), result.size());
+      return;
+    }
+    case Collective::allreduce: {
+      if (count == 0) return;
+      auto result = reduce_into(recv[0], [&](int r) { return send[r]; });
+      for (int r = 0; r < n; ++r) std::memcpy(recv[r].data(), result.data(), result.size());
+      return;
+    }
+    case Collective::allgather:
+      for (int r = 0; r < n; ++r)
+        for (int j = 0; j < n; ++j) copy(recv[r].slice(j * count, count), send[j]);
+      return;
+    case Collective::reduce_scatter: {
+      const std::size_t block = count / n;
+      if (block == 0) return;
+      for (int r = 0; r < n; ++r) {
+        auto result = reduce_into(recv[r], [&](int j) { return send[j].slice(r * block, block); });
+        std::memcpy(recv[r].data(), result.data(), result.size());
+      }
+      return;
+    }
+    case Collective::alltoall: {
+      const std::size_t block = count / n;
+      for (int r = 0; r < n; ++r)
+        for (int j = 0; j < n; ++j)
+          copy(recv[r].slice(j * block, block), send[j].slice(r * block, block));
+      return;
+    }
+  }
+}
+
+class LocalBackend final : public Backend {
+ public:
+  LocalBackend(std::shared_ptr<State> state, int rank) : _state(std::move(state)), _rank(rank) {}
+
+  int rank() const noexcept override { return _rank; }
+  int world_size() const noexcept override { return _state->size; }
+  std::string_view name() const noexcept override { return "local"; }
+  int max_tag() const noexcept override { return std::numeric_limits<int>::max(); }
+
+ protected:
+  std::unique_ptr<Work> start_broadcast(Buffer buffer, int root) override {
+    return arrive({Collective::broadcast, buffer.dtype(), buffer.count(), ReduceOp::sum, root},
+                  buffer, buffer);
+  }
+  std::unique_ptr<Work> start_reduce(Buffer send, Buffer recv, ReduceOp op, int root) override {
+    return arrive({Collective::reduce, send.dtype(), send.count(), op, root}, send, recv);
+  }
+  std::unique_ptr<Work> start_allreduce(Buffer send, Buffer recv, ReduceOp op) override {
+    return arrive({Collective::allreduce, send.dtype(), send.count(), op, 0}, send, recv);
+  }
+  std::unique_ptr<Work> start_allgather(Buffer send, Buffer recv) override {
+    return arrive({Collective::allgather, send.dtype(), send.count(), ReduceOp::sum, 0}, send,
+                  recv);
+  }
+  std::unique_ptr<Work> start_reduce_scatter(Buffer send, Buffer recv, ReduceOp op) override {
+    return arrive({Collective::reduce_scatter, send.dtype(), send.count(), op, 0}, send, recv);
+  }
+  std::unique_ptr<Work> start_alltoall(Buffer send, Buffer recv) override {
+    return arrive({Collective::alltoall, send.dtype(), send.count(), ReduceOp::sum, 0}, send,
+                  recv);
+  }
+  std::unique_ptr<Work> start_barrier() override {
+    return arrive({Collective::barrier, DType::uint8, 0, ReduceOp::sum, 0}, {}, {});
+  }
+
+  std::unique_ptr<Work> start_send(Buffer buffer, int peer, int tag) override {
+    const std::string what = where("send") + " to rank " + std::to_string(peer);
+    std::lock_guard lock(_state->mutex);
+    _state->check_alive(what);
+    auto& posted = _state->posted[peer];
+    for (auto it = posted.begin(); it != posted.end(); ++it) {
+      PostedRecv& recv = **it;
+      if (!matches(recv.source, recv.tag, _rank, tag)) continue;
+      deliver(recv, bytes_of(buffer), buffer.bytes(), _rank, tag,
+              "recv on rank " + std::to_string(peer) + " of " + std::to_string(_state->size) +
+                  " (local)");
+      recv.matched.store(true, std::memory_order_release);
+      posted.erase(it);
+      return std::make_unique<CompletedWork>(what);
+    }
+    // Buffered (eager) send: the caller may reuse its buffer as soon as this returns.
+    _state->unexpected[peer].push_back(
+        {_rank, tag, std::vector<std::byte>(bytes_of(buffer), bytes_of(buffer) + buffer.bytes())});
+    return std::make_unique<CompletedWork>(what);
+  }
+
+  std::unique_ptr<Work> start_recv(Buffer buffer, int peer, int tag) override {
+    const std::string what = where("recv");
+    auto recv = std::make_shared<PostedRecv>();
+    recv->source = peer;
+    recv->tag = tag;
+    recv->buffer = buffer;
+    std::lock_guard lock(_state->mutex);
+    _state->check_alive(what);
+    auto& queue = _state->unexpected[_rank];
+    for (auto it = queue.begin(); it != queue.end(); ++it) {
+      if (!matches(peer, tag, it->source, it->tag)) continue;
+      deliver(*recv, it->data.data(), it->data.size(), it->source, it->tag, what);
+      queue.erase(it);
+      return std::make_unique<ReadyWork>(what, recv->error);
+    }
+    _state->posted[_rank].push_back(recv);
+    return std::make_unique<RecvWork>(what, _state, recv);
+  }
+
+  std::optional<Status> poll_probe(int peer, int tag) override {
+    std::lock_guard lock(_state->mutex);
+    _state->check_alive(where("probe"));
+    for (const Envelope& e : _state->unexpected[_rank])
+      if (matches(peer, tag, e.source, e.tag)) return Status{e.source, e.tag, e.data.size()};
+    return std::nullopt;
+  }
+
+  Message receive_message(int peer, int tag) override {
+    for (auto sleep = std::chrono::microseconds(1);;
+         sleep = std::min(sleep * 2, std::chrono::microseconds(200))) {
+      {
+        std::lock_guard lock(_state->mutex);
+        _state->check_alive(where("recv_message"));
+        auto& queue = _state->unexpected[_rank];
+        for (auto it = queue.begin(); it != queue.end(); ++it) {
+          if (!matches(peer, tag, it->source, it->tag)) continue;
+          Message m{it->source, it->tag, std::move(it->data)};
+          queue.erase(it);
+          return m;
+        }
+      }
+      std::this_thread::sleep_for(sleep);
+    }
+  }
+
+ private:
+  std::unique_ptr<Work> arrive(const Signature& sig, Buffer send, Buffer recv) {
+    const std::uint64_t sequence = _next_sequence++;
+    const std::string what =
+        where(to_string(sig.kind)) + ": collective #" + std::to_string(sequence) + " " +
+        sig.describe();
+    std::shared_ptr<Rendezvous> rv;
+    bool last = false;
+    {
+      std::lock_guard lock(_state->mutex);
+      _state->check_alive(what);
+      auto& slot = _state->rendezvous[sequence];
+      if (!slot) slot = std::make_shared<Rendezvous>(sequence, _state->size);
+      rv = slot;
+      rv->send[_rank] = send;
+      rv->recv[_rank] = recv;
+      rv->signatures[_rank] = sig;
+      last = ++rv->arrived == _state->size;
+      if (last) _state->rendezvous.erase(sequence);
+    }
+    if (last) complete(*rv);
+    return std::make_unique<CollectiveWork>(what, _state, std::move(rv));
+  }
+
+  void complete(Rendezvous& rv) {
+    const int n = _state->size;
+    const Signature& first = *rv.signatures[0];
+    for (int r = 1; r < n; ++r) {
+      if (*rv.signatures[r] == first) continue;
+      rv.error = std::make_exception_ptr(Error(
+          ErrorCode::mismatch, "collective #" + std::to_string(rv.sequence) + ": rank 0 called " +
+                                   first.describe() + " but rank " + std::to_string(r) +
+                                   " called " + rv.signatures[r]->describe() +
+                                   " (every rank must issue the same collectives in the same order)"));
+      break;
+    }
+    if (!rv.error) {
+      try {
+        execute(first, rv, n);
+      } catch (...) {
+        rv.error = std::current_exception();
+      }
+    }
+    rv.done.store(true, std::memory_order_release);
+  }
+
+  std::shared_ptr<State> _state;
+  int _rank;
+  std::uint64_t _next_sequence = 0;
+};
+
+}  // namespace
+
+LocalWorld::LocalWorld(int size) {
+  if (size < 1)
+    throw Error(ErrorCode::invalid_argument,
+                "local world size must be at least 1, got " + std::to_string(size));
+  _state = std::make_shared<State>(size);
+  for (int r = 0; r < size; ++r) _ranks.push_back(std::make_shared<LocalBackend>(_state, r));
+}
+
+LocalWorld::~LocalWorld() = default;
+
+int LocalWorld::size() const noexcept { return _state->size; }
+
+Backend& LocalWorld::backend(int rank) {
+  if (rank < 0 || rank >= size())
+    throw Error(ErrorCode::invalid_argument, "rank " + std::to_string(rank) +
+                                                 " is out of range [0, " + std::to_string(size()) +
+                                                 ") of this local world");
+  return *_ranks[rank];
+}
+
+void LocalWorld::abort(int rank, const std::string& reason) {
+  std::lock_guard lock(_state->mutex);
+  if (_state->aborted.load()) return;
+  _state->abort_reason = "rank " + std::to_string(rank) + " failed: " + reason;
+  _state->aborted.store(true, std::memory_order_release);
+}
+
+void LocalWorld::run(int size, const std::function<void(Backend&)>& fn) {
+  LocalWorld world(size);
+  std::vector<std::exception_ptr> errors(size);
+  std::vector<std::thread> threads;
+  threads.reserve(size);
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        fn(world.backend(r));
+      } catch (const std::exception& e) {
+        errors[r] = std::current_exception();
+        world.abort(r, e.what());
+      } catch (...) {
+        errors[r] = std::current_exception();
+        world.abort(r, "unknown exception");
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::exception_ptr first_cancelled;
+  for (auto& e : errors) {
+    if (!e) continue;
+    try {
+      std::rethrow_exception(e);
+    } catch (const Error& error) {
+      if (error.code() != ErrorCode::cancelled) throw;
+      if (!first_cancelled) first_cancelled = e;
+    } catch (...) {
+      throw;
+    }
+  }
+  if (first_cancelled) std::rethrow_exception(first_cancelled);
+}
+
+std::shared_ptr<Backend> make_local_backend() {
+  auto world = std::make_shared<LocalWorld>(1);
+  // The backend keeps the shared state alive; the world object itself can go.
+  return world->_ranks[0];
+}
+
+}  // namespace loom

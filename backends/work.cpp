@@ -1,0 +1,73 @@
+// Work: polling, back-off waiting and error capture shared by every backend's handles.
+#include "loom/work.hpp"
+
+#include <thread>
+
+#include "loom/error.hpp"
+
+namespace loom {
+
+Work::Work(std::string description) : _description(std::move(description)) {}
+
+Work::~Work() = default;
+
+bool Work::test() noexcept {
+  if (finished()) return true;
+  std::lock_guard lock(_mutex);
+  if (finished()) return true;
+  try {
+    if (!poll()) return false;
+  } catch (const Error&) {
+    _error = std::current_exception();
+  } catch (const std::exception& e) {
+    _error = std::make_exception_ptr(
+        Error(ErrorCode::internal, _description + " failed: " + e.what()));
+  } catch (...) {
+    _error = std::make_exception_ptr(
+        Error(ErrorCode::internal, _description + " failed with an unknown exception"));
+  }
+  _finished.store(true, std::memory_order_release);
+  return true;
+}
+
+namespace {
+// Spin briefly (completions are often microseconds away), then yield, then sleep with a
+// growing interval so a waiting thread does not eat a core on a small machine.
+class Backoff {
+ public:
+  void pause() {
+    if (_rounds < 64) {
+      ++_rounds;
+    } else if (_rounds < 128) {
+      ++_rounds;
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(_sleep);
+      if (_sleep < std::chrono::microseconds(200)) _sleep *= 2;
+    }
+  }
+
+ private:
+  int _rounds = 0;
+  std::chrono::microseconds _sleep{1};
+};
+}  // namespace
+
+void Work::wait() {
+  Backoff backoff;
+  while (!test()) backoff.pause();
+  if (_error) std::rethrow_exception(_error);
+}
+
+bool Work::wait_for(std::chrono::nanoseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  Backoff backoff;
+  while (!test()) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    backoff.pause();
+  }
+  if (_error) std::rethrow_exception(_error);
+  return true;
+}
+
+}  // namespace loom
