@@ -1,0 +1,150 @@
+// MpiRuntime: MPI_Init_thread once per process, MPI_Finalize at exit if loom initialised MPI,
+// and the user-defined MPI_Ops that let MPI reduce with loom's own kernels.
+#include "mpi_runtime.hpp"
+
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>
+#endif
+
+#include <cstddef>
+
+#include "loom/error.hpp"
+#include "loom/kernels/reduce.hpp"
+
+namespace loom::mpi {
+
+std::string error_text(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS)
+    return "MPI error code " + std::to_string(code);
+  return std::string(text, static_cast<std::size_t>(length));
+}
+
+std::string thread_level_name(int level) {
+  switch (level) {
+    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
+  }
+  return "thread level " + std::to_string(level);
+}
+
+bool finalized() noexcept {
+  int flag = 0;
+  MPI_Finalized(&flag);
+  return flag != 0;
+}
+
+MPI_Datatype datatype(DType dtype) noexcept {
+  switch (dtype) {
+    case DType::float32: return MPI_FLOAT;
+    case DType::float64: return MPI_DOUBLE;
+    case DType::float16:
+    case DType::bfloat16: return MPI_UINT16_T;
+    case DType::int32: return MPI_INT32_T;
+    case DType::int64: return MPI_INT64_T;
+    case DType::uint8: return MPI_UINT8_T;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+namespace {
+
+// MPI calls user ops from C code, so nothing may propagate out: noexcept turns a (never
+// expected: only defined dtype x op pairs are registered) kernel exception into terminate.
+template <DType D, ReduceOp O>
+void combine(void* in, void* inout, int* count, MPI_Datatype*) noexcept {
+  kernels::reduce(inout, in, static_cast<std::size_t>(*count), D, O);
+}
+
+}  // namespace
+
+MpiRuntime& MpiRuntime::instance() {
+  // A throwing constructor leaves the static uninitialised, so a later call tries again.
+  static MpiRuntime runtime;
+  return runtime;
+}
+
+MpiRuntime::MpiRuntime() {
+  int initialised = 0;
+  MPI_Initialized(&initialised);
+  if (initialised == 0) {
+    if (finalized())
+      throw Error(ErrorCode::unavailable,
+                  "mpi backend: MPI has already been finalised in this process and cannot "
+                  "start again");
+    int provided = MPI_THREAD_SINGLE;
+    const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+    if (rc != MPI_SUCCESS)
+      throw Error(ErrorCode::unavailable, "mpi backend: MPI_Init_thread failed: " + error_text(rc));
+    _initialised_by_loom = true;
+    _thread_level = provided;
+  } else {
+    MPI_Query_thread(&_thread_level);
+  }
+
+  for (auto& row : _user_ops) row.fill(MPI_OP_NULL);
+  // 16-bit floats have no MPI type, so MPI moves them as uint16 and reduces with loom's
+  // kernels. min/max on float32/float64 use loom's kernels too: MPI_MIN/MPI_MAX compare with
+  // < and > and so drop a NaN depending on operand order, whereas loom's min/max propagate
+  // NaN; every backend must give the same answer.
+  create_ops<DType::float16, ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max>();
+  create_ops<DType::bfloat16, ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max>();
+  create_ops<DType::float32, ReduceOp::min, ReduceOp::max>();
+  create_ops<DType::float64, ReduceOp::min, ReduceOp::max>();
+
+  // MPI_TAG_UB is attached to MPI_COMM_WORLD (duplicates need not carry it).
+  int* tag_ub = nullptr;
+  int found = 0;
+  if (MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &found) == MPI_SUCCESS && found &&
+      tag_ub != nullptr)
+    _tag_ub = *tag_ub;
+
+#if defined(MPIX_CUDA_AWARE_SUPPORT)
+  // The macro says the extension exists; the run-time query says whether this library (which
+  // may differ from the one compiled against) was built with CUDA support.
+  _cuda_aware = MPIX_Query_cuda_support() == 1;
+#endif
+}
+
+template <DType D, ReduceOp... Ops>
+void MpiRuntime::create_ops() {
+  (
+      [&] {
+        MPI_Op& slot = _user_ops[static_cast<std::size_t>(D)][static_cast<std::size_t>(Ops)];
+        const int rc = MPI_Op_create(&combine<D, Ops>, /*commute=*/1, &slot);
+        if (rc != MPI_SUCCESS)
+          throw Error(ErrorCode::unavailable, "mpi backend: MPI_Op_create for " +
+                                                  std::string(to_string(Ops)) + " on " +
+                                                  std::string(to_string(D)) +
+                                                  " failed: " + error_text(rc));
+      }(),
+      ...);
+}
+
+MpiRuntime::~MpiRuntime() {
+  // The program may have finalised MPI itself (when it initialised it); then nothing is left.
+  if (finalized()) return;
+  for (auto& row : _user_ops)
+    for (MPI_Op& op : row)
+      if (op != MPI_OP_NULL) MPI_Op_free(&op);
+  if (_initialised_by_loom) MPI_Finalize();
+}
+
+MPI_Op MpiRuntime::op(ReduceOp op, DType dtype) const noexcept {
+  const ReduceOp combine = op == ReduceOp::avg ? ReduceOp::sum : op;
+  const MPI_Op user = _user_ops[static_cast<std::size_t>(dtype)][static_cast<std::size_t>(combine)];
+  if (user != MPI_OP_NULL) return user;
+  switch (combine) {
+    case ReduceOp::sum: return MPI_SUM;
+    case ReduceOp::prod: return MPI_PROD;
+    case ReduceOp::min: return MPI_MIN;
+    case ReduceOp::max: return MPI_MAX;
+    case ReduceOp::avg: break;
+  }
+  return MPI_SUM;
+}
+
+}  // namespace loom::mpi

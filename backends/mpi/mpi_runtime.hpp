@@ -1,0 +1,65 @@
+// MpiRuntime: the process-wide MPI initialisation, thread level, CUDA awareness and loom's MPI_Ops.
+// Private to backends/mpi: mpi.h never reaches a public header.
+#pragma once
+
+#include <mpi.h>
+
+#include <array>
+#include <string>
+
+#include "loom/dtype.hpp"
+
+namespace loom::mpi {
+
+/// @brief MPI's own text for an error code ("MPI_ERR_TRUNCATE: message truncated").
+std::string error_text(int code);
+
+/// @brief "MPI_THREAD_MULTIPLE", ...
+std::string thread_level_name(int level);
+
+/// @brief Whether MPI_Finalize has run (after it almost every MPI call is illegal).
+bool finalized() noexcept;
+
+/// @brief The MPI datatype that carries `dtype`; 16-bit floats travel as MPI_UINT16_T.
+MPI_Datatype datatype(DType dtype) noexcept;
+
+/// @brief MPI as loom uses it in this process: initialised once, shared by every MpiBackend.
+///
+/// The one instance is a function-local static, so it is destroyed at process exit after any
+/// backend made after it; its destructor frees loom's MPI_Ops and calls MPI_Finalize, but only
+/// if loom was the one that called MPI_Init_thread. Backends or works that outlive it (held in
+/// statics constructed earlier) check finalized() and skip their MPI cleanup.
+class MpiRuntime {
+ public:
+  /// @brief Initialises MPI on first call (requesting MPI_THREAD_MULTIPLE) unless the program
+  /// already did; throws ErrorCode::unavailable if MPI cannot start or was already finalised.
+  static MpiRuntime& instance();
+
+  MpiRuntime(const MpiRuntime&) = delete;
+  MpiRuntime& operator=(const MpiRuntime&) = delete;
+  ~MpiRuntime();
+
+  /// @brief The thread level MPI provided (MPI_THREAD_SINGLE ... MPI_THREAD_MULTIPLE).
+  int thread_level() const noexcept { return _thread_level; }
+  /// @brief Whether the MPI library can take CUDA device pointers (MPIX_Query_cuda_support).
+  bool cuda_aware() const noexcept { return _cuda_aware; }
+  /// @brief MPI_TAG_UB: the largest tag point-to-point messages may carry.
+  int tag_ub() const noexcept { return _tag_ub; }
+
+  /// @brief The MPI_Op computing `op` on `dtype`; avg maps to sum (the caller divides).
+  MPI_Op op(ReduceOp op, DType dtype) const noexcept;
+
+ private:
+  MpiRuntime();
+  template <DType D, ReduceOp... Ops>
+  void create_ops();
+
+  bool _initialised_by_loom = false;
+  int _thread_level = MPI_THREAD_SINGLE;
+  bool _cuda_aware = false;
+  int _tag_ub = 32767;
+  // Indexed [dtype][op]; MPI_OP_NULL where a predefined MPI op is used.
+  std::array<std::array<MPI_Op, 5>, 7> _user_ops{};
+};
+
+}  // namespace loom::mpi

@@ -1,0 +1,79 @@
+// The bad-input table on the local backend (2 and 3 ranks) and the backend factory's errors.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <mutex>
+
+#include "backends/bad_inputs.hpp"
+#include "loom/config.hpp"
+#include "loom/local.hpp"
+
+namespace loom {
+namespace {
+
+class BadInputLocal : public ::testing::TestWithParam<std::tuple<int, std::size_t>> {};
+
+TEST_P(BadInputLocal, RaisesANamedError) {
+  const auto [world, row] = GetParam();
+  const auto table = testing::bad_inputs();
+  std::mutex mutex;
+  std::vector<std::string> failures;
+  LocalWorld::run(world, [&](Backend& b) {
+    auto result = testing::provoke(b, table.at(row));
+    std::lock_guard lock(mutex);
+    if (!result.empty()) failures.push_back(result);
+  });
+  EXPECT_TRUE(failures.empty()) << failures.front();
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, BadInputLocal,
+                         ::testing::Combine(::testing::Values(2, 3),
+                                            ::testing::Range<std::size_t>(0, testing::bad_inputs().size())),
+                         [](const auto& info) {
+                           return testing::bad_inputs()[std::get<1>(info.param)].name + "_np" +
+                                  std::to_string(std::get<0>(info.param));
+                         });
+
+TEST(BackendFactory, UnknownBackendListsTheAvailableOnes) {
+  try {
+    create_backend("carrier-pigeon");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::unavailable);
+    EXPECT_NE(std::string(e.what()).find("carrier-pigeon"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("available: local"), std::string::npos) << e.what();
+  }
+}
+
+TEST(BackendFactory, NcclWithoutItBuiltIsUnavailable) {
+  if (LOOM_HAVE_NCCL) GTEST_SKIP() << "this build has NCCL";
+  try {
+    create_backend("nccl");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::unavailable);
+    EXPECT_NE(std::string(e.what()).find("not available in this build"), std::string::npos);
+  }
+}
+
+TEST(BackendFactory, LocalIsTheDefaultOutsideMpirun) {
+  if (launched_by_mpirun()) GTEST_SKIP() << "launched by mpirun";
+  ::unsetenv("LOOM_BACKEND");
+  auto backend = create_backend();
+  EXPECT_EQ(backend->name(), "local");
+  EXPECT_EQ(backend->world_size(), 1);
+  std::vector<int> v{1, 2, 3};
+  backend->allreduce(Buffer::of(std::span(v)), ReduceOp::sum);
+  EXPECT_EQ(v, (std::vector<int>{1, 2, 3}));
+}
+
+TEST(BackendFactory, EnvironmentChoosesTheBackend) {
+  ::setenv("LOOM_BACKEND", "nonsense", 1);
+  EXPECT_THROW(create_backend(), Error);
+  ::setenv("LOOM_BACKEND", "local", 1);
+  EXPECT_EQ(create_backend()->name(), "local");
+  ::unsetenv("LOOM_BACKEND");
+}
+
+}  // namespace
+}  // namespace loom

@@ -1,0 +1,41 @@
+// Checks every collective and point-to-point operation of a Backend against values computed
+// here, independently of loom's kernels; shared by the local and the MPI test binaries.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "loom/backend.hpp"
+
+namespace loom::testing {
+
+/// @brief One collective call to verify.
+struct Case {
+  Collective op;
+  DType dtype;
+  ReduceOp redop;
+  std::size_t count;  ///< per-rank element count (the block size for scatter/gather-like ops)
+  bool in_place = false;
+};
+
+std::string describe(const Case& c);
+
+/// @brief Every reduce op the dtype supports (or sum only when `op` does not reduce),
+/// every count, and the in-place form where the op has one.
+std::vector<Case> cases_for(Collective op, DType dtype, const std::vector<std::size_t>& counts);
+
+/// @brief Runs `c` on `backend` and compares every element with the expected value.
+/// Returns an empty string when all match, else the first wrong element and the number wrong.
+std::string check(Backend& backend, const Case& c);
+
+/// @brief Ring exchange with send/recv (known size) and recv_message/probe (unknown size).
+std::string check_point_to_point(Backend& backend, DType dtype, std::size_t count);
+
+inline const std::vector<std::size_t> standard_counts{0, 1, 7, (1u << 20) + 3};
+
+inline constexpr Collective all_collectives[] = {
+    Collective::broadcast,      Collective::reduce,   Collective::allreduce, Collective::allgather,
+    Collective::reduce_scatter, Collective::alltoall, Collective::barrier};
+
+}  // namespace loom::testing

@@ -1,0 +1,69 @@
+// Every collective, point-to-point operation and bad input on the MPI backend; ctest runs this
+// binary under mpirun with 1, 2, 3 and 4 ranks.
+#include <gtest/gtest.h>
+
+#include "backends/bad_inputs.hpp"
+#include "backends/collective_checks.hpp"
+#include "loom/mpi.hpp"
+
+namespace loom {
+namespace {
+
+Backend& world() {
+  static std::shared_ptr<Backend> backend = make_mpi_backend();
+  return *backend;
+}
+
+// A failure on one rank must not leave the others in the next collective: every test ends
+// by agreeing on whether all ranks passed.
+void expect_all_ranks_ok(const std::string& failure) {
+  EXPECT_TRUE(failure.empty()) << failure;
+  std::int32_t bad = failure.empty() ? 0 : 1;
+  world().allreduce(Buffer(&bad, 1, DType::int32), ReduceOp::sum);
+  EXPECT_EQ(bad, 0) << bad << " rank(s) saw wrong values";
+}
+
+class MpiCollectives : public ::testing::TestWithParam<std::tuple<Collective, DType>> {};
+
+TEST_P(MpiCollectives, MatchIndependentValues) {
+  const auto [op, dtype] = GetParam();
+  for (const auto& c : testing::cases_for(op, dtype, testing::standard_counts))
+    expect_all_ranks_ok(testing::check(world(), c));
+}
+
+INSTANTIATE_TEST_SUITE_P(AllCases, MpiCollectives,
+                         ::testing::Combine(::testing::ValuesIn(testing::all_collectives),
+                                            ::testing::ValuesIn(all_dtypes)),
+                         [](const auto& info) {
+                           return std::string(to_string(std::get<0>(info.param))) + "_" +
+                                  std::string(to_string(std::get<1>(info.param)));
+                         });
+
+class MpiPointToPoint : public ::testing::TestWithParam<DType> {};
+
+TEST_P(MpiPointToPoint, RingExchange) {
+  for (std::size_t count : testing::standard_counts)
+    expect_all_ranks_ok(testing::check_point_to_point(world(), GetParam(), count));
+}
+
+INSTANTIATE_TEST_SUITE_P(AllCases, MpiPointToPoint, ::testing::ValuesIn(all_dtypes),
+                         [](const auto& info) { return std::string(to_string(info.param)); });
+
+TEST(MpiBadInput, EveryRowRaisesANamedError) {
+  if (world().world_size() < 2) GTEST_SKIP() << "the table needs at least 2 ranks";
+  for (const auto& row : testing::bad_inputs()) expect_all_ranks_ok(testing::provoke(world(), row));
+}
+
+}  // namespace
+}  // namespace loom
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  loom::world();  // initialise MPI before any test
+  // Only rank 0 prints gtest's report; every rank still runs and asserts.
+  if (loom::world().rank() != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+  }
+  return RUN_ALL_TESTS();
+}

@@ -1,0 +1,142 @@
+// CPU reduction kernels against a scalar reference written here: every dtype x op, odd
+// lengths, in-place and out-of-place, NaN and infinity.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+
+#include "loom/error.hpp"
+#include "loom/kernels/reduce.hpp"
+
+namespace loom {
+namespace {
+
+template <class T>
+double value_of(T v) {
+  if constexpr (std::is_same_v<T, float16_t> || std::is_same_v<T, bfloat16_t>)
+    return to_float(v);
+  else
+    return static_cast<double>(v);
+}
+
+template <class T>
+T make(double v) {
+  if constexpr (std::is_same_v<T, float16_t>)
+    return to_float16(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, bfloat16_t>)
+    return to_bfloat16(static_cast<float>(v));
+  else
+    return static_cast<T>(v);
+}
+
+// The reference: one element at a time, in the storage type's own arithmetic.
+template <class T>
+T reference(T a, T b, ReduceOp op) {
+  if constexpr (std::is_same_v<T, float16_t> || std::is_same_v<T, bfloat16_t>) {
+    const float x = to_float(a), y = to_float(b);
+    return make<T>(reference<float>(x, y, op));
+  } else if constexpr (std::is_integral_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    switch (op) {
+      case ReduceOp::sum: return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+      case ReduceOp::prod: return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
+      case ReduceOp::min: return std::min(a, b);
+      case ReduceOp::max: return std::max(a, b);
+      default: return 0;
+    }
+  } else {
+    if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<T>::quiet_NaN();
+    switch (op) {
+      case ReduceOp::sum:
+      case ReduceOp::avg: return a + b;
+      case ReduceOp::prod: return a * b;
+      case ReduceOp::min: return std::min(a, b);
+      case ReduceOp::max: return std::max(a, b);
+    }
+    return 0;
+  }
+}
+
+template <class T>
+void check_all_ops(std::size_t n) {
+  std::mt19937 rng(static_cast<unsigned>(n));
+  std::uniform_int_distribution<int> small(-50, 50);
+  for (ReduceOp op : all_reduce_ops) {
+    if (!supports(op, dtype_of<T>())) continue;
+    std::vector<T> a(n), b(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      double x = small(rng), y = small(rng);
+      if constexpr (std::is_unsigned_v<T>) {
+        x = std::abs(x) * 5;  // products and sums overflow: they must wrap like the reference
+        y = std::abs(y) * 5;
+      } else if constexpr (!std::is_integral_v<T>) {
+        x /= 4;  // fractions that are exact in every float type
+        y /= 4;
+      }
+      a[i] = make<T>(x);
+      b[i] = make<T>(y);
+    }
+    if constexpr (!std::is_integral_v<T>) {
+      if (n > 5) {
+        a[1] = make<T>(std::numeric_limits<double>::quiet_NaN());
+        b[3] = make<T>(std::numeric_limits<double>::quiet_NaN());
+        a[4] = make<T>(std::numeric_limits<double>::infinity());
+        b[5] = make<T>(-std::numeric_limits<double>::infinity());
+      }
+    }
+    std::vector<T> out(n), in_place = a;
+    kernels::reduce(out.data(), a.data(), b.data(), n, dtype_of<T>(), op);
+    kernels::reduce(in_place.data(), b.data(), n, dtype_of<T>(), op);
+    for (std::size_t i = 0; i < n; ++i) {
+      const double want = value_of(reference(a[i], b[i], op));
+      for (const auto* result : {&out, &in_place}) {
+        const double got = value_of((*result)[i]);
+        if (std::isnan(want))
+          EXPECT_TRUE(std::isnan(got)) << to_string(op) << " element " << i;
+        else
+          EXPECT_EQ(got, want) << to_string(op) << " element " << i << " of " << n;
+      }
+    }
+  }
+}
+
+template <class T>
+class ReduceKernel : public ::testing::Test {};
+using AllTypes = ::testing::Types<float, double, float16_t, bfloat16_t, std::int32_t,
+                                  std::int64_t, std::uint8_t>;
+TYPED_TEST_SUITE(ReduceKernel, AllTypes);
+
+TYPED_TEST(ReduceKernel, MatchesScalarReferenceAtOddLengths) {
+  for (std::size_t n : {0u, 1u, 3u, 7u, 31u, 257u, 1000003u}) check_all_ops<TypeParam>(n);
+}
+
+TEST(ReduceKernel, AverageDividesFloatsAndRefusesIntegers) {
+  std::vector<float> f{3.0f, 6.0f, -9.0f};
+  kernels::average(f.data(), f.size(), DType::float32, 3);
+  EXPECT_EQ(f, (std::vector<float>{1.0f, 2.0f, -3.0f}));
+  std::vector<bfloat16_t> h{to_bfloat16(5.0f)};
+  kernels::average(h.data(), 1, DType::bfloat16, 2);
+  EXPECT_EQ(to_float(h[0]), 2.5f);
+  std::vector<std::int32_t> i{4};
+  try {
+    kernels::average(i.data(), 1, DType::int32, 2);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::unsupported);
+    EXPECT_NE(std::string(e.what()).find("int32"), std::string::npos);
+  }
+  EXPECT_THROW(kernels::reduce(i.data(), i.data(), 1, DType::int32, ReduceOp::avg), Error);
+}
+
+TEST(ReduceKernel, ScaleMultipliesFloats) {
+  std::vector<double> d{1.0, -2.0};
+  kernels::scale(d.data(), d.size(), DType::float64, 0.5);
+  EXPECT_EQ(d, (std::vector<double>{0.5, -1.0}));
+  std::uint8_t u = 3;
+  EXPECT_THROW(kernels::scale(&u, 1, DType::uint8, 2.0), Error);
+}
+
+}  // namespace
+}  // namespace loom
