@@ -1,0 +1,16 @@
+# Installs the built loom into a scratch prefix, then configures, builds and runs a consumer
+# project against it with find_package(loom). Called by ctest with BUILD_DIR and SOURCE_DIR.
+set(prefix ${BUILD_DIR}/install-test/prefix)
+set(consumer_build ${BUILD_DIR}/install-test/consumer)
+file(REMOVE_RECURSE ${BUILD_DIR}/install-test)
+foreach(step
+    "${CMAKE_COMMAND};--install;${BUILD_DIR};--prefix;${prefix}"
+    "${CMAKE_COMMAND};-S;${SOURCE_DIR}/tests/install/consumer;-B;${consumer_build};-DCMAKE_PREFIX_PATH=${prefix}"
+    "${CMAKE_COMMAND};--build;${consumer_build}"
+    "${consumer_build}/consumer")
+  execute_process(COMMAND ${step} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  message("${out}")
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "step failed (${rc}): ${step}\n${err}")
+  endif()
+endforeach()
