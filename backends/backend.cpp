@@ -9,21 +9,28 @@ namespace loom {
 
 std::string_view to_string(Collective collective) noexcept {
   switch (collective) {
-    case Collective::broadcast: return "broadcast";
-    case Collective::reduce: return "reduce";
-    case Collective::allreduce: return "allreduce";
-    case Collective::allgather: return "allgather";
-    case Collective::reduce_scatter: return "reduce_scatter";
-    case Collective::alltoall: return "alltoall";
-    case Collective::barrier: return "barrier";
+    case Collective::broadcast:
+      return "broadcast";
+    case Collective::reduce:
+      return "reduce";
+    case Collective::allreduce:
+      return "allreduce";
+    case Collective::allgather:
+      return "allgather";
+    case Collective::reduce_scatter:
+      return "reduce_scatter";
+    case Collective::alltoall:
+      return "alltoall";
+    case Collective::barrier:
+      return "barrier";
   }
   return "unknown";
 }
 
 Collective parse_collective(std::string_view name) {
-  for (auto c : {Collective::broadcast, Collective::reduce, Collective::allreduce,
-                 Collective::allgather, Collective::reduce_scatter, Collective::alltoall,
-                 Collective::barrier})
+  for (auto c :
+       {Collective::broadcast, Collective::reduce, Collective::allreduce, Collective::allgather,
+        Collective::reduce_scatter, Collective::alltoall, Collective::barrier})
     if (name == to_string(c)) return c;
   if (name == "reducescatter") return Collective::reduce_scatter;
   throw Error(ErrorCode::invalid_argument,
@@ -62,8 +69,8 @@ class Check {
 
   void same_dtype(Buffer send, Buffer recv) const {
     if (send.dtype() != recv.dtype())
-      fail(ErrorCode::invalid_argument, "send " + send.describe() + " and recv " +
-                                            recv.describe() + " have different dtypes");
+      fail(ErrorCode::invalid_argument,
+           "send " + send.describe() + " and recv " + recv.describe() + " have different dtypes");
   }
 
   void op(ReduceOp op, DType dtype) const {
@@ -99,9 +106,9 @@ class Check {
     auto* s = static_cast<const std::byte*>(send.data());
     auto* r = static_cast<const std::byte*>(recv.data());
     if (s < r + recv.bytes() && r < s + send.bytes())
-      fail(ErrorCode::invalid_argument, "send " + send.describe() + " and recv " +
-                                            recv.describe() +
-                                            " overlap (only the documented in-place form is allowed)");
+      fail(ErrorCode::invalid_argument,
+           "send " + send.describe() + " and recv " + recv.describe() +
+               " overlap (only the documented in-place form is allowed)");
   }
 
  private:
@@ -109,7 +116,9 @@ class Check {
   std::string _where;
 };
 
-std::string count_text(Buffer b) { return std::to_string(b.count()); }
+std::string count_text(Buffer b) {
+  return std::to_string(b.count());
+}
 
 }  // namespace
 
@@ -129,8 +138,8 @@ std::unique_ptr<Work> Backend::reduce_async(Buffer send, Buffer recv, ReduceOp o
     check.buffer("recv", recv);
     check.same_dtype(send, recv);
     if (recv.count() != send.count())
-      check.fail(ErrorCode::invalid_argument, "recv count " + count_text(recv) +
-                                                  " differs from send count " + count_text(send));
+      check.fail(ErrorCode::invalid_argument,
+                 "recv count " + count_text(recv) + " differs from send count " + count_text(send));
     if (send.data() != recv.data()) check.disjoint(send, recv);
   }
   return start_reduce(send, recv, op, root);
@@ -158,10 +167,10 @@ std::unique_ptr<Work> Backend::allgather_async(Buffer send, Buffer recv) {
   if (recv.count() != send.count() * world)
     check.fail(ErrorCode::invalid_argument, "recv count " + count_text(recv) +
                                                 " must be send count " + count_text(send) + " x " +
-                                                std::to_string(world) + " ranks = " +
-                                                std::to_string(send.count() * world));
-  const bool in_place = send.count() != 0 &&
-                        send.data() == recv.slice(rank() * send.count(), send.count()).data();
+                                                std::to_string(world) +
+                                                " ranks = " + std::to_string(send.count() * world));
+  const bool in_place =
+      send.count() != 0 && send.data() == recv.slice(rank() * send.count(), send.count()).data();
   if (!in_place) check.disjoint(send, recv);
   return start_allgather(send, recv);
 }
@@ -178,8 +187,9 @@ std::unique_ptr<Work> Backend::reduce_scatter_async(Buffer send, Buffer recv, Re
                                                 " does not divide by " + std::to_string(world) +
                                                 " ranks (pad it to a multiple of the world size)");
   if (recv.count() * world != send.count())
-    check.fail(ErrorCode::invalid_argument, "recv count " + count_text(recv) + " must be send count " +
-                                                count_text(send) + " / " + std::to_string(world) +
+    check.fail(ErrorCode::invalid_argument, "recv count " + count_text(recv) +
+                                                " must be send count " + count_text(send) + " / " +
+                                                std::to_string(world) +
                                                 " ranks = " + std::to_string(send.count() / world));
   check.disjoint(send, recv);
   return start_reduce_scatter(send, recv, op);
@@ -201,7 +211,9 @@ std::unique_ptr<Work> Backend::alltoall_async(Buffer send, Buffer recv) {
   return start_alltoall(send, recv);
 }
 
-std::unique_ptr<Work> Backend::barrier_async() { return start_barrier(); }
+std::unique_ptr<Work> Backend::barrier_async() {
+  return start_barrier();
+}
 
 std::unique_ptr<Work> Backend::send_async(Buffer buffer, int peer, int tag) {
   Check check(*this, "send");

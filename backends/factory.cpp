@@ -47,11 +47,10 @@ std::shared_ptr<Backend> create_backend(std::string_view name) {
   std::string list;
   for (const auto& b : built) list += (list.empty() ? "" : ", ") + b;
   if (chosen == "mpi" || chosen == "nccl")
-    throw Error(ErrorCode::unavailable, "backend '" + chosen +
-                                            "' is not available in this build (available: " +
-                                            list + ")");
-  throw Error(ErrorCode::unavailable,
-              "unknown backend '" + chosen + "' (available: " + list + ")");
+    throw Error(
+        ErrorCode::unavailable,
+        "backend '" + chosen + "' is not available in this build (available: " + list + ")");
+  throw Error(ErrorCode::unavailable, "unknown backend '" + chosen + "' (available: " + list + ")");
 }
 
 }  // namespace loom

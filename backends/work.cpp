@@ -20,8 +20,8 @@ bool Work::test() noexcept {
   } catch (const Error&) {
     _error = std::current_exception();
   } catch (const std::exception& e) {
-    _error = std::make_exception_ptr(
-        Error(ErrorCode::internal, _description + " failed: " + e.what()));
+    _error =
+        std::make_exception_ptr(Error(ErrorCode::internal, _description + " failed: " + e.what()));
   } catch (...) {
     _error = std::make_exception_ptr(
         Error(ErrorCode::internal, _description + " failed with an unknown exception"));

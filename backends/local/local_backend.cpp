@@ -20,7 +20,9 @@
 namespace loom {
 namespace {
 
-std::byte* bytes_of(Buffer b) { return static_cast<std::byte*>(b.data()); }
+std::byte* bytes_of(Buffer b) {
+  return static_cast<std::byte*>(b.data());
+}
 
 void copy(Buffer dst, Buffer src) {
   if (src.bytes() != 0 && dst.data() != src.data())
@@ -84,8 +86,8 @@ struct LocalWorld::State {
   int size;
   std::mutex mutex;
   std::map<std::uint64_t, std::shared_ptr<Rendezvous>> rendezvous;
-  std::vector<std::deque<Envelope>> unexpected;                  // per destination rank
-  std::vector<std::list<std::shared_ptr<PostedRecv>>> posted;   // per destination rank
+  std::vector<std::deque<Envelope>> unexpected;                // per destination rank
+  std::vector<std::list<std::shared_ptr<PostedRecv>>> posted;  // per destination rank
   std::atomic<bool> aborted{false};
   std::string abort_reason;  // written once, before aborted is set
 
@@ -103,11 +105,11 @@ using State = LocalWorld::State;
 void deliver(PostedRecv& recv, const std::byte* data, std::size_t bytes, int source, int tag,
              const std::string& where) {
   if (bytes != recv.buffer.bytes()) {
-    recv.error = std::make_exception_ptr(Error(
-        ErrorCode::mismatch, where + ": expected " + std::to_string(recv.buffer.bytes()) +
-                                 " bytes but the message from rank " + std::to_string(source) +
-                                 " with tag " + std::to_string(tag) + " has " +
-                                 std::to_string(bytes) + " bytes"));
+    recv.error = std::make_exception_ptr(
+        Error(ErrorCode::mismatch, where + ": expected " + std::to_string(recv.buffer.bytes()) +
+                                       " bytes but the message from rank " +
+                                       std::to_string(source) + " with tag " + std::to_string(tag) +
+                                       " has " + std::to_string(bytes) + " bytes"));
   } else if (bytes != 0) {
     std::memcpy(recv.buffer.data(), data, bytes);
   }
@@ -132,7 +134,9 @@ class CollectiveWork final : public Work {
  public:
   CollectiveWork(std::string description, std::shared_ptr<State> state,
                  std::shared_ptr<Rendezvous> rendezvous)
-      : Work(std::move(description)), _state(std::move(state)), _rendezvous(std::move(rendezvous)) {}
+      : Work(std::move(description)),
+        _state(std::move(state)),
+        _rendezvous(std::move(rendezvous)) {}
 
  protected:
   bool poll() override {
@@ -188,7 +192,8 @@ void execute(const Signature& sig, Rendezvous& rv, int n) {
     return scratch;
   };
   switch (sig.kind) {
-    case Collective::barrier: return;
+    case Collective::barrier:
+      return;
     case Collective::broadcast:
       for (int r = 0; r < n; ++r)
         if (r != sig.root) copy(send[r], send[sig.root]);
@@ -256,8 +261,7 @@ class LocalBackend final : public Backend {
     return arrive({Collective::reduce_scatter, send.dtype(), send.count(), op, 0}, send, recv);
   }
   std::unique_ptr<Work> start_alltoall(Buffer send, Buffer recv) override {
-    return arrive({Collective::alltoall, send.dtype(), send.count(), ReduceOp::sum, 0}, send,
-                  recv);
+    return arrive({Collective::alltoall, send.dtype(), send.count(), ReduceOp::sum, 0}, send, recv);
   }
   std::unique_ptr<Work> start_barrier() override {
     return arrive({Collective::barrier, DType::uint8, 0, ReduceOp::sum, 0}, {}, {});
@@ -332,9 +336,8 @@ class LocalBackend final : public Backend {
  private:
   std::unique_ptr<Work> arrive(const Signature& sig, Buffer send, Buffer recv) {
     const std::uint64_t sequence = _next_sequence++;
-    const std::string what =
-        where(to_string(sig.kind)) + ": collective #" + std::to_string(sequence) + " " +
-        sig.describe();
+    const std::string what = where(to_string(sig.kind)) + ": collective #" +
+                             std::to_string(sequence) + " " + sig.describe();
     std::shared_ptr<Rendezvous> rv;
     bool last = false;
     {
@@ -359,10 +362,10 @@ class LocalBackend final : public Backend {
     for (int r = 1; r < n; ++r) {
       if (*rv.signatures[r] == first) continue;
       rv.error = std::make_exception_ptr(Error(
-          ErrorCode::mismatch, "collective #" + std::to_string(rv.sequence) + ": rank 0 called " +
-                                   first.describe() + " but rank " + std::to_string(r) +
-                                   " called " + rv.signatures[r]->describe() +
-                                   " (every rank must issue the same collectives in the same order)"));
+          ErrorCode::mismatch,
+          "collective #" + std::to_string(rv.sequence) + ": rank 0 called " + first.describe() +
+              " but rank " + std::to_string(r) + " called " + rv.signatures[r]->describe() +
+              " (every rank must issue the same collectives in the same order)"));
       break;
     }
     if (!rv.error) {
@@ -392,7 +395,9 @@ LocalWorld::LocalWorld(int size) {
 
 LocalWorld::~LocalWorld() = default;
 
-int LocalWorld::size() const noexcept { return _state->size; }
+int LocalWorld::size() const noexcept {
+  return _state->size;
+}
 
 Backend& LocalWorld::backend(int rank) {
   if (rank < 0 || rank >= size())

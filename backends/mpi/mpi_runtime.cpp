@@ -23,10 +23,14 @@ std::string error_text(int code) {
 
 std::string thread_level_name(int level) {
   switch (level) {
-    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
-    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
-    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
-    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
+    case MPI_THREAD_SINGLE:
+      return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED:
+      return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED:
+      return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE:
+      return "MPI_THREAD_MULTIPLE";
   }
   return "thread level " + std::to_string(level);
 }
@@ -39,13 +43,19 @@ bool finalized() noexcept {
 
 MPI_Datatype datatype(DType dtype) noexcept {
   switch (dtype) {
-    case DType::float32: return MPI_FLOAT;
-    case DType::float64: return MPI_DOUBLE;
+    case DType::float32:
+      return MPI_FLOAT;
+    case DType::float64:
+      return MPI_DOUBLE;
     case DType::float16:
-    case DType::bfloat16: return MPI_UINT16_T;
-    case DType::int32: return MPI_INT32_T;
-    case DType::int64: return MPI_INT64_T;
-    case DType::uint8: return MPI_UINT8_T;
+    case DType::bfloat16:
+      return MPI_UINT16_T;
+    case DType::int32:
+      return MPI_INT32_T;
+    case DType::int64:
+      return MPI_INT64_T;
+    case DType::uint8:
+      return MPI_UINT8_T;
   }
   return MPI_DATATYPE_NULL;
 }
@@ -81,6 +91,12 @@ MpiRuntime::MpiRuntime() {
       throw Error(ErrorCode::unavailable, "mpi backend: MPI_Init_thread failed: " + error_text(rc));
     _initialised_by_loom = true;
     _thread_level = provided;
+    // Open MPI raises the failure of a nonblocking collective's request (a count mismatch
+    // between ranks, say) on MPI_COMM_WORLD rather than on the request's communicator, so
+    // MPI_ERRORS_RETURN on loom's duplicates alone would still abort the job. loom owns MPI
+    // here, so it makes those errors return too; a program that initialised MPI keeps its
+    // own choice.
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   } else {
     MPI_Query_thread(&_thread_level);
   }
@@ -116,10 +132,9 @@ void MpiRuntime::create_ops() {
         MPI_Op& slot = _user_ops[static_cast<std::size_t>(D)][static_cast<std::size_t>(Ops)];
         const int rc = MPI_Op_create(&combine<D, Ops>, /*commute=*/1, &slot);
         if (rc != MPI_SUCCESS)
-          throw Error(ErrorCode::unavailable, "mpi backend: MPI_Op_create for " +
-                                                  std::string(to_string(Ops)) + " on " +
-                                                  std::string(to_string(D)) +
-                                                  " failed: " + error_text(rc));
+          throw Error(ErrorCode::unavailable,
+                      "mpi backend: MPI_Op_create for " + std::string(to_string(Ops)) + " on " +
+                          std::string(to_string(D)) + " failed: " + error_text(rc));
       }(),
       ...);
 }
@@ -138,11 +153,16 @@ MPI_Op MpiRuntime::op(ReduceOp op, DType dtype) const noexcept {
   const MPI_Op user = _user_ops[static_cast<std::size_t>(dtype)][static_cast<std::size_t>(combine)];
   if (user != MPI_OP_NULL) return user;
   switch (combine) {
-    case ReduceOp::sum: return MPI_SUM;
-    case ReduceOp::prod: return MPI_PROD;
-    case ReduceOp::min: return MPI_MIN;
-    case ReduceOp::max: return MPI_MAX;
-    case ReduceOp::avg: break;
+    case ReduceOp::sum:
+      return MPI_SUM;
+    case ReduceOp::prod:
+      return MPI_PROD;
+    case ReduceOp::min:
+      return MPI_MIN;
+    case ReduceOp::max:
+      return MPI_MAX;
+    case ReduceOp::avg:
+      break;
   }
   return MPI_SUM;
 }

@@ -2,6 +2,13 @@
 // Private to backends/mpi: mpi.h never reaches a public header.
 #pragma once
 
+// loom links MPI's C library only; keep mpi.h from declaring the deprecated C++ bindings.
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
 #include <mpi.h>
 
 #include <array>

@@ -48,7 +48,8 @@ void BM_BucketSteadyState(benchmark::State& state) {
   }
   const auto stats = pool.stats();
   const double requests = static_cast<double>(steps) * std::size(sizes);
-  state.counters["system_allocs_per_request"] = static_cast<double>(stats.system_allocations) / requests;
+  state.counters["system_allocs_per_request"] =
+      static_cast<double>(stats.system_allocations) / requests;
   state.counters["no_pool_allocs_per_request"] = 1.0;
   state.counters["fewer_allocations_pct"] =
       100.0 * (1.0 - static_cast<double>(stats.system_allocations) / requests);

@@ -31,7 +31,8 @@ template <class T>
 void report(loom::Backend& b, const std::string& what, const std::vector<T>& got,
             const std::vector<T>& want) {
   if (got != want)
-    throw loom::Error(loom::ErrorCode::internal, what + " gave " + show(got) + ", expected " + show(want));
+    throw loom::Error(loom::ErrorCode::internal,
+                      what + " gave " + show(got) + ", expected " + show(want));
   std::lock_guard lock(print_mutex);
   std::cout << "rank " << b.rank() << "/" << b.world_size() << " [" << b.name() << "] " << what
             << " -> " << show(got) << "  ok\n";

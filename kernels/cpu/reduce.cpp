@@ -84,17 +84,25 @@ void dispatch_op(void* out, const void* a, const void* b, std::size_t n, ReduceO
   switch (op) {
     case ReduceOp::sum:
     case ReduceOp::avg:
-      if constexpr (half) return combine_half<T, Sum>(o, x, y, n);
-      else return combine<T, Sum>(o, x, y, n);
+      if constexpr (half)
+        return combine_half<T, Sum>(o, x, y, n);
+      else
+        return combine<T, Sum>(o, x, y, n);
     case ReduceOp::prod:
-      if constexpr (half) return combine_half<T, Prod>(o, x, y, n);
-      else return combine<T, Prod>(o, x, y, n);
+      if constexpr (half)
+        return combine_half<T, Prod>(o, x, y, n);
+      else
+        return combine<T, Prod>(o, x, y, n);
     case ReduceOp::min:
-      if constexpr (half) return combine_half<T, Min>(o, x, y, n);
-      else return combine<T, Min>(o, x, y, n);
+      if constexpr (half)
+        return combine_half<T, Min>(o, x, y, n);
+      else
+        return combine<T, Min>(o, x, y, n);
     case ReduceOp::max:
-      if constexpr (half) return combine_half<T, Max>(o, x, y, n);
-      else return combine<T, Max>(o, x, y, n);
+      if constexpr (half)
+        return combine_half<T, Max>(o, x, y, n);
+      else
+        return combine<T, Max>(o, x, y, n);
   }
 }
 
@@ -139,17 +147,23 @@ void divide_floats(void* data, std::size_t n, int divisor) {
 void reduce(void* out, const void* a, const void* b, std::size_t count, DType dtype, ReduceOp op) {
   if (!supports(op, dtype))
     throw Error(ErrorCode::unsupported, "reduce op " + std::string(to_string(op)) +
-                                            " is not defined for " +
-                                            std::string(to_string(dtype)));
+                                            " is not defined for " + std::string(to_string(dtype)));
   if (count == 0) return;
   switch (dtype) {
-    case DType::float32: return dispatch_op<float>(out, a, b, count, op);
-    case DType::float64: return dispatch_op<double>(out, a, b, count, op);
-    case DType::float16: return dispatch_op<float16_t>(out, a, b, count, op);
-    case DType::bfloat16: return dispatch_op<bfloat16_t>(out, a, b, count, op);
-    case DType::int32: return dispatch_op<std::int32_t>(out, a, b, count, op);
-    case DType::int64: return dispatch_op<std::int64_t>(out, a, b, count, op);
-    case DType::uint8: return dispatch_op<std::uint8_t>(out, a, b, count, op);
+    case DType::float32:
+      return dispatch_op<float>(out, a, b, count, op);
+    case DType::float64:
+      return dispatch_op<double>(out, a, b, count, op);
+    case DType::float16:
+      return dispatch_op<float16_t>(out, a, b, count, op);
+    case DType::bfloat16:
+      return dispatch_op<bfloat16_t>(out, a, b, count, op);
+    case DType::int32:
+      return dispatch_op<std::int32_t>(out, a, b, count, op);
+    case DType::int64:
+      return dispatch_op<std::int64_t>(out, a, b, count, op);
+    case DType::uint8:
+      return dispatch_op<std::uint8_t>(out, a, b, count, op);
   }
 }
 
@@ -159,21 +173,31 @@ void reduce(void* inout, const void* in, std::size_t count, DType dtype, ReduceO
 
 void average(void* data, std::size_t count, DType dtype, int divisor) {
   switch (dtype) {
-    case DType::float32: return divide_floats<float>(data, count, divisor);
-    case DType::float64: return divide_floats<double>(data, count, divisor);
-    case DType::float16: return divide_floats<float16_t>(data, count, divisor);
-    case DType::bfloat16: return divide_floats<bfloat16_t>(data, count, divisor);
-    default: not_floating("avg", dtype);
+    case DType::float32:
+      return divide_floats<float>(data, count, divisor);
+    case DType::float64:
+      return divide_floats<double>(data, count, divisor);
+    case DType::float16:
+      return divide_floats<float16_t>(data, count, divisor);
+    case DType::bfloat16:
+      return divide_floats<bfloat16_t>(data, count, divisor);
+    default:
+      not_floating("avg", dtype);
   }
 }
 
 void scale(void* data, std::size_t count, DType dtype, double factor) {
   switch (dtype) {
-    case DType::float32: return scale_floats<float>(data, count, factor);
-    case DType::float64: return scale_floats<double>(data, count, factor);
-    case DType::float16: return scale_floats<float16_t>(data, count, factor);
-    case DType::bfloat16: return scale_floats<bfloat16_t>(data, count, factor);
-    default: not_floating("scale", dtype);
+    case DType::float32:
+      return scale_floats<float>(data, count, factor);
+    case DType::float64:
+      return scale_floats<double>(data, count, factor);
+    case DType::float16:
+      return scale_floats<float16_t>(data, count, factor);
+    case DType::bfloat16:
+      return scale_floats<bfloat16_t>(data, count, factor);
+    default:
+      not_floating("scale", dtype);
   }
 }
 

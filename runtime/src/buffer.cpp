@@ -20,8 +20,7 @@ Buffer Buffer::slice(std::size_t offset, std::size_t count) const {
 }
 
 std::string Buffer::describe() const {
-  return std::string(to_string(_dtype)) + "[" + std::to_string(_count) + "]@" +
-         to_string(_device);
+  return std::string(to_string(_dtype)) + "[" + std::to_string(_count) + "]@" + to_string(_device);
 }
 
 }  // namespace loom

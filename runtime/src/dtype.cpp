@@ -10,37 +10,56 @@ namespace loom {
 
 std::size_t dtype_size(DType dtype) noexcept {
   switch (dtype) {
-    case DType::float32: return 4;
-    case DType::float64: return 8;
-    case DType::float16: return 2;
-    case DType::bfloat16: return 2;
-    case DType::int32: return 4;
-    case DType::int64: return 8;
-    case DType::uint8: return 1;
+    case DType::float32:
+      return 4;
+    case DType::float64:
+      return 8;
+    case DType::float16:
+      return 2;
+    case DType::bfloat16:
+      return 2;
+    case DType::int32:
+      return 4;
+    case DType::int64:
+      return 8;
+    case DType::uint8:
+      return 1;
   }
   return 0;
 }
 
 std::string_view to_string(DType dtype) noexcept {
   switch (dtype) {
-    case DType::float32: return "float32";
-    case DType::float64: return "float64";
-    case DType::float16: return "float16";
-    case DType::bfloat16: return "bfloat16";
-    case DType::int32: return "int32";
-    case DType::int64: return "int64";
-    case DType::uint8: return "uint8";
+    case DType::float32:
+      return "float32";
+    case DType::float64:
+      return "float64";
+    case DType::float16:
+      return "float16";
+    case DType::bfloat16:
+      return "bfloat16";
+    case DType::int32:
+      return "int32";
+    case DType::int64:
+      return "int64";
+    case DType::uint8:
+      return "uint8";
   }
   return "unknown";
 }
 
 std::string_view to_string(ReduceOp op) noexcept {
   switch (op) {
-    case ReduceOp::sum: return "sum";
-    case ReduceOp::prod: return "prod";
-    case ReduceOp::min: return "min";
-    case ReduceOp::max: return "max";
-    case ReduceOp::avg: return "avg";
+    case ReduceOp::sum:
+      return "sum";
+    case ReduceOp::prod:
+      return "prod";
+    case ReduceOp::min:
+      return "min";
+    case ReduceOp::max:
+      return "max";
+    case ReduceOp::avg:
+      return "avg";
   }
   return "unknown";
 }
@@ -108,7 +127,7 @@ float16_t to_float16(float value) noexcept {
     return {static_cast<std::uint16_t>(sign | 0x7c00u | mant)};
   }
   if (abs >= 0x477ff000u) return {static_cast<std::uint16_t>(sign | 0x7c00u)};  // rounds to inf
-  if (abs < 0x38800000u) {  // result is subnormal or zero
+  if (abs < 0x38800000u) {                 // result is subnormal or zero
     if (abs < 0x33000000u) return {sign};  // below half the smallest subnormal
     const std::uint32_t exponent = abs >> 23;
     const std::uint32_t mantissa = (abs & 0x7fffffu) | 0x800000u;

@@ -61,8 +61,8 @@ struct PinnedPool::State {
       std::size_t oldest_index = 0;
       for (int c = 0; c < class_count; ++c)
         for (std::size_t i = 0; i < free_blocks[c].size(); ++i)
-          if (oldest_class < 0 || free_blocks[c][i].released_at <
-                                      free_blocks[oldest_class][oldest_index].released_at) {
+          if (oldest_class < 0 ||
+              free_blocks[c][i].released_at < free_blocks[oldest_class][oldest_index].released_at) {
             oldest_class = c;
             oldest_index = i;
           }
@@ -83,7 +83,9 @@ struct PinnedPool::State {
   }
 };
 
-PinnedBlock::PinnedBlock(PinnedBlock&& other) noexcept { *this = std::move(other); }
+PinnedBlock::PinnedBlock(PinnedBlock&& other) noexcept {
+  *this = std::move(other);
+}
 
 PinnedBlock& PinnedBlock::operator=(PinnedBlock&& other) noexcept {
   if (this != &other) {
@@ -97,7 +99,9 @@ PinnedBlock& PinnedBlock::operator=(PinnedBlock&& other) noexcept {
   return *this;
 }
 
-PinnedBlock::~PinnedBlock() { release(); }
+PinnedBlock::~PinnedBlock() {
+  release();
+}
 
 void PinnedBlock::release() noexcept {
   if (_pool != nullptr && _data != nullptr) _pool->give_back(*this);
@@ -120,7 +124,9 @@ PinnedPool::~PinnedPool() {
   _state->release_all_free();
 }
 
-const PinnedPool::Options& PinnedPool::options() const noexcept { return _state->options; }
+const PinnedPool::Options& PinnedPool::options() const noexcept {
+  return _state->options;
+}
 
 std::size_t PinnedPool::size_class(std::size_t bytes) noexcept {
   return std::bit_ceil(std::max(bytes, page_size()));
@@ -147,8 +153,8 @@ PinnedBlock PinnedPool::acquire(std::size_t bytes) {
                       "-byte cap are in use; release blocks or raise the cap");
     void* data = std::aligned_alloc(page_size(), capacity);
     if (data == nullptr)
-      throw Error(ErrorCode::out_of_memory, "pinned pool: the system refused " +
-                                                std::to_string(capacity) + " bytes");
+      throw Error(ErrorCode::out_of_memory,
+                  "pinned pool: the system refused " + std::to_string(capacity) + " bytes");
     bool locked = false;
     if (s.options.lock) {
       locked = ::mlock(data, capacity) == 0;

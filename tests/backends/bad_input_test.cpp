@@ -26,13 +26,14 @@ TEST_P(BadInputLocal, RaisesANamedError) {
   EXPECT_TRUE(failures.empty()) << failures.front();
 }
 
-INSTANTIATE_TEST_SUITE_P(Table, BadInputLocal,
-                         ::testing::Combine(::testing::Values(2, 3),
-                                            ::testing::Range<std::size_t>(0, testing::bad_inputs().size())),
-                         [](const auto& info) {
-                           return testing::bad_inputs()[std::get<1>(info.param)].name + "_np" +
-                                  std::to_string(std::get<0>(info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Table, BadInputLocal,
+    ::testing::Combine(::testing::Values(2, 3),
+                       ::testing::Range<std::size_t>(0, testing::bad_inputs().size())),
+    [](const auto& info) {
+      return testing::bad_inputs()[std::get<1>(info.param)].name + "_np" +
+             std::to_string(std::get<0>(info.param));
+    });
 
 TEST(BackendFactory, UnknownBackendListsTheAvailableOnes) {
   try {

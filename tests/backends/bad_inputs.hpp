@@ -30,7 +30,9 @@ inline std::vector<BadInput> bad_inputs() {
       {"AllreduceDtypeMismatch", [=](Backend& b) { b.allreduce(fb(8), db(8), ReduceOp::sum); },
        ErrorCode::invalid_argument, "different dtypes"},
       {"AllreduceCountMismatch",
-       [=](Backend& b) { b.allreduce(fb(8), Buffer(f.data() + 16, 9, DType::float32), ReduceOp::sum); },
+       [=](Backend& b) {
+         b.allreduce(fb(8), Buffer(f.data() + 16, 9, DType::float32), ReduceOp::sum);
+       },
        ErrorCode::invalid_argument, "recv count 9 differs from send count 8"},
       {"AllgatherRecvTooSmall",
        [=](Backend& b) { b.allgather(fb(4), Buffer(d.data(), 5, DType::float32)); },

@@ -25,27 +25,46 @@ double input(int rank, std::size_t i, DType dtype, ReduceOp op) {
 
 void store(void* data, std::size_t i, DType dtype, double v) {
   switch (dtype) {
-    case DType::float32: static_cast<float*>(data)[i] = static_cast<float>(v); return;
-    case DType::float64: static_cast<double*>(data)[i] = v; return;
-    case DType::float16: static_cast<float16_t*>(data)[i] = to_float16(static_cast<float>(v)); return;
+    case DType::float32:
+      static_cast<float*>(data)[i] = static_cast<float>(v);
+      return;
+    case DType::float64:
+      static_cast<double*>(data)[i] = v;
+      return;
+    case DType::float16:
+      static_cast<float16_t*>(data)[i] = to_float16(static_cast<float>(v));
+      return;
     case DType::bfloat16:
       static_cast<bfloat16_t*>(data)[i] = to_bfloat16(static_cast<float>(v));
       return;
-    case DType::int32: static_cast<std::int32_t*>(data)[i] = static_cast<std::int32_t>(v); return;
-    case DType::int64: static_cast<std::int64_t*>(data)[i] = static_cast<std::int64_t>(v); return;
-    case DType::uint8: static_cast<std::uint8_t*>(data)[i] = static_cast<std::uint8_t>(v); return;
+    case DType::int32:
+      static_cast<std::int32_t*>(data)[i] = static_cast<std::int32_t>(v);
+      return;
+    case DType::int64:
+      static_cast<std::int64_t*>(data)[i] = static_cast<std::int64_t>(v);
+      return;
+    case DType::uint8:
+      static_cast<std::uint8_t*>(data)[i] = static_cast<std::uint8_t>(v);
+      return;
   }
 }
 
 double load(const void* data, std::size_t i, DType dtype) {
   switch (dtype) {
-    case DType::float32: return static_cast<const float*>(data)[i];
-    case DType::float64: return static_cast<const double*>(data)[i];
-    case DType::float16: return to_float(static_cast<const float16_t*>(data)[i]);
-    case DType::bfloat16: return to_float(static_cast<const bfloat16_t*>(data)[i]);
-    case DType::int32: return static_cast<const std::int32_t*>(data)[i];
-    case DType::int64: return static_cast<const std::int64_t*>(data)[i];
-    case DType::uint8: return static_cast<const std::uint8_t*>(data)[i];
+    case DType::float32:
+      return static_cast<const float*>(data)[i];
+    case DType::float64:
+      return static_cast<const double*>(data)[i];
+    case DType::float16:
+      return to_float(static_cast<const float16_t*>(data)[i]);
+    case DType::bfloat16:
+      return to_float(static_cast<const bfloat16_t*>(data)[i]);
+    case DType::int32:
+      return static_cast<const std::int32_t*>(data)[i];
+    case DType::int64:
+      return static_cast<const std::int64_t*>(data)[i];
+    case DType::uint8:
+      return static_cast<const std::uint8_t*>(data)[i];
   }
   return 0;
 }
@@ -57,10 +76,18 @@ double reduced(int world, std::size_t i, DType dtype, ReduceOp op) {
     const double v = input(r, i, dtype, op);
     switch (op) {
       case ReduceOp::sum:
-      case ReduceOp::avg: acc += v; break;
-      case ReduceOp::prod: acc *= v; break;
-      case ReduceOp::min: acc = std::min(acc, v); break;
-      case ReduceOp::max: acc = std::max(acc, v); break;
+      case ReduceOp::avg:
+        acc += v;
+        break;
+      case ReduceOp::prod:
+        acc *= v;
+        break;
+      case ReduceOp::min:
+        acc = std::min(acc, v);
+        break;
+      case ReduceOp::max:
+        acc = std::max(acc, v);
+        break;
     }
   }
   if (op == ReduceOp::avg) acc /= world;
@@ -71,10 +98,14 @@ double tolerance(DType dtype, ReduceOp op, double expected) {
   if (op != ReduceOp::avg) return 0;  // everything else is exact by construction
   const double scale = std::max(1.0, std::abs(expected));
   switch (dtype) {
-    case DType::float16: return scale * 1e-3;
-    case DType::bfloat16: return scale * 8e-3;
-    case DType::float32: return scale * 1e-6;
-    default: return scale * 1e-12;
+    case DType::float16:
+      return scale * 1e-3;
+    case DType::bfloat16:
+      return scale * 8e-3;
+    case DType::float32:
+      return scale * 1e-6;
+    default:
+      return scale * 1e-12;
   }
 }
 
@@ -119,8 +150,8 @@ std::vector<Case> cases_for(Collective op, DType dtype, const std::vector<std::s
     for (ReduceOp r : all_reduce_ops)
       if (supports(r, dtype)) ops.push_back(r);
   }
-  const bool has_in_place = op == Collective::allreduce || op == Collective::allgather ||
-                            op == Collective::reduce;
+  const bool has_in_place =
+      op == Collective::allreduce || op == Collective::allgather || op == Collective::reduce;
   for (ReduceOp r : ops)
     for (std::size_t count : counts) {
       cases.push_back({op, dtype, r, count, false});
@@ -182,7 +213,8 @@ std::string check(Backend& backend, const Case& c) {
       Storage send(c.count, dt), recv(c.count * n, dt);
       for (std::size_t i = 0; i < c.count * n; ++i) store(recv.buffer.data(), i, dt, 99);
       Buffer in = c.in_place ? recv.buffer.slice(rank * c.count, c.count) : send.buffer;
-      for (std::size_t i = 0; i < c.count; ++i) store(in.data(), i, dt, input(rank, i, dt, c.redop));
+      for (std::size_t i = 0; i < c.count; ++i)
+        store(in.data(), i, dt, input(rank, i, dt, c.redop));
       backend.allgather(in, recv.buffer);
       for (int r = 0; r < world; ++r)
         for (std::size_t i = 0; i < c.count; ++i)
@@ -225,13 +257,13 @@ std::string check_point_to_point(Backend& backend, DType dt, std::size_t count) 
   const int next = (rank + 1) % world;
   const int prev = (rank + world - 1) % world;
   const std::string context = "point-to-point " + std::string(to_string(dt)) + " count " +
-                              std::to_string(count) + " on rank " + std::to_string(rank) +
-                              " of " + std::to_string(world) + " (" +
-                              std::string(backend.name()) + ")";
+                              std::to_string(count) + " on rank " + std::to_string(rank) + " of " +
+                              std::to_string(world) + " (" + std::string(backend.name()) + ")";
   Tally tally;
   // Known size: post the receive first, then send, then wait for both (works on one rank too).
   Storage send(count, dt), recv(count, dt);
-  for (std::size_t i = 0; i < count; ++i) store(send.buffer.data(), i, dt, input(rank, i, dt, ReduceOp::sum));
+  for (std::size_t i = 0; i < count; ++i)
+    store(send.buffer.data(), i, dt, input(rank, i, dt, ReduceOp::sum));
   auto r = backend.recv_async(recv.buffer, prev, 7);
   auto s = backend.send_async(send.buffer, next, 7);
   r->wait();

@@ -41,15 +41,15 @@ TEST_P(LocalCollectives, MatchIndependentValues) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllCases, LocalCollectives,
-    ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::ValuesIn(all_collectives),
-                       ::testing::ValuesIn(all_dtypes)),
-    [](const auto& info) {
-      return "np" + std::to_string(std::get<0>(info.param)) + "_" +
-             std::string(to_string(std::get<1>(info.param))) + "_" +
-             std::string(to_string(std::get<2>(info.param)));
-    });
+INSTANTIATE_TEST_SUITE_P(AllCases, LocalCollectives,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4),
+                                            ::testing::ValuesIn(all_collectives),
+                                            ::testing::ValuesIn(all_dtypes)),
+                         [](const auto& info) {
+                           return "np" + std::to_string(std::get<0>(info.param)) + "_" +
+                                  std::string(to_string(std::get<1>(info.param))) + "_" +
+                                  std::string(to_string(std::get<2>(info.param)));
+                         });
 
 class LocalPointToPoint : public ::testing::TestWithParam<std::tuple<int, DType>> {};
 
@@ -72,27 +72,26 @@ INSTANTIATE_TEST_SUITE_P(AllCases, LocalPointToPoint,
 
 TEST(LocalBackend, DifferentCollectivesAtTheSameStepAreAMismatchOnEveryRank) {
   std::atomic<int> mismatches{0};
-  EXPECT_THROW(LocalWorld::run(3,
-                               [&](Backend& b) {
-                                 std::vector<float> v(4, 1.0f);
-                                 try {
-                                   if (b.rank() == 2)
-                                     b.broadcast(Buffer::of(std::span(v)), 0);
-                                   else
-                                     b.allreduce(Buffer::of(std::span(v)), ReduceOp::sum);
-                                 } catch (const Error& e) {
-                                   EXPECT_EQ(e.code(), ErrorCode::mismatch);
-                                   EXPECT_NE(std::string(e.what()).find("collective #0"),
-                                             std::string::npos)
-                                       << e.what();
-                                   EXPECT_NE(std::string(e.what()).find("rank 2 called broadcast"),
-                                             std::string::npos)
-                                       << e.what();
-                                   ++mismatches;
-                                   throw;
-                                 }
-                               }),
-               Error);
+  EXPECT_THROW(
+      LocalWorld::run(
+          3,
+          [&](Backend& b) {
+            std::vector<float> v(4, 1.0f);
+            try {
+              if (b.rank() == 2)
+                b.broadcast(Buffer::of(std::span(v)), 0);
+              else
+                b.allreduce(Buffer::of(std::span(v)), ReduceOp::sum);
+            } catch (const Error& e) {
+              EXPECT_EQ(e.code(), ErrorCode::mismatch);
+              EXPECT_NE(std::string(e.what()).find("collective #0"), std::string::npos) << e.what();
+              EXPECT_NE(std::string(e.what()).find("rank 2 called broadcast"), std::string::npos)
+                  << e.what();
+              ++mismatches;
+              throw;
+            }
+          }),
+      Error);
   EXPECT_EQ(mismatches.load(), 3);
 }
 
@@ -158,7 +157,8 @@ TEST(LocalBackend, MessagesFromOneSourceAndTagArriveInOrder) {
     } else {
       std::vector<std::int32_t> got(n, -1);
       std::vector<std::unique_ptr<Work>> works;
-      for (int i = 0; i < n; ++i) works.push_back(b.recv_async(Buffer(&got[i], 1, DType::int32), 0, 5));
+      for (int i = 0; i < n; ++i)
+        works.push_back(b.recv_async(Buffer(&got[i], 1, DType::int32), 0, 5));
       for (auto& w : works) w->wait();
       for (int i = 0; i < n; ++i) EXPECT_EQ(got[i], i);
     }
@@ -181,8 +181,8 @@ TEST(LocalBackend, WaitForTimesOutWhileAPeerIsLate) {
   LocalWorld::run(2, [](Backend& b) {
     std::int64_t v = b.rank();
     if (b.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    auto work = b.allreduce_async(Buffer(&v, 1, DType::int64), Buffer(&v, 1, DType::int64),
-                                  ReduceOp::sum);
+    auto work =
+        b.allreduce_async(Buffer(&v, 1, DType::int64), Buffer(&v, 1, DType::int64), ReduceOp::sum);
     if (b.rank() == 0) EXPECT_FALSE(work->wait_for(std::chrono::milliseconds(10)));
     work->wait();
     EXPECT_EQ(v, 1);

@@ -40,20 +40,29 @@ T reference(T a, T b, ReduceOp op) {
   } else if constexpr (std::is_integral_v<T>) {
     using U = std::make_unsigned_t<T>;
     switch (op) {
-      case ReduceOp::sum: return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
-      case ReduceOp::prod: return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
-      case ReduceOp::min: return std::min(a, b);
-      case ReduceOp::max: return std::max(a, b);
-      default: return 0;
+      case ReduceOp::sum:
+        return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+      case ReduceOp::prod:
+        return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
+      case ReduceOp::min:
+        return std::min(a, b);
+      case ReduceOp::max:
+        return std::max(a, b);
+      default:
+        return 0;
     }
   } else {
     if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<T>::quiet_NaN();
     switch (op) {
       case ReduceOp::sum:
-      case ReduceOp::avg: return a + b;
-      case ReduceOp::prod: return a * b;
-      case ReduceOp::min: return std::min(a, b);
-      case ReduceOp::max: return std::max(a, b);
+      case ReduceOp::avg:
+        return a + b;
+      case ReduceOp::prod:
+        return a * b;
+      case ReduceOp::min:
+        return std::min(a, b);
+      case ReduceOp::max:
+        return std::max(a, b);
     }
     return 0;
   }
@@ -104,8 +113,8 @@ void check_all_ops(std::size_t n) {
 
 template <class T>
 class ReduceKernel : public ::testing::Test {};
-using AllTypes = ::testing::Types<float, double, float16_t, bfloat16_t, std::int32_t,
-                                  std::int64_t, std::uint8_t>;
+using AllTypes = ::testing::Types<float, double, float16_t, bfloat16_t, std::int32_t, std::int64_t,
+                                  std::uint8_t>;
 TYPED_TEST_SUITE(ReduceKernel, AllTypes);
 
 TYPED_TEST(ReduceKernel, MatchesScalarReferenceAtOddLengths) {

@@ -45,11 +45,11 @@ TEST(DType, AvgIsOnlyForFloatingTypes) {
 TEST(Float16, KnownBitPatterns) {
   EXPECT_EQ(to_float16(1.0f).bits, 0x3c00);
   EXPECT_EQ(to_float16(-2.0f).bits, 0xc000);
-  EXPECT_EQ(to_float16(65504.0f).bits, 0x7bff);                 // largest finite
-  EXPECT_EQ(to_float16(65520.0f).bits, 0x7c00);                 // rounds to infinity
-  EXPECT_EQ(to_float16(std::ldexp(1.0f, -24)).bits, 0x0001);    // smallest subnormal
-  EXPECT_EQ(to_float16(std::ldexp(1.0f, -26)).bits, 0x0000);    // underflows to zero
-  EXPECT_EQ(to_float16(1.0f + std::ldexp(1.0f, -11)).bits, 0x3c00);  // tie: to even
+  EXPECT_EQ(to_float16(65504.0f).bits, 0x7bff);                          // largest finite
+  EXPECT_EQ(to_float16(65520.0f).bits, 0x7c00);                          // rounds to infinity
+  EXPECT_EQ(to_float16(std::ldexp(1.0f, -24)).bits, 0x0001);             // smallest subnormal
+  EXPECT_EQ(to_float16(std::ldexp(1.0f, -26)).bits, 0x0000);             // underflows to zero
+  EXPECT_EQ(to_float16(1.0f + std::ldexp(1.0f, -11)).bits, 0x3c00);      // tie: to even
   EXPECT_EQ(to_float16(1.0f + 3 * std::ldexp(1.0f, -11)).bits, 0x3c02);  // tie: to even (up)
   EXPECT_EQ(to_float16(std::numeric_limits<float>::infinity()).bits, 0x7c00);
   EXPECT_TRUE(std::isnan(to_float(to_float16(std::nanf("")))));

@@ -11,7 +11,7 @@ namespace loom {
 enum class DType : std::uint8_t { float32, float64, float16, bfloat16, int32, int64, uint8 };
 
 /// @brief Every DType, in declaration order (handy for tests and tools).
-inline constexpr DType all_dtypes[] = {DType::float32, DType::float64, DType::float16,
+inline constexpr DType all_dtypes[] = {DType::float32,  DType::float64, DType::float16,
                                        DType::bfloat16, DType::int32,   DType::int64,
                                        DType::uint8};
 
@@ -57,12 +57,33 @@ bfloat16_t to_bfloat16(float value) noexcept;
 /// @brief The DType of a C++ element type: dtype_of<float>() == DType::float32.
 template <class T>
 constexpr DType dtype_of() noexcept;
-template <> constexpr DType dtype_of<float>() noexcept { return DType::float32; }
-template <> constexpr DType dtype_of<double>() noexcept { return DType::float64; }
-template <> constexpr DType dtype_of<float16_t>() noexcept { return DType::float16; }
-template <> constexpr DType dtype_of<bfloat16_t>() noexcept { return DType::bfloat16; }
-template <> constexpr DType dtype_of<std::int32_t>() noexcept { return DType::int32; }
-template <> constexpr DType dtype_of<std::int64_t>() noexcept { return DType::int64; }
-template <> constexpr DType dtype_of<std::uint8_t>() noexcept { return DType::uint8; }
+template <>
+constexpr DType dtype_of<float>() noexcept {
+  return DType::float32;
+}
+template <>
+constexpr DType dtype_of<double>() noexcept {
+  return DType::float64;
+}
+template <>
+constexpr DType dtype_of<float16_t>() noexcept {
+  return DType::float16;
+}
+template <>
+constexpr DType dtype_of<bfloat16_t>() noexcept {
+  return DType::bfloat16;
+}
+template <>
+constexpr DType dtype_of<std::int32_t>() noexcept {
+  return DType::int32;
+}
+template <>
+constexpr DType dtype_of<std::int64_t>() noexcept {
+  return DType::int64;
+}
+template <>
+constexpr DType dtype_of<std::uint8_t>() noexcept {
+  return DType::uint8;
+}
 
 }  // namespace loom

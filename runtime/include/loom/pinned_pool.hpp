@@ -41,13 +41,13 @@ class PinnedBlock {
 
 /// @brief Counters of a PinnedPool (a consistent snapshot).
 struct PinnedPoolStats {
-  std::uint64_t hits = 0;                ///< acquires served from a free block
-  std::uint64_t misses = 0;              ///< acquires that had to allocate
-  std::uint64_t evictions = 0;           ///< free blocks given back to the system to make room
-  std::uint64_t system_allocations = 0;  ///< blocks allocated from the system
+  std::uint64_t hits = 0;                  ///< acquires served from a free block
+  std::uint64_t misses = 0;                ///< acquires that had to allocate
+  std::uint64_t evictions = 0;             ///< free blocks given back to the system to make room
+  std::uint64_t system_allocations = 0;    ///< blocks allocated from the system
   std::uint64_t unlocked_allocations = 0;  ///< of those, how many mlock refused
-  std::size_t bytes_reserved = 0;        ///< held from the system (free + in use)
-  std::size_t bytes_in_use = 0;          ///< handed out
+  std::size_t bytes_reserved = 0;          ///< held from the system (free + in use)
+  std::size_t bytes_in_use = 0;            ///< handed out
   std::size_t peak_reserved = 0;
   double hit_rate() const noexcept {
     const auto total = hits + misses;

@@ -1,0 +1,426 @@
+// The Open MPI backend: each backend owns a duplicate of MPI_COMM_WORLD; every operation is a
+// nonblocking MPI call whose request a Work polls with MPI_Test.
+#include "mpi_runtime.hpp"  // first: it includes mpi.h without the C++ bindings
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "loom/error.hpp"
+#include "loom/kernels/reduce.hpp"
+#include "loom/mpi.hpp"
+
+namespace loom {
+namespace {
+
+// "<where>: <call> failed: <MPI's text>", where <where> is "allreduce on rank 1 of 4 (mpi)".
+Error failure(const std::string& where, const std::string& call, int rc) {
+  return Error(ErrorCode::backend_failure, where + ": " + call + " failed: " + mpi::error_text(rc));
+}
+
+void check(const std::string& where, const char* call, int rc) {
+  if (rc != MPI_SUCCESS) throw failure(where, call, rc);
+}
+
+// MPI counts are int; larger buffers would need derived datatypes, which predefined reduction
+// ops do not accept, so they are refused clearly instead.
+int to_int(const std::string& where, const char* what, std::size_t count) {
+  if (count > static_cast<std::size_t>(INT_MAX))
+    throw Error(ErrorCode::unsupported,
+                where + ": " + what + " " + std::to_string(count) + " exceeds " +
+                    std::to_string(INT_MAX) + ", the largest count MPI takes (split the buffer)");
+  return static_cast<int>(count);
+}
+
+bool on_device(Buffer buffer) { return buffer.device().kind != DeviceKind::cpu; }
+
+std::size_t message_bytes(const MPI_Status& status) {
+  MPI_Count count = 0;
+  MPI_Get_elements_x(&status, MPI_BYTE, &count);
+  return count == MPI_UNDEFINED ? 0 : static_cast<std::size_t>(count);
+}
+
+// An MPI_Comm_dup of MPI_COMM_WORLD, shared by a backend and its pending works so that the
+// communicator outlives every request on it.
+class Communicator {
+ public:
+  Communicator() {
+    check("mpi backend", "MPI_Comm_dup of MPI_COMM_WORLD", MPI_Comm_dup(MPI_COMM_WORLD, &_comm));
+    // Errors come back as return codes (and become loom::Error) instead of aborting the job.
+    const int rc = MPI_Comm_set_errhandler(_comm, MPI_ERRORS_RETURN);
+    if (rc != MPI_SUCCESS) {
+      MPI_Comm_free(&_comm);
+      throw failure("mpi backend", "MPI_Comm_set_errhandler", rc);
+    }
+    MPI_Comm_rank(_comm, &_rank);
+    MPI_Comm_size(_comm, &_size);
+  }
+  ~Communicator() {
+    // MPI_Comm_free after MPI_Finalize is illegal; a backend kept in a static may die that late.
+    if (_comm != MPI_COMM_NULL && !mpi::finalized()) MPI_Comm_free(&_comm);
+  }
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  MPI_Comm get() const noexcept { return _comm; }
+  int rank() const noexcept { return _rank; }
+  int size() const noexcept { return _size; }
+
+ private:
+  MPI_Comm _comm = MPI_COMM_NULL;
+  int _rank = 0;
+  int _size = 1;
+};
+
+// Runs when the request ends: rc is MPI_Test's result, status the request's status. Throws
+// loom::Error to fail the work.
+using Finish = std::function<void(int rc, const MPI_Status& status)>;
+
+// The handle of one MPI request.
+class RequestWork final : public Work {
+ public:
+  RequestWork(std::string description, std::shared_ptr<const Communicator> communicator,
+              MPI_Request request, Finish finish, bool cancellable)
+      : Work(std::move(description)),
+        _communicator(std::move(communicator)),
+        _request(request),
+        _finish(std::move(finish)),
+        _cancellable(cancellable) {}
+
+  // The caller may free the buffers as soon as this handle is gone, so a request still in
+  // flight must end first: a receive is cancelled (MPI_Cancel is legal for receives, and the
+  // message then stays for a later receive), any other request is waited for, which blocks
+  // until the peers take part. After MPI_Finalize nothing can be done (or is needed).
+  ~RequestWork() override {
+    if (_request == MPI_REQUEST_NULL || mpi::finalized()) return;
+    if (_cancellable) MPI_Cancel(&_request);
+    if (MPI_Wait(&_request, MPI_STATUS_IGNORE) != MPI_SUCCESS) release();
+  }
+
+ protected:
+  bool poll() override {
+    MPI_Status status{};
+    int done = 0;
+    const int rc = MPI_Test(&_request, &done, &status);
+    if (rc == MPI_SUCCESS && done == 0) return false;
+    if (rc != MPI_SUCCESS) release();
+    _finish(rc, status);
+    return true;
+  }
+
+ private:
+  // Open MPI leaves a request that completed in error allocated; free it so it cannot leak.
+  void release() noexcept {
+    if (_request != MPI_REQUEST_NULL) MPI_Request_free(&_request);
+    _request = MPI_REQUEST_NULL;
+  }
+
+  std::shared_ptr<const Communicator> _communicator;
+  MPI_Request _request;
+  Finish _finish;
+  bool _cancellable;
+};
+
+class MpiBackend final : public Backend {
+ public:
+  MpiBackend(const MpiConfig& config, const mpi::MpiRuntime& runtime)
+      : _config(config), _runtime(runtime), _communicator(std::make_shared<Communicator>()) {}
+
+  int rank() const noexcept override { return _communicator->rank(); }
+  int world_size() const noexcept override { return _communicator->size(); }
+  std::string_view name() const noexcept override { return "mpi"; }
+  bool supports(Device device) const noexcept override {
+    if (device.kind == DeviceKind::cpu) return true;
+    return device.kind == DeviceKind::cuda && _runtime.cuda_aware() && _config.use_cuda_aware;
+  }
+
+ protected:
+  int max_tag() const noexcept override { return _runtime.tag_ub(); }
+
+  std::unique_ptr<Work> start_broadcast(Buffer buffer, int root) override {
+    const std::string at = where("broadcast");
+    const int count = to_int(at, "count", buffer.count());
+    const MPI_Datatype type = mpi::datatype(buffer.dtype());
+    return launch(
+        at, buffer.describe() + " root " + std::to_string(root), on_device(buffer), "MPI_Ibcast",
+        [&](MPI_Request* r) { return MPI_Ibcast(buffer.data(), count, type, root, comm(), r); },
+        [&] { return MPI_Bcast(buffer.data(), count, type, root, comm()); });
+  }
+
+  std::unique_ptr<Work> start_reduce(Buffer send, Buffer recv, ReduceOp op, int root) override {
+    const std::string at = where("reduce");
+    const int count = to_int(at, "count", send.count());
+    const bool is_root = rank() == root;
+    const bool device = on_device(send) || (is_root && on_device(recv));
+    refuse_avg_on_device(at, op, device);
+    const void* sendbuf = is_root && send.data() == recv.data() ? MPI_IN_PLACE : send.data();
+    void* recvbuf = is_root ? recv.data() : nullptr;
+    const MPI_Datatype type = mpi::datatype(send.dtype());
+    const MPI_Op mpi_op = _runtime.op(op, send.dtype());
+    return launch(
+        at, describe(send, op) + " root " + std::to_string(root), device, "MPI_Ireduce",
+        [&](MPI_Request* r) {
+          return MPI_Ireduce(sendbuf, recvbuf, count, type, mpi_op, root, comm(), r);
+        },
+        [&] { return MPI_Reduce(sendbuf, recvbuf, count, type, mpi_op, root, comm()); },
+        is_root ? average_if(op, recv) : nullptr);
+  }
+
+  std::unique_ptr<Work> start_allreduce(Buffer send, Buffer recv, ReduceOp op) override {
+    const std::string at = where("allreduce");
+    const int count = to_int(at, "count", send.count());
+    const bool device = on_device(send) || on_device(recv);
+    refuse_avg_on_device(at, op, device);
+    const void* sendbuf = send.data() == recv.data() ? MPI_IN_PLACE : send.data();
+    const MPI_Datatype type = mpi::datatype(send.dtype());
+    const MPI_Op mpi_op = _runtime.op(op, send.dtype());
+    return launch(
+        at, describe(send, op), device, "MPI_Iallreduce",
+        [&](MPI_Request* r) {
+          return MPI_Iallreduce(sendbuf, recv.data(), count, type, mpi_op, comm(), r);
+        },
+        [&] { return MPI_Allreduce(sendbuf, recv.data(), count, type, mpi_op, comm()); },
+        average_if(op, recv));
+  }
+
+  std::unique_ptr<Work> start_allgather(Buffer send, Buffer recv) override {
+    const std::string at = where("allgather");
+    const int count = to_int(at, "count", send.count());
+    to_int(at, "recv count", recv.count());
+    const bool in_place = send.count() != 0 &&
+                          send.data() == recv.slice(rank() * send.count(), send.count()).data();
+    const void* sendbuf = in_place ? MPI_IN_PLACE : send.data();
+    const MPI_Datatype type = mpi::datatype(send.dtype());
+    return launch(
+        at, send.describe() + " -> " + recv.describe(), on_device(send) || on_device(recv),
+        "MPI_Iallgather",
+        [&](MPI_Request* r) {
+          return MPI_Iallgather(sendbuf, count, type, recv.data(), count, type, comm(), r);
+        },
+        [&] { return MPI_Allgather(sendbuf, count, type, recv.data(), count, type, comm()); });
+  }
+
+  std::unique_ptr<Work> start_reduce_scatter(Buffer send, Buffer recv, ReduceOp op) override {
+    const std::string at = where("reduce_scatter");
+    to_int(at, "send count", send.count());
+    const int count = to_int(at, "recv count", recv.count());
+    const bool device = on_device(send) || on_device(recv);
+    refuse_avg_on_device(at, op, device);
+    const MPI_Datatype type = mpi::datatype(send.dtype());
+    const MPI_Op mpi_op = _runtime.op(op, send.dtype());
+    return launch(
+        at, describe(send, op), device, "MPI_Ireduce_scatter_block",
+        [&](MPI_Request* r) {
+          return MPI_Ireduce_scatter_block(send.data(), recv.data(), count, type, mpi_op, comm(),
+                                           r);
+        },
+        [&] {
+          return MPI_Reduce_scatter_block(send.data(), recv.data(), count, type, mpi_op, comm());
+        },
+        average_if(op, recv));
+  }
+
+  std::unique_ptr<Work> start_alltoall(Buffer send, Buffer recv) override {
+    const std::string at = where("alltoall");
+    to_int(at, "count", send.count());
+    const int block = static_cast<int>(send.count() / static_cast<std::size_t>(world_size()));
+    const MPI_Datatype type = mpi::datatype(send.dtype());
+    return launch(
+        at, send.describe(), on_device(send) || on_device(recv), "MPI_Ialltoall",
+        [&](MPI_Request* r) {
+          return MPI_Ialltoall(send.data(), block, type, recv.data(), block, type, comm(), r);
+        },
+        [&] { return MPI_Alltoall(send.data(), block, type, recv.data(), block, type, comm()); });
+  }
+
+  std::unique_ptr<Work> start_barrier() override {
+    return launch(
+        where("barrier"), "", false, "MPI_Ibarrier",
+        [&](MPI_Request* r) { return MPI_Ibarrier(comm(), r); },
+        [&] { return MPI_Barrier(comm()); });
+  }
+
+  // Point-to-point messages travel as MPI_BYTE so that recv_message can take any of them.
+  std::unique_ptr<Work> start_send(Buffer buffer, int peer, int tag) override {
+    const std::string at = where("send");
+    const int bytes = to_int(at, "message size in bytes", buffer.bytes());
+    MPI_Request request = MPI_REQUEST_NULL;
+    check(at, "MPI_Isend",
+          MPI_Isend(buffer.data(), bytes, MPI_BYTE, peer, tag, comm(), &request));
+    return std::make_unique<RequestWork>(
+        at + ": " + buffer.describe() + " to rank " + std::to_string(peer) + " tag " +
+            std::to_string(tag),
+        _communicator, request,
+        [at](int rc, const MPI_Status&) {
+          if (rc != MPI_SUCCESS) throw failure(at, "MPI_Isend", rc);
+        },
+        false);
+  }
+
+  std::unique_ptr<Work> start_recv(Buffer buffer, int peer, int tag) override {
+    const std::string at = where("recv");
+    const int bytes = to_int(at, "message size in bytes", buffer.bytes());
+    MPI_Request request = MPI_REQUEST_NULL;
+    check(at, "MPI_Irecv",
+          MPI_Irecv(buffer.data(), bytes, MPI_BYTE, source(peer), mpi_tag(tag), comm(), &request));
+    return std::make_unique<RequestWork>(
+        at + ": " + buffer.describe() + " from " +
+            (peer == any_source ? std::string("any rank") : "rank " + std::to_string(peer)) +
+            " tag " + (tag == any_tag ? std::string("any") : std::to_string(tag)),
+        _communicator, request,
+        [at, expected = buffer.bytes()](int rc, const MPI_Status& status) {
+          const std::string from = "the message from rank " + std::to_string(status.MPI_SOURCE) +
+                                   " with tag " + std::to_string(status.MPI_TAG);
+          int error_class = MPI_SUCCESS;
+          if (rc != MPI_SUCCESS) MPI_Error_class(rc, &error_class);
+          // MPI reports a longer message only as truncated, without its length.
+          if (error_class == MPI_ERR_TRUNCATE)
+            throw Error(ErrorCode::mismatch, at + ": expected " + std::to_string(expected) +
+                                                 " bytes but " + from + " has more than " +
+                                                 std::to_string(expected) +
+                                                 " bytes (MPI_ERR_TRUNCATE)");
+          if (rc != MPI_SUCCESS) throw failure(at, "MPI_Irecv", rc);
+          const std::size_t received = message_bytes(status);
+          if (received != expected)
+            throw Error(ErrorCode::mismatch, at + ": expected " + std::to_string(expected) +
+                                                 " bytes but " + from + " has " +
+                                                 std::to_string(received) + " bytes");
+        },
+        true);
+  }
+
+  std::optional<Status> poll_probe(int peer, int tag) override {
+    MPI_Status status{};
+    int found = 0;
+    check(where("probe"), "MPI_Iprobe",
+          MPI_Iprobe(source(peer), mpi_tag(tag), comm(), &found, &status));
+    if (found == 0) return std::nullopt;
+    return Status{status.MPI_SOURCE, status.MPI_TAG, message_bytes(status)};
+  }
+
+  // Matched probe (MPI_Improbe + MPI_Mrecv): the matched message can be received by no other
+  // thread, unlike probe + recv. Polled with back-off rather than a blocking MPI_Mprobe so
+  // that a waiting thread does not spin a core on an oversubscribed machine.
+  Message receive_message(int peer, int tag) override {
+    const std::string at = where("recv_message");
+    MPI_Message message = MPI_MESSAGE_NULL;
+    MPI_Status status{};
+    for (auto sleep = std::chrono::microseconds(1);;
+         sleep = std::min(sleep * 2, std::chrono::microseconds(200))) {
+      int found = 0;
+      check(at, "MPI_Improbe",
+            MPI_Improbe(source(peer), mpi_tag(tag), comm(), &found, &message, &status));
+      if (found != 0) break;
+      std::this_thread::sleep_for(sleep);
+    }
+    const std::size_t bytes = message_bytes(status);
+    if (bytes > static_cast<std::size_t>(INT_MAX)) {
+      // A matched message must be received: take it off the queue (truncated), then refuse.
+      MPI_Mrecv(nullptr, 0, MPI_BYTE, &message, MPI_STATUS_IGNORE);
+      to_int(at, "message size in bytes", bytes);
+    }
+    Message result{status.MPI_SOURCE, status.MPI_TAG, std::vector<std::byte>(bytes)};
+    check(at, "MPI_Mrecv",
+          MPI_Mrecv(result.data.data(), static_cast<int>(bytes), MPI_BYTE, &message, &status));
+    return result;
+  }
+
+ private:
+  MPI_Comm comm() const noexcept { return _communicator->get(); }
+  static int source(int peer) noexcept { return peer == any_source ? MPI_ANY_SOURCE : peer; }
+  static int mpi_tag(int tag) noexcept { return tag == any_tag ? MPI_ANY_TAG : tag; }
+
+  static std::string describe(Buffer buffer, ReduceOp op) {
+    return buffer.describe() + " " + std::string(to_string(op));
+  }
+
+  // avg is sum on the wire; the division happens where the result lands, once it is complete.
+  std::function<void()> average_if(ReduceOp op, Buffer result) const {
+    if (op != ReduceOp::avg) return nullptr;
+    return [result, n = world_size()] {
+      kernels::average(result.data(), result.count(), result.dtype(), n);
+    };
+  }
+
+  // The avg division runs on the host, so it cannot touch device memory.
+  static void refuse_avg_on_device(const std::string& at, ReduceOp op, bool device) {
+    if (op == ReduceOp::avg && device)
+      throw Error(ErrorCode::unsupported,
+                  at + ": avg on device buffers is not supported by the mpi backend (use sum "
+                       "and scale on the device)");
+  }
+
+  // Starts a collective. Host buffers use the nonblocking call; device buffers use the
+  // blocking one, because CUDA-aware Open MPI supports device pointers in blocking
+  // collectives only (its FAQ: not in nonblocking collectives), so that work is complete on
+  // return.
+  template <class Start, class Run>
+  std::unique_ptr<Work> launch(const std::string& at, const std::string& details, bool device,
+                               const char* call, Start start, Run run,
+                               std::function<void()> on_success = nullptr) {
+    std::string description = details.empty() ? at : at + ": " + details;
+    if (device) {
+      std::string blocking(call);
+      blocking.erase(4, 1);  // MPI_Iallreduce -> MPI_Allreduce
+      check(at, blocking.c_str(), run());
+      if (on_success) on_success();
+      return std::make_unique<CompletedWork>(std::move(description));
+    }
+    MPI_Request request = MPI_REQUEST_NULL;
+    check(at, call, start(&request));
+    return std::make_unique<RequestWork>(
+        std::move(description), _communicator, request,
+        [at, call, on_success = std::move(on_success)](int rc, const MPI_Status&) {
+          if (rc != MPI_SUCCESS) throw failure(at, call, rc);
+          if (on_success) on_success();
+        },
+        false);
+  }
+
+  MpiConfig _config;
+  const mpi::MpiRuntime& _runtime;
+  std::shared_ptr<const Communicator> _communicator;
+};
+
+}  // namespace
+
+MpiConfig MpiConfig::from_env() {
+  MpiConfig config;
+  // Unset or empty keeps the default.
+  if (const char* value = std::getenv("LOOM_MPI_CUDA_AWARE"); value != nullptr && *value != '\0') {
+    const std::string text(value);
+    if (text == "0") {
+      config.use_cuda_aware = false;
+    } else if (text == "1") {
+      config.use_cuda_aware = true;
+    } else {
+      throw Error(ErrorCode::invalid_argument,
+                  "LOOM_MPI_CUDA_AWARE='" + text + "' is not valid (expected 0 or 1)");
+    }
+  }
+  return config;
+}
+
+std::shared_ptr<Backend> make_mpi_backend(const MpiConfig& config) {
+  const mpi::MpiRuntime& runtime = mpi::MpiRuntime::instance();
+  if (mpi::finalized())
+    throw Error(ErrorCode::unavailable,
+                "mpi backend: MPI has already been finalised in this process");
+  if (config.require_thread_multiple && runtime.thread_level() < MPI_THREAD_MULTIPLE)
+    throw Error(ErrorCode::unavailable,
+                "mpi backend: MPI provides " + mpi::thread_level_name(runtime.thread_level()) +
+                    " but loom needs MPI_THREAD_MULTIPLE (it calls MPI from several threads); "
+                    "use an MPI built with thread support, or set "
+                    "MpiConfig::require_thread_multiple = false if only one thread uses MPI");
+  return std::make_shared<MpiBackend>(config, runtime);
+}
+
+}  // namespace loom

@@ -1,0 +1,43 @@
+// Algorithm: one way of performing a collective that the benchmark times (loom's backend call,
+// or the same MPI call made directly).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "loom/backend.hpp"
+
+namespace loom::bench {
+
+/// @brief One collective call: the operation, its buffers and, where it applies, the
+/// operator and root. Broadcast works in place on `recv`.
+struct Call {
+  Collective collective = Collective::allreduce;
+  ReduceOp op = ReduceOp::sum;
+  int root = 0;
+  Buffer send;
+  Buffer recv;
+};
+
+/// @brief A timed implementation of the collectives.
+class Algorithm {
+ public:
+  virtual ~Algorithm() = default;
+  /// @brief The name -a takes: "native", "mpi-raw".
+  virtual std::string_view name() const noexcept = 0;
+  /// @brief Why this combination cannot run here (a row is then skipped), or "" when it can.
+  virtual std::string unsupported(Collective collective, DType dtype, ReduceOp op) const = 0;
+  /// @brief Performs the call and returns once it is complete on this rank.
+  virtual void run(const Call& call) = 0;
+};
+
+/// @brief loom's own call on `backend`: the blocking form (the *_async call, then Work::wait).
+std::unique_ptr<Algorithm> make_native_algorithm(Backend& backend);
+
+/// @brief The MPI call loom's mpi backend stands for (MPI_Allreduce, ...), made directly on a
+/// duplicate of MPI_COMM_WORLD. Needs MPI to be initialised (by the mpi backend).
+/// Defined only when loom is built with MPI.
+std::unique_ptr<Algorithm> make_mpi_raw_algorithm();
+
+}  // namespace loom::bench

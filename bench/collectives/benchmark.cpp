@@ -1,0 +1,133 @@
+// run_benchmark: fill, check, warm up and time every step, as nccl-tests' TimeTest does.
+#include "benchmark.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <new>
+#include <optional>
+#include <string>
+
+#include "layout.hpp"
+#include "pattern.hpp"
+
+namespace loom::bench {
+namespace {
+
+constexpr int root = 0;
+
+// Page-aligned host memory that the steps of a run share (sized for the largest step).
+class HostMemory {
+ public:
+  explicit HostMemory(std::size_t bytes) {
+    const std::size_t page = 4096;
+    const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + page - 1) / page * page;
+    _data.reset(static_cast<std::byte*>(std::aligned_alloc(page, rounded)));
+    if (!_data) throw std::bad_alloc();
+  }
+  std::byte* data() const noexcept { return _data.get(); }
+
+ private:
+  struct Free {
+    void operator()(std::byte* p) const noexcept { std::free(p); }
+  };
+  std::unique_ptr<std::byte, Free> _data;
+};
+
+// The sizes -b, -e and -f describe, stopping before an overflow.
+std::vector<std::size_t> sizes(const Options& options) {
+  std::vector<std::size_t> result;
+  for (std::size_t size = options.min_bytes; size <= options.max_bytes;) {
+    result.push_back(size);
+    if (size > options.max_bytes / options.step_factor) break;
+    size *= options.step_factor;
+  }
+  return result;
+}
+
+double time_iterations(Algorithm& algorithm, const Call& call, int iterations) {
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < iterations; ++i) algorithm.run(call);
+  const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+  return elapsed.count() / iterations;
+}
+
+}  // namespace
+
+std::int64_t run_benchmark(const Options& options, Backend& backend, Harness& harness,
+                           const std::vector<std::unique_ptr<Algorithm>>& algorithms,
+                           Report* report) {
+  const int rank = backend.rank();
+  const int ranks = backend.world_size();
+  auto note = [&](const std::string& text) {
+    if (report) report->comment(text);
+  };
+  // No step of any collective needs more than max_bytes on either side.
+  HostMemory send_memory(options.max_bytes);
+  HostMemory recv_memory(options.max_bytes);
+  std::int64_t total_wrong = 0;
+
+  for (Collective collective : options.collectives) {
+    if (report) report->begin_table(collective, root);
+    for (DType dtype : options.dtypes) {
+      // Collectives that do not reduce run once per dtype, whatever -r says.
+      const std::vector<ReduceOp> ops =
+          reduces(collective) ? options.reduce_ops : std::vector<ReduceOp>{ReduceOp::sum};
+      for (ReduceOp op : ops) {
+        if (reduces(collective) && !supports(op, dtype)) {
+          note("skipped " + std::string(to_string(dtype)) + " " + std::string(to_string(op)) +
+               ": the operator is not defined for the dtype");
+          continue;
+        }
+        std::string combination(to_string(dtype));
+        if (reduces(collective)) combination.append(" ").append(to_string(op));
+        std::vector<Algorithm*> runnable;
+        for (const auto& algorithm : algorithms) {
+          const std::string why = algorithm->unsupported(collective, dtype, op);
+          if (why.empty())
+            runnable.push_back(algorithm.get());
+          else
+            note(std::string(algorithm->name()) + " skipped for " + combination + ": " + why);
+        }
+        const Pattern pattern(collective, dtype, op, ranks, root);
+        for (std::size_t size : sizes(options)) {
+          const Layout layout = layout_for(collective, size, dtype, ranks);
+          const Call call{collective, op, root,
+                          Buffer(send_memory.data(), layout.send_count, dtype),
+                          Buffer(recv_memory.data(), layout.recv_count, dtype)};
+          for (Algorithm* algorithm : runnable) {
+            pattern.fill(rank, call.send, call.recv);
+            std::optional<std::int64_t> wrong;
+            if (options.check) {
+              algorithm->run(call);
+              wrong = harness.sum(static_cast<std::int64_t>(pattern.count_wrong(rank, call.recv)));
+              total_wrong += *wrong;
+            }
+            for (int i = 0; i < options.warmups; ++i) algorithm->run(call);
+            harness.barrier();
+            const double seconds =
+                harness.max(time_iterations(*algorithm, call, options.iterations));
+
+            Row row;
+            row.collective = collective;
+            row.dtype = dtype;
+            if (reduces(collective)) row.op = op;
+            row.bytes = layout.bytes;
+            row.count = layout.count;
+            row.algorithm = algorithm->name();
+            row.ranks = ranks;
+            row.time_us = seconds * 1e6;
+            row.algbw_gbps = static_cast<double>(layout.bytes) / seconds / 1e9;
+            row.busbw_gbps = row.algbw_gbps * bus_factor(collective, ranks);
+            row.wrong = wrong;
+            if (report) report->add(row);
+          }
+        }
+      }
+    }
+  }
+  return total_wrong;
+}
+
+}  // namespace loom::bench

@@ -1,0 +1,53 @@
+// The native algorithm: loom's Backend call, the way a loom user makes it.
+#include "algorithm.hpp"
+
+#include "loom/error.hpp"
+
+namespace loom::bench {
+namespace {
+
+class NativeAlgorithm final : public Algorithm {
+ public:
+  explicit NativeAlgorithm(Backend& backend) : _backend(backend) {}
+
+  std::string_view name() const noexcept override { return "native"; }
+
+  std::string unsupported(Collective, DType, ReduceOp) const override { return {}; }
+
+  void run(const Call& call) override {
+    switch (call.collective) {
+      case Collective::allreduce:
+        _backend.allreduce(call.send, call.recv, call.op);
+        return;
+      case Collective::allgather:
+        _backend.allgather(call.send, call.recv);
+        return;
+      case Collective::reduce_scatter:
+        _backend.reduce_scatter(call.send, call.recv, call.op);
+        return;
+      case Collective::broadcast:
+        _backend.broadcast(call.recv, call.root);
+        return;
+      case Collective::reduce:
+        _backend.reduce(call.send, call.recv, call.op, call.root);
+        return;
+      case Collective::alltoall:
+        _backend.alltoall(call.send, call.recv);
+        return;
+      case Collective::barrier:
+        break;
+    }
+    throw Error(ErrorCode::internal, "native: not a benchmarked collective");
+  }
+
+ private:
+  Backend& _backend;
+};
+
+}  // namespace
+
+std::unique_ptr<Algorithm> make_native_algorithm(Backend& backend) {
+  return std::make_unique<NativeAlgorithm>(backend);
+}
+
+}  // namespace loom::bench

@@ -1,0 +1,53 @@
+// Options: loom-collectives' command line, parsed and validated (nccl-tests' flags where they
+// exist).
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "loom/backend.hpp"
+#include "loom/dtype.hpp"
+
+namespace loom::bench {
+
+/// @brief A bad command line; main() prints it and exits with status 2.
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// @brief Everything the command line chooses.
+struct Options {
+  std::size_t min_bytes = 8;
+  std::size_t max_bytes = 32 * 1024 * 1024;
+  std::size_t step_factor = 2;
+  std::vector<Collective> collectives{Collective::allreduce};
+  std::vector<DType> dtypes{DType::float32};
+  std::vector<ReduceOp> reduce_ops{ReduceOp::sum};
+  int iterations = 20;
+  int warmups = 5;
+  bool check = true;
+  std::vector<std::string> algorithms{"native"};
+  std::string json_path;  ///< empty: no JSON file
+  std::string backend;    ///< empty: create_backend()'s choice (mpi under mpirun, else local)
+  std::optional<int> ranks;
+  bool info = false;
+  bool help = false;
+};
+
+/// @brief Parses argv; throws UsageError naming the flag and the value it could not use.
+Options parse_options(int argc, const char* const* argv);
+
+/// @brief The --help text.
+std::string usage();
+
+/// @brief "8", "64K", "16M", "1G" (powers of 1024, as nccl-tests) to bytes; throws UsageError.
+std::size_t parse_size(const std::string& text, const std::string& flag);
+
+/// @brief The algorithms -a accepts.
+inline const std::vector<std::string> known_algorithms{"native", "mpi-raw"};
+
+}  // namespace loom::bench

@@ -1,0 +1,110 @@
+// Executor: compiles a Graph once onto a TBB flow graph for one Backend and runs it many times.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <iosfwd>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "loom/backend.hpp"
+#include "loom/graph.hpp"
+
+namespace loom {
+
+/// @brief How an Executor runs. Unset fields come from the environment.
+struct ExecutorOptions {
+  /// @brief Watchdog: a communication node that has not completed this long after it was
+  /// issued fails the run with ErrorCode::timeout. Unset: LOOM_TIMEOUT_S (seconds, decimal;
+  /// 0 disables), else 300 s.
+  std::optional<std::chrono::duration<double>> timeout;
+  /// @brief Record per-node start/end times, worker lane, bytes (for write_trace and the
+  /// durations in dump_dot). Unset: on when LOOM_TRACE is set or trace_path is given.
+  std::optional<bool> profile;
+  /// @brief Chrome trace written after every run(). Unset: LOOM_TRACE. With more than one
+  /// rank, ".rank<r>" is inserted before the extension ("trace.json" -> "trace.rank1.json").
+  std::optional<std::string> trace_path;
+
+  /// @brief The options with every unset field filled from the environment; throws
+  /// ErrorCode::invalid_argument naming a malformed variable.
+  ExecutorOptions resolved() const;
+};
+
+/// @brief Timing of one node in the last run (nanoseconds since that run started).
+struct NodeTiming {
+  std::string name;
+  NodeKind kind = NodeKind::compute;
+  std::int64_t start_ns = 0;  ///< compute: body start; communication: issue
+  std::int64_t end_ns = 0;    ///< compute: body end; communication: completion
+  int lane = -1;              ///< TBB worker index (compute) or -1
+  std::size_t bytes = 0;
+  std::int64_t issue_index = -1;  ///< collectives: position in the fixed issue order
+  std::string algorithm;          ///< communication: the algorithm used ("native")
+};
+
+/// @brief Runs a compiled Graph on TBB workers, communication through a Backend.
+///
+/// compile() validates the graph, fixes the collective issue order (a topological order, ties
+/// broken by priority then insertion order: the same on every rank), checks with the other
+/// ranks that they compiled the same collective sequence (ErrorCode::mismatch on every rank,
+/// naming the first differing collective, otherwise) and builds the tbb::flow::graph once.
+///
+/// run() never lets a TBB worker wait on communication: collective and point-to-point nodes
+/// are started through the backend's asynchronous calls, in the fixed order, and completed by
+/// a progress thread. An exception in any node cancels the run; the communication of that run
+/// is then drained (the collectives not yet issued are issued, so that every rank stays at the
+/// same point of the sequence) and run() throws loom::Error naming the node. The executor can
+/// run again afterwards. A failure on one rank does not fail the other ranks' runs (their
+/// collectives complete with this rank's stale data): treat a node error as fatal for the step.
+///
+/// Watchdog: a communication node that does not complete within the timeout fails run() with
+/// ErrorCode::timeout naming the node and its issue index. The communicator is then in an
+/// unknown state (a started MPI or NCCL operation cannot be revoked), so later runs throw
+/// ErrorCode::cancelled. loom does not end the job itself: under MPI every rank whose
+/// collective times out gets that error from run(); print it and exit non-zero, which makes
+/// mpirun end the job (a rank stuck on a dead peer never completes otherwise).
+class Executor {
+ public:
+  /// @brief Compiles `graph` for `backend`. The graph is copied (it may change or go away
+  /// afterwards); the backend is referenced and must outlive the executor. Every rank must
+  /// compile at the same point of its collective sequence (compiling communicates).
+  Executor(const Graph& graph, Backend& backend, ExecutorOptions options = {});
+  ~Executor();
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  /// @brief Same as the constructor, Taskflow-style: auto ex = Executor::compile(g, backend).
+  static std::unique_ptr<Executor> compile(const Graph& graph, Backend& backend,
+                                           ExecutorOptions options = {});
+
+  /// @brief Runs the graph once and waits for it; throws loom::Error naming the failed node.
+  void run();
+  /// @brief Runs the graph `times` times in a row.
+  void run(std::size_t times);
+
+  /// @brief Names of the collectives in their issue order.
+  std::vector<std::string> issue_order() const;
+  /// @brief Node count of the compiled graph.
+  std::size_t size() const noexcept;
+  /// @brief Timings of the last run (empty unless profiling is on).
+  std::vector<NodeTiming> last_run() const;
+
+  /// @brief DOT with issue indices, bytes and algorithms; after a profiled run also measured
+  /// durations and the critical path (red).
+  void dump_dot(std::ostream& out) const;
+  /// @brief Chrome trace-event JSON of the last profiled run: one lane per TBB worker, one per
+  /// communicator; opens in Perfetto (ui.perfetto.dev) or chrome://tracing.
+  void write_trace(std::ostream& out) const;
+  /// @brief write_trace into a file; throws ErrorCode::invalid_argument if it cannot be written.
+  void write_trace(const std::string& path) const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> _impl;
+};
+
+}  // namespace loom

@@ -1,0 +1,114 @@
+// Graphviz DOT output shared by Graph::dump_dot and Executor::dump_dot.
+#include "dot_writer.hpp"
+
+#include <cstdio>
+#include <ostream>
+#include <unordered_set>
+
+namespace loom::detail {
+namespace {
+
+// A DOT double-quoted string: escape quotes and backslashes, drop control characters.
+std::string escaped(const std::string& text) {
+  std::string out;
+  out.reserve(text.size() + 2);
+  for (char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += ' ';
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+std::string human_bytes(std::size_t bytes) {
+  char text[32];
+  if (bytes >= (1u << 20))
+    std::snprintf(text, sizeof text, "%.1f MiB", bytes / 1048576.0);
+  else if (bytes >= 1024)
+    std::snprintf(text, sizeof text, "%.1f KiB", bytes / 1024.0);
+  else
+    std::snprintf(text, sizeof text, "%zu B", bytes);
+  return text;
+}
+
+std::string human_time(double us) {
+  char text[32];
+  if (us >= 1000)
+    std::snprintf(text, sizeof text, "%.2f ms", us / 1000);
+  else
+    std::snprintf(text, sizeof text, "%.1f us", us);
+  return text;
+}
+
+struct Style {
+  const char* shape;
+  const char* fill;
+};
+
+Style style_of(const NodeData& node) {
+  switch (node.kind) {
+    case NodeKind::compute:
+      return node.placement == Placement::gpu ? Style{"box3d", "#c7e9c0"} : Style{"box", "#c6dbef"};
+    case NodeKind::collective:
+      return {"hexagon", "#fdd0a2"};
+    case NodeKind::send:
+      return {"cds", "#dadaeb"};
+    case NodeKind::recv:
+      return {"invhouse", "#dadaeb"};
+    case NodeKind::copy:
+      return {"note", "#e5e5e5"};
+  }
+  return {"box", "white"};
+}
+
+}  // namespace
+
+void write_dot(std::ostream& out, const GraphState& graph, const DotAnnotations* notes) {
+  const bool measured = notes != nullptr && !notes->duration_us.empty();
+  out << "digraph loom {\n"
+      << "  rankdir=TB;\n"
+      << "  node [style=filled, fontname=\"Helvetica\", fontsize=10];\n"
+      << "  edge [color=\"#555555\"];\n";
+  std::vector<char> critical(graph.nodes.size(), 0);
+  std::unordered_set<std::uint64_t> critical_edges;
+  if (measured) {
+    const auto& path = notes->critical_path;
+    for (std::size_t k = 0; k < path.size(); ++k) {
+      critical[path[k]] = 1;
+      if (k > 0) critical_edges.insert((std::uint64_t{path[k - 1]} << 32) | path[k]);
+    }
+  }
+  if (measured)
+    out << "  label=\"critical path " << escaped(human_time(notes->critical_path_us))
+        << " (red)\";\n  labelloc=t;\n";
+  for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
+    const NodeData& node = graph.nodes[i];
+    const Style style = style_of(node);
+    std::string label = escaped(node.name) + "\\n" + escaped(describe(node));
+    if (node.kind != NodeKind::compute) label += "\\n" + human_bytes(bytes_of(node));
+    if (notes != nullptr) {
+      if (notes->issue_index[i] >= 0) label += "\\nissue #" + std::to_string(notes->issue_index[i]);
+      if (!notes->algorithm[i].empty()) label += "  algo " + escaped(notes->algorithm[i]);
+      if (measured) label += "\\n" + human_time(notes->duration_us[i]);
+    }
+    if (node.priority != 0) label += "\\npriority " + std::to_string(node.priority);
+    out << "  n" << i << " [shape=" << style.shape << ", fillcolor=\"" << style.fill
+        << "\", label=\"" << label << "\"";
+    if (critical[i]) out << ", color=\"#d62728\", penwidth=3";
+    out << "];\n";
+  }
+  for (const auto& [from, to] : graph.edges) {
+    out << "  n" << from << " -> n" << to;
+    if (critical_edges.count((std::uint64_t{from} << 32) | to) != 0)
+      out << " [color=\"#d62728\", penwidth=3]";
+    out << ";\n";
+  }
+  out << "}\n";
+}
+
+}  // namespace loom::detail

@@ -1,0 +1,48 @@
+// Sequencer: issues one ordered stream of communication in its compile-time order.
+#include "sequencer.hpp"
+
+#include <algorithm>
+
+namespace loom::detail {
+
+Sequencer::Sequencer(std::string name, std::vector<std::uint32_t> nodes,
+                     std::function<void(std::uint32_t)> issue)
+    : _name(std::move(name)),
+      _nodes(std::move(nodes)),
+      _issue(std::move(issue)),
+      _ready(_nodes.size(), 0) {}
+
+void Sequencer::reset() {
+  std::lock_guard lock(_mutex);
+  std::fill(_ready.begin(), _ready.end(), 0);
+  _next = 0;
+  _closed = false;
+}
+
+bool Sequencer::ready(std::uint32_t slot) {
+  std::lock_guard lock(_mutex);
+  if (_closed) return false;
+  _ready[slot] = 1;
+  while (!_closed && _next < _nodes.size() && _ready[_next]) {
+    const std::uint32_t node = _nodes[_next++];
+    _issue(node);
+  }
+  return true;
+}
+
+std::vector<std::uint32_t> Sequencer::close() {
+  std::lock_guard lock(_mutex);
+  std::vector<std::uint32_t> waiting;
+  if (_closed) return waiting;
+  _closed = true;
+  for (std::uint32_t slot = _next; slot < _nodes.size(); ++slot)
+    if (_ready[slot]) waiting.push_back(slot);
+  return waiting;
+}
+
+std::uint32_t Sequencer::next() const {
+  std::lock_guard lock(_mutex);
+  return _next;
+}
+
+}  // namespace loom::detail

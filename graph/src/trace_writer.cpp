@@ -1,0 +1,105 @@
+// Chrome trace-event JSON (Perfetto, chrome://tracing) of one executor run.
+#include "trace_writer.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <ostream>
+
+namespace loom::detail {
+namespace {
+
+std::string json_string(const std::string& text) {
+  std::string out = "\"";
+  for (char c : text) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char esc[8];
+          std::snprintf(esc, sizeof esc, "\\u%04x", c);
+          out += esc;
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::string micros(std::int64_t ns) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3f", ns / 1000.0);
+  return text;
+}
+
+constexpr int communicator_lane_base = 1000;
+
+}  // namespace
+
+void write_chrome_trace(std::ostream& out, int rank, const std::vector<TraceSpan>& spans) {
+  // Communication spans of one communicator may overlap without nesting: give each the first
+  // sub-lane free at its start (greedy interval colouring, by start time).
+  std::vector<std::size_t> by_start(spans.size());
+  for (std::size_t i = 0; i < spans.size(); ++i) by_start[i] = i;
+  std::sort(by_start.begin(), by_start.end(),
+            [&](std::size_t a, std::size_t b) { return spans[a].start_ns < spans[b].start_ns; });
+  std::map<std::string, int> communicator_ids;
+  std::map<int, std::vector<std::int64_t>> lane_ends;  // communicator id -> end of each sub-lane
+  std::vector<int> tid(spans.size());
+  std::map<int, std::string> lane_names;
+  for (std::size_t i : by_start) {
+    const TraceSpan& s = spans[i];
+    if (s.worker >= 0) {
+      tid[i] = s.worker;
+      lane_names[s.worker] = "worker " + std::to_string(s.worker);
+      continue;
+    }
+    const int id = communicator_ids.emplace(s.communicator, communicator_ids.size()).first->second;
+    auto& ends = lane_ends[id];
+    std::size_t sub = 0;
+    while (sub < ends.size() && ends[sub] > s.start_ns) ++sub;
+    if (sub == ends.size()) ends.push_back(0);
+    ends[sub] = std::max(s.end_ns, s.start_ns + 1);
+    tid[i] = communicator_lane_base + 100 * id + static_cast<int>(sub);
+    lane_names[tid[i]] = "comm " + s.communicator + (sub == 0 ? "" : " #" + std::to_string(sub));
+  }
+
+  out << "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n";
+  out << "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" << rank
+      << ",\"tid\":0,\"args\":{\"name\":\"loom rank " << rank << "\"}}";
+  for (const auto& [lane, name] : lane_names) {
+    out << ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" << rank << ",\"tid\":" << lane
+        << ",\"args\":{\"name\":" << json_string(name) << "}}";
+    out << ",\n{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":" << rank << ",\"tid\":" << lane
+        << ",\"args\":{\"sort_index\":" << lane << "}}";
+  }
+  for (std::size_t i : by_start) {
+    const TraceSpan& s = spans[i];
+    out << ",\n{\"name\":" << json_string(s.name) << ",\"cat\":" << json_string(s.category)
+        << ",\"ph\":\"X\",\"pid\":" << rank << ",\"tid\":" << tid[i]
+        << ",\"ts\":" << micros(s.start_ns)
+        << ",\"dur\":" << micros(std::max<std::int64_t>(s.end_ns - s.start_ns, 0))
+        << ",\"args\":{\"op\":" << json_string(s.describe) << ",\"bytes\":" << s.bytes;
+    if (!s.algorithm.empty()) out << ",\"algorithm\":" << json_string(s.algorithm);
+    if (s.issue_index >= 0) out << ",\"issue_index\":" << s.issue_index;
+    if (s.worker < 0 && s.ready_ns >= 0)
+      out << ",\"waited_for_turn_us\":"
+          << micros(std::max<std::int64_t>(s.start_ns - s.ready_ns, 0));
+    out << "}}";
+  }
+  out << "\n]}\n";
+}
+
+}  // namespace loom::detail

@@ -1,0 +1,47 @@
+// ProgressEngine: one thread that drives asynchronous Work to completion and reports it.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <exception>
+#include <functional>
+#include <memory>
+
+#include "loom/work.hpp"
+
+namespace loom {
+
+/// @brief Polls in-flight Work with back-off and calls a completion callback for each.
+///
+/// One thread per engine. It spins briefly after activity, then sleeps with a growing interval
+/// (up to ~200 us) while work is in flight, and sleeps on a condition variable when there is
+/// none, so an idle engine costs no CPU. Callbacks run on the engine thread and must not throw
+/// or block.
+class ProgressEngine {
+ public:
+  /// @brief Called once per watched Work: nullptr on success, else the failure (a loom::Error;
+  /// ErrorCode::timeout when the deadline passed first).
+  using Completion = std::function<void(std::exception_ptr error)>;
+
+  ProgressEngine();
+  /// @brief Stops the thread. Work still in flight is dropped without calling its callback.
+  ~ProgressEngine();
+  ProgressEngine(const ProgressEngine&) = delete;
+  ProgressEngine& operator=(const ProgressEngine&) = delete;
+
+  /// @brief Watches `work` until it finishes, then calls `on_done`. With a non-zero `timeout`,
+  /// a work still running after it is reported as ErrorCode::timeout and then kept (polled,
+  /// never reported again) until it finishes or the engine stops, since a started
+  /// operation cannot be revoked.
+  void watch(std::unique_ptr<Work> work, Completion on_done,
+             std::chrono::nanoseconds timeout = std::chrono::nanoseconds::zero());
+
+  /// @brief Works watched and not yet reported.
+  std::size_t in_flight() const noexcept;
+
+ private:
+  struct State;
+  std::unique_ptr<State> _state;
+};
+
+}  // namespace loom
