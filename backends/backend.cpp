@@ -51,11 +51,12 @@ namespace {
 // Checks shared by every buffer argument.
 class Check {
  public:
+  // The message prefix is built only on failure: the checks run on every call.
   Check(const Backend& backend, std::string_view operation)
-      : _backend(backend), _where(backend.where(operation)) {}
+      : _backend(backend), _operation(operation) {}
 
   [[noreturn]] void fail(ErrorCode code, const std::string& what) const {
-    throw Error(code, _where + ": " + what);
+    throw Error(code, _backend.where(_operation) + ": " + what);
   }
 
   void buffer(const char* role, Buffer b) const {
@@ -113,7 +114,7 @@ class Check {
 
  private:
   const Backend& _backend;
-  std::string _where;
+  std::string_view _operation;
 };
 
 std::string count_text(Buffer b) {
@@ -122,14 +123,27 @@ std::string count_text(Buffer b) {
 
 }  // namespace
 
-std::unique_ptr<Work> Backend::broadcast_async(Buffer buffer, int root) {
+void Backend::check_broadcast(Buffer buffer, int root) const {
   Check check(*this, "broadcast");
   check.buffer("", buffer);
   check.root(root);
+}
+
+std::unique_ptr<Work> Backend::broadcast_async(Buffer buffer, int root) {
+  check_broadcast(buffer, root);
   return start_broadcast(buffer, root);
 }
 
-std::unique_ptr<Work> Backend::reduce_async(Buffer send, Buffer recv, ReduceOp op, int root) {
+void Backend::broadcast(Buffer buffer, int root) {
+  check_broadcast(buffer, root);
+  run_broadcast(buffer, root);
+}
+
+void Backend::run_broadcast(Buffer buffer, int root) {
+  start_broadcast(buffer, root)->wait();
+}
+
+void Backend::check_reduce(Buffer send, Buffer recv, ReduceOp op, int root) const {
   Check check(*this, "reduce");
   check.root(root);
   check.buffer("send", send);
@@ -142,10 +156,23 @@ std::unique_ptr<Work> Backend::reduce_async(Buffer send, Buffer recv, ReduceOp o
                  "recv count " + count_text(recv) + " differs from send count " + count_text(send));
     if (send.data() != recv.data()) check.disjoint(send, recv);
   }
+}
+
+std::unique_ptr<Work> Backend::reduce_async(Buffer send, Buffer recv, ReduceOp op, int root) {
+  check_reduce(send, recv, op, root);
   return start_reduce(send, recv, op, root);
 }
 
-std::unique_ptr<Work> Backend::allreduce_async(Buffer send, Buffer recv, ReduceOp op) {
+void Backend::reduce(Buffer send, Buffer recv, ReduceOp op, int root) {
+  check_reduce(send, recv, op, root);
+  run_reduce(send, recv, op, root);
+}
+
+void Backend::run_reduce(Buffer send, Buffer recv, ReduceOp op, int root) {
+  start_reduce(send, recv, op, root)->wait();
+}
+
+void Backend::check_allreduce(Buffer send, Buffer recv, ReduceOp op) const {
   Check check(*this, "allreduce");
   check.buffer("send", send);
   check.buffer("recv", recv);
@@ -155,10 +182,23 @@ std::unique_ptr<Work> Backend::allreduce_async(Buffer send, Buffer recv, ReduceO
     check.fail(ErrorCode::invalid_argument,
                "recv count " + count_text(recv) + " differs from send count " + count_text(send));
   if (send.data() != recv.data()) check.disjoint(send, recv);
+}
+
+std::unique_ptr<Work> Backend::allreduce_async(Buffer send, Buffer recv, ReduceOp op) {
+  check_allreduce(send, recv, op);
   return start_allreduce(send, recv, op);
 }
 
-std::unique_ptr<Work> Backend::allgather_async(Buffer send, Buffer recv) {
+void Backend::allreduce(Buffer send, Buffer recv, ReduceOp op) {
+  check_allreduce(send, recv, op);
+  run_allreduce(send, recv, op);
+}
+
+void Backend::run_allreduce(Buffer send, Buffer recv, ReduceOp op) {
+  start_allreduce(send, recv, op)->wait();
+}
+
+void Backend::check_allgather(Buffer send, Buffer recv) const {
   Check check(*this, "allgather");
   check.buffer("send", send);
   check.buffer("recv", recv);
@@ -172,10 +212,23 @@ std::unique_ptr<Work> Backend::allgather_async(Buffer send, Buffer recv) {
   const bool in_place =
       send.count() != 0 && send.data() == recv.slice(rank() * send.count(), send.count()).data();
   if (!in_place) check.disjoint(send, recv);
+}
+
+std::unique_ptr<Work> Backend::allgather_async(Buffer send, Buffer recv) {
+  check_allgather(send, recv);
   return start_allgather(send, recv);
 }
 
-std::unique_ptr<Work> Backend::reduce_scatter_async(Buffer send, Buffer recv, ReduceOp op) {
+void Backend::allgather(Buffer send, Buffer recv) {
+  check_allgather(send, recv);
+  run_allgather(send, recv);
+}
+
+void Backend::run_allgather(Buffer send, Buffer recv) {
+  start_allgather(send, recv)->wait();
+}
+
+void Backend::check_reduce_scatter(Buffer send, Buffer recv, ReduceOp op) const {
   Check check(*this, "reduce_scatter");
   check.buffer("send", send);
   check.buffer("recv", recv);
@@ -192,10 +245,23 @@ std::unique_ptr<Work> Backend::reduce_scatter_async(Buffer send, Buffer recv, Re
                                                 std::to_string(world) +
                                                 " ranks = " + std::to_string(send.count() / world));
   check.disjoint(send, recv);
+}
+
+std::unique_ptr<Work> Backend::reduce_scatter_async(Buffer send, Buffer recv, ReduceOp op) {
+  check_reduce_scatter(send, recv, op);
   return start_reduce_scatter(send, recv, op);
 }
 
-std::unique_ptr<Work> Backend::alltoall_async(Buffer send, Buffer recv) {
+void Backend::reduce_scatter(Buffer send, Buffer recv, ReduceOp op) {
+  check_reduce_scatter(send, recv, op);
+  run_reduce_scatter(send, recv, op);
+}
+
+void Backend::run_reduce_scatter(Buffer send, Buffer recv, ReduceOp op) {
+  start_reduce_scatter(send, recv, op)->wait();
+}
+
+void Backend::check_alltoall(Buffer send, Buffer recv) const {
   Check check(*this, "alltoall");
   check.buffer("send", send);
   check.buffer("recv", recv);
@@ -208,11 +274,32 @@ std::unique_ptr<Work> Backend::alltoall_async(Buffer send, Buffer recv) {
     check.fail(ErrorCode::invalid_argument, "count " + count_text(send) + " does not divide by " +
                                                 std::to_string(world) + " ranks");
   check.disjoint(send, recv);
+}
+
+std::unique_ptr<Work> Backend::alltoall_async(Buffer send, Buffer recv) {
+  check_alltoall(send, recv);
   return start_alltoall(send, recv);
+}
+
+void Backend::alltoall(Buffer send, Buffer recv) {
+  check_alltoall(send, recv);
+  run_alltoall(send, recv);
+}
+
+void Backend::run_alltoall(Buffer send, Buffer recv) {
+  start_alltoall(send, recv)->wait();
 }
 
 std::unique_ptr<Work> Backend::barrier_async() {
   return start_barrier();
+}
+
+void Backend::barrier() {
+  run_barrier();
+}
+
+void Backend::run_barrier() {
+  start_barrier()->wait();
 }
 
 std::unique_ptr<Work> Backend::send_async(Buffer buffer, int peer, int tag) {

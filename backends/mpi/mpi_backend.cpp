@@ -34,13 +34,15 @@ void check(const std::string& where, const char* call, int rc) {
 // ops do not accept, so they are refused clearly instead.
 int to_int(const std::string& where, const char* what, std::size_t count) {
   if (count > static_cast<std::size_t>(INT_MAX))
-    throw Error(ErrorCode::unsupported,
-                where + ": " + what + " " + std::to_string(count) + " exceeds " +
-                    std::to_string(INT_MAX) + ", the largest count MPI takes (split the buffer)");
+    throw Error(ErrorCode::unsupported, where + ": " + what + " " + std::to_string(count) +
+                                            " exceeds " + std::to_string(INT_MAX) +
+                                            ", the largest count MPI takes (split the buffer)");
   return static_cast<int>(count);
 }
 
-bool on_device(Buffer buffer) { return buffer.device().kind != DeviceKind::cpu; }
+bool on_device(Buffer buffer) {
+  return buffer.device().kind != DeviceKind::cpu;
+}
 
 std::size_t message_bytes(const MPI_Status& status) {
   MPI_Count count = 0;
@@ -195,8 +197,8 @@ class MpiBackend final : public Backend {
     const std::string at = where("allgather");
     const int count = to_int(at, "count", send.count());
     to_int(at, "recv count", recv.count());
-    const bool in_place = send.count() != 0 &&
-                          send.data() == recv.slice(rank() * send.count(), send.count()).data();
+    const bool in_place =
+        send.count() != 0 && send.data() == recv.slice(rank() * send.count(), send.count()).data();
     const void* sendbuf = in_place ? MPI_IN_PLACE : send.data();
     const MPI_Datatype type = mpi::datatype(send.dtype());
     return launch(
@@ -248,13 +250,76 @@ class MpiBackend final : public Backend {
         [&] { return MPI_Barrier(comm()); });
   }
 
+  // The blocking forms on host buffers call MPI's blocking collectives directly: no handle, no
+  // message text unless something fails. Device buffers take the checked path of start_*.
+  void run_broadcast(Buffer buffer, int root) override {
+    if (on_device(buffer)) return Backend::run_broadcast(buffer, root);
+    const int count = count_of("broadcast", "count", buffer.count());
+    succeed("broadcast", "MPI_Bcast",
+            MPI_Bcast(buffer.data(), count, mpi::datatype(buffer.dtype()), root, comm()));
+  }
+
+  void run_reduce(Buffer send, Buffer recv, ReduceOp op, int root) override {
+    const bool is_root = rank() == root;
+    if (on_device(send) || (is_root && on_device(recv)))
+      return Backend::run_reduce(send, recv, op, root);
+    const int count = count_of("reduce", "count", send.count());
+    const void* sendbuf = is_root && send.data() == recv.data() ? MPI_IN_PLACE : send.data();
+    succeed("reduce", "MPI_Reduce",
+            MPI_Reduce(sendbuf, is_root ? recv.data() : nullptr, count, mpi::datatype(send.dtype()),
+                       _runtime.op(op, send.dtype()), root, comm()));
+    if (is_root && op == ReduceOp::avg) average(recv);
+  }
+
+  void run_allreduce(Buffer send, Buffer recv, ReduceOp op) override {
+    if (on_device(send) || on_device(recv)) return Backend::run_allreduce(send, recv, op);
+    const int count = count_of("allreduce", "count", send.count());
+    const void* sendbuf = send.data() == recv.data() ? MPI_IN_PLACE : send.data();
+    succeed("allreduce", "MPI_Allreduce",
+            MPI_Allreduce(sendbuf, recv.data(), count, mpi::datatype(send.dtype()),
+                          _runtime.op(op, send.dtype()), comm()));
+    if (op == ReduceOp::avg) average(recv);
+  }
+
+  void run_allgather(Buffer send, Buffer recv) override {
+    if (on_device(send) || on_device(recv)) return Backend::run_allgather(send, recv);
+    const int count = count_of("allgather", "count", send.count());
+    count_of("allgather", "recv count", recv.count());
+    const bool in_place =
+        send.count() != 0 && send.data() == recv.slice(rank() * send.count(), send.count()).data();
+    const MPI_Datatype type = mpi::datatype(send.dtype());
+    succeed("allgather", "MPI_Allgather",
+            MPI_Allgather(in_place ? MPI_IN_PLACE : send.data(), count, type, recv.data(), count,
+                          type, comm()));
+  }
+
+  void run_reduce_scatter(Buffer send, Buffer recv, ReduceOp op) override {
+    if (on_device(send) || on_device(recv)) return Backend::run_reduce_scatter(send, recv, op);
+    count_of("reduce_scatter", "send count", send.count());
+    const int count = count_of("reduce_scatter", "recv count", recv.count());
+    succeed("reduce_scatter", "MPI_Reduce_scatter_block",
+            MPI_Reduce_scatter_block(send.data(), recv.data(), count, mpi::datatype(send.dtype()),
+                                     _runtime.op(op, send.dtype()), comm()));
+    if (op == ReduceOp::avg) average(recv);
+  }
+
+  void run_alltoall(Buffer send, Buffer recv) override {
+    if (on_device(send) || on_device(recv)) return Backend::run_alltoall(send, recv);
+    count_of("alltoall", "count", send.count());
+    const int block = static_cast<int>(send.count() / static_cast<std::size_t>(world_size()));
+    const MPI_Datatype type = mpi::datatype(send.dtype());
+    succeed("alltoall", "MPI_Alltoall",
+            MPI_Alltoall(send.data(), block, type, recv.data(), block, type, comm()));
+  }
+
+  void run_barrier() override { succeed("barrier", "MPI_Barrier", MPI_Barrier(comm())); }
+
   // Point-to-point messages travel as MPI_BYTE so that recv_message can take any of them.
   std::unique_ptr<Work> start_send(Buffer buffer, int peer, int tag) override {
     const std::string at = where("send");
     const int bytes = to_int(at, "message size in bytes", buffer.bytes());
     MPI_Request request = MPI_REQUEST_NULL;
-    check(at, "MPI_Isend",
-          MPI_Isend(buffer.data(), bytes, MPI_BYTE, peer, tag, comm(), &request));
+    check(at, "MPI_Isend", MPI_Isend(buffer.data(), bytes, MPI_BYTE, peer, tag, comm(), &request));
     return std::make_unique<RequestWork>(
         at + ": " + buffer.describe() + " to rank " + std::to_string(peer) + " tag " +
             std::to_string(tag),
@@ -337,6 +402,20 @@ class MpiBackend final : public Backend {
   MPI_Comm comm() const noexcept { return _communicator->get(); }
   static int source(int peer) noexcept { return peer == any_source ? MPI_ANY_SOURCE : peer; }
   static int mpi_tag(int tag) noexcept { return tag == any_tag ? MPI_ANY_TAG : tag; }
+
+  // to_int with the message prefix built only when the count does not fit.
+  int count_of(const char* operation, const char* what, std::size_t count) const {
+    if (count > static_cast<std::size_t>(INT_MAX)) to_int(where(operation), what, count);
+    return static_cast<int>(count);
+  }
+
+  void succeed(const char* operation, const char* call, int rc) const {
+    if (rc != MPI_SUCCESS) throw failure(where(operation), call, rc);
+  }
+
+  void average(Buffer result) const {
+    kernels::average(result.data(), result.count(), result.dtype(), world_size());
+  }
 
   static std::string describe(Buffer buffer, ReduceOp op) {
     return buffer.describe() + " " + std::string(to_string(op));

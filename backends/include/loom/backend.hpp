@@ -83,18 +83,16 @@ class Backend {
   /// size fails with ErrorCode::mismatch naming both sizes.
   std::unique_ptr<Work> recv_async(Buffer buffer, int peer, int tag = 0);
 
-  void broadcast(Buffer buffer, int root) { broadcast_async(buffer, root)->wait(); }
-  void reduce(Buffer send, Buffer recv, ReduceOp op, int root) {
-    reduce_async(send, recv, op, root)->wait();
-  }
-  void allreduce(Buffer send, Buffer recv, ReduceOp op) { allreduce_async(send, recv, op)->wait(); }
+  /// @brief The blocking forms: the same checks as the asynchronous ones, then the
+  /// transport's blocking path (see run_allreduce).
+  void broadcast(Buffer buffer, int root);
+  void reduce(Buffer send, Buffer recv, ReduceOp op, int root);
+  void allreduce(Buffer send, Buffer recv, ReduceOp op);
   void allreduce(Buffer buffer, ReduceOp op) { allreduce(buffer, buffer, op); }
-  void allgather(Buffer send, Buffer recv) { allgather_async(send, recv)->wait(); }
-  void reduce_scatter(Buffer send, Buffer recv, ReduceOp op) {
-    reduce_scatter_async(send, recv, op)->wait();
-  }
-  void alltoall(Buffer send, Buffer recv) { alltoall_async(send, recv)->wait(); }
-  void barrier() { barrier_async()->wait(); }
+  void allgather(Buffer send, Buffer recv);
+  void reduce_scatter(Buffer send, Buffer recv, ReduceOp op);
+  void alltoall(Buffer send, Buffer recv);
+  void barrier();
   void send(Buffer buffer, int peer, int tag = 0) { send_async(buffer, peer, tag)->wait(); }
   void recv(Buffer buffer, int peer, int tag = 0) { recv_async(buffer, peer, tag)->wait(); }
 
@@ -108,6 +106,14 @@ class Backend {
   /// @brief "allreduce on rank 1 of 4 (mpi)": the prefix of every error message.
   std::string where(std::string_view operation) const;
 
+ private:
+  void check_broadcast(Buffer buffer, int root) const;
+  void check_reduce(Buffer send, Buffer recv, ReduceOp op, int root) const;
+  void check_allreduce(Buffer send, Buffer recv, ReduceOp op) const;
+  void check_allgather(Buffer send, Buffer recv) const;
+  void check_reduce_scatter(Buffer send, Buffer recv, ReduceOp op) const;
+  void check_alltoall(Buffer send, Buffer recv) const;
+
  protected:
   virtual std::unique_ptr<Work> start_broadcast(Buffer buffer, int root) = 0;
   virtual std::unique_ptr<Work> start_reduce(Buffer send, Buffer recv, ReduceOp op, int root) = 0;
@@ -118,6 +124,17 @@ class Backend {
   virtual std::unique_ptr<Work> start_barrier() = 0;
   virtual std::unique_ptr<Work> start_send(Buffer buffer, int peer, int tag) = 0;
   virtual std::unique_ptr<Work> start_recv(Buffer buffer, int peer, int tag) = 0;
+  /// @brief The blocking collectives, called after validation. The default starts the
+  /// asynchronous form and waits for it; a transport whose blocking call is faster overrides
+  /// them (Open MPI's blocking collectives run its tuned algorithms, the nonblocking ones
+  /// libnbc's generic schedules).
+  virtual void run_broadcast(Buffer buffer, int root);
+  virtual void run_reduce(Buffer send, Buffer recv, ReduceOp op, int root);
+  virtual void run_allreduce(Buffer send, Buffer recv, ReduceOp op);
+  virtual void run_allgather(Buffer send, Buffer recv);
+  virtual void run_reduce_scatter(Buffer send, Buffer recv, ReduceOp op);
+  virtual void run_alltoall(Buffer send, Buffer recv);
+  virtual void run_barrier();
   virtual std::optional<Status> poll_probe(int peer, int tag) = 0;
   /// @brief Blocks until a matching message arrives and receives it whole.
   virtual Message receive_message(int peer, int tag) = 0;
