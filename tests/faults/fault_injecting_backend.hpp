@@ -89,9 +89,9 @@ class FaultInjectingBackend final : public Backend {
   std::unique_ptr<Work> inject(const char* op, Start start) {
     if (_countdown < 0 || _countdown-- > 0) return start();
     if (_when == When::at_start)
-      throw Error(ErrorCode::backend_failure,
-                  std::string("injected fault: ") + op + " refused to start on rank " +
-                      std::to_string(rank()));
+      throw Error(ErrorCode::backend_failure, std::string("injected fault: ") + op +
+                                                  " refused to start on rank " +
+                                                  std::to_string(rank()));
     return std::make_unique<FailAfterCompletion>(start());
   }
 

@@ -117,8 +117,8 @@ TEST(Faults, SameExecutorRunsCorrectlyAfterHundredInjectedFailures) {
       // Ranks without the fault finish the run: the failing rank drains its communication.
       step.step = 2 * it;
       step.check = false;
-      const std::string where = "iteration " + std::to_string(it) + " rank " +
-                                std::to_string(backend.rank()) + ": ";
+      const std::string where =
+          "iteration " + std::to_string(it) + " rank " + std::to_string(backend.rank()) + ": ";
       try {
         ex.run();
         if (here) problem(where + "run() did not report the fault at '" + expected_node + "'");

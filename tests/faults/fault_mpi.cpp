@@ -73,7 +73,8 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     std::_Exit(exit_finished);
   } catch (const std::exception& e) {
-    std::printf("loom-fault: rank %d: unexpected exception: %s\n", rank, one_line(e.what()).c_str());
+    std::printf("loom-fault: rank %d: unexpected exception: %s\n", rank,
+                one_line(e.what()).c_str());
     std::fflush(stdout);
     std::_Exit(exit_other_error);
   }

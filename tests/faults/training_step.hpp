@@ -38,8 +38,7 @@ class TrainingStep {
       auto backward = graph.compute("backward" + b, [this, k] {
         enter("backward" + std::to_string(k));
         float* g = bucket(k);
-        for (std::size_t i = 0; i < _counts[k]; ++i)
-          g[i] = gradient(_backend.rank(), k, i, step);
+        for (std::size_t i = 0; i < _counts[k]; ++i) g[i] = gradient(_backend.rank(), k, i, step);
       });
       previous.precede(backward);
       previous = backward;
