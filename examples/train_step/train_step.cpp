@@ -70,7 +70,9 @@ TrainStep::TrainStep(Backend& backend, TrainConfig config)
     for (int k = depth - 1; k >= 0; --k) add_layer(k);
   std::vector<GradientSpec> specs;
   for (Parameter& p : _parameters) {
-    GradientSpec spec{p.name, p.values->size(), DType::float32};
+    GradientSpec spec;
+    spec.name = p.name;
+    spec.count = p.values->size();
     if (!_config.gradient_views) {
       p.own_gradient.assign(p.values->size(), 0.0f);
       spec.storage = view(p.own_gradient);
@@ -115,7 +117,10 @@ void TrainStep::compile() {
     weights[k] = g.compute(
         weights_node(k),
         [&m, k, grad_w, grad_b] { m.weight_gradient(k, grad_w.as<float>(), grad_b.as<float>()); },
-        {.reads = {input_of(k), view(l.grad_z)}, .writes = {grad_w, grad_b}});
+        // Before the input gradient that becomes ready with it: TBB would otherwise run the
+        // input-gradient chain depth-first and produce every weight gradient at the very end,
+        // leaving no backward compute for communication to hide behind.
+        {.priority = 1, .reads = {input_of(k), view(l.grad_z)}, .writes = {grad_w, grad_b}});
     Task upstream = k == depth - 1 ? loss : input[k + 1];
     upstream.precede(weights[k]);
     if (k > 0) {
@@ -161,13 +166,15 @@ void TrainStep::compile() {
       writes.push_back(param);
       layers_touched.insert(p.layer);
     }
-    auto update = g.compute("bucket" + std::to_string(b) + ".sgd",
-                            [slices, lr] {
-                              for (const auto& [grad, param] : slices)
-                                cblas_saxpy(static_cast<int>(grad.count()), -lr, grad.as<float>(),
-                                            1, param.as<float>(), 1);
-                            },
-                            {.reads = std::move(reads), .writes = std::move(writes)});
+    auto update = g.compute(
+        "bucket" + std::to_string(b) + ".sgd",
+        [slices, lr] {
+          for (const auto& [grad, param] : slices)
+            cblas_saxpy(static_cast<int>(grad.count()), -lr, grad.as<float>(), 1, param.as<float>(),
+                        1);
+        },
+        // Highest: an update runs as soon as its bucket is reduced, ahead of queued backward.
+        {.priority = 2, .reads = std::move(reads), .writes = std::move(writes)});
     (reduce_done.valid() ? reduce_done : buckets[b].done()).precede(update);
     // backward's input gradient of layer k reads W_k: the update may not overwrite it first.
     for (int k : layers_touched)
