@@ -134,7 +134,10 @@ class RequestWork final : public Work {
 class MpiBackend final : public Backend {
  public:
   MpiBackend(const MpiConfig& config, const mpi::MpiRuntime& runtime)
-      : _config(config), _runtime(runtime), _communicator(std::make_shared<Communicator>()) {}
+      : _config(config),
+        _runtime(runtime),
+        _communicator(std::make_shared<Communicator>()),
+        _algorithm_communicator(std::make_shared<Communicator>()) {}
 
   int rank() const noexcept override { return _communicator->rank(); }
   int world_size() const noexcept override { return _communicator->size(); }
@@ -314,33 +317,56 @@ class MpiBackend final : public Backend {
 
   void run_barrier() override { succeed("barrier", "MPI_Barrier", MPI_Barrier(comm())); }
 
-  // Point-to-point messages travel as MPI_BYTE so that recv_message can take any of them.
   std::unique_ptr<Work> start_send(Buffer buffer, int peer, int tag) override {
-    const std::string at = where("send");
+    return send_on(_communicator, "send", buffer, peer, tag);
+  }
+  std::unique_ptr<Work> start_recv(Buffer buffer, int peer, int tag) override {
+    return recv_on(_communicator, "recv", buffer, peer, tag);
+  }
+  // loom's algorithms talk on a communicator of their own, so their messages can never match
+  // a user's receive (even one posted with MPI_ANY_TAG).
+  std::unique_ptr<Work> start_algorithm_send(Buffer buffer, int peer, int tag) override {
+    return send_on(_algorithm_communicator, "algorithm send", buffer, peer, tag);
+  }
+  std::unique_ptr<Work> start_algorithm_recv(Buffer buffer, int peer, int tag) override {
+    return recv_on(_algorithm_communicator, "algorithm recv", buffer, peer, tag);
+  }
+
+ public:
+  bool has_algorithm_channel() const noexcept override { return true; }
+
+ protected:
+  // Point-to-point messages travel as MPI_BYTE so that recv_message can take any of them.
+  std::unique_ptr<Work> send_on(const std::shared_ptr<const Communicator>& communicator,
+                                const char* operation, Buffer buffer, int peer, int tag) {
+    const std::string at = where(operation);
     const int bytes = to_int(at, "message size in bytes", buffer.bytes());
     MPI_Request request = MPI_REQUEST_NULL;
-    check(at, "MPI_Isend", MPI_Isend(buffer.data(), bytes, MPI_BYTE, peer, tag, comm(), &request));
+    check(at, "MPI_Isend",
+          MPI_Isend(buffer.data(), bytes, MPI_BYTE, peer, tag, communicator->get(), &request));
     return std::make_unique<RequestWork>(
         at + ": " + buffer.describe() + " to rank " + std::to_string(peer) + " tag " +
             std::to_string(tag),
-        _communicator, request,
+        communicator, request,
         [at](int rc, const MPI_Status&) {
           if (rc != MPI_SUCCESS) throw failure(at, "MPI_Isend", rc);
         },
         false);
   }
 
-  std::unique_ptr<Work> start_recv(Buffer buffer, int peer, int tag) override {
-    const std::string at = where("recv");
+  std::unique_ptr<Work> recv_on(const std::shared_ptr<const Communicator>& communicator,
+                                const char* operation, Buffer buffer, int peer, int tag) {
+    const std::string at = where(operation);
     const int bytes = to_int(at, "message size in bytes", buffer.bytes());
     MPI_Request request = MPI_REQUEST_NULL;
     check(at, "MPI_Irecv",
-          MPI_Irecv(buffer.data(), bytes, MPI_BYTE, source(peer), mpi_tag(tag), comm(), &request));
+          MPI_Irecv(buffer.data(), bytes, MPI_BYTE, source(peer), mpi_tag(tag), communicator->get(),
+                    &request));
     return std::make_unique<RequestWork>(
         at + ": " + buffer.describe() + " from " +
             (peer == any_source ? std::string("any rank") : "rank " + std::to_string(peer)) +
             " tag " + (tag == any_tag ? std::string("any") : std::to_string(tag)),
-        _communicator, request,
+        communicator, request,
         [at, expected = buffer.bytes()](int rc, const MPI_Status& status) {
           const std::string from = "the message from rank " + std::to_string(status.MPI_SOURCE) +
                                    " with tag " + std::to_string(status.MPI_TAG);
@@ -467,6 +493,7 @@ class MpiBackend final : public Backend {
   MpiConfig _config;
   const mpi::MpiRuntime& _runtime;
   std::shared_ptr<const Communicator> _communicator;
+  std::shared_ptr<const Communicator> _algorithm_communicator;
 };
 
 }  // namespace

@@ -1,7 +1,9 @@
 // Backend: the communication interface every transport implements (local, mpi, nccl).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -46,6 +48,16 @@ struct Message {
   std::vector<std::byte> data;
 };
 
+/// @brief One collective and its arguments, as the *_async calls take them. Broadcast uses
+/// `send` (in place); reduce uses `recv` on the root only; barrier uses nothing.
+struct CollectiveArgs {
+  Collective op = Collective::allreduce;
+  Buffer send;
+  Buffer recv;
+  ReduceOp reduce_op = ReduceOp::sum;
+  int root = 0;
+};
+
 /// @brief A group of ranks and the operations among them.
 ///
 /// Every public operation validates its arguments and throws loom::Error naming the operation,
@@ -77,6 +89,10 @@ class Backend {
   std::unique_ptr<Work> reduce_scatter_async(Buffer send, Buffer recv, ReduceOp op);
   std::unique_ptr<Work> alltoall_async(Buffer send, Buffer recv);
   std::unique_ptr<Work> barrier_async();
+  /// @brief The backend's own (native) call for `args`, validated like the calls above.
+  std::unique_ptr<Work> collective_async(const CollectiveArgs& args);
+  /// @brief Throws the loom::Error the *_async call would throw for `args` (nothing if valid).
+  void validate(const CollectiveArgs& args) const;
   /// @brief Sends `buffer` to `peer`; the buffer must stay valid until the work finishes.
   std::unique_ptr<Work> send_async(Buffer buffer, int peer, int tag = 0);
   /// @brief Receives exactly buffer.bytes() from `peer` (or any_source); a message of another
@@ -106,13 +122,19 @@ class Backend {
   /// @brief "allreduce on rank 1 of 4 (mpi)": the prefix of every error message.
   std::string where(std::string_view operation) const;
 
- private:
-  void check_broadcast(Buffer buffer, int root) const;
-  void check_reduce(Buffer send, Buffer recv, ReduceOp op, int root) const;
-  void check_allreduce(Buffer send, Buffer recv, ReduceOp op) const;
-  void check_allgather(Buffer send, Buffer recv) const;
-  void check_reduce_scatter(Buffer send, Buffer recv, ReduceOp op) const;
-  void check_alltoall(Buffer send, Buffer recv) const;
+  /// @brief Whether this backend has the private point-to-point channel that loom's own
+  /// collective algorithms (backends/algorithms) run on; without it only `native` runs.
+  virtual bool has_algorithm_channel() const noexcept { return false; }
+  /// @brief Sends on the algorithm channel: traffic there never matches a user's recv, and
+  /// `tag` may be any value in [0, algorithm_max_tag()]. For backends/algorithms.
+  std::unique_ptr<Work> algorithm_send_async(Buffer buffer, int peer, int tag);
+  /// @brief Receives exactly buffer.bytes() on the algorithm channel.
+  std::unique_ptr<Work> algorithm_recv_async(Buffer buffer, int peer, int tag);
+  /// @brief A tag unique to the next algorithm instance: collectives are issued in the same
+  /// order on every rank, so the n-th instance gets the same tag everywhere, and instances in
+  /// flight together never share one.
+  int next_algorithm_tag() noexcept;
+  int algorithm_max_tag() const noexcept { return max_tag(); }
 
  protected:
   virtual std::unique_ptr<Work> start_broadcast(Buffer buffer, int root) = 0;
@@ -140,6 +162,12 @@ class Backend {
   virtual Message receive_message(int peer, int tag) = 0;
   /// @brief Largest tag the transport accepts.
   virtual int max_tag() const noexcept { return 32767; }
+  /// @brief The algorithm channel (see has_algorithm_channel); the defaults throw unsupported.
+  virtual std::unique_ptr<Work> start_algorithm_send(Buffer buffer, int peer, int tag);
+  virtual std::unique_ptr<Work> start_algorithm_recv(Buffer buffer, int peer, int tag);
+
+ private:
+  std::atomic<std::uint64_t> _algorithm_instances{0};
 };
 
 /// @brief Names of the backends built into this library ("local", "mpi", ...).
