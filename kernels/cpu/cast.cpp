@@ -39,7 +39,9 @@ void store(void* out, DType to, std::size_t i, float value) {
 
 }  // namespace
 
-bool can_cast(DType from, DType to) noexcept { return castable(from) && castable(to); }
+bool can_cast(DType from, DType to) noexcept {
+  return castable(from) && castable(to);
+}
 
 void cast(const void* in, DType from, void* out, DType to, std::size_t count) {
   if (!can_cast(from, to))

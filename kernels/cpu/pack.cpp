@@ -14,8 +14,8 @@ namespace loom::kernels {
 PackPlan::PackPlan(std::vector<PackSegment> segments, std::size_t alignment)
     : _segments(std::move(segments)), _alignment(alignment) {
   if (alignment == 0 || !std::has_single_bit(alignment))
-    throw Error(ErrorCode::invalid_argument, "pack plan: alignment " + std::to_string(alignment) +
-                                                 " is not a power of two");
+    throw Error(ErrorCode::invalid_argument,
+                "pack plan: alignment " + std::to_string(alignment) + " is not a power of two");
   _offsets.reserve(_segments.size());
   for (std::size_t i = 0; i < _segments.size(); ++i) {
     const PackSegment& s = _segments[i];
@@ -49,8 +49,8 @@ std::vector<PackPiece> PackPlan::pieces(std::size_t max_piece_bytes) const {
   std::vector<PackPiece> result;
   for (std::size_t i = 0; i < _segments.size(); ++i)
     for (std::size_t done = 0; done < _segments[i].bytes; done += max_piece_bytes)
-      result.push_back({i, done, _offsets[i] + done,
-                        std::min(max_piece_bytes, _segments[i].bytes - done)});
+      result.push_back(
+          {i, done, _offsets[i] + done, std::min(max_piece_bytes, _segments[i].bytes - done)});
   return result;
 }
 

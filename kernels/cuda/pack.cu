@@ -25,7 +25,9 @@ struct DevicePiece {
 };
 
 __device__ void copy_bytes(std::byte* to, const std::byte* from, std::size_t bytes) {
-  const auto aligned = [](const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15) == 0; };
+  const auto aligned = [](const void* p) {
+    return (reinterpret_cast<std::uintptr_t>(p) & 15) == 0;
+  };
   if (aligned(to) && aligned(from) && (bytes & 15) == 0) {
     auto* t = reinterpret_cast<uint4*>(to);
     auto* f = reinterpret_cast<const uint4*>(from);
@@ -77,8 +79,12 @@ DevicePackPlan::~DevicePackPlan() = default;
 DevicePackPlan::DevicePackPlan(DevicePackPlan&&) noexcept = default;
 DevicePackPlan& DevicePackPlan::operator=(DevicePackPlan&&) noexcept = default;
 
-const PackPlan& DevicePackPlan::plan() const noexcept { return _state->plan; }
-std::size_t DevicePackPlan::piece_count() const noexcept { return _state->piece_count; }
+const PackPlan& DevicePackPlan::plan() const noexcept {
+  return _state->plan;
+}
+std::size_t DevicePackPlan::piece_count() const noexcept {
+  return _state->piece_count;
+}
 
 void DevicePackPlan::pack(void* flat, NativeStream stream) const {
   if (_state->piece_count == 0) return;

@@ -124,9 +124,8 @@ unsigned blocks_for(std::size_t n) {
 }
 
 void check_launch(const char* kernel, std::size_t n, DType dtype) {
-  check(cudaGetLastError(), std::string("launch of ") + kernel + " on " +
-                                std::to_string(n) + " " + std::string(to_string(dtype)) +
-                                " elements");
+  check(cudaGetLastError(), std::string("launch of ") + kernel + " on " + std::to_string(n) + " " +
+                                std::string(to_string(dtype)) + " elements");
 }
 
 // Calls fn(T{}) with the device storage type of `dtype`.
@@ -180,9 +179,8 @@ void average(void* data, std::size_t count, DType dtype, int divisor, NativeStre
     using T = decltype(tag);
     if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, Half> ||
                   std::is_same_v<T, BHalf>)
-      divide_kernel<T>
-          <<<blocks_for(count), threads_per_block, 0, stream>>>(static_cast<T*>(data), count,
-                                                                divisor);
+      divide_kernel<T><<<blocks_for(count), threads_per_block, 0, stream>>>(static_cast<T*>(data),
+                                                                            count, divisor);
   });
   check_launch("average", count, dtype);
 }
@@ -194,15 +192,13 @@ void scale(void* data, std::size_t count, DType dtype, double factor, NativeStre
     using T = decltype(tag);
     if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, Half> ||
                   std::is_same_v<T, BHalf>)
-      scale_kernel<T>
-          <<<blocks_for(count), threads_per_block, 0, stream>>>(static_cast<T*>(data), count,
-                                                                factor);
+      scale_kernel<T><<<blocks_for(count), threads_per_block, 0, stream>>>(static_cast<T*>(data),
+                                                                           count, factor);
   });
   check_launch("scale", count, dtype);
 }
 
-void cast(const void* in, DType from, void* out, DType to, std::size_t count,
-          NativeStream stream) {
+void cast(const void* in, DType from, void* out, DType to, std::size_t count, NativeStream stream) {
   if (!can_cast(from, to))
     throw Error(ErrorCode::unsupported, "cast from " + std::string(to_string(from)) + " to " +
                                             std::string(to_string(to)) +

@@ -14,7 +14,9 @@
 
 namespace loom::cuda {
 
-bool built_with_cuda() noexcept { return LOOM_HAVE_CUDA != 0; }
+bool built_with_cuda() noexcept {
+  return LOOM_HAVE_CUDA != 0;
+}
 
 #if LOOM_HAVE_CUDA
 
@@ -48,7 +50,9 @@ int device_count() noexcept {
   }
 }
 
-std::string unavailable_reason() { return census().reason; }
+std::string unavailable_reason() {
+  return census().reason;
+}
 
 void require_device(int device) {
   const int count = device_count();
@@ -87,8 +91,8 @@ void copy(void* destination, const void* source, std::size_t bytes) {
 DeviceMemory::DeviceMemory(std::size_t bytes, int device) : _bytes(bytes), _device(device) {
   set_device(device);
   if (bytes == 0) return;
-  check(cudaMalloc(&_data, bytes), "cudaMalloc of " + std::to_string(bytes) +
-                                       " bytes on device " + std::to_string(device));
+  check(cudaMalloc(&_data, bytes),
+        "cudaMalloc of " + std::to_string(bytes) + " bytes on device " + std::to_string(device));
 }
 
 DeviceMemory::~DeviceMemory() {
@@ -97,16 +101,24 @@ DeviceMemory::~DeviceMemory() {
 
 #else  // built without CUDA
 
-int device_count() noexcept { return 0; }
+int device_count() noexcept {
+  return 0;
+}
 
 std::string unavailable_reason() {
   return "loom was built without CUDA (configure with the CUDA toolkit installed, or "
          "-DLOOM_WITH_CUDA=ON to require it)";
 }
 
-void require_device(int) { throw Error(ErrorCode::unavailable, unavailable_reason()); }
-void set_device(int device) { require_device(device); }
-int current_device() { throw Error(ErrorCode::unavailable, unavailable_reason()); }
+void require_device(int) {
+  throw Error(ErrorCode::unavailable, unavailable_reason());
+}
+void set_device(int device) {
+  require_device(device);
+}
+int current_device() {
+  throw Error(ErrorCode::unavailable, unavailable_reason());
+}
 std::string pci_bus_id(int device) {
   require_device(device);
   return {};
@@ -115,7 +127,9 @@ std::string pci_bus_id(int device) {
 void copy(void* destination, const void* source, std::size_t bytes) {
   if (bytes != 0) std::memmove(destination, source, bytes);
 }
-DeviceMemory::DeviceMemory(std::size_t, int device) { require_device(device); }
+DeviceMemory::DeviceMemory(std::size_t, int device) {
+  require_device(device);
+}
 DeviceMemory::~DeviceMemory() = default;
 
 #endif

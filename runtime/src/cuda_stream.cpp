@@ -40,7 +40,9 @@ bool Stream::idle() const {
   return true;
 }
 
-void Stream::synchronize() const { check(cudaStreamSynchronize(_stream), "cudaStreamSynchronize"); }
+void Stream::synchronize() const {
+  check(cudaStreamSynchronize(_stream), "cudaStreamSynchronize");
+}
 
 Event::Event(int device) : _device(device) {
   set_device(device);
@@ -51,7 +53,9 @@ Event::~Event() {
   if (_event != nullptr) cudaEventDestroy(_event);
 }
 
-void Event::record(NativeStream stream) { check(cudaEventRecord(_event, stream), "cudaEventRecord"); }
+void Event::record(NativeStream stream) {
+  check(cudaEventRecord(_event, stream), "cudaEventRecord");
+}
 
 bool Event::complete() const {
   const cudaError_t status = cudaEventQuery(_event);
@@ -60,19 +64,33 @@ bool Event::complete() const {
   return true;
 }
 
-void Event::synchronize() const { check(cudaEventSynchronize(_event), "cudaEventSynchronize"); }
+void Event::synchronize() const {
+  check(cudaEventSynchronize(_event), "cudaEventSynchronize");
+}
 
 #else  // built without CUDA: nothing can be created
 
-Stream::Stream(int device, Priority) : _device(device) { require_device(device); }
+Stream::Stream(int device, Priority) : _device(device) {
+  require_device(device);
+}
 Stream::~Stream() = default;
-void Stream::wait(const Event&) const { require_device(_device); }
-bool Stream::idle() const { return true; }
+void Stream::wait(const Event&) const {
+  require_device(_device);
+}
+bool Stream::idle() const {
+  return true;
+}
 void Stream::synchronize() const {}
-Event::Event(int device) : _device(device) { require_device(device); }
+Event::Event(int device) : _device(device) {
+  require_device(device);
+}
 Event::~Event() = default;
-void Event::record(NativeStream) { require_device(_device); }
-bool Event::complete() const { return true; }
+void Event::record(NativeStream) {
+  require_device(_device);
+}
+bool Event::complete() const {
+  return true;
+}
 void Event::synchronize() const {}
 
 #endif

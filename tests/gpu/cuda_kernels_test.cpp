@@ -107,8 +107,8 @@ bool is_nan(const std::byte* p, DType dtype) {
     std::uint64_t gb = 0, eb = 0;
     std::memcpy(&gb, g, size);
     std::memcpy(&eb, e, size);
-    return ::testing::AssertionFailure() << "element " << i << ": GPU bits 0x" << std::hex << gb
-                                         << ", CPU bits 0x" << eb;
+    return ::testing::AssertionFailure()
+           << "element " << i << ": GPU bits 0x" << std::hex << gb << ", CPU bits 0x" << eb;
   }
   return ::testing::AssertionSuccess() << nan_mismatches << " NaNs with other payloads";
 }
@@ -137,9 +137,9 @@ TEST_F(CudaKernels, ReduceEqualsCpuForEveryDtypeAndOp) {
       cuda::DeviceMemory dout(bytes, 0);
       for (ReduceOp op : all_reduce_ops) {
         if (!supports(op, dtype)) {
-          EXPECT_THROW(kernels::cuda::reduce(dout.data(), da.data(), db.data(), count, dtype, op,
-                                             stream()),
-                       Error);
+          EXPECT_THROW(
+              kernels::cuda::reduce(dout.data(), da.data(), db.data(), count, dtype, op, stream()),
+              Error);
           continue;
         }
         std::vector<std::byte> expected(bytes);
@@ -152,8 +152,7 @@ TEST_F(CudaKernels, ReduceEqualsCpuForEveryDtypeAndOp) {
       // In place: out == a.
       std::vector<std::byte> expected = a;
       kernels::reduce(expected.data(), b.data(), count, dtype, ReduceOp::sum);
-      kernels::cuda::reduce(da.data(), da.data(), db.data(), count, dtype, ReduceOp::sum,
-                            stream());
+      kernels::cuda::reduce(da.data(), da.data(), db.data(), count, dtype, ReduceOp::sum, stream());
       sync();
       EXPECT_TRUE(same_values(test::to_host<std::byte>(da, bytes), expected, dtype))
           << to_string(dtype) << " in place";

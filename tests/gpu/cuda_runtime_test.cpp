@@ -51,9 +51,9 @@ TEST(CudaDevice, BadDeviceIndexIsNamed) {
     FAIL();
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
-    EXPECT_NE(e.message().find("CUDA device " + std::to_string(cuda::device_count()) +
-                               " does not exist"),
-              std::string::npos);
+    EXPECT_NE(
+        e.message().find("CUDA device " + std::to_string(cuda::device_count()) + " does not exist"),
+        std::string::npos);
   }
   EXPECT_THROW(cuda::StreamPool(0, 0), Error);
   EXPECT_FALSE(cuda::pci_bus_id(0).empty());

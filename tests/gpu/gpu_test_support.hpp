@@ -9,9 +9,9 @@
 #include "loom/cuda_device.hpp"
 
 /// Skips the current test, naming why, unless a CUDA device is visible.
-#define LOOM_REQUIRE_GPU()                                                     \
-  do {                                                                         \
-    if (::loom::cuda::device_count() == 0)                                     \
+#define LOOM_REQUIRE_GPU()                                                        \
+  do {                                                                            \
+    if (::loom::cuda::device_count() == 0)                                        \
       GTEST_SKIP() << "GPU test skipped: " << ::loom::cuda::unavailable_reason(); \
   } while (false)
 

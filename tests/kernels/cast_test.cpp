@@ -15,8 +15,15 @@ namespace {
 TEST(Cast, Float32ToFloat16RoundsToNearestEven) {
   // 1 + 2^-11 is exactly between 1 and the next half (1 + 2^-10): ties to even gives 1.0.
   // 1 + 3 * 2^-11 is between 1 + 2^-10 and 1 + 2^-9: ties to even gives 1 + 2^-9.
-  const std::vector<float> in{1.0f, 1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f, -2.5f, 65504.0f,
-                              70000.0f, std::numeric_limits<float>::infinity(), 0x1p-24f, 0.0f};
+  const std::vector<float> in{1.0f,
+                              1.0f + 0x1p-11f,
+                              1.0f + 3 * 0x1p-11f,
+                              -2.5f,
+                              65504.0f,
+                              70000.0f,
+                              std::numeric_limits<float>::infinity(),
+                              0x1p-24f,
+                              0.0f};
   const std::vector<std::uint16_t> expected{0x3c00, 0x3c00, 0x3c02, 0xc100, 0x7bff,
                                             0x7c00, 0x7c00, 0x0001, 0x0000};
   std::vector<float16_t> out(in.size());
