@@ -10,6 +10,9 @@
 #if LOOM_HAVE_MPI
 #include "loom/mpi.hpp"
 #endif
+#if LOOM_HAVE_NCCL
+#include "loom/nccl.hpp"
+#endif
 
 namespace loom {
 
@@ -43,6 +46,17 @@ std::shared_ptr<Backend> create_backend(std::string_view name) {
   if (chosen == "local") return make_local_backend();
 #if LOOM_HAVE_MPI
   if (chosen == "mpi") return make_mpi_backend();
+#endif
+#if LOOM_HAVE_NCCL
+  if (chosen == "nccl") {
+    // NCCL needs a CPU transport to share its unique id: MPI under mpirun, else one rank.
+    std::shared_ptr<Backend> bootstrap;
+#if LOOM_HAVE_MPI
+    if (launched_by_mpirun()) bootstrap = make_mpi_backend();
+#endif
+    if (!bootstrap) bootstrap = make_local_backend();
+    return make_nccl_backend(*bootstrap);
+  }
 #endif
   std::string list;
   for (const auto& b : built) list += (list.empty() ? "" : ", ") + b;

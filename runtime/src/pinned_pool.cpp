@@ -17,7 +17,12 @@
 #include <utility>
 #include <vector>
 
+#include "loom/config.hpp"
+#include "loom/cuda_device.hpp"
 #include "loom/error.hpp"
+#if LOOM_HAVE_CUDA
+#include "cuda_check.hpp"
+#endif
 
 namespace loom {
 namespace {
@@ -47,12 +52,60 @@ struct PinnedPool::State {
   std::size_t blocks_in_use = 0;
   PinnedPoolStats stats;
   bool warned_unlocked = false;
+  bool cuda_host_alloc = false;  // every block of this pool comes from cudaHostAlloc
 
   void release_to_system(const FreeBlock& block, std::size_t capacity) {
+#if LOOM_HAVE_CUDA
+    if (cuda_host_alloc) {
+      cudaFreeHost(block.data);
+      stats.bytes_reserved -= capacity;
+      return;
+    }
+#endif
     if (block.locked) ::munlock(block.data, capacity);
     std::free(block.data);
     stats.bytes_reserved -= capacity;
   }
+
+  // A page-locked block of `capacity` bytes from the system; sets `locked`.
+  void* allocate(std::size_t capacity, bool& locked) {
+#if LOOM_HAVE_CUDA
+    if (cuda_host_alloc) {
+      void* data = nullptr;
+      // Portable: the block is pinned for every device of the process, not only the current.
+      check_allocation(cudaHostAlloc(&data, capacity, cudaHostAllocPortable), capacity);
+      locked = true;
+      return data;
+    }
+#endif
+    void* data = std::aligned_alloc(page_size(), capacity);
+    if (data == nullptr)
+      throw Error(ErrorCode::out_of_memory,
+                  "pinned pool: the system refused " + std::to_string(capacity) + " bytes");
+    locked = false;
+    if (options.lock) {
+      locked = ::mlock(data, capacity) == 0;
+      if (!locked) {
+        ++stats.unlocked_allocations;
+        if (!warned_unlocked) {
+          warned_unlocked = true;
+          std::cerr << "loom: mlock of " << capacity << " bytes refused (" << std::strerror(errno)
+                    << "; raise RLIMIT_MEMLOCK with ulimit -l); using unlocked memory\n";
+        }
+      }
+    }
+    return data;
+  }
+
+#if LOOM_HAVE_CUDA
+  static void check_allocation(cudaError_t status, std::size_t capacity) {
+    if (status == cudaSuccess) return;
+    cudaGetLastError();
+    throw Error(ErrorCode::out_of_memory, "pinned pool: cudaHostAlloc of " +
+                                              std::to_string(capacity) +
+                                              " bytes failed: " + cuda::error_text(status));
+  }
+#endif
 
   // Frees least-recently-released free blocks until `needed` more bytes fit under the cap.
   bool make_room(std::size_t needed) {
@@ -114,6 +167,11 @@ PinnedPool::PinnedPool() : PinnedPool(Options{}) {}
 
 PinnedPool::PinnedPool(Options options) : _state(std::make_unique<State>()) {
   _state->options = options;
+  _state->cuda_host_alloc = options.cuda_host_alloc && cuda::device_count() > 0;
+}
+
+bool PinnedPool::uses_cuda_host_alloc() const noexcept {
+  return _state->cuda_host_alloc;
 }
 
 PinnedPool::~PinnedPool() {
@@ -157,22 +215,8 @@ PinnedBlock PinnedPool::acquire(std::size_t bytes) {
                       std::to_string(capacity) + "): " + std::to_string(s.stats.bytes_in_use) +
                       " of the " + std::to_string(s.options.cap_bytes) +
                       "-byte cap are in use; release blocks or raise the cap");
-    void* data = std::aligned_alloc(page_size(), capacity);
-    if (data == nullptr)
-      throw Error(ErrorCode::out_of_memory,
-                  "pinned pool: the system refused " + std::to_string(capacity) + " bytes");
     bool locked = false;
-    if (s.options.lock) {
-      locked = ::mlock(data, capacity) == 0;
-      if (!locked) {
-        ++s.stats.unlocked_allocations;
-        if (!s.warned_unlocked) {
-          s.warned_unlocked = true;
-          std::cerr << "loom: mlock of " << capacity << " bytes refused (" << std::strerror(errno)
-                    << "; raise RLIMIT_MEMLOCK with ulimit -l); using unlocked memory\n";
-        }
-      }
-    }
+    void* data = s.allocate(capacity, locked);
     block._data = data;
     block._locked = locked;
     ++s.stats.misses;

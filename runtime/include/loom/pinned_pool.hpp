@@ -62,12 +62,17 @@ struct PinnedPoolStats {
 /// allocate beyond it, it frees least-recently-released free blocks of any class; when
 /// everything is in use it throws ErrorCode::out_of_memory. Memory is locked with mlock; when
 /// RLIMIT_MEMLOCK refuses, the block stays unlocked, a warning is printed once and
-/// stats().unlocked_allocations counts it. Blocks must be released before the pool dies.
+/// stats().unlocked_allocations counts it. When loom was built with CUDA and a device is
+/// visible, blocks come from cudaHostAlloc instead (page-locked and registered with the driver,
+/// so cudaMemcpyAsync from them is a true DMA that overlaps with compute). Blocks must be
+/// released before the pool dies.
 class PinnedPool {
  public:
   struct Options {
     std::size_t cap_bytes = std::size_t{1} << 30;  ///< 1 GiB
     bool lock = true;                              ///< mlock the blocks
+    /// Allocate with cudaHostAlloc when a CUDA device is visible (ignored otherwise).
+    bool cuda_host_alloc = true;
   };
 
   PinnedPool();
@@ -82,6 +87,8 @@ class PinnedPool {
   /// @brief Frees every free block (in-use blocks are unaffected).
   void trim();
   const Options& options() const noexcept;
+  /// @brief Whether this pool allocates with cudaHostAlloc (decided once, at construction).
+  bool uses_cuda_host_alloc() const noexcept;
 
   /// @brief The size class a request of `bytes` is served from.
   static std::size_t size_class(std::size_t bytes) noexcept;

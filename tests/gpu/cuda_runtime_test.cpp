@@ -1,0 +1,109 @@
+// CUDA devices, streams, events and the pinned pool's cudaHostAlloc path. Without a device the
+// same calls must fail cleanly (ErrorCode::unavailable naming why), which runs everywhere.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "gpu/gpu_test_support.hpp"
+#include "loom/cuda_device.hpp"
+#include "loom/cuda_stream.hpp"
+#include "loom/error.hpp"
+#include "loom/kernels/cuda.hpp"
+#include "loom/pinned_pool.hpp"
+
+namespace loom {
+namespace {
+
+TEST(CudaWithoutDevice, EveryEntryPointSaysWhy) {
+  if (cuda::device_count() > 0) GTEST_SKIP() << "a CUDA device is visible: covered by CudaDevice";
+  const std::string reason = cuda::unavailable_reason();
+  EXPECT_FALSE(reason.empty());
+  if (cuda::built_with_cuda())
+    EXPECT_NE(reason.find("no CUDA device is visible"), std::string::npos) << reason;
+  else
+    EXPECT_NE(reason.find("built without CUDA"), std::string::npos) << reason;
+  auto expect_unavailable = [&](auto&& call, const char* what) {
+    try {
+      call();
+      ADD_FAILURE() << what << " did not throw";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::unavailable) << what;
+      EXPECT_EQ(e.message(), reason) << what;
+    }
+  };
+  expect_unavailable([] { cuda::Stream s(0); }, "Stream");
+  expect_unavailable([] { cuda::Event e(0); }, "Event");
+  expect_unavailable([] { cuda::DeviceMemory m(64, 0); }, "DeviceMemory");
+  expect_unavailable([] { cuda::StreamPool p(0, 2); }, "StreamPool");
+  expect_unavailable([] { cuda::set_device(0); }, "set_device");
+  // The pinned pool falls back to mlock'ed host memory.
+  PinnedPool pool;
+  EXPECT_FALSE(pool.uses_cuda_host_alloc());
+  EXPECT_TRUE(pool.acquire(100));
+}
+
+TEST(CudaDevice, BadDeviceIndexIsNamed) {
+  LOOM_REQUIRE_GPU();
+  try {
+    cuda::set_device(cuda::device_count());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+    EXPECT_NE(
+        e.message().find("CUDA device " + std::to_string(cuda::device_count()) + " does not exist"),
+        std::string::npos);
+  }
+  EXPECT_THROW(cuda::StreamPool(0, 0), Error);
+  EXPECT_FALSE(cuda::pci_bus_id(0).empty());
+}
+
+TEST(CudaDevice, EventOrdersTwoStreamsWithoutHostWait) {
+  LOOM_REQUIRE_GPU();
+  cuda::StreamPool pool(0, 2);
+  constexpr std::size_t n = 1 << 22;
+  std::vector<float> host(n, 1.0f);
+  auto a = test::to_device(host);
+  cuda::DeviceMemory b(n * sizeof(float), 0);
+  // Stream 0 doubles `a` twenty times (a = 2^20); stream 1, after an event recorded behind
+  // that, computes b = a + a. Without the wait it would read a partly doubled `a`.
+  for (int i = 0; i < 20; ++i)
+    kernels::cuda::scale(a.data(), n, DType::float32, 2.0, pool.compute(0).native());
+  cuda::Event doubled(0);
+  doubled.record(pool.compute(0));
+  pool.compute(1).wait(doubled);
+  kernels::cuda::reduce(b.data(), a.data(), a.data(), n, DType::float32, ReduceOp::sum,
+                        pool.compute(1).native());
+  pool.compute(1).synchronize();
+  EXPECT_TRUE(doubled.complete());
+  EXPECT_TRUE(pool.compute(0).idle());
+  const auto result = test::to_host<float>(b, n);
+  for (std::size_t i = 0; i < n; i += 4099) ASSERT_EQ(result[i], 2.0f * 1048576.0f) << i;
+  EXPECT_EQ(result[n - 1], 2097152.0f);
+  EXPECT_TRUE(pool.communication().idle());
+}
+
+TEST(CudaDevice, PinnedPoolUsesCudaHostAlloc) {
+  LOOM_REQUIRE_GPU();
+  PinnedPool pool;
+  EXPECT_TRUE(pool.uses_cuda_host_alloc());
+  PinnedPool plain({.cap_bytes = 1 << 20, .lock = true, .cuda_host_alloc = false});
+  EXPECT_FALSE(plain.uses_cuda_host_alloc());
+  auto block = pool.acquire(1000);
+  ASSERT_TRUE(block);
+  EXPECT_TRUE(block.locked());
+  std::vector<std::uint8_t> pattern(1000);
+  std::iota(pattern.begin(), pattern.end(), std::uint8_t{3});
+  std::memcpy(block.data(), pattern.data(), pattern.size());
+  cuda::DeviceMemory device(1000, 0);
+  cuda::copy(device.data(), block.data(), 1000);
+  EXPECT_EQ(test::to_host<std::uint8_t>(device, 1000), pattern);
+  block.release();
+  EXPECT_EQ(pool.stats().system_allocations, 1u);
+  pool.trim();  // cudaFreeHost
+  EXPECT_EQ(pool.stats().bytes_reserved, 0u);
+}
+
+}  // namespace
+}  // namespace loom

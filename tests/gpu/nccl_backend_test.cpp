@@ -1,0 +1,213 @@
+// The NCCL backend. Everywhere: the one-GPU-per-rank check (before NCCL is touched) over the
+// local backend, configuration parsing, and clean "unavailable" errors without a device. On a
+// GPU: every collective at world size 1 against values computed here, groups, and refusals.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdint>
+#include <cstdlib>
+#include <mutex>
+#include <numeric>
+#include <vector>
+
+#include "device_identity.hpp"
+#include "gpu/gpu_test_support.hpp"
+#include "loom/backend.hpp"
+#include "loom/error.hpp"
+#include "loom/local.hpp"
+#include "loom/nccl.hpp"
+
+namespace loom {
+namespace {
+
+std::string message_of(const std::function<void()>& call, ErrorCode expected) {
+  try {
+    call();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), expected) << e.what();
+    return e.message();
+  }
+  ADD_FAILURE() << "no loom::Error thrown";
+  return {};
+}
+
+TEST(NcclDeviceCheck, RankWithoutGpuIsNamed) {
+  const auto text = message_of(
+      [] { nccl::check_one_device_per_rank({"a/0000:01:00.0", "!no CUDA device", "b/x"}); },
+      ErrorCode::unavailable);
+  EXPECT_EQ(text, "nccl backend: rank 1 of 3 has no usable GPU: no CUDA device");
+}
+
+TEST(NcclDeviceCheck, TwoRanksOnOneGpuAreNamedBeforeNccl) {
+  const auto text = message_of(
+      [] {
+        nccl::check_one_device_per_rank({"h1/0000:01:00.0", "h1/0000:02:00.0", "h2/0000:01:00.0",
+                                         "h1/0000:02:00.0", "h1/0000:01:00.0"});
+      },
+      ErrorCode::unsupported);
+  EXPECT_NE(text.find("ranks 1 and 3 would both use GPU 0000:02:00.0 on host h1"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("NCCL needs one GPU per rank"), std::string::npos);
+  // The same bus id on two hosts is two GPUs.
+  EXPECT_NO_THROW(nccl::check_one_device_per_rank({"h1/0000:01:00.0", "h2/0000:01:00.0"}));
+  EXPECT_NO_THROW(nccl::check_one_device_per_rank({"h1/0000:01:00.0"}));
+}
+
+TEST(NcclDeviceCheck, IdentitiesAreGatheredInRankOrder) {
+  std::array<std::vector<std::string>, 3> seen;
+  const std::string long_name(300, 'x');
+  LocalWorld::run(3, [&](Backend& b) {
+    const std::string own = b.rank() == 2 ? long_name : "host/" + std::to_string(b.rank() * 7);
+    seen[static_cast<std::size_t>(b.rank())] = nccl::gather_identities(b, own);
+  });
+  for (const auto& s : seen) {
+    ASSERT_EQ(s.size(), 3u);
+    EXPECT_EQ(s[0], "host/0");
+    EXPECT_EQ(s[1], "host/7");
+    EXPECT_EQ(s[2], std::string(255, 'x'));  // cut to the record size
+  }
+}
+
+TEST(NcclWithoutDevice, EveryRankFailsAlikeInsteadOfHanging) {
+  if (cuda::device_count() > 0) GTEST_SKIP() << "a CUDA device is visible";
+  std::mutex mutex;
+  std::vector<std::string> messages;
+  LocalWorld::run(3, [&](Backend& b) {
+    NcclConfig config;
+    config.device = 0;
+    try {
+      make_nccl_backend(b, config);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::unavailable);
+      std::lock_guard lock(mutex);
+      messages.push_back(e.message());
+    }
+  });
+  ASSERT_EQ(messages.size(), 3u);
+  for (const auto& m : messages) {
+    EXPECT_EQ(m, messages[0]);
+    EXPECT_NE(m.find("rank 0 of 3 has no usable GPU: "), std::string::npos) << m;
+    EXPECT_NE(m.find(cuda::unavailable_reason()), std::string::npos) << m;
+  }
+  const auto text = message_of([] { create_backend("nccl"); }, ErrorCode::unavailable);
+  EXPECT_NE(text.find("rank 0 of 1 has no usable GPU"), std::string::npos) << text;
+}
+
+TEST(NcclConfig, EnvironmentIsParsedAndBadValuesNamed) {
+  ::setenv("LOOM_NCCL_DEVICE", "3", 1);
+  ::setenv("LOOM_TIMEOUT_S", "2.5", 1);
+  const auto config = NcclConfig::from_env();
+  EXPECT_EQ(config.device, 3);
+  EXPECT_EQ(config.timeout, std::chrono::milliseconds(2500));
+  ::setenv("LOOM_NCCL_DEVICE", "gpu1", 1);
+  EXPECT_NE(message_of([] { NcclConfig::from_env(); }, ErrorCode::invalid_argument)
+                .find("LOOM_NCCL_DEVICE='gpu1'"),
+            std::string::npos);
+  ::unsetenv("LOOM_NCCL_DEVICE");
+  ::setenv("LOOM_TIMEOUT_S", "-1", 1);
+  EXPECT_NE(message_of([] { NcclConfig::from_env(); }, ErrorCode::invalid_argument)
+                .find("LOOM_TIMEOUT_S='-1'"),
+            std::string::npos);
+  ::unsetenv("LOOM_TIMEOUT_S");
+}
+
+// ---- on a GPU ----
+
+class NcclOneRank : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    LOOM_REQUIRE_GPU();
+    _bootstrap = create_backend("local");
+    NcclConfig config;
+    config.device = 0;
+    config.timeout = std::chrono::seconds(60);
+    _nccl = make_nccl_backend(*_bootstrap, config);
+  }
+  Backend& nccl() { return *_nccl; }
+
+ private:
+  std::shared_ptr<Backend> _bootstrap, _nccl;
+};
+
+template <class T>
+Buffer device_buffer(const cuda::DeviceMemory& m, std::size_t count) {
+  return Buffer(m.data(), count, dtype_of<T>(), Device::cuda(0));
+}
+
+TEST_F(NcclOneRank, CollectivesAtWorldSizeOne) {
+  EXPECT_EQ(nccl().world_size(), 1);
+  EXPECT_EQ(nccl().name(), "nccl");
+  constexpr std::size_t n = 1001;
+  std::vector<float> host(n);
+  std::iota(host.begin(), host.end(), -500.0f);
+  auto send = test::to_device(host);
+  cuda::DeviceMemory recv(n * sizeof(float), 0);
+  for (ReduceOp op : all_reduce_ops) {
+    nccl().allreduce(device_buffer<float>(send, n), device_buffer<float>(recv, n), op);
+    EXPECT_EQ(test::to_host<float>(recv, n), host) << to_string(op);  // one rank: identity
+  }
+  nccl().broadcast(device_buffer<float>(send, n), 0);
+  nccl().allgather(device_buffer<float>(send, n), device_buffer<float>(recv, n));
+  EXPECT_EQ(test::to_host<float>(recv, n), host);
+  nccl().reduce_scatter(device_buffer<float>(send, n), device_buffer<float>(recv, n),
+                        ReduceOp::sum);
+  EXPECT_EQ(test::to_host<float>(recv, n), host);
+  nccl().alltoall(device_buffer<float>(send, n), device_buffer<float>(recv, n));
+  EXPECT_EQ(test::to_host<float>(recv, n), host);
+  nccl().barrier();
+}
+
+TEST_F(NcclOneRank, GroupLaunchesABucketTogether) {
+  constexpr std::size_t n = 4099;
+  std::vector<std::int32_t> host(n);
+  std::iota(host.begin(), host.end(), 1);
+  std::vector<cuda::DeviceMemory> grads;
+  for (int i = 0; i < 3; ++i) grads.push_back(test::to_device(host));
+  std::vector<std::unique_ptr<Work>> works;
+  {
+    NcclGroup group;
+    for (auto& g : grads)
+      works.push_back(nccl().allreduce_async(device_buffer<std::int32_t>(g, n),
+                                             device_buffer<std::int32_t>(g, n), ReduceOp::max));
+    EXPECT_FALSE(works[0]->test());  // nothing launched before the group ends
+    group.end();
+  }
+  for (auto& w : works) w->wait();
+  for (auto& g : grads) EXPECT_EQ(test::to_host<std::int32_t>(g, n), host);
+}
+
+TEST_F(NcclOneRank, RefusesHostBuffersTagsProbeAndAnySource) {
+  std::vector<float> host(8);
+  const auto text = message_of(
+      [&] { nccl().allreduce(Buffer::of(std::span(host)), ReduceOp::sum); }, ErrorCode::unsupported);
+  EXPECT_NE(text.find("cannot reach"), std::string::npos) << text;
+  cuda::DeviceMemory d(32, 0);
+  const Buffer b(d.data(), 8, DType::float32, Device::cuda(0));
+  EXPECT_NE(message_of([&] { nccl().send_async(b, 0, 5); }, ErrorCode::unsupported).find("tag 5"),
+            std::string::npos);
+  message_of([&] { nccl().recv_async(b, any_source, 0); }, ErrorCode::unsupported);
+  message_of([&] { nccl().try_probe(); }, ErrorCode::unsupported);
+}
+
+TEST(NcclSharedGpu, TwoLocalRanksOnOneGpuAreRefusedBeforeNccl) {
+  LOOM_REQUIRE_GPU();
+  std::mutex mutex;
+  std::vector<std::string> messages;
+  LocalWorld::run(2, [&](Backend& b) {
+    NcclConfig config;
+    config.device = 0;
+    try {
+      make_nccl_backend(b, config);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::unsupported);
+      std::lock_guard lock(mutex);
+      messages.push_back(e.message());
+    }
+  });
+  ASSERT_EQ(messages.size(), 2u);
+  EXPECT_NE(messages[0].find("ranks 0 and 1 would both use GPU"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace loom

@@ -1,0 +1,85 @@
+// CPU casts between float32, float16 and bfloat16 against bit patterns worked out by hand.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "loom/error.hpp"
+#include "loom/kernels/cast.hpp"
+
+namespace loom::kernels {
+namespace {
+
+TEST(Cast, Float32ToFloat16RoundsToNearestEven) {
+  // 1 + 2^-11 is exactly between 1 and the next half (1 + 2^-10): ties to even gives 1.0.
+  // 1 + 3 * 2^-11 is between 1 + 2^-10 and 1 + 2^-9: ties to even gives 1 + 2^-9.
+  const std::vector<float> in{1.0f,
+                              1.0f + 0x1p-11f,
+                              1.0f + 3 * 0x1p-11f,
+                              -2.5f,
+                              65504.0f,
+                              70000.0f,
+                              std::numeric_limits<float>::infinity(),
+                              0x1p-24f,
+                              0.0f};
+  const std::vector<std::uint16_t> expected{0x3c00, 0x3c00, 0x3c02, 0xc100, 0x7bff,
+                                            0x7c00, 0x7c00, 0x0001, 0x0000};
+  std::vector<float16_t> out(in.size());
+  cast(in.data(), DType::float32, out.data(), DType::float16, in.size());
+  for (std::size_t i = 0; i < in.size(); ++i) EXPECT_EQ(out[i].bits, expected[i]) << "index " << i;
+}
+
+TEST(Cast, Float32ToBfloat16AndBack) {
+  const std::vector<float> in{1.0f, 1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, -3.0f, 1e30f};
+  // bfloat16 keeps 7 mantissa bits: 1 + 2^-8 ties to 1.0, 1 + 3 * 2^-8 ties up to 1 + 2^-6.
+  // 1e30f is 0x7149f2ca: the dropped half 0xf2ca is above 0x8000, so it rounds up.
+  const std::vector<std::uint16_t> expected{0x3f80, 0x3f80, 0x3f82, 0xc040, 0x714a};
+  std::vector<bfloat16_t> out(in.size());
+  cast(in.data(), DType::float32, out.data(), DType::bfloat16, in.size());
+  for (std::size_t i = 0; i < in.size(); ++i) EXPECT_EQ(out[i].bits, expected[i]) << "index " << i;
+  std::vector<float> back(in.size());
+  cast(out.data(), DType::bfloat16, back.data(), DType::float32, in.size());
+  EXPECT_EQ(back[0], 1.0f);
+  EXPECT_EQ(back[2], 1.0f + 0x1p-6f);
+  EXPECT_EQ(back[3], -3.0f);
+}
+
+TEST(Cast, Float16ToBfloat16GoesThroughFloat) {
+  std::vector<float16_t> in{{0x3c01}, {0x7e00}, {0x8000}};  // 1 + 2^-10, NaN, -0
+  std::vector<bfloat16_t> out(in.size());
+  cast(in.data(), DType::float16, out.data(), DType::bfloat16, in.size());
+  EXPECT_EQ(out[0].bits, 0x3f80);  // 2^-10 is below bfloat16's half-ulp (2^-8): rounds to 1
+  EXPECT_TRUE(std::isnan(to_float(out[1])));
+  EXPECT_EQ(out[2].bits, 0x8000);
+}
+
+TEST(Cast, SameTypeIsACopyAndInPlaceWorks) {
+  std::vector<float> a{1.5f, -2.0f, 3.25f}, b(3);
+  cast(a.data(), DType::float32, b.data(), DType::float32, 3);
+  EXPECT_EQ(b, a);
+  std::vector<float16_t> h{{0x3c00}, {0x4000}};
+  cast(h.data(), DType::float16, h.data(), DType::bfloat16, 2);  // equal sizes: in place
+  EXPECT_EQ(h[0].bits, 0x3f80);
+  EXPECT_EQ(h[1].bits, 0x4000);
+}
+
+TEST(Cast, RefusesOtherTypesAndNullBuffers) {
+  std::vector<double> d(2);
+  std::vector<float> f(2);
+  try {
+    cast(d.data(), DType::float64, f.data(), DType::float32, 2);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::unsupported);
+    EXPECT_NE(e.message().find("cast from float64 to float32"), std::string::npos);
+  }
+  EXPECT_FALSE(can_cast(DType::int32, DType::float32));
+  EXPECT_TRUE(can_cast(DType::bfloat16, DType::float16));
+  EXPECT_THROW(cast(nullptr, DType::float32, f.data(), DType::float16, 2), Error);
+  EXPECT_NO_THROW(cast(nullptr, DType::float32, nullptr, DType::float16, 0));
+}
+
+}  // namespace
+}  // namespace loom::kernels
