@@ -209,7 +209,10 @@ std::string Executor::Impl::where(std::uint32_t i) const {
 }
 
 void Executor::Impl::compile() {
-  const double seconds = options.timeout->count();
+  // Capped at ~31 years, which never fires in practice: beyond ~292 years the nanosecond count
+  // would overflow (found by fuzzing LOOM_TIMEOUT_S), and the engine adds it to now().
+  constexpr double longest_timeout_s = 1e9;
+  const double seconds = std::min(options.timeout->count(), longest_timeout_s);
   timeout = std::chrono::nanoseconds(static_cast<std::int64_t>(seconds * 1e9));
   profile = *options.profile;
 
