@@ -1,5 +1,6 @@
-// loom-overlap: runs the MLP train step in sequential, ddp and loom modes in one process and
-// reports step time, compute, communication and how much of it compute hid (medians).
+// loom-overlap: runs the MLP train step in sequential, ddp and loom modes in one process (steps
+// interleaved round-robin) and reports step time, compute, communication and how much of the
+// communication compute hid (medians).
 //   loom-overlap --ranks 2 --depth 8 --width 512 --json overlap.json
 //   bench/netem.sh 2gbit -- mpirun -np 2 build/bin/loom-overlap --trace t.json --dot step.dot
 #include <atomic>
@@ -35,14 +36,14 @@ struct Flags {
 constexpr OverlapMode modes[] = {OverlapMode::sequential, OverlapMode::ddp, OverlapMode::loom};
 
 std::vector<bench::ModeResult> run_all(Backend& backend, const Flags& flags) {
-  std::vector<bench::ModeResult> results;
+  std::vector<examples::TrainConfig> configs;
   for (OverlapMode mode : modes) {
-    examples::TrainConfig config = flags.train.config;
-    config.mode = mode;
-    bench::RunPlan plan = flags.plan;
-    if (mode != OverlapMode::loom) plan.trace_path = plan.dot_path = "";
-    results.push_back(bench::run_mode(backend, config, plan));
+    configs.push_back(flags.train.config);
+    configs.back().mode = mode;
   }
+  bench::RunPlan plan = flags.plan;
+  plan.files_from = configs.size() - 1;  // loom
+  auto results = bench::run_modes(backend, configs, plan);
   for (auto& r : results) r.speedup_vs_sequential = results[0].step_ms / r.step_ms;
   return results;
 }
