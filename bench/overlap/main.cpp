@@ -54,7 +54,7 @@ void report(const std::vector<bench::ModeResult>& results, const Flags& flags,
   std::printf(
       "# loom-overlap: %d ranks (%.*s), MLP %d -> %d x %d -> %d, batch %d per rank, "
       "registration %s, %zu buckets (cap %zu KiB, first %zu KiB%s), %d steps after %d "
-      "warm-ups, medians\n",
+      "warm-ups, modes interleaved, medians\n",
       results[0].ranks, static_cast<int>(backend.size()), backend.data(), shape.input, shape.depth,
       shape.width, shape.output, shape.batch, flags.train.registration.c_str(),
       results.back().buckets, flags.train.bucket_cap_kb, flags.train.first_bucket_kb,
