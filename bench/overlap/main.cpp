@@ -1,5 +1,6 @@
-// loom-overlap: runs the MLP train step in sequential, ddp and loom modes in one process and
-// reports step time, compute, communication and how much of it compute hid (medians).
+// loom-overlap: runs the MLP train step in sequential, ddp and loom modes in one process (steps
+// interleaved round-robin) and reports step time, compute, communication and how much of the
+// communication compute hid (medians).
 //   loom-overlap --ranks 2 --depth 8 --width 512 --json overlap.json
 //   bench/netem.sh 2gbit -- mpirun -np 2 build/bin/loom-overlap --trace t.json --dot step.dot
 #include <atomic>
@@ -35,14 +36,14 @@ struct Flags {
 constexpr OverlapMode modes[] = {OverlapMode::sequential, OverlapMode::ddp, OverlapMode::loom};
 
 std::vector<bench::ModeResult> run_all(Backend& backend, const Flags& flags) {
-  std::vector<bench::ModeResult> results;
+  std::vector<examples::TrainConfig> configs;
   for (OverlapMode mode : modes) {
-    examples::TrainConfig config = flags.train.config;
-    config.mode = mode;
-    bench::RunPlan plan = flags.plan;
-    if (mode != OverlapMode::loom) plan.trace_path = plan.dot_path = "";
-    results.push_back(bench::run_mode(backend, config, plan));
+    configs.push_back(flags.train.config);
+    configs.back().mode = mode;
   }
+  bench::RunPlan plan = flags.plan;
+  plan.files_from = configs.size() - 1;  // loom
+  auto results = bench::run_modes(backend, configs, plan);
   for (auto& r : results) r.speedup_vs_sequential = results[0].step_ms / r.step_ms;
   return results;
 }
@@ -53,7 +54,7 @@ void report(const std::vector<bench::ModeResult>& results, const Flags& flags,
   std::printf(
       "# loom-overlap: %d ranks (%.*s), MLP %d -> %d x %d -> %d, batch %d per rank, "
       "registration %s, %zu buckets (cap %zu KiB, first %zu KiB%s), %d steps after %d "
-      "warm-ups, medians\n",
+      "warm-ups, modes interleaved, medians\n",
       results[0].ranks, static_cast<int>(backend.size()), backend.data(), shape.input, shape.depth,
       shape.width, shape.output, shape.batch, flags.train.registration.c_str(),
       results.back().buckets, flags.train.bucket_cap_kb, flags.train.first_bucket_kb,

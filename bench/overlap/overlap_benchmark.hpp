@@ -28,13 +28,17 @@ struct ModeResult {
 struct RunPlan {
   int warmups = 3;
   int steps = 20;
-  bool rebuild = false;    ///< rebuild buckets after the first warm-up step
-  std::string trace_path;  ///< written by rank 0 after the last step ("" = none)
-  std::string dot_path;    ///< likewise
+  bool rebuild = false;        ///< rebuild buckets after the first warm-up step
+  std::string trace_path;      ///< written by rank 0 after the last step ("" = none)
+  std::string dot_path;        ///< likewise
+  std::size_t files_from = 0;  ///< index of the configuration whose step writes the files
 };
 
-/// @brief Trains `config` (its mode decides the schedule) for plan.warmups + plan.steps steps;
-/// ranks align with a barrier before every step. Collective: call on every rank.
-ModeResult run_mode(Backend& backend, examples::TrainConfig config, const RunPlan& plan);
+/// @brief Trains every configuration of `configs` (each with its own model; its mode decides
+/// the schedule) for plan.warmups + plan.steps steps, round-robin: step s of every mode runs
+/// before step s + 1 of any, so a noisy machine disturbs all modes alike. Ranks align with a
+/// barrier before every step. Collective: call on every rank.
+std::vector<ModeResult> run_modes(Backend& backend, std::vector<examples::TrainConfig> configs,
+                                  const RunPlan& plan);
 
 }  // namespace loom::bench

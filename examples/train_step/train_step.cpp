@@ -138,17 +138,26 @@ void TrainStep::compile() {
   attach.order = _config.mode == OverlapMode::ddp ? BucketOrder::bucket : BucketOrder::ready;
   const auto buckets = _bucketer->attach(g, producers, _backend.world_size(), attach);
 
-  Task backward_done, reduce_done;
+  // Sequential: strict phases, so nothing computes while anything communicates: backward,
+  // every pack, every allreduce, every unpack, the updates.
+  Task reduce_done;
   if (_config.mode == OverlapMode::sequential) {
-    backward_done = g.compute("backward.done", [] {});
+    auto backward_done = g.compute("backward.done", [] {});
+    auto packs_done = g.compute("pack.done", [] {});
     reduce_done = g.compute("allreduce.done", [] {});
     for (int k = 0; k < depth; ++k) {
       weights[k].precede(backward_done);
       if (k > 0) input[k].precede(backward_done);
     }
-    for (const BucketTasks& b : buckets) {
-      backward_done.precede(b.first());
-      b.done().precede(reduce_done);
+    backward_done.precede(packs_done);
+    for (BucketTasks b : buckets) {  // a copy: Task handles are cheap, precede() is non-const
+      if (b.pack.valid()) {
+        backward_done.precede(b.pack);
+        b.pack.precede(packs_done);
+      }
+      packs_done.precede(b.reduce);
+      b.reduce.precede(reduce_done);
+      if (b.unpack.valid()) reduce_done.precede(b.unpack);
     }
   }
 
@@ -175,7 +184,8 @@ void TrainStep::compile() {
         },
         // Highest: an update runs as soon as its bucket is reduced, ahead of queued backward.
         {.priority = 2, .reads = std::move(reads), .writes = std::move(writes)});
-    (reduce_done.valid() ? reduce_done : buckets[b].done()).precede(update);
+    buckets[b].done().precede(update);
+    if (reduce_done.valid()) reduce_done.precede(update);
     // backward's input gradient of layer k reads W_k: the update may not overwrite it first.
     for (int k : layers_touched)
       if (k > 0) input[k].precede(update);

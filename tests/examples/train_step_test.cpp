@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstring>
 #include <mutex>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "loom/error.hpp"
@@ -129,6 +131,40 @@ INSTANTIATE_TEST_SUITE_P(
              (c.split ? "_split" : "") + "_" + std::string(to_string(c.registration)) + "_" +
              std::to_string(c.ranks) + "ranks";
     });
+
+// Parameters registered last layer first: DDP's bucket 0 then holds layer 0's gradients,
+// which backward produces last. ddp issues bucket 0 first anyway (its in-order gate); loom
+// issues first the bucket holding the last layer, which backward produces first.
+TEST(TrainStep, DdpIssuesInBucketOrderLoomInReadyOrder) {
+  auto backend = make_local_backend();
+  TrainConfig config = small_model();
+  config.registration = Registration::reverse;
+  for (OverlapMode mode : {OverlapMode::ddp, OverlapMode::loom}) {
+    config.mode = mode;
+    TrainStep step(*backend, config);
+    const auto order = step.executor().issue_order();
+    const auto& buckets = step.bucketer().buckets();
+    ASSERT_GT(buckets.size(), 2u);
+    ASSERT_EQ(order.size(), buckets.size());
+    // Registration is layer3.weight, layer3.bias, ..., layer0.bias: gradient index i belongs
+    // to layer 3 - i / 2.
+    auto layers_of = [&](const std::string& node) {
+      const std::size_t b = std::stoul(node.substr(6, node.find('.') - 6));
+      std::set<int> layers;
+      for (const auto& piece : buckets[b].pieces)
+        layers.insert(3 - static_cast<int>(piece.gradient) / 2);
+      return layers;
+    };
+    if (mode == OverlapMode::ddp) {
+      EXPECT_EQ(order.front(), "bucket0.allreduce");
+      EXPECT_TRUE(layers_of(order.front()).count(0)) << "DDP's bucket 0 holds layer 0";
+    } else {
+      EXPECT_TRUE(layers_of(order.front()).count(3)) << order.front() << " should hold layer 3";
+      EXPECT_TRUE(layers_of(order.back()).count(0)) << order.back() << " should hold layer 0";
+    }
+    step.run();
+  }
+}
 
 TEST(TrainStep, RebuildKeepsRanksIdenticalAndResultsExact) {
   TrainConfig config = small_model();
