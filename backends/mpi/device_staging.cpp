@@ -19,8 +19,8 @@ namespace {
 // One chunk: its host views, its device output slice and where it is in the pipeline.
 struct Chunk {
   Buffer host_in, host_out, device_out;
-  std::unique_ptr<Work> host;                // the MPI operation on the host views
-  std::unique_ptr<cuda::Event> uploaded;     // behind the host-to-device copy
+  std::unique_ptr<Work> host;             // the MPI operation on the host views
+  std::unique_ptr<cuda::Event> uploaded;  // behind the host-to-device copy
   bool upload_issued = false;
 };
 
@@ -62,7 +62,7 @@ class StagedWork final : public Work {
         if (!c.device_out.empty()) {
           cuda::check(cudaSetDevice(_device), description() + ": cudaSetDevice");
           cuda::check(cudaMemcpyAsync(c.device_out.data(), c.host_out.data(), c.host_out.bytes(),
-                                      cudaMemcpyHostToDevice, _up),
+                                      cudaMemcpyDefault, _up),
                       description() + ": host-to-device copy of " +
                           std::to_string(c.host_out.bytes()) + " bytes");
           c.uploaded = std::make_unique<cuda::Event>(_device);
@@ -112,8 +112,7 @@ std::unique_ptr<Work> DeviceStaging::run(StagingRequest r) {
   PinnedBlock in_block = _pool->acquire((r.in_place ? total : in_count) * element);
   PinnedBlock out_block = r.in_place ? PinnedBlock() : _pool->acquire(out_count * element);
   const Buffer host_in(in_block.data(), r.in_place ? total : in_count, shape.dtype());
-  const Buffer host_out =
-      r.in_place ? host_in : Buffer(out_block.data(), out_count, shape.dtype());
+  const Buffer host_out = r.in_place ? host_in : Buffer(out_block.data(), out_count, shape.dtype());
 
   // Chunk boundaries in elements; an unchunked operation is one chunk of everything.
   const std::size_t per_chunk = r.chunked ? std::max<std::size_t>(1, _chunk_bytes / element)
@@ -133,29 +132,39 @@ std::unique_ptr<Work> DeviceStaging::run(StagingRequest r) {
   // the loop below hands each finished chunk to MPI.
   std::vector<std::unique_ptr<cuda::Event>> downloaded;
   cuda::set_device(device);
-  if (!r.device_in.empty()) {
-    std::size_t offset = 0;
-    for (Chunk& c : chunks) {
-      const std::size_t bytes = c.host_in.bytes();
-      cuda::check(cudaMemcpyAsync(c.host_in.data(),
-                                  static_cast<const std::byte*>(r.device_in.data()) + offset,
-                                  bytes, cudaMemcpyDeviceToHost, s.down.native()),
-                  r.description + ": device-to-host copy of " + std::to_string(bytes) + " bytes");
-      offset += bytes;
-      downloaded.push_back(std::make_unique<cuda::Event>(device));
-      downloaded.back()->record(s.down);
-    }
-  }
-  for (std::size_t k = 0; k < chunks.size(); ++k) {
-    if (!downloaded.empty()) {
-      // Poll the copy (and earlier chunks' MPI requests, so they progress meanwhile).
-      for (auto pause = std::chrono::microseconds(1); !downloaded[k]->complete();
-           pause = std::min(pause * 2, std::chrono::microseconds(100))) {
-        for (std::size_t j = 0; j < k; ++j) chunks[j].host->test();
-        std::this_thread::sleep_for(pause);
+  try {
+    if (!r.device_in.empty()) {
+      std::size_t offset = 0;
+      for (Chunk& c : chunks) {
+        const std::size_t bytes = c.host_in.bytes();
+        cuda::check(cudaMemcpyAsync(c.host_in.data(),
+                                    static_cast<const std::byte*>(r.device_in.data()) + offset,
+                                    bytes, cudaMemcpyDefault, s.down.native()),
+                    r.description + ": device-to-host copy of " + std::to_string(bytes) + " bytes");
+        offset += bytes;
+        downloaded.push_back(std::make_unique<cuda::Event>(device));
+        downloaded.back()->record(s.down);
       }
     }
-    chunks[k].host = r.start_chunk(chunks[k].host_in, chunks[k].host_out);
+    for (std::size_t k = 0; k < chunks.size(); ++k) {
+      if (!downloaded.empty()) {
+        // Poll the copy (and earlier chunks' MPI requests, so they progress meanwhile).
+        for (auto pause = std::chrono::microseconds(1); !downloaded[k]->complete();
+             pause = std::min(pause * 2, std::chrono::microseconds(100))) {
+          for (std::size_t j = 0; j < k; ++j) chunks[j].host->test();
+          std::this_thread::sleep_for(pause);
+        }
+      }
+      chunks[k].host = r.start_chunk(chunks[k].host_in, chunks[k].host_out);
+    }
+  } catch (...) {
+    // Copies may still be writing into the pinned blocks about to go back to the pool.
+    try {
+      s.down.synchronize();
+    } catch (const Error&) {
+      // The device failed too; the original error is the one to report.
+    }
+    throw;
   }
   return std::make_unique<StagedWork>(std::move(r.description), std::move(chunks),
                                       std::move(in_block), std::move(out_block), s.up.native(),
