@@ -14,6 +14,9 @@
 #include <utility>
 #include <vector>
 
+#include "device_staging.hpp"
+#include "loom/config.hpp"
+#include "loom/cuda_device.hpp"
 #include "loom/error.hpp"
 #include "loom/kernels/reduce.hpp"
 #include "loom/mpi.hpp"
@@ -137,20 +140,38 @@ class MpiBackend final : public Backend {
       : _config(config),
         _runtime(runtime),
         _communicator(std::make_shared<Communicator>()),
-        _algorithm_communicator(std::make_shared<Communicator>()) {}
+        _algorithm_communicator(std::make_shared<Communicator>()) {
+#if LOOM_HAVE_CUDA
+    _staging = std::make_unique<mpi::DeviceStaging>(config.staging_chunk_bytes);
+#endif
+  }
 
-  int rank() const noexcept override { return _communicator->rank(); }
-  int world_size() const noexcept override { return _communicator->size(); }
-  std::string_view name() const noexcept override { return "mpi"; }
+  int rank() const noexcept override {
+    return _communicator->rank();
+  }
+  int world_size() const noexcept override {
+    return _communicator->size();
+  }
+  std::string_view name() const noexcept override {
+    return "mpi";
+  }
   bool supports(Device device) const noexcept override {
     if (device.kind == DeviceKind::cpu) return true;
-    return device.kind == DeviceKind::cuda && _runtime.cuda_aware() && _config.use_cuda_aware;
+    return device.kind == DeviceKind::cuda && (cuda_aware() || stageable(device));
   }
 
  protected:
-  int max_tag() const noexcept override { return _runtime.tag_ub(); }
+  int max_tag() const noexcept override {
+    return _runtime.tag_ub();
+  }
 
   std::unique_ptr<Work> start_broadcast(Buffer buffer, int root) override {
+    if (must_stage(buffer)) {
+      const bool is_root = rank() == root;
+      return stage({where("broadcast") + ": " + buffer.describe() + " staged",
+                    is_root ? buffer : Buffer(), is_root ? Buffer() : buffer, true, true,
+                    [this, root](Buffer, Buffer host) { return start_broadcast(host, root); }});
+    }
     const std::string at = where("broadcast");
     const int count = to_int(at, "count", buffer.count());
     const MPI_Datatype type = mpi::datatype(buffer.dtype());
@@ -161,6 +182,14 @@ class MpiBackend final : public Backend {
   }
 
   std::unique_ptr<Work> start_reduce(Buffer send, Buffer recv, ReduceOp op, int root) override {
+    if (must_stage(send) || (rank() == root && must_stage(recv))) {
+      const bool is_root = rank() == root;
+      return stage({where("reduce") + ": " + describe(send, op) + " staged", send,
+                    is_root ? recv : Buffer(), true, is_root && send.data() == recv.data(),
+                    [this, op, root](Buffer in, Buffer out) {
+                      return start_reduce(in, out.empty() ? in : out, op, root);
+                    }});
+    }
     const std::string at = where("reduce");
     const int count = to_int(at, "count", send.count());
     const bool is_root = rank() == root;
@@ -180,6 +209,10 @@ class MpiBackend final : public Backend {
   }
 
   std::unique_ptr<Work> start_allreduce(Buffer send, Buffer recv, ReduceOp op) override {
+    if (must_stage(send) || must_stage(recv))
+      return stage({where("allreduce") + ": " + describe(send, op) + " staged", send, recv, true,
+                    send.data() == recv.data(),
+                    [this, op](Buffer in, Buffer out) { return start_allreduce(in, out, op); }});
     const std::string at = where("allreduce");
     const int count = to_int(at, "count", send.count());
     const bool device = on_device(send) || on_device(recv);
@@ -197,6 +230,9 @@ class MpiBackend final : public Backend {
   }
 
   std::unique_ptr<Work> start_allgather(Buffer send, Buffer recv) override {
+    if (must_stage(send) || must_stage(recv))
+      return stage({where("allgather") + ": " + send.describe() + " staged", send, recv, false,
+                    false, [this](Buffer in, Buffer out) { return start_allgather(in, out); }});
     const std::string at = where("allgather");
     const int count = to_int(at, "count", send.count());
     to_int(at, "recv count", recv.count());
@@ -214,6 +250,10 @@ class MpiBackend final : public Backend {
   }
 
   std::unique_ptr<Work> start_reduce_scatter(Buffer send, Buffer recv, ReduceOp op) override {
+    if (must_stage(send) || must_stage(recv))
+      return stage(
+          {where("reduce_scatter") + ": " + describe(send, op) + " staged", send, recv, false,
+           false, [this, op](Buffer in, Buffer out) { return start_reduce_scatter(in, out, op); }});
     const std::string at = where("reduce_scatter");
     to_int(at, "send count", send.count());
     const int count = to_int(at, "recv count", recv.count());
@@ -234,6 +274,9 @@ class MpiBackend final : public Backend {
   }
 
   std::unique_ptr<Work> start_alltoall(Buffer send, Buffer recv) override {
+    if (must_stage(send) || must_stage(recv))
+      return stage({where("alltoall") + ": " + send.describe() + " staged", send, recv, false,
+                    false, [this](Buffer in, Buffer out) { return start_alltoall(in, out); }});
     const std::string at = where("alltoall");
     to_int(at, "count", send.count());
     const int block = static_cast<int>(send.count() / static_cast<std::size_t>(world_size()));
@@ -315,12 +358,22 @@ class MpiBackend final : public Backend {
             MPI_Alltoall(send.data(), block, type, recv.data(), block, type, comm()));
   }
 
-  void run_barrier() override { succeed("barrier", "MPI_Barrier", MPI_Barrier(comm())); }
+  void run_barrier() override {
+    succeed("barrier", "MPI_Barrier", MPI_Barrier(comm()));
+  }
 
   std::unique_ptr<Work> start_send(Buffer buffer, int peer, int tag) override {
+    if (must_stage(buffer))
+      return stage({where("send") + ": " + buffer.describe() + " staged", buffer, Buffer(), false,
+                    false,
+                    [this, peer, tag](Buffer in, Buffer) { return start_send(in, peer, tag); }});
     return send_on(_communicator, "send", buffer, peer, tag);
   }
   std::unique_ptr<Work> start_recv(Buffer buffer, int peer, int tag) override {
+    if (must_stage(buffer))
+      return stage({where("recv") + ": " + buffer.describe() + " staged", Buffer(), buffer, false,
+                    false,
+                    [this, peer, tag](Buffer, Buffer out) { return start_recv(out, peer, tag); }});
     return recv_on(_communicator, "recv", buffer, peer, tag);
   }
   // loom's algorithms talk on a communicator of their own, so their messages can never match
@@ -333,7 +386,9 @@ class MpiBackend final : public Backend {
   }
 
  public:
-  bool has_algorithm_channel() const noexcept override { return true; }
+  bool has_algorithm_channel() const noexcept override {
+    return true;
+  }
 
  protected:
   // Point-to-point messages travel as MPI_BYTE so that recv_message can take any of them.
@@ -425,9 +480,40 @@ class MpiBackend final : public Backend {
   }
 
  private:
-  MPI_Comm comm() const noexcept { return _communicator->get(); }
-  static int source(int peer) noexcept { return peer == any_source ? MPI_ANY_SOURCE : peer; }
-  static int mpi_tag(int tag) noexcept { return tag == any_tag ? MPI_ANY_TAG : tag; }
+  MPI_Comm comm() const noexcept {
+    return _communicator->get();
+  }
+
+  bool cuda_aware() const noexcept {
+    return _runtime.cuda_aware() && _config.use_cuda_aware;
+  }
+
+  // Device buffers that MPI cannot take go through pinned host memory (CUDA builds with the
+  // buffer's device visible).
+  static bool stageable(Device device) noexcept {
+#if LOOM_HAVE_CUDA
+    return device.index >= 0 && device.index < cuda::device_count();
+#else
+    (void)device;
+    return false;
+#endif
+  }
+  bool must_stage(Buffer buffer) const noexcept {
+    return on_device(buffer) && !cuda_aware() && !buffer.empty();
+  }
+  std::unique_ptr<Work> stage([[maybe_unused]] mpi::StagingRequest request) {
+#if LOOM_HAVE_CUDA
+    return _staging->run(std::move(request));
+#else
+    throw Error(ErrorCode::internal, request.description + ": staging without CUDA");
+#endif
+  }
+  static int source(int peer) noexcept {
+    return peer == any_source ? MPI_ANY_SOURCE : peer;
+  }
+  static int mpi_tag(int tag) noexcept {
+    return tag == any_tag ? MPI_ANY_TAG : tag;
+  }
 
   // to_int with the message prefix built only when the count does not fit.
   int count_of(const char* operation, const char* what, std::size_t count) const {
@@ -492,6 +578,9 @@ class MpiBackend final : public Backend {
 
   MpiConfig _config;
   const mpi::MpiRuntime& _runtime;
+#if LOOM_HAVE_CUDA
+  std::unique_ptr<mpi::DeviceStaging> _staging;
+#endif
   std::shared_ptr<const Communicator> _communicator;
   std::shared_ptr<const Communicator> _algorithm_communicator;
 };

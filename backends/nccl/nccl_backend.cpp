@@ -247,10 +247,9 @@ class NcclWork final : public Work {
     }
     if (Clock::now() >= _deadline) {
       _communicator->abort();
-      throw Error(ErrorCode::timeout,
-                  description() + " did not complete in " +
-                      std::to_string(_communicator->timeout().count()) +
-                      " ms; the NCCL communicator was aborted (ncclCommAbort)");
+      throw Error(ErrorCode::timeout, description() + " did not complete in " +
+                                          std::to_string(_communicator->timeout().count()) +
+                                          " ms; the NCCL communicator was aborted (ncclCommAbort)");
     }
     return false;
   }
@@ -384,14 +383,15 @@ class NcclBackend final : public Backend {
 
   std::optional<Status> poll_probe(int, int) override {
     throw Error(ErrorCode::unsupported,
-                where("probe") + ": NCCL has no probe (messages have no envelope); exchange "
-                                 "sizes first, or use the mpi backend");
+                where("probe") +
+                    ": NCCL has no probe (messages have no envelope); exchange "
+                    "sizes first, or use the mpi backend");
   }
 
   Message receive_message(int, int) override {
-    throw Error(ErrorCode::unsupported,
-                where("recv_message") + ": NCCL cannot receive a message of unknown size; "
-                                        "exchange sizes first, or use the mpi backend");
+    throw Error(ErrorCode::unsupported, where("recv_message") +
+                                            ": NCCL cannot receive a message of unknown size; "
+                                            "exchange sizes first, or use the mpi backend");
   }
 
  private:
@@ -429,8 +429,7 @@ class NcclBackend final : public Backend {
       group_members.push_back(
           {_communicator, completion, completion_mutex, _stream->native(), description});
     } else {
-      if (rc == ncclInProgress)
-        _communicator->settle(at, Clock::now() + _communicator->timeout());
+      if (rc == ncclInProgress) _communicator->settle(at, Clock::now() + _communicator->timeout());
       completion->event->record(_stream->native());
       completion->recorded = true;
     }
@@ -465,16 +464,16 @@ NcclConfig NcclConfig::from_env() {
     char* end = nullptr;
     const long device = std::strtol(value, &end, 10);
     if (*end != '\0' || device < 0 || device > 1024)
-      throw Error(ErrorCode::invalid_argument, "LOOM_NCCL_DEVICE='" + std::string(value) +
-                                                   "' is not a device index");
+      throw Error(ErrorCode::invalid_argument,
+                  "LOOM_NCCL_DEVICE='" + std::string(value) + "' is not a device index");
     config.device = static_cast<int>(device);
   }
   if (const char* value = std::getenv("LOOM_TIMEOUT_S"); value != nullptr && *value != '\0') {
     char* end = nullptr;
     const double seconds = std::strtod(value, &end);
     if (*end != '\0' || !(seconds > 0))
-      throw Error(ErrorCode::invalid_argument,
-                  "LOOM_TIMEOUT_S='" + std::string(value) + "' is not a positive number of seconds");
+      throw Error(ErrorCode::invalid_argument, "LOOM_TIMEOUT_S='" + std::string(value) +
+                                                   "' is not a positive number of seconds");
     config.timeout = std::chrono::milliseconds(static_cast<long long>(seconds * 1000));
   }
   return config;

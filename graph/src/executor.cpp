@@ -21,6 +21,7 @@
 
 #include "analysis.hpp"
 #include "dot_writer.hpp"
+#include "gpu_nodes.hpp"
 #include "graph_state.hpp"
 #include "loom/error.hpp"
 #include "loom/progress_engine.hpp"
@@ -161,6 +162,10 @@ struct Executor::Impl {
   std::vector<flow::receiver<flow::continue_msg>*> inputs;  // per node
   std::vector<flow::sender<flow::continue_msg>*> outputs;   // per node
   std::vector<AsyncNode*> async_of;                         // per node
+  // GPU compute nodes: launched by a continue_node that GPU successors follow at once (they
+  // wait on the device), completed by an async_node that everything else follows.
+  std::unique_ptr<detail::GpuNodes> gpu;
+  std::vector<flow::sender<flow::continue_msg>*> launched;  // per node: GPU nodes only
 
   // State of the current run.
   std::mutex run_mutex;
@@ -179,6 +184,7 @@ struct Executor::Impl {
   void compile();
   void check_ranks_agree();
   void build_flow_graph();
+  void build_gpu_node(std::uint32_t i, flow::node_priority_t priority);
 
   std::int64_t now_ns() const {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - run_start).count();
@@ -221,12 +227,7 @@ void Executor::Impl::compile() {
   detail::check_communication(graph, backend.world_size());
   order = detail::schedule_order(graph);
   detail::check_races(graph, order);
-  for (const NodeData& node : graph.nodes)
-    if (node.kind == NodeKind::compute && node.placement == Placement::gpu)
-      throw Error(ErrorCode::unsupported,
-                  "compute node '" + node.name +
-                      "' runs on the GPU, which this executor cannot drive yet (CUDA streams "
-                      "come with the CUDA backend)");
+  gpu = detail::GpuNodes::create(graph, order);
 
   // Streams of communication: the communicator's collectives, and one per (direction, peer,
   // tag) for point-to-point, whose matching order is then the same on every run.
@@ -264,7 +265,8 @@ void Executor::Impl::compile() {
   check_ranks_agree();
   build_flow_graph();
   if (profile) records.assign(n, Record{});
-  if (collective_order.size() + channels.size() > 0) engine = std::make_unique<ProgressEngine>();
+  if (collective_order.size() + channels.size() > 0 || gpu)
+    engine = std::make_unique<ProgressEngine>();
 }
 
 void Executor::Impl::check_ranks_agree() {
@@ -340,9 +342,14 @@ void Executor::Impl::build_flow_graph() {
   async_of.assign(n, nullptr);
   std::vector<std::uint32_t> predecessors(n, 0);
   for (const auto& edge : graph.edges) ++predecessors[edge.second];
+  launched.assign(n, nullptr);
   for (std::uint32_t i = 0; i < n; ++i) {
     const NodeData& node = graph.nodes[i];
     const auto priority = static_cast<flow::node_priority_t>(node.priority);
+    if (gpu && gpu->on_gpu(i)) {
+      build_gpu_node(i, priority);
+      continue;
+    }
     if (sequencer_of[i] < 0) {
       // The body moves into the TBB node, so running a node touches only that node's memory
       // (the executor's copy of the graph keeps names and buffers for DOT and errors).
@@ -381,7 +388,35 @@ void Executor::Impl::build_flow_graph() {
   }
   for (std::uint32_t i = 0; i < n; ++i)
     if (predecessors[i] == 0) flow::make_edge(start, *inputs[i]);
-  for (const auto& [from, to] : graph.edges) flow::make_edge(*outputs[from], *inputs[to]);
+  for (const auto& [from, to] : graph.edges) {
+    const bool device_side = launched[from] != nullptr && launched[to] != nullptr;
+    flow::make_edge(device_side ? *launched[from] : *outputs[from], *inputs[to]);
+  }
+}
+
+void Executor::Impl::build_gpu_node(std::uint32_t i, flow::node_priority_t priority) {
+  auto& launch = compute_nodes.emplace_back(std::make_unique<ComputeNode>(
+      flow_graph,
+      [this, i, body = std::move(graph.nodes[i].gpu_body)](const flow::continue_msg&) {
+        execute(i, [&] { gpu->launch(i, body); });
+        return flow::continue_msg();
+      },
+      priority));
+  auto& done = async_nodes.emplace_back(std::make_unique<AsyncNode>(
+      flow_graph, flow::unlimited,
+      [this, i](const flow::continue_msg&, AsyncNode::gateway_type& gateway) {
+        if (failed.load(std::memory_order_acquire)) return;
+        gateway.reserve_wait();
+        engine->watch(
+            gpu->completion(i, where(i)),
+            [this, i](std::exception_ptr failure) { complete(i, std::move(failure)); }, timeout);
+      },
+      priority));
+  flow::make_edge(*launch, *done);
+  inputs[i] = launch.get();
+  launched[i] = launch.get();
+  outputs[i] = &flow::output_port<0>(*done);
+  async_of[i] = done.get();
 }
 
 void Executor::Impl::execute(std::uint32_t i, const std::function<void()>& body) {

@@ -33,7 +33,9 @@ std::string message_of(const std::function<void()>& call, ErrorCode expected) {
 
 TEST(NcclDeviceCheck, RankWithoutGpuIsNamed) {
   const auto text = message_of(
-      [] { nccl::check_one_device_per_rank({"a/0000:01:00.0", "!no CUDA device", "b/x"}); },
+      [] {
+        nccl::check_one_device_per_rank({"a/0000:01:00.0", "!no CUDA device", "b/x"});
+      },
       ErrorCode::unavailable);
   EXPECT_EQ(text, "nccl backend: rank 1 of 3 has no usable GPU: no CUDA device");
 }
@@ -179,8 +181,9 @@ TEST_F(NcclOneRank, GroupLaunchesABucketTogether) {
 
 TEST_F(NcclOneRank, RefusesHostBuffersTagsProbeAndAnySource) {
   std::vector<float> host(8);
-  const auto text = message_of(
-      [&] { nccl().allreduce(Buffer::of(std::span(host)), ReduceOp::sum); }, ErrorCode::unsupported);
+  const auto text =
+      message_of([&] { nccl().allreduce(Buffer::of(std::span(host)), ReduceOp::sum); },
+                 ErrorCode::unsupported);
   EXPECT_NE(text.find("cannot reach"), std::string::npos) << text;
   cuda::DeviceMemory d(32, 0);
   const Buffer b(d.data(), 8, DType::float32, Device::cuda(0));

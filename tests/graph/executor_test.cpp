@@ -16,6 +16,7 @@
 
 #include <oneapi/tbb/task_arena.h>
 
+#include "loom/cuda_device.hpp"
 #include "loom/error.hpp"
 #include "loom/executor.hpp"
 #include "loom/graph.hpp"
@@ -442,7 +443,8 @@ TEST(Executor, PointToPointMatchesInCompileOrder) {
   EXPECT_EQ(checked.load(), world * 10);
 }
 
-TEST(Executor, GpuComputeIsUnsupportedWithoutTheCudaPath) {
+TEST(Executor, GpuComputeWithoutADeviceIsUnavailable) {
+  if (cuda::device_count() > 0) GTEST_SKIP() << "a CUDA device is visible (tests/gpu)";
   auto backend = make_local_backend();
   Graph g;
   g.compute_gpu("kernel", [](StreamRef) {});
@@ -450,8 +452,9 @@ TEST(Executor, GpuComputeIsUnsupportedWithoutTheCudaPath) {
     Executor ex(g, *backend);
     FAIL() << "compiled a GPU node";
   } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::unsupported);
+    EXPECT_EQ(e.code(), ErrorCode::unavailable);
     EXPECT_NE(e.message().find("'kernel'"), std::string::npos);
+    EXPECT_NE(e.message().find(cuda::unavailable_reason()), std::string::npos) << e.what();
   }
 }
 

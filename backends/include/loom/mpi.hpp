@@ -1,6 +1,7 @@
 // The Open MPI backend: configuration and construction (mpi.h stays out of this header).
 #pragma once
 
+#include <cstddef>
 #include <memory>
 
 #include "loom/backend.hpp"
@@ -11,6 +12,11 @@ namespace loom {
 struct MpiConfig {
   /// @brief Pass device buffers straight to MPI when it reports CUDA support.
   bool use_cuda_aware = true;
+  /// @brief Otherwise device buffers are staged through pinned host memory in chunks of this
+  /// many bytes (device-to-host of one chunk overlaps MPI moving the previous one). Only
+  /// element-wise operations (allreduce, reduce, broadcast) are chunked; the others, and
+  /// point-to-point messages, are staged whole.
+  std::size_t staging_chunk_bytes = std::size_t{4} << 20;
   /// @brief Fail when MPI cannot give MPI_THREAD_MULTIPLE (loom's progress engine and TBB
   /// workers call MPI from several threads, so a lower level would be unsafe).
   bool require_thread_multiple = true;

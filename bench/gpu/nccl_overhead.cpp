@@ -1,0 +1,129 @@
+// loom-bench-nccl: loom's NCCL allreduce (Backend::allreduce_async + Work::wait) against the raw
+// ncclAllReduce + cudaStreamSynchronize on the same GPU, communicator size and buffers, in the
+// same run, from 8 B to 256 MiB (world size 1, or more under mpirun). Prints one row per size
+// with both times and loom's overhead.
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "loom/backend.hpp"
+#include "loom/cuda_device.hpp"
+#include "loom/error.hpp"
+#include "loom/nccl.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void cuda_ok(cudaError_t rc, const char* what) {
+  if (rc != cudaSuccess) {
+    std::fprintf(stderr, "loom-bench-nccl: %s: %s\n", what, cudaGetErrorString(rc));
+    std::exit(1);
+  }
+}
+void nccl_ok(ncclResult_t rc, const char* what) {
+  if (rc != ncclSuccess) {
+    std::fprintf(stderr, "loom-bench-nccl: %s: %s\n", what, ncclGetErrorString(rc));
+    std::exit(1);
+  }
+}
+
+// Median of `repeats` timings of `iterations` back-to-back operations, in microseconds per op.
+template <class Body>
+double median_us(int repeats, int iterations, Body body) {
+  std::vector<double> samples;
+  for (int r = 0; r < repeats; ++r) {
+    const auto start = Clock::now();
+    for (int i = 0; i < iterations; ++i) body();
+    samples.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count() /
+                      iterations);
+  }
+  std::sort(samples.begin(), samples.end());
+  return samples[samples.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::size_t max_bytes = std::size_t{256} << 20;
+  int iterations = 50;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--max-bytes" && i + 1 < argc) {
+      max_bytes = std::strtoull(argv[++i], nullptr, 10);
+    } else if (arg == "--iterations" && i + 1 < argc) {
+      iterations = std::max(1, std::atoi(argv[++i]));
+    } else {
+      std::fprintf(stderr, "usage: loom-bench-nccl [--max-bytes N] [--iterations N]\n");
+      return 2;
+    }
+  }
+  if (loom::cuda::device_count() == 0) {
+    std::printf("loom-bench-nccl: skipped: %s\n", loom::cuda::unavailable_reason().c_str());
+    return 0;
+  }
+  try {
+    auto bootstrap = loom::create_backend(loom::launched_by_mpirun() ? "mpi" : "local");
+    loom::NcclConfig config = loom::NcclConfig::from_env();
+    auto loom_nccl = loom::make_nccl_backend(*bootstrap, config);
+    const int device = loom::cuda::current_device();
+    // The raw baseline: its own communicator over the same id exchange, its own stream.
+    ncclUniqueId id{};
+    if (bootstrap->rank() == 0) nccl_ok(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    bootstrap->broadcast(loom::Buffer(&id, sizeof id, loom::DType::uint8), 0);
+    ncclComm_t raw = nullptr;
+    nccl_ok(ncclCommInitRank(&raw, bootstrap->world_size(), id, bootstrap->rank()),
+            "ncclCommInitRank");
+    cudaStream_t stream = nullptr;
+    cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    void* buffer = nullptr;
+    cuda_ok(cudaMalloc(&buffer, max_bytes), "cudaMalloc");
+    cuda_ok(cudaMemset(buffer, 0, max_bytes), "cudaMemset");
+    cudaDeviceProp prop{};
+    cudaGetDeviceProperties(&prop, device);
+    if (bootstrap->rank() == 0) {
+      std::printf("# loom-bench-nccl: %s, world size %d, float32 sum allreduce in place, median "
+                  "of 5 x %d iterations\n",
+                  prop.name, bootstrap->world_size(), iterations);
+      std::printf("# %12s %14s %14s %10s\n", "bytes", "raw_us", "loom_us", "overhead");
+    }
+    for (std::size_t bytes = 8; bytes <= max_bytes; bytes *= 4) {
+      const std::size_t count = bytes / 4;
+      const loom::Buffer view(buffer, count, loom::DType::float32, loom::Device::cuda(device));
+      // Warm both paths (NCCL sets up channels on first use of a size class).
+      for (int w = 0; w < 3; ++w) {
+        nccl_ok(ncclAllReduce(buffer, buffer, count, ncclFloat32, ncclSum, raw, stream),
+                "ncclAllReduce");
+        cuda_ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+        loom_nccl->allreduce(view, loom::ReduceOp::sum);
+      }
+      const int iters = bytes >= (std::size_t{64} << 20) ? std::max(5, iterations / 5) : iterations;
+      const double raw_us = median_us(5, iters, [&] {
+        nccl_ok(ncclAllReduce(buffer, buffer, count, ncclFloat32, ncclSum, raw, stream),
+                "ncclAllReduce");
+        cuda_ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+      });
+      const double loom_us = median_us(5, iters, [&] {
+        loom_nccl->allreduce_async(view, view, loom::ReduceOp::sum)->wait();
+      });
+      if (bootstrap->rank() == 0)
+        std::printf("  %12zu %14.2f %14.2f %9.1f%%\n", bytes, raw_us, loom_us,
+                    100.0 * (loom_us - raw_us) / raw_us);
+    }
+    cudaFree(buffer);
+    cudaStreamDestroy(stream);
+    ncclCommDestroy(raw);
+    if (bootstrap->rank() == 0) std::printf("# loom-bench-nccl: done\n");
+  } catch (const loom::Error& e) {
+    std::fprintf(stderr, "loom-bench-nccl: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
