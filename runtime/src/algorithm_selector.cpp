@@ -61,14 +61,17 @@ void AlgorithmSelector::set_override(Collective collective, std::vector<Algorith
     bool implements = false;
     for (Algorithm a : candidates(collective)) implements = implements || a == r.algorithm;
     if (!implements)
-      throw Error(ErrorCode::invalid_argument,
-                  std::string(to_string(r.algorithm)) + " does not implement " +
-                      std::string(to_string(collective)) + " (candidates: " + [&] {
-                        std::string list;
-                        for (Algorithm a : candidates(collective))
-                          list += (list.empty() ? "" : ", ") + std::string(to_string(a));
-                        return list;
-                      }() + ")");
+      throw Error(
+          ErrorCode::invalid_argument,
+          std::string(to_string(r.algorithm)) + " does not implement " +
+              std::string(to_string(collective)) + " (candidates: " +
+              [&] {
+                std::string list;
+                for (Algorithm a : candidates(collective))
+                  list += (list.empty() ? "" : ", ") + std::string(to_string(a));
+                return list;
+              }() +
+              ")");
   }
   _overrides[static_cast<std::size_t>(collective)] = std::move(ranges);
 }
@@ -235,8 +238,8 @@ AlgorithmChoice AlgorithmSelector::choose(const CollectiveArgs& args,
     if (why.empty())
       return {s.algorithm, fallback + (s.measured ? "measured" : "model"), s.seconds};
     if (refused_override != s.algorithm)
-      fallback += "fallback: " + std::string(to_string(s.algorithm)) + " cannot run (" + why +
-                  "); ";
+      fallback +=
+          "fallback: " + std::string(to_string(s.algorithm)) + " cannot run (" + why + "); ";
   }
   return {Algorithm::native, fallback + "native", 0};
 }

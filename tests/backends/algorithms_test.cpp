@@ -36,8 +36,9 @@ TEST_P(LocalAlgorithms, MatchIndependentValues) {
                                   Buffer(probe.data(), count, dtype), c.redop, 0};
         const bool can = cannot_run(algorithm, args, inner).empty();
         if (result.empty() && (forced.last_algorithm() == algorithm) != can)
-          result = testing::describe(c) + ": ran " + std::string(to_string(forced.last_algorithm())) +
-                   " but cannot_run says " + (can ? "it can" : "it cannot");
+          result = testing::describe(c) + ": ran " +
+                   std::string(to_string(forced.last_algorithm())) + " but cannot_run says " +
+                   (can ? "it can" : "it cannot");
         if (!result.empty()) {
           std::lock_guard lock(mutex);
           failures.push_back(result);
@@ -70,9 +71,9 @@ TEST(Algorithms, CannotRunExplainsWhy) {
   std::vector<float> gathered(6);
   const CollectiveArgs gather{Collective::allgather, Buffer::of(std::span(v)),
                               Buffer::of(std::span(gathered)), ReduceOp::sum, 0};
-  EXPECT_NE(cannot_run(Algorithm::recursive_doubling, gather, world.backend(0))
-                .find("power-of-two"),
-            std::string::npos);
+  EXPECT_NE(
+      cannot_run(Algorithm::recursive_doubling, gather, world.backend(0)).find("power-of-two"),
+      std::string::npos);
   EXPECT_NE(cannot_run(Algorithm::bruck, small, world.backend(0)).find("does not implement"),
             std::string::npos);
   try {
@@ -113,8 +114,9 @@ TEST(Algorithms, TrafficNeverMatchesAUsersReceive) {
     std::int32_t got = -1;
     auto user = b.recv_async(Buffer(&got, 1, DType::int32), any_source, any_tag);
     std::vector<std::int32_t> v(1000, b.rank() + 1);
-    start_collective(b, Algorithm::ring, {Collective::allreduce, Buffer::of(std::span(v)),
-                                          Buffer::of(std::span(v)), ReduceOp::sum, 0})
+    start_collective(b, Algorithm::ring,
+                     {Collective::allreduce, Buffer::of(std::span(v)), Buffer::of(std::span(v)),
+                      ReduceOp::sum, 0})
         ->wait();
     EXPECT_EQ(v[999], 6);
     std::int32_t mine = 100 + b.rank();
@@ -133,9 +135,9 @@ TEST(Algorithms, ConcurrentInstancesKeepTheirOwnMessages) {
     for (int k = 0; k < 6; ++k) data.emplace_back(50000 + 7 * k, b.rank() * 10.0 + k);
     for (int k = 0; k < 6; ++k) {
       const Algorithm a = k % 2 == 0 ? Algorithm::ring : Algorithm::rabenseifner;
-      works.push_back(start_collective(
-          b, a, {Collective::allreduce, Buffer::of(std::span(data[k])),
-                 Buffer::of(std::span(data[k])), ReduceOp::sum, 0}));
+      works.push_back(start_collective(b, a,
+                                       {Collective::allreduce, Buffer::of(std::span(data[k])),
+                                        Buffer::of(std::span(data[k])), ReduceOp::sum, 0}));
     }
     for (int k = 5; k >= 0; --k) works[k]->wait();
     for (int k = 0; k < 6; ++k)

@@ -51,8 +51,9 @@ TEST(MpiAlgorithmChannel, TrafficNeverMatchesAUsersReceive) {
   std::int32_t got = -1;
   auto user = b.recv_async(Buffer(&got, 1, DType::int32), any_source, any_tag);
   std::vector<std::int32_t> v(1000, b.rank() + 1);
-  start_collective(b, Algorithm::ring, {Collective::allreduce, Buffer::of(std::span(v)),
-                                        Buffer::of(std::span(v)), ReduceOp::sum, 0})
+  start_collective(
+      b, Algorithm::ring,
+      {Collective::allreduce, Buffer::of(std::span(v)), Buffer::of(std::span(v)), ReduceOp::sum, 0})
       ->wait();
   std::string failure;
   if (v[999] != n * (n + 1) / 2) failure = "ring allreduce gave " + std::to_string(v[999]);
