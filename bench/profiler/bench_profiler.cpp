@@ -14,7 +14,8 @@ void BM_RecordWhileOff(benchmark::State& state) {
   loom::CommunicationProfiler profiler(false);
   for (auto _ : state) {
     if (profiler.enabled())
-      profiler.record({"node", "allreduce", 4096, 4, "ring", 0, loom::CommunicationProfiler::now_ns()});
+      profiler.record(
+          {"node", "allreduce", 4096, 4, "ring", 0, loom::CommunicationProfiler::now_ns()});
     benchmark::ClobberMemory();
   }
 }
@@ -25,7 +26,8 @@ void BM_RecordWhileOn(benchmark::State& state) {
   std::size_t kept = 0;
   for (auto _ : state) {
     if (profiler.enabled())
-      profiler.record({"node", "allreduce", 4096, 4, "ring", 0, loom::CommunicationProfiler::now_ns()});
+      profiler.record(
+          {"node", "allreduce", 4096, 4, "ring", 0, loom::CommunicationProfiler::now_ns()});
     if (++kept == 100000) profiler.clear(), kept = 0;  // bounded memory, rarely taken
   }
 }
