@@ -13,6 +13,7 @@
 #include "harness.hpp"
 #include "loom/config.hpp"
 #include "loom/error.hpp"
+#include "loom/gpu_direct.hpp"
 #include "loom/local.hpp"
 #include "options.hpp"
 #include "report.hpp"
@@ -44,10 +45,14 @@ std::string build_config() {
 
 void print_info(const Backend& backend) {
   std::string algorithms = "native";
+  if (backend.has_algorithm_channel())
+    algorithms += ", ring, rd, rabenseifner, tree, bruck, halving, scatter_allgather, auto";
   if (LOOM_HAVE_MPI && backend.name() == "mpi") algorithms += ", mpi-raw";
   std::printf("backend: %s\nranks: %d\nbuild: %s\nalgorithms available: %s\n",
               std::string(backend.name()).c_str(), backend.world_size(), build_config().c_str(),
               algorithms.c_str());
+  // GPU-direct: CUDA-aware MPI, peer access, the peer-memory module.
+  std::printf("%s", detect_gpu_direct().describe().c_str());
 }
 
 void print_preamble(const Options& options, const Backend& backend, Report& report) {

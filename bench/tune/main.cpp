@@ -54,7 +54,8 @@ const char* usage_text =
 Options parse(int argc, char** argv) {
   Options o;
   auto value = [&](int& i) -> std::string {
-    if (i + 1 >= argc) throw Error(ErrorCode::invalid_argument, std::string(argv[i]) + " needs a value");
+    if (i + 1 >= argc)
+      throw Error(ErrorCode::invalid_argument, std::string(argv[i]) + " needs a value");
     return argv[++i];
   };
   for (int i = 1; i < argc; ++i) {
@@ -73,7 +74,8 @@ Options parse(int argc, char** argv) {
     } else if (a == "--backend") {
       o.backend = value(i);
       if (o.backend != "local" && o.backend != "mpi")
-        throw Error(ErrorCode::invalid_argument, "--backend '" + o.backend + "': expected local or mpi");
+        throw Error(ErrorCode::invalid_argument,
+                    "--backend '" + o.backend + "': expected local or mpi");
     } else if (a == "--ranks") {
       const std::string v = value(i);
       o.ranks = std::atoi(v.c_str());
@@ -125,7 +127,8 @@ double time_collectively(Backend& b, double budget, const std::function<void()>&
   b.barrier();
   auto start = Clock::now();
   once();
-  const double first = max_over_ranks(b, std::chrono::duration<double>(Clock::now() - start).count());
+  const double first =
+      max_over_ranks(b, std::chrono::duration<double>(Clock::now() - start).count());
   const int iterations = static_cast<int>(std::clamp(budget / std::max(first, 1e-7), 2.0, 200.0));
   b.barrier();
   start = Clock::now();
@@ -207,8 +210,10 @@ Case make_case(Collective c, std::size_t bytes, int world, std::vector<float>& s
                std::vector<float>& recv) {
   const auto n = static_cast<std::size_t>(world);
   std::size_t count = std::max<std::size_t>(bytes / sizeof(float), 1);
-  if (c == Collective::allgather || c == Collective::reduce_scatter) count = std::max(count / n, std::size_t{1});
-  const std::size_t total = c == Collective::allgather || c == Collective::reduce_scatter ? count * n : count;
+  if (c == Collective::allgather || c == Collective::reduce_scatter)
+    count = std::max(count / n, std::size_t{1});
+  const std::size_t total =
+      c == Collective::allgather || c == Collective::reduce_scatter ? count * n : count;
   if (send.size() < total) send.resize(total, 1.0f);
   if (recv.size() < total) recv.resize(total, 0.0f);
   Buffer s(send.data(), count, DType::float32), r(recv.data(), count, DType::float32);
@@ -243,9 +248,8 @@ int run(Backend& b, const Options& o) {
     std::vector<double> x, y;
     for (std::size_t bytes : native_sizes) {
       Case k = make_case(c, bytes, b.world_size(), send, recv);
-      const double seconds = time_collectively(b, o.seconds_per_point, [&] {
-        start_collective(b, Algorithm::native, k.args)->wait();
-      });
+      const double seconds = time_collectively(
+          b, o.seconds_per_point, [&] { start_collective(b, Algorithm::native, k.args)->wait(); });
       x.push_back(static_cast<double>(k.bytes));
       y.push_back(seconds);
       progress.step("native " + std::string(to_string(c)) + " " + std::to_string(bytes) + " B");
@@ -264,8 +268,8 @@ int run(Backend& b, const Options& o) {
           progress.step(std::string(to_string(c)) + " " + std::to_string(bytes) + " B " +
                         std::string(to_string(a)));
           if (!cannot_run(a, k.args, b).empty()) continue;
-          const double seconds = time_collectively(
-              b, o.seconds_per_point, [&] { start_collective(b, a, k.args)->wait(); });
+          const double seconds = time_collectively(b, o.seconds_per_point,
+                                                   [&] { start_collective(b, a, k.args)->wait(); });
           t.measured.push_back({c, b.world_size(), k.bytes, a, seconds});
         }
       }

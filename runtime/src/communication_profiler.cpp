@@ -91,11 +91,10 @@ void CommunicationProfiler::write_report(std::ostream& out) const {
                 "max GB/s", "p50(us)", "p95(us)", "p99(us)");
   out << line;
   for (const OperationStats& s : stats()) {
-    std::snprintf(line, sizeof line,
-                  "%-16s %-18s %8zu %14zu %12.3f %9.3f %9.3f %9.3f %10.1f %10.1f %10.1f\n",
-                  s.operation.c_str(), s.algorithm.c_str(), s.count, s.total_bytes,
-                  s.total_s * 1e3, s.average_gbps, s.min_gbps, s.max_gbps, s.p50_s * 1e6,
-                  s.p95_s * 1e6, s.p99_s * 1e6);
+    std::snprintf(
+        line, sizeof line, "%-16s %-18s %8zu %14zu %12.3f %9.3f %9.3f %9.3f %10.1f %10.1f %10.1f\n",
+        s.operation.c_str(), s.algorithm.c_str(), s.count, s.total_bytes, s.total_s * 1e3,
+        s.average_gbps, s.min_gbps, s.max_gbps, s.p50_s * 1e6, s.p95_s * 1e6, s.p99_s * 1e6);
     out << line;
   }
 }

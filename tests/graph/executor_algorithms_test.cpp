@@ -79,7 +79,8 @@ TEST(ExecutorAlgorithms, OverridesChooseTheAlgorithmPerSizeAndItShowsEverywhere)
     const auto stats = ex.profiler().stats();
     std::size_t ring_count = 0, bytes = 0;
     for (const auto& s : stats)
-      if (s.operation == "allreduce" && s.algorithm == "ring") ring_count = s.count, bytes = s.total_bytes;
+      if (s.operation == "allreduce" && s.algorithm == "ring")
+        ring_count = s.count, bytes = s.total_bytes;
     if (ring_count != 2 || bytes != 2 * 5000 * sizeof(float)) {
       std::lock_guard lock(mutex);
       failures.push_back("profiler: ring allreduce count " + std::to_string(ring_count) +
