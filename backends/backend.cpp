@@ -51,11 +51,13 @@ namespace {
 // Checks shared by every buffer argument.
 class Check {
  public:
+  // The "<op> on rank r of n" prefix is built only when a check fails: validation runs on
+  // every call, including each message of loom's algorithms.
   Check(const Backend& backend, std::string_view operation)
-      : _backend(backend), _where(backend.where(operation)) {}
+      : _backend(backend), _operation(operation) {}
 
   [[noreturn]] void fail(ErrorCode code, const std::string& what) const {
-    throw Error(code, _where + ": " + what);
+    throw Error(code, _backend.where(_operation) + ": " + what);
   }
 
   void buffer(const char* role, Buffer b) const {
@@ -113,7 +115,7 @@ class Check {
 
  private:
   const Backend& _backend;
-  std::string _where;
+  std::string_view _operation;
 };
 
 std::string count_text(Buffer b) {

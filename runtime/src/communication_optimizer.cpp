@@ -50,10 +50,13 @@ CommunicationOptimizer::~CommunicationOptimizer() = default;
 std::unique_ptr<Work> CommunicationOptimizer::collective_async(const CollectiveArgs& args) {
   _last = _selector.choose(args, _backend);
   if (!_profiler.enabled()) return start_collective(_backend, _last.algorithm, args);
-  OperationRecord record{std::string(to_string(args.op)), std::string(to_string(args.op)),
-                         selection_bytes(args), _backend.world_size(),
+  OperationRecord record{std::string(to_string(args.op)),
+                         std::string(to_string(args.op)),
+                         selection_bytes(args),
+                         _backend.world_size(),
                          std::string(to_string(_last.algorithm)),
-                         CommunicationProfiler::now_ns(), 0};
+                         CommunicationProfiler::now_ns(),
+                         0};
   return std::make_unique<ProfiledWork>(start_collective(_backend, _last.algorithm, args),
                                         _profiler, std::move(record));
 }

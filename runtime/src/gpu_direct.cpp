@@ -79,7 +79,9 @@ void probe_module(GpuDirectCapabilities& caps) {
   }
 }
 
-const char* yes_no(bool b) { return b ? "yes" : "no"; }
+const char* yes_no(bool b) {
+  return b ? "yes" : "no";
+}
 
 }  // namespace
 
@@ -113,13 +115,17 @@ std::string GpuDirectCapabilities::describe() const {
 void require_gpu_direct(const GpuDirectCapabilities& caps) {
   if (caps.cuda_aware_mpi()) return;
   std::string missing;
-  if (!caps.mpi_built) missing += "loom was built without MPI; ";
+  if (!caps.mpi_built)
+    missing += "loom was built without MPI; ";
   else if (!caps.mpi_cuda_extension)
     missing += "the MPI library has no CUDA extension (MPIX_CUDA_AWARE_SUPPORT undefined); ";
-  else if (!caps.mpi_queried) missing += "MPI is not initialised, so CUDA awareness is unknown; ";
-  else if (!caps.mpi_cuda_aware) missing += "MPIX_Query_cuda_support() says MPI is not CUDA-aware; ";
+  else if (!caps.mpi_queried)
+    missing += "MPI is not initialised, so CUDA awareness is unknown; ";
+  else if (!caps.mpi_cuda_aware)
+    missing += "MPIX_Query_cuda_support() says MPI is not CUDA-aware; ";
   if (caps.cuda_devices == 0)
-    missing += caps.cuda_runtime ? "no CUDA device is visible; " : "the CUDA runtime is not installed; ";
+    missing +=
+        caps.cuda_runtime ? "no CUDA device is visible; " : "the CUDA runtime is not installed; ";
   throw Error(ErrorCode::unsupported,
               "GPU-direct is not supported here: " + missing.substr(0, missing.size() - 2) +
                   " (loom stages device buffers through pinned host memory instead)");

@@ -15,7 +15,7 @@ struct GpuDirectCapabilities {
   bool mpi_cuda_extension = false;
   /// @brief MPIX_Query_cuda_support() returned 1 (queried only once MPI is initialised).
   bool mpi_cuda_aware = false;
-  bool mpi_queried = false;  ///< false when MPI was not initialised at detection time
+  bool mpi_queried = false;   ///< false when MPI was not initialised at detection time
   bool cuda_runtime = false;  ///< libcudart could be loaded
   int cuda_devices = 0;
   std::vector<std::pair<int, int>> peer_access;  ///< (from, to) pairs with peer access
