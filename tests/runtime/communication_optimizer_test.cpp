@@ -26,8 +26,7 @@ TEST(CommunicationOptimizer, ChoosesRunsAndProfilesEachCall) {
     options.profile = true;
     options.tuning = no_native_preference();
     CommunicationOptimizer optimizer(backend, options);
-    optimizer.selector().set_override(Collective::allgather,
-                                      parse_algorithm_ranges("bruck:0-max"));
+    optimizer.selector().set_override(Collective::allgather, parse_algorithm_ranges("bruck:0-max"));
     std::vector<double> small(5, backend.rank() + 1.0), large(300000, backend.rank() + 1.0);
     optimizer.allreduce(Buffer::of(std::span(small)));
     const std::string small_algorithm(to_string(optimizer.last_choice().algorithm));
