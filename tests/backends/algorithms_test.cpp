@@ -76,6 +76,11 @@ TEST(Algorithms, CannotRunExplainsWhy) {
       std::string::npos);
   EXPECT_NE(cannot_run(Algorithm::bruck, small, world.backend(0)).find("does not implement"),
             std::string::npos);
+  const CollectiveArgs on_gpu{
+      Collective::allreduce, Buffer(v.data(), 2, DType::float32, Device::cuda(0)),
+      Buffer(v.data(), 2, DType::float32, Device::cuda(0)), ReduceOp::sum, 0};
+  EXPECT_NE(cannot_run(Algorithm::recursive_doubling, on_gpu, world.backend(0)).find("device"),
+            std::string::npos);
   try {
     start_collective(world.backend(0), Algorithm::ring, small);
     FAIL() << "ring on 2 elements over 3 ranks started";
@@ -143,6 +148,25 @@ TEST(Algorithms, ConcurrentInstancesKeepTheirOwnMessages) {
     for (int k = 0; k < 6; ++k)
       for (double x : data[k]) ASSERT_EQ(x, 60.0 + 4 * k);  // (0+10+20+30) + 4k
   });
+}
+
+// A rank that fails while the others are inside an algorithm makes their transfers fail with
+// ErrorCode::cancelled (never a hang), and run() reports the original failure.
+TEST(Algorithms, AFailedPeerCancelsInsteadOfHanging) {
+  try {
+    LocalWorld::run(3, [](Backend& b) {
+      if (b.rank() == 1) throw Error(ErrorCode::invalid_argument, "rank 1 gives up");
+      std::vector<float> v(100000, 1.0f);
+      start_collective(b, Algorithm::ring,
+                       {Collective::allreduce, Buffer::of(std::span(v)), Buffer::of(std::span(v)),
+                        ReduceOp::sum, 0})
+          ->wait();
+    });
+    FAIL() << "the run succeeded without rank 1";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::invalid_argument) << e.what();
+    EXPECT_NE(std::string(e.what()).find("rank 1 gives up"), std::string::npos);
+  }
 }
 
 }  // namespace
