@@ -51,7 +51,8 @@ namespace {
 // Checks shared by every buffer argument.
 class Check {
  public:
-  // The message prefix is built only on failure: the checks run on every call.
+  // The "<op> on rank r of n" prefix is built only when a check fails: validation runs on
+  // every call, including each message of loom's algorithms.
   Check(const Backend& backend, std::string_view operation)
       : _backend(backend), _operation(operation) {}
 

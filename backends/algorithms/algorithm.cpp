@@ -46,8 +46,8 @@ Algorithm parse_algorithm(std::string_view name) {
 
 std::span<const Algorithm> candidates(Collective collective) noexcept {
   using A = Algorithm;
-  static constexpr std::array allreduce{A::native, A::ring, A::recursive_doubling,
-                                        A::rabenseifner, A::binomial_tree};
+  static constexpr std::array allreduce{A::native, A::ring, A::recursive_doubling, A::rabenseifner,
+                                        A::binomial_tree};
   static constexpr std::array allgather{A::native, A::ring, A::recursive_doubling, A::bruck};
   static constexpr std::array reduce_scatter{A::native, A::ring, A::recursive_halving};
   static constexpr std::array broadcast{A::native, A::binomial_tree, A::scatter_allgather};
@@ -77,9 +77,12 @@ std::size_t count_of(const CollectiveArgs& args) {
   return args.send.count();
 }
 
+// Judged on what every rank passes alike: a reduce's recv matters on the root only, and a
+// broadcast has one buffer.
 bool on_host(const CollectiveArgs& args) {
+  const bool recv_counts = args.op != Collective::reduce && args.op != Collective::broadcast;
   return args.send.device().kind == DeviceKind::cpu &&
-         (args.recv.count() == 0 || args.recv.device().kind == DeviceKind::cpu);
+         (!recv_counts || args.recv.device().kind == DeviceKind::cpu);
 }
 
 }  // namespace
@@ -194,8 +197,8 @@ std::unique_ptr<Work> start_collective(Backend& backend, Algorithm algorithm,
       break;
   }
   if (!work)
-    throw Error(ErrorCode::internal, where + ": no implementation of " +
-                                         std::string(to_string(algorithm)));
+    throw Error(ErrorCode::internal,
+                where + ": no implementation of " + std::string(to_string(algorithm)));
   work->start();
   return work;
 }

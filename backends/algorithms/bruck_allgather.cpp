@@ -46,7 +46,8 @@ class BruckAllgather final : public StepWork {
 
 }  // namespace
 
-std::unique_ptr<ChannelWork> bruck_allgather(Backend& b, const CollectiveArgs& a, std::string what) {
+std::unique_ptr<ChannelWork> bruck_allgather(Backend& b, const CollectiveArgs& a,
+                                             std::string what) {
   return std::make_unique<BruckAllgather>(b, a, std::move(what));
 }
 

@@ -8,10 +8,10 @@ namespace loom::algorithms {
 /// the p2 ranks left are renumbered 0..p2-1 and run the power-of-two algorithm.
 struct Fold {
   Fold(int rank, int world);
-  int p2;        ///< ranks taking part after the fold (a power of two)
-  int rem;       ///< world - p2
-  int newrank;   ///< this rank's number among the p2, or -1 if it sits out
-  int steps;     ///< log2(p2)
+  int p2;       ///< ranks taking part after the fold (a power of two)
+  int rem;      ///< world - p2
+  int newrank;  ///< this rank's number among the p2, or -1 if it sits out
+  int steps;    ///< log2(p2)
   /// @brief The real rank of participant `v`.
   int real(int v) const noexcept { return v < rem ? 2 * v + 1 : v + rem; }
   /// @brief Whether this rank sends its data away in the fold (an even rank < 2 rem).

@@ -70,8 +70,8 @@ class RecursiveHalvingReduceScatter final : public StepWork {
   Buffer elements(int first, int last) const {
     const std::size_t block = _out.count();
     const auto begin = static_cast<std::size_t>(first_rank(first)) * block;
-    const auto end = static_cast<std::size_t>(first_rank(last - 1) + (last - 1 < _fold.rem ? 2 : 1)) *
-                     block;
+    const auto end =
+        static_cast<std::size_t>(first_rank(last - 1) + (last - 1 < _fold.rem ? 2 : 1)) * block;
     return _work.slice(begin, end - begin);
   }
   Buffer own_block(int r) const {

@@ -399,9 +399,13 @@ class MpiBackend final : public Backend {
     MPI_Request request = MPI_REQUEST_NULL;
     check(at, "MPI_Isend",
           MPI_Isend(buffer.data(), bytes, MPI_BYTE, peer, tag, communicator->get(), &request));
+    // Algorithm transfers are many and short-lived: their own description is the prefix
+    // alone (the algorithm's Work names the collective).
+    const bool user = communicator == _communicator;
     return std::make_unique<RequestWork>(
-        at + ": " + buffer.describe() + " to rank " + std::to_string(peer) + " tag " +
-            std::to_string(tag),
+        user ? at + ": " + buffer.describe() + " to rank " + std::to_string(peer) + " tag " +
+                   std::to_string(tag)
+             : at,
         communicator, request,
         [at](int rc, const MPI_Status&) {
           if (rc != MPI_SUCCESS) throw failure(at, "MPI_Isend", rc);
@@ -417,10 +421,12 @@ class MpiBackend final : public Backend {
     check(at, "MPI_Irecv",
           MPI_Irecv(buffer.data(), bytes, MPI_BYTE, source(peer), mpi_tag(tag), communicator->get(),
                     &request));
+    const bool user = communicator == _communicator;
     return std::make_unique<RequestWork>(
-        at + ": " + buffer.describe() + " from " +
-            (peer == any_source ? std::string("any rank") : "rank " + std::to_string(peer)) +
-            " tag " + (tag == any_tag ? std::string("any") : std::to_string(tag)),
+        user ? at + ": " + buffer.describe() + " from " +
+                   (peer == any_source ? std::string("any rank") : "rank " + std::to_string(peer)) +
+                   " tag " + (tag == any_tag ? std::string("any") : std::to_string(tag))
+             : at,
         communicator, request,
         [at, expected = buffer.bytes()](int rc, const MPI_Status& status) {
           const std::string from = "the message from rank " + std::to_string(status.MPI_SOURCE) +

@@ -26,7 +26,28 @@ std::size_t selection_bytes(const CollectiveArgs& args) noexcept {
 AlgorithmSelector::AlgorithmSelector() : _tuning(default_tuning()), _defaults(true) {}
 
 AlgorithmSelector::AlgorithmSelector(TuningParameters tuning)
-    : _tuning(std::move(tuning)), _defaults(false) {}
+    : _tuning(std::move(tuning)), _defaults(false) {
+  index_measurements();
+}
+
+void AlgorithmSelector::index_measurements() {
+  _measured.clear();
+  for (const Measurement& m : _tuning.measured) {
+    const std::pair key{m.collective, m.world};
+    auto group = std::find_if(_measured.begin(), _measured.end(),
+                              [&](const auto& g) { return g.first == key; });
+    if (group == _measured.end()) group = _measured.insert(_measured.end(), {key, {}});
+    auto& sizes = group->second;
+    auto at = std::lower_bound(sizes.begin(), sizes.end(), m.bytes,
+                               [](const MeasuredSize& s, std::size_t b) { return s.bytes < b; });
+    if (at == sizes.end() || at->bytes != m.bytes) {
+      MeasuredSize row{m.bytes, {}};
+      row.seconds.fill(-1);
+      at = sizes.insert(at, row);
+    }
+    at->seconds[static_cast<std::size_t>(m.algorithm)] = m.seconds;
+  }
+}
 
 AlgorithmSelector AlgorithmSelector::from_environment() {
   AlgorithmSelector selector;
@@ -61,14 +82,17 @@ void AlgorithmSelector::set_override(Collective collective, std::vector<Algorith
     bool implements = false;
     for (Algorithm a : candidates(collective)) implements = implements || a == r.algorithm;
     if (!implements)
-      throw Error(ErrorCode::invalid_argument,
-                  std::string(to_string(r.algorithm)) + " does not implement " +
-                      std::string(to_string(collective)) + " (candidates: " + [&] {
-                        std::string list;
-                        for (Algorithm a : candidates(collective))
-                          list += (list.empty() ? "" : ", ") + std::string(to_string(a));
-                        return list;
-                      }() + ")");
+      throw Error(
+          ErrorCode::invalid_argument,
+          std::string(to_string(r.algorithm)) + " does not implement " +
+              std::string(to_string(collective)) + " (candidates: " +
+              [&] {
+                std::string list;
+                for (Algorithm a : candidates(collective))
+                  list += (list.empty() ? "" : ", ") + std::string(to_string(a));
+                return list;
+              }() +
+              ")");
   }
   _overrides[static_cast<std::size_t>(collective)] = std::move(ranges);
 }
@@ -172,25 +196,27 @@ double AlgorithmSelector::predict(Algorithm algorithm, Collective collective, st
   return std::numeric_limits<double>::infinity();
 }
 
-// The fastest measurement at the power-of-two size nearest `bytes` (in log scale).
+// The measurement of `algorithm` at the measured size nearest `bytes` (in log scale).
 std::optional<double> AlgorithmSelector::measured(Algorithm algorithm, Collective collective,
                                                   std::size_t bytes, int world) const {
-  const double target = std::log2(static_cast<double>(std::max<std::size_t>(bytes, 1)));
-  double best_distance = std::numeric_limits<double>::infinity();
-  std::size_t nearest = 0;
-  for (const Measurement& m : _tuning.measured) {
-    if (m.collective != collective || m.world != world) continue;
-    const double d =
-        std::abs(std::log2(static_cast<double>(std::max<std::size_t>(m.bytes, 1))) - target);
-    if (d < best_distance) best_distance = d, nearest = m.bytes;
-  }
+  const std::pair key{collective, world};
+  auto group = std::find_if(_measured.begin(), _measured.end(),
+                            [&](const auto& g) { return g.first == key; });
+  if (group == _measured.end() || group->second.empty()) return std::nullopt;
+  const auto& sizes = group->second;
+  auto at = std::lower_bound(sizes.begin(), sizes.end(), bytes,
+                             [](const MeasuredSize& s, std::size_t b) { return s.bytes < b; });
+  auto distance = [&](const MeasuredSize& s) {
+    return std::abs(std::log2(static_cast<double>(std::max<std::size_t>(s.bytes, 1))) -
+                    std::log2(static_cast<double>(std::max<std::size_t>(bytes, 1))));
+  };
+  const MeasuredSize* nearest = at == sizes.end() ? &sizes.back() : &*at;
+  if (at != sizes.begin() && distance(*(at - 1)) < distance(*nearest)) nearest = &*(at - 1);
   // Farther than a factor of two from anything measured: the model knows better.
-  if (!std::isfinite(best_distance) || best_distance > 1.0) return std::nullopt;
-  for (const Measurement& m : _tuning.measured)
-    if (m.collective == collective && m.world == world && m.bytes == nearest &&
-        m.algorithm == algorithm)
-      return m.seconds;
-  return std::nullopt;
+  if (distance(*nearest) > 1.0) return std::nullopt;
+  const double seconds = nearest->seconds[static_cast<std::size_t>(algorithm)];
+  if (seconds < 0) return std::nullopt;
+  return seconds;
 }
 
 AlgorithmChoice AlgorithmSelector::choose(const CollectiveArgs& args,
@@ -235,8 +261,8 @@ AlgorithmChoice AlgorithmSelector::choose(const CollectiveArgs& args,
     if (why.empty())
       return {s.algorithm, fallback + (s.measured ? "measured" : "model"), s.seconds};
     if (refused_override != s.algorithm)
-      fallback += "fallback: " + std::string(to_string(s.algorithm)) + " cannot run (" + why +
-                  "); ";
+      fallback +=
+          "fallback: " + std::string(to_string(s.algorithm)) + " cannot run (" + why + "); ";
   }
   return {Algorithm::native, fallback + "native", 0};
 }

@@ -51,8 +51,7 @@ std::vector<std::string_view> words(std::string_view line) {
 double number(std::string_view token, const std::string& where) {
   double value = 0;
   const auto [ptr, ec] = std::from_chars(token.data(), token.data() + token.size(), value);
-  if (ec != std::errc() || ptr != token.data() + token.size() || !std::isfinite(value) ||
-      value < 0)
+  if (ec != std::errc() || ptr != token.data() + token.size() || !std::isfinite(value) || value < 0)
     bad(where + ": '" + std::string(token) + "' is not a non-negative number");
   return value;
 }
@@ -86,8 +85,8 @@ Algorithm algorithm(std::string_view token, const std::string& where) {
 void expect_fields(const std::vector<std::string_view>& w, std::size_t n, const std::string& where,
                    const char* form) {
   if (w.size() != n)
-    bad(where + ": '" + std::string(w[0]) + "' takes " + std::to_string(n - 1) +
-        " values (" + form + "), got " + std::to_string(w.size() - 1));
+    bad(where + ": '" + std::string(w[0]) + "' takes " + std::to_string(n - 1) + " values (" +
+        form + "), got " + std::to_string(w.size() - 1));
 }
 
 std::string format_double(double v) {
@@ -163,8 +162,9 @@ TuningParameters parse_tuning_file(std::string_view text) {
   }
   if (!header) bad("tuning file: empty (expected the header 'loom-tuning 1')");
   if (!have_alpha || !have_beta || !have_gamma)
-    bad(std::string("tuning file: missing ") +
-        (!have_alpha ? "alpha_us" : !have_beta ? "beta_ns_per_byte" : "gamma_ns_per_byte"));
+    bad(std::string("tuning file: missing ") + (!have_alpha  ? "alpha_us"
+                                                : !have_beta ? "beta_ns_per_byte"
+                                                             : "gamma_ns_per_byte"));
   return t;
 }
 
@@ -178,8 +178,7 @@ std::string format_tuning_file(const TuningParameters& t) {
   out << "gamma_ns_per_byte " << format_double(t.cost.gamma_s_per_byte * 1e9) << "\n";
   for (const NativeFit& f : t.native)
     out << "native " << to_string(f.collective) << " " << f.world << " "
-        << format_double(f.alpha_s * 1e6) << " " << format_double(f.beta_s_per_byte * 1e9)
-        << "\n";
+        << format_double(f.alpha_s * 1e6) << " " << format_double(f.beta_s_per_byte * 1e9) << "\n";
   for (const Measurement& m : t.measured)
     out << "measured " << to_string(m.collective) << " " << m.world << " " << m.bytes << " "
         << to_string(m.algorithm) << " " << format_double(m.seconds * 1e6) << "\n";
@@ -188,8 +187,7 @@ std::string format_tuning_file(const TuningParameters& t) {
 
 TuningParameters load_tuning_file(const std::string& path) {
   std::ifstream in(path);
-  if (!in)
-    throw Error(ErrorCode::invalid_argument, "cannot read the tuning file '" + path + "'");
+  if (!in) throw Error(ErrorCode::invalid_argument, "cannot read the tuning file '" + path + "'");
   std::stringstream text;
   text << in.rdbuf();
   try {
@@ -235,8 +233,7 @@ std::vector<AlgorithmRange> parse_algorithm_ranges(std::string_view text) {
     if (entry.empty())
       bad("empty entry in '" + std::string(text) + "' (entries are name:lo-hi separated by ';')");
     const auto colon = entry.find(':');
-    if (colon == std::string_view::npos)
-      bad("'" + token + "' is not name:lo-hi (missing ':')");
+    if (colon == std::string_view::npos) bad("'" + token + "' is not name:lo-hi (missing ':')");
     AlgorithmRange range;
     try {
       range.algorithm = parse_algorithm(entry.substr(0, colon));
@@ -265,8 +262,7 @@ std::vector<AlgorithmRange> parse_algorithm_ranges(std::string_view text) {
   for (std::size_t i = 1; i < sorted.size(); ++i)
     if (sorted[i].min_bytes < sorted[i - 1].max_bytes)
       bad("ranges of " + std::string(to_string(sorted[i - 1].algorithm)) + " and " +
-          std::string(to_string(sorted[i].algorithm)) + " overlap in '" + std::string(text) +
-          "'");
+          std::string(to_string(sorted[i].algorithm)) + " overlap in '" + std::string(text) + "'");
   return ranges;
 }
 

@@ -36,8 +36,9 @@ TEST_P(LocalAlgorithms, MatchIndependentValues) {
                                   Buffer(probe.data(), count, dtype), c.redop, 0};
         const bool can = cannot_run(algorithm, args, inner).empty();
         if (result.empty() && (forced.last_algorithm() == algorithm) != can)
-          result = testing::describe(c) + ": ran " + std::string(to_string(forced.last_algorithm())) +
-                   " but cannot_run says " + (can ? "it can" : "it cannot");
+          result = testing::describe(c) + ": ran " +
+                   std::string(to_string(forced.last_algorithm())) + " but cannot_run says " +
+                   (can ? "it can" : "it cannot");
         if (!result.empty()) {
           std::lock_guard lock(mutex);
           failures.push_back(result);
@@ -70,10 +71,15 @@ TEST(Algorithms, CannotRunExplainsWhy) {
   std::vector<float> gathered(6);
   const CollectiveArgs gather{Collective::allgather, Buffer::of(std::span(v)),
                               Buffer::of(std::span(gathered)), ReduceOp::sum, 0};
-  EXPECT_NE(cannot_run(Algorithm::recursive_doubling, gather, world.backend(0))
-                .find("power-of-two"),
-            std::string::npos);
+  EXPECT_NE(
+      cannot_run(Algorithm::recursive_doubling, gather, world.backend(0)).find("power-of-two"),
+      std::string::npos);
   EXPECT_NE(cannot_run(Algorithm::bruck, small, world.backend(0)).find("does not implement"),
+            std::string::npos);
+  const CollectiveArgs on_gpu{
+      Collective::allreduce, Buffer(v.data(), 2, DType::float32, Device::cuda(0)),
+      Buffer(v.data(), 2, DType::float32, Device::cuda(0)), ReduceOp::sum, 0};
+  EXPECT_NE(cannot_run(Algorithm::recursive_doubling, on_gpu, world.backend(0)).find("device"),
             std::string::npos);
   try {
     start_collective(world.backend(0), Algorithm::ring, small);
@@ -113,8 +119,9 @@ TEST(Algorithms, TrafficNeverMatchesAUsersReceive) {
     std::int32_t got = -1;
     auto user = b.recv_async(Buffer(&got, 1, DType::int32), any_source, any_tag);
     std::vector<std::int32_t> v(1000, b.rank() + 1);
-    start_collective(b, Algorithm::ring, {Collective::allreduce, Buffer::of(std::span(v)),
-                                          Buffer::of(std::span(v)), ReduceOp::sum, 0})
+    start_collective(b, Algorithm::ring,
+                     {Collective::allreduce, Buffer::of(std::span(v)), Buffer::of(std::span(v)),
+                      ReduceOp::sum, 0})
         ->wait();
     EXPECT_EQ(v[999], 6);
     std::int32_t mine = 100 + b.rank();
@@ -133,14 +140,33 @@ TEST(Algorithms, ConcurrentInstancesKeepTheirOwnMessages) {
     for (int k = 0; k < 6; ++k) data.emplace_back(50000 + 7 * k, b.rank() * 10.0 + k);
     for (int k = 0; k < 6; ++k) {
       const Algorithm a = k % 2 == 0 ? Algorithm::ring : Algorithm::rabenseifner;
-      works.push_back(start_collective(
-          b, a, {Collective::allreduce, Buffer::of(std::span(data[k])),
-                 Buffer::of(std::span(data[k])), ReduceOp::sum, 0}));
+      works.push_back(start_collective(b, a,
+                                       {Collective::allreduce, Buffer::of(std::span(data[k])),
+                                        Buffer::of(std::span(data[k])), ReduceOp::sum, 0}));
     }
     for (int k = 5; k >= 0; --k) works[k]->wait();
     for (int k = 0; k < 6; ++k)
       for (double x : data[k]) ASSERT_EQ(x, 60.0 + 4 * k);  // (0+10+20+30) + 4k
   });
+}
+
+// A rank that fails while the others are inside an algorithm makes their transfers fail with
+// ErrorCode::cancelled (never a hang), and run() reports the original failure.
+TEST(Algorithms, AFailedPeerCancelsInsteadOfHanging) {
+  try {
+    LocalWorld::run(3, [](Backend& b) {
+      if (b.rank() == 1) throw Error(ErrorCode::invalid_argument, "rank 1 gives up");
+      std::vector<float> v(100000, 1.0f);
+      start_collective(b, Algorithm::ring,
+                       {Collective::allreduce, Buffer::of(std::span(v)), Buffer::of(std::span(v)),
+                        ReduceOp::sum, 0})
+          ->wait();
+    });
+    FAIL() << "the run succeeded without rank 1";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::invalid_argument) << e.what();
+    EXPECT_NE(std::string(e.what()).find("rank 1 gives up"), std::string::npos);
+  }
 }
 
 }  // namespace

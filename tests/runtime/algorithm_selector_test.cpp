@@ -19,8 +19,8 @@ TuningParameters simple_model() {
 }
 
 CollectiveArgs allreduce_of(std::vector<float>& v) {
-  return {Collective::allreduce, Buffer::of(std::span(v)), Buffer::of(std::span(v)),
-          ReduceOp::sum, 0};
+  return {Collective::allreduce, Buffer::of(std::span(v)), Buffer::of(std::span(v)), ReduceOp::sum,
+          0};
 }
 
 TEST(AlgorithmSelector, FormulasMatchHandComputedValues) {
@@ -142,9 +142,10 @@ TEST(AlgorithmSelector, EnvironmentOverridesAndTuningFile) {
   {
     std::FILE* f = std::fopen(path.c_str(), "w");
     ASSERT_NE(f, nullptr);
-    std::fputs("loom-tuning 1\nbackend local\nalpha_us 3\nbeta_ns_per_byte 0.5\n"
-               "gamma_ns_per_byte 0.25\n",
-               f);
+    std::fputs(
+        "loom-tuning 1\nbackend local\nalpha_us 3\nbeta_ns_per_byte 0.5\n"
+        "gamma_ns_per_byte 0.25\n",
+        f);
     std::fclose(f);
   }
   ::setenv("LOOM_TUNING_FILE", path.c_str(), 1);

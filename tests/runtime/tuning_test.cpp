@@ -99,8 +99,7 @@ TEST(TuningFile, MalformedLinesAreNamed) {
                {"line 5", "'1k'"});
   expect_error([] { parse_tuning_file("loom-tuning 1\nalpha_us 1\nbeta_ns_per_byte 1\n"); },
                {"missing gamma_ns_per_byte"});
-  expect_error([] { load_tuning_file("/nonexistent/loom.tuning"); },
-               {"/nonexistent/loom.tuning"});
+  expect_error([] { load_tuning_file("/nonexistent/loom.tuning"); }, {"/nonexistent/loom.tuning"});
 }
 
 }  // namespace

@@ -64,7 +64,16 @@ class AlgorithmSelector {
   std::optional<double> measured(Algorithm algorithm, Collective collective, std::size_t bytes,
                                  int world) const;
 
+  // The measurements by (collective, world), sizes ascending: choose() runs per call, so it
+  // binary-searches instead of scanning the file's records.
+  struct MeasuredSize {
+    std::size_t bytes;
+    std::array<double, 8> seconds;  // by Algorithm; negative where not measured
+  };
+  void index_measurements();
+
   TuningParameters _tuning;
+  std::vector<std::pair<std::pair<Collective, int>, std::vector<MeasuredSize>>> _measured;
   bool _defaults = true;
   std::array<std::vector<AlgorithmRange>, 7> _overrides;  // by Collective
 };
