@@ -7,7 +7,7 @@
 #include <memory>
 
 #include "loom/error.hpp"
-#include "overlap_metrics.hpp"
+#include "loom/overlap_metrics.hpp"
 
 namespace loom::bench {
 
@@ -49,7 +49,7 @@ std::vector<ModeResult> run_modes(Backend& backend, std::vector<examples::TrainC
               .count();
       // The step took as long as its slowest rank.
       backend.allreduce(Buffer(&ms, 1, DType::float64), ReduceOp::max);
-      const auto m = examples::measure_overlap(steps[k]->executor().last_run());
+      const auto m = measure_overlap(steps[k]->executor().last_run());
       Samples& out = samples[k];
       out.step_ms.push_back(ms);
       out.compute.push_back(m.compute_ms);

@@ -15,7 +15,7 @@
 
 #include "loom/error.hpp"
 #include "loom/local.hpp"
-#include "overlap_metrics.hpp"
+#include "loom/overlap_metrics.hpp"
 #include "train_options.hpp"
 
 namespace po = boost::program_options;

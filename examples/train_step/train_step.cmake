@@ -1,4 +1,4 @@
-# loom_train_step: the MLP training step (model, graph, overlap metrics, shared flags), used by
+# loom_train_step: the MLP training step (model, graph, shared flags), used by
 # the train_step example, loom-overlap and their tests. Included from both folders; defined once.
 include_guard(GLOBAL)
 find_package(PkgConfig QUIET)
@@ -12,8 +12,7 @@ if(NOT OPENBLAS_FOUND OR NOT Boost_PROGRAM_OPTIONS_FOUND)
   return()
 endif()
 set(dir ${PROJECT_SOURCE_DIR}/examples/train_step)
-add_library(loom_train_step STATIC ${dir}/mlp.cpp ${dir}/train_step.cpp
-                                   ${dir}/overlap_metrics.cpp ${dir}/train_options.cpp)
+add_library(loom_train_step STATIC ${dir}/mlp.cpp ${dir}/train_step.cpp ${dir}/train_options.cpp)
 target_include_directories(loom_train_step PUBLIC ${dir})
 target_compile_options(loom_train_step PRIVATE -Wall -Wextra -Wpedantic)
 target_link_libraries(loom_train_step PUBLIC loom::loom PkgConfig::OPENBLAS Boost::program_options)

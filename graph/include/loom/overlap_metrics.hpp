@@ -1,11 +1,11 @@
 // OverlapMetrics: how much of a step's communication its compute hid, from one rank's timeline.
 #pragma once
 
-#include <vector>
+#include <span>
 
 #include "loom/executor.hpp"
 
-namespace loom::examples {
+namespace loom {
 
 /// @brief One rank's step, from the executor's per-node timings (milliseconds).
 ///
@@ -24,7 +24,8 @@ struct OverlapMetrics {
 };
 
 /// @brief The metrics of one profiled run (Executor::last_run()). Nodes that did not run
-/// (start == end == 0) are ignored.
-OverlapMetrics measure_overlap(const std::vector<NodeTiming>& timings);
+/// (start == end == 0) are ignored; communication = collective, send and recv nodes; compute
+/// = compute and copy nodes.
+OverlapMetrics measure_overlap(std::span<const NodeTiming> timings);
 
-}  // namespace loom::examples
+}  // namespace loom

@@ -1,11 +1,12 @@
 // OverlapMetrics: unions of compute and communication intervals of one rank's timeline.
-#include "overlap_metrics.hpp"
+#include "loom/overlap_metrics.hpp"
 
 #include <algorithm>
 #include <cstdint>
 #include <utility>
+#include <vector>
 
-namespace loom::examples {
+namespace loom {
 
 namespace {
 
@@ -31,7 +32,7 @@ std::int64_t union_length(std::vector<Interval> intervals) {
 
 }  // namespace
 
-OverlapMetrics measure_overlap(const std::vector<NodeTiming>& timings) {
+OverlapMetrics measure_overlap(std::span<const NodeTiming> timings) {
   std::vector<Interval> compute, comm, all;
   for (const NodeTiming& t : timings) {
     if (t.start_ns == 0 && t.end_ns == 0) continue;
@@ -53,4 +54,4 @@ OverlapMetrics measure_overlap(const std::vector<NodeTiming>& timings) {
   return out;
 }
 
-}  // namespace loom::examples
+}  // namespace loom
