@@ -96,6 +96,9 @@ std::int64_t run_benchmark(const Options& options, Backend& backend, Harness& ha
           const Call call{collective, op, root,
                           Buffer(send_memory.data(), layout.send_count, dtype),
                           Buffer(recv_memory.data(), layout.recv_count, dtype)};
+          // Check and warm up each algorithm, then time them in rounds, taking turns.
+          std::vector<Algorithm*> timed;
+          std::vector<std::optional<std::int64_t>> wrongs;
           for (Algorithm* algorithm : runnable) {
             if (const std::string why = algorithm->cannot_run(call); !why.empty()) {
               note(std::string(algorithm->name()) + " skipped for " + combination + " at " +
@@ -113,22 +116,31 @@ std::int64_t run_benchmark(const Options& options, Backend& backend, Harness& ha
               total_wrong += *wrong;
             }
             for (int i = 0; i < options.warmups; ++i) algorithm->run(call);
-            harness.barrier();
-            const double seconds =
-                harness.max(time_iterations(*algorithm, call, options.iterations));
-
+            timed.push_back(algorithm);
+            wrongs.push_back(wrong);
+          }
+          std::vector<std::vector<double>> rounds(timed.size());
+          for (int round = 0; round < options.repeats; ++round)
+            for (std::size_t a = 0; a < timed.size(); ++a) {
+              harness.barrier();
+              rounds[a].push_back(
+                  harness.max(time_iterations(*timed[a], call, options.iterations)));
+            }
+          for (std::size_t a = 0; a < timed.size(); ++a) {
+            std::sort(rounds[a].begin(), rounds[a].end());
+            const double seconds = rounds[a][rounds[a].size() / 2];
             Row row;
             row.collective = collective;
             row.dtype = dtype;
             if (reduces(collective)) row.op = op;
             row.bytes = layout.bytes;
             row.count = layout.count;
-            row.algorithm = algorithm->name();
+            row.algorithm = timed[a]->name();
             row.ranks = ranks;
             row.time_us = seconds * 1e6;
             row.algbw_gbps = static_cast<double>(layout.bytes) / seconds / 1e9;
             row.busbw_gbps = row.algbw_gbps * bus_factor(collective, ranks);
-            row.wrong = wrong;
+            row.wrong = wrongs[a];
             if (report) report->add(row);
           }
         }

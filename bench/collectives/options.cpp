@@ -33,6 +33,9 @@ po::options_description describe_options() {
                                             "(default sum)")
       ("iters,n", po::value<std::string>(), "timed iterations per size (default 20)")
       ("warmup_iters,w", po::value<std::string>(), "untimed iterations before them (default 5)")
+      ("repeat", po::value<std::string>(),
+       "timing rounds per size; algorithms take turns each round and rows report the median "
+       "round (default 1)")
       ("check,c", po::value<std::string>(), "1: verify every result element, 0: not (default 1)")
       ("algo,a", po::value<std::string>(),
        "comma list of native (loom's backend call), loom's algorithms (ring, rd, "
@@ -181,6 +184,8 @@ Options parse_options(int argc, const char* const* argv) {
                    [](const std::string& s) { return parse_reduce_op(s); });
   if (auto v = text("iters"))
     options.iterations = static_cast<int>(parse_integer(*v, "-n/--iters", 1, 1 << 30));
+  if (auto v = text("repeat"))
+    options.repeats = static_cast<int>(parse_integer(*v, "--repeat", 1, 1000));
   if (auto v = text("warmup_iters"))
     options.warmups = static_cast<int>(parse_integer(*v, "-w/--warmup_iters", 0, 1 << 30));
   if (auto v = text("check")) {

@@ -29,6 +29,9 @@ struct Options {
   std::vector<ReduceOp> reduce_ops{ReduceOp::sum};
   int iterations = 20;
   int warmups = 5;
+  /// @brief Timing rounds per size: the algorithms take turns round by round and each row
+  /// reports its median round, so all algorithms see the same background load.
+  int repeats = 1;
   bool check = true;
   std::vector<std::string> algorithms{"native"};
   bool all_algorithms = false;  ///< -a all: mpi-raw is dropped where it cannot run

@@ -163,6 +163,7 @@ struct Executor::Impl {
   AlgorithmSelector selector;
   // Per node: the algorithm of its last issue (before any run: the one planned at compile).
   std::vector<std::string> algorithm_of;
+  std::vector<std::string> reason_of;  // per node: the selector's reason for algorithm_of
   CommunicationProfiler profiler;
 
   // Declared before the nodes: TBB nodes must be destroyed before their graph.
@@ -247,6 +248,7 @@ void Executor::Impl::compile() {
   const std::size_t n = graph.nodes.size();
   issue_index.assign(n, -1);
   algorithm_of.assign(n, "");
+  reason_of.assign(n, "");
   sequencer_of.assign(n, -1);
   slot_of.assign(n, 0);
   std::map<std::tuple<int, int, int>, std::vector<std::uint32_t>> channels;
@@ -255,7 +257,9 @@ void Executor::Impl::compile() {
     if (node.kind == NodeKind::collective) {
       issue_index[i] = static_cast<std::int64_t>(collective_order.size());
       collective_order.push_back(i);
-      algorithm_of[i] = to_string(selector.choose(args_of(node.collective), backend).algorithm);
+      const AlgorithmChoice planned = selector.choose(args_of(node.collective), backend);
+      algorithm_of[i] = to_string(planned.algorithm);
+      reason_of[i] = planned.reason;
     } else if (node.kind == NodeKind::send || node.kind == NodeKind::recv) {
       channels[{static_cast<int>(node.kind), node.peer, node.tag}].push_back(i);
       algorithm_of[i] = algorithm_native;
@@ -481,6 +485,7 @@ std::unique_ptr<Work> Executor::Impl::start_operation(std::uint32_t i) {
   const CollectiveArgs args = args_of(c);
   const AlgorithmChoice choice = selector.choose(args, backend);
   algorithm_of[i] = to_string(choice.algorithm);
+  reason_of[i] = choice.reason;
   return start_collective(backend, choice.algorithm, args);
 }
 
@@ -681,7 +686,7 @@ std::vector<NodeTiming> Executor::last_run() const {
     const bool comm = _impl->sequencer_of[i] >= 0;
     out.push_back({g.nodes[i].name, g.nodes[i].kind, r.start_ns, r.end_ns, r.lane,
                    detail::bytes_of(g.nodes[i]), _impl->issue_index[i],
-                   comm ? _impl->algorithm_of[i] : ""});
+                   comm ? _impl->algorithm_of[i] : "", _impl->reason_of[i]});
   }
   return out;
 }

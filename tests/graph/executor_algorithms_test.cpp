@@ -120,6 +120,10 @@ TEST(ExecutorAlgorithms, FallbackWhenTheOverrideCannotRun) {
     EXPECT_EQ(v[1], 6);
     EXPECT_NE(ex.last_run()[0].algorithm, "ring");
     EXPECT_FALSE(ex.last_run()[0].algorithm.empty());
+    EXPECT_NE(ex.last_run()[0].algorithm_reason.find(
+                  "LOOM_ALLREDUCE chose ring, which cannot run (count 2 < 4 ranks"),
+              std::string::npos)
+        << ex.last_run()[0].algorithm_reason;
   });
 }
 

@@ -44,6 +44,9 @@ struct NodeTiming {
   std::size_t bytes = 0;
   std::int64_t issue_index = -1;  ///< collectives: position in the fixed issue order
   std::string algorithm;  ///< communication: what the AlgorithmSelector chose ("ring", "native")
+  /// @brief communication: why ("override", "measured", "model", or "fallback: ... cannot
+  /// run (...)" when the preferred candidate could not run this case)
+  std::string algorithm_reason;
 };
 
 /// @brief Runs a compiled Graph on TBB workers, communication through a Backend.
