@@ -1,8 +1,8 @@
 // Executor on the MPI backend: deterministic collective order under random readiness, real
 // values, and the rank-mismatch error. ctest runs this binary under mpirun (2 and 3 ranks).
 #include <gtest/gtest.h>
-#include <atomic>
 
+#include <atomic>
 #include <chrono>
 #include <random>
 #include <string>
