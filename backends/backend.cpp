@@ -256,6 +256,27 @@ std::unique_ptr<Work> Backend::barrier_async() {
   return collective_async({Collective::barrier, {}, {}, ReduceOp::sum, 0});
 }
 
+void Backend::collective(const CollectiveArgs& args) {
+  validate(args);
+  switch (args.op) {
+    case Collective::broadcast:
+      return run_broadcast(args.send, args.root);
+    case Collective::reduce:
+      return run_reduce(args.send, args.recv, args.reduce_op, args.root);
+    case Collective::allreduce:
+      return run_allreduce(args.send, args.recv, args.reduce_op);
+    case Collective::allgather:
+      return run_allgather(args.send, args.recv);
+    case Collective::reduce_scatter:
+      return run_reduce_scatter(args.send, args.recv, args.reduce_op);
+    case Collective::alltoall:
+      return run_alltoall(args.send, args.recv);
+    case Collective::barrier:
+      return run_barrier();
+  }
+  throw Error(ErrorCode::invalid_argument, where("collective") + ": unknown collective");
+}
+
 void Backend::broadcast(Buffer buffer, int root) {
   validate({Collective::broadcast, buffer, buffer, ReduceOp::sum, root});
   run_broadcast(buffer, root);

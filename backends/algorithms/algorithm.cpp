@@ -203,4 +203,9 @@ std::unique_ptr<Work> start_collective(Backend& backend, Algorithm algorithm,
   return work;
 }
 
+void run_collective(Backend& backend, Algorithm algorithm, const CollectiveArgs& args) {
+  if (algorithm == Algorithm::native) return backend.collective(args);
+  start_collective(backend, algorithm, args)->wait();
+}
+
 }  // namespace loom

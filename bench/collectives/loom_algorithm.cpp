@@ -1,5 +1,5 @@
 // The loom algorithms and auto: one of loom's own algorithms, or the AlgorithmSelector's
-// choice, started with start_collective and waited for.
+// choice, performed with run_collective (native: the backend's blocking call).
 #include <tuple>
 
 #include "algorithm.hpp"
@@ -33,9 +33,7 @@ class LoomAlgorithm final : public Algorithm {
     return loom::cannot_run(_algorithm, args_of(call), _backend);
   }
 
-  void run(const Call& call) override {
-    start_collective(_backend, _algorithm, args_of(call))->wait();
-  }
+  void run(const Call& call) override { run_collective(_backend, _algorithm, args_of(call)); }
 
  private:
   Backend& _backend;
@@ -67,7 +65,7 @@ class AutoAlgorithm final : public Algorithm {
       _key = key;
       _cached = true;
     }
-    start_collective(_backend, _algorithm, args)->wait();
+    run_collective(_backend, _algorithm, args);
   }
 
  private:

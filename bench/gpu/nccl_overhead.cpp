@@ -89,9 +89,10 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop{};
     cudaGetDeviceProperties(&prop, device);
     if (bootstrap->rank() == 0) {
-      std::printf("# loom-bench-nccl: %s, world size %d, float32 sum allreduce in place, median "
-                  "of 5 x %d iterations\n",
-                  prop.name, bootstrap->world_size(), iterations);
+      std::printf(
+          "# loom-bench-nccl: %s, world size %d, float32 sum allreduce in place, median "
+          "of 5 x %d iterations\n",
+          prop.name, bootstrap->world_size(), iterations);
       std::printf("# %12s %14s %14s %10s\n", "bytes", "raw_us", "loom_us", "overhead");
     }
     for (std::size_t bytes = 8; bytes <= max_bytes; bytes *= 4) {
@@ -110,9 +111,8 @@ int main(int argc, char** argv) {
                 "ncclAllReduce");
         cuda_ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
       });
-      const double loom_us = median_us(5, iters, [&] {
-        loom_nccl->allreduce_async(view, view, loom::ReduceOp::sum)->wait();
-      });
+      const double loom_us = median_us(
+          5, iters, [&] { loom_nccl->allreduce_async(view, view, loom::ReduceOp::sum)->wait(); });
       if (bootstrap->rank() == 0)
         std::printf("  %12zu %14.2f %14.2f %9.1f%%\n", bytes, raw_us, loom_us,
                     100.0 * (loom_us - raw_us) / raw_us);

@@ -66,24 +66,39 @@ std::unique_ptr<Work> CommunicationOptimizer::allreduce_async(Buffer send, Buffe
   return collective_async({Collective::allreduce, send, recv, op, 0});
 }
 
+void CommunicationOptimizer::collective(const CollectiveArgs& args) {
+  _last = _selector.choose(args, _backend);
+  if (!_profiler.enabled()) return run_collective(_backend, _last.algorithm, args);
+  OperationRecord record{std::string(to_string(args.op)),
+                         std::string(to_string(args.op)),
+                         selection_bytes(args),
+                         _backend.world_size(),
+                         std::string(to_string(_last.algorithm)),
+                         CommunicationProfiler::now_ns(),
+                         0};
+  run_collective(_backend, _last.algorithm, args);
+  record.end_ns = CommunicationProfiler::now_ns();
+  _profiler.record(std::move(record));
+}
+
 void CommunicationOptimizer::allreduce(Buffer buffer, ReduceOp op) {
-  allreduce_async(buffer, buffer, op)->wait();
+  collective({Collective::allreduce, buffer, buffer, op, 0});
 }
 
 void CommunicationOptimizer::allgather(Buffer send, Buffer recv) {
-  collective_async({Collective::allgather, send, recv, ReduceOp::sum, 0})->wait();
+  collective({Collective::allgather, send, recv, ReduceOp::sum, 0});
 }
 
 void CommunicationOptimizer::reduce_scatter(Buffer send, Buffer recv, ReduceOp op) {
-  collective_async({Collective::reduce_scatter, send, recv, op, 0})->wait();
+  collective({Collective::reduce_scatter, send, recv, op, 0});
 }
 
 void CommunicationOptimizer::broadcast(Buffer buffer, int root) {
-  collective_async({Collective::broadcast, buffer, buffer, ReduceOp::sum, root})->wait();
+  collective({Collective::broadcast, buffer, buffer, ReduceOp::sum, root});
 }
 
 void CommunicationOptimizer::reduce(Buffer send, Buffer recv, ReduceOp op, int root) {
-  collective_async({Collective::reduce, send, recv, op, root})->wait();
+  collective({Collective::reduce, send, recv, op, root});
 }
 
 PinnedBlock CommunicationOptimizer::staging(std::size_t bytes) {

@@ -112,6 +112,37 @@ TEST(Algorithms, BadArgumentsAreTheBackendsErrors) {
   EXPECT_EQ(parse_algorithm("binomial"), Algorithm::binomial_tree);
 }
 
+// run_collective: the blocking form, native through Backend::collective, the others through
+// start_collective; both exact, on an odd rank count and an odd size, and validated alike.
+TEST(Algorithms, RunCollectiveBlocksUntilDoneForNativeAndLoomAlgorithms) {
+  LocalWorld::run(3, [](Backend& b) {
+    for (Algorithm algorithm : {Algorithm::native, Algorithm::ring, Algorithm::binomial_tree}) {
+      std::vector<double> v(1001);
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = b.rank() + static_cast<double>(i);
+      run_collective(b, algorithm,
+                     {Collective::allreduce, Buffer::of(std::span(v)), Buffer::of(std::span(v)),
+                      ReduceOp::sum, 0});
+      for (std::size_t i = 0; i < v.size(); ++i)
+        ASSERT_EQ(v[i], 3.0 + 3.0 * static_cast<double>(i)) << to_string(algorithm) << " at " << i;
+    }
+    std::vector<float> root_only(5, 1.0f + b.rank());
+    b.collective({Collective::broadcast, Buffer::of(std::span(root_only)),
+                  Buffer::of(std::span(root_only)), ReduceOp::sum, 2});
+    EXPECT_EQ(root_only[4], 3.0f);
+    std::vector<float> a(4), c(5);
+    try {
+      run_collective(b, Algorithm::native,
+                     {Collective::allreduce, Buffer::of(std::span(a)), Buffer::of(std::span(c)),
+                      ReduceOp::sum, 0});
+      ADD_FAILURE() << "mismatched counts accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+      EXPECT_NE(std::string(e.what()).find("recv count 5 differs from send count 4"),
+                std::string::npos);
+    }
+  });
+}
+
 // Algorithm messages travel on their own channel: a user receive posted for any source and
 // any tag before an algorithm runs still gets the user's message, not the algorithm's.
 TEST(Algorithms, TrafficNeverMatchesAUsersReceive) {

@@ -44,4 +44,10 @@ std::string cannot_run(Algorithm algorithm, const CollectiveArgs& args, const Ba
 std::unique_ptr<Work> start_collective(Backend& backend, Algorithm algorithm,
                                        const CollectiveArgs& args);
 
+/// @brief Performs `args` with `algorithm` and returns when it is done. `native` takes the
+/// backend's blocking path (Backend::collective), which for small messages is several times
+/// faster than starting the asynchronous form and waiting for it; the others are
+/// start_collective(...)->wait().
+void run_collective(Backend& backend, Algorithm algorithm, const CollectiveArgs& args);
+
 }  // namespace loom

@@ -91,6 +91,9 @@ class Backend {
   std::unique_ptr<Work> barrier_async();
   /// @brief The backend's own (native) call for `args`, validated like the calls above.
   std::unique_ptr<Work> collective_async(const CollectiveArgs& args);
+  /// @brief The blocking form of collective_async: validated alike, then the transport's
+  /// blocking path (run_allreduce and the like).
+  void collective(const CollectiveArgs& args);
   /// @brief Throws the loom::Error the *_async call would throw for `args` (nothing if valid).
   void validate(const CollectiveArgs& args) const;
   /// @brief Sends `buffer` to `peer`; the buffer must stay valid until the work finishes.

@@ -39,6 +39,9 @@ class CommunicationOptimizer {
   /// @brief Starts `args` with the selector's algorithm; the handle completes as any Work.
   std::unique_ptr<Work> collective_async(const CollectiveArgs& args);
   std::unique_ptr<Work> allreduce_async(Buffer send, Buffer recv, ReduceOp op = ReduceOp::sum);
+  /// @brief Performs `args` with the selector's algorithm and returns when it is done (native
+  /// takes the backend's blocking path: see run_collective).
+  void collective(const CollectiveArgs& args);
   void allreduce(Buffer buffer, ReduceOp op = ReduceOp::sum);
   void allgather(Buffer send, Buffer recv);
   void reduce_scatter(Buffer send, Buffer recv, ReduceOp op = ReduceOp::sum);
