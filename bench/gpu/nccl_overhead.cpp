@@ -72,8 +72,14 @@ int main(int argc, char** argv) {
   try {
     auto bootstrap = loom::create_backend(loom::launched_by_mpirun() ? "mpi" : "local");
     loom::NcclConfig config = loom::NcclConfig::from_env();
+    if (config.device < 0) {  // as make_nccl_backend picks it: local rank % visible devices
+      const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+      const int local_rank = local != nullptr ? std::atoi(local) : bootstrap->rank();
+      config.device = local_rank % loom::cuda::device_count();
+    }
+    const int device = config.device;
     auto loom_nccl = loom::make_nccl_backend(*bootstrap, config);
-    const int device = loom::cuda::current_device();
+    cuda_ok(cudaSetDevice(device), "cudaSetDevice");
     // The raw baseline: its own communicator over the same id exchange, its own stream.
     ncclUniqueId id{};
     if (bootstrap->rank() == 0) nccl_ok(ncclGetUniqueId(&id), "ncclGetUniqueId");
@@ -89,9 +95,10 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop{};
     cudaGetDeviceProperties(&prop, device);
     if (bootstrap->rank() == 0) {
-      std::printf("# loom-bench-nccl: %s, world size %d, float32 sum allreduce in place, median "
-                  "of 5 x %d iterations\n",
-                  prop.name, bootstrap->world_size(), iterations);
+      std::printf(
+          "# loom-bench-nccl: %s, world size %d, float32 sum allreduce in place, median "
+          "of 5 x %d iterations\n",
+          prop.name, bootstrap->world_size(), iterations);
       std::printf("# %12s %14s %14s %10s\n", "bytes", "raw_us", "loom_us", "overhead");
     }
     for (std::size_t bytes = 8; bytes <= max_bytes; bytes *= 4) {
@@ -110,9 +117,8 @@ int main(int argc, char** argv) {
                 "ncclAllReduce");
         cuda_ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
       });
-      const double loom_us = median_us(5, iters, [&] {
-        loom_nccl->allreduce_async(view, view, loom::ReduceOp::sum)->wait();
-      });
+      const double loom_us = median_us(
+          5, iters, [&] { loom_nccl->allreduce_async(view, view, loom::ReduceOp::sum)->wait(); });
       if (bootstrap->rank() == 0)
         std::printf("  %12zu %14.2f %14.2f %9.1f%%\n", bytes, raw_us, loom_us,
                     100.0 * (loom_us - raw_us) / raw_us);

@@ -35,8 +35,7 @@ std::unique_ptr<GpuNodes> GpuNodes::create(const GraphState& graph,
   });
   if (first == graph.nodes.end()) return nullptr;
   if (cuda::device_count() == 0)
-    throw Error(ErrorCode::unavailable, "compute node '" + first->name +
-                                            "' runs on the GPU, but " +
+    throw Error(ErrorCode::unavailable, "compute node '" + first->name + "' runs on the GPU, but " +
                                             cuda::unavailable_reason());
   return std::unique_ptr<GpuNodes>(new GpuNodes(graph, order, cuda::current_device()));
 }

@@ -38,9 +38,9 @@ class GpuNodes {
 
   int _device;
   std::unique_ptr<cuda::StreamPool> _streams;
-  std::vector<int> _stream_of;                              // per node: -1 unless on the GPU
+  std::vector<int> _stream_of;                                // per node: -1 unless on the GPU
   std::vector<std::vector<std::uint32_t>> _gpu_predecessors;  // per node
-  std::vector<std::unique_ptr<cuda::Event>> _done;          // per node: its end
+  std::vector<std::unique_ptr<cuda::Event>> _done;            // per node: its end
 };
 
 }  // namespace loom::detail

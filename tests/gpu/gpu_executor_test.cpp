@@ -15,7 +15,9 @@
 namespace loom {
 namespace {
 
-cuda::NativeStream native(StreamRef s) { return static_cast<cuda::NativeStream>(s.native); }
+cuda::NativeStream native(StreamRef s) {
+  return static_cast<cuda::NativeStream>(s.native);
+}
 
 TEST(GpuExecutor, GpuChainAcrossStreamsThenCpuSeesTheResult) {
   LOOM_REQUIRE_GPU();
@@ -30,8 +32,7 @@ TEST(GpuExecutor, GpuChainAcrossStreamsThenCpuSeesTheResult) {
   // b = a + a. Had "sum" not waited on the device for "double", it would read a partly doubled.
   auto doubling = g.compute_gpu("double", [&](StreamRef s) {
     doubling_stream = s.native;
-    for (int i = 0; i < 20; ++i)
-      kernels::cuda::scale(a.data(), n, DType::float32, 2.0, native(s));
+    for (int i = 0; i < 20; ++i) kernels::cuda::scale(a.data(), n, DType::float32, 2.0, native(s));
   });
   auto sum = g.compute_gpu("sum", [&](StreamRef s) {
     crossed_streams = s.native != doubling_stream;
