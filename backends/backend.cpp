@@ -51,11 +51,13 @@ namespace {
 // Checks shared by every buffer argument.
 class Check {
  public:
+  // The "<op> on rank r of n" prefix is built only when a check fails: validation runs on
+  // every call, including each message of loom's algorithms.
   Check(const Backend& backend, std::string_view operation)
-      : _backend(backend), _where(backend.where(operation)) {}
+      : _backend(backend), _operation(operation) {}
 
   [[noreturn]] void fail(ErrorCode code, const std::string& what) const {
-    throw Error(code, _where + ": " + what);
+    throw Error(code, _backend.where(_operation) + ": " + what);
   }
 
   void buffer(const char* role, Buffer b) const {
@@ -113,7 +115,7 @@ class Check {
 
  private:
   const Backend& _backend;
-  std::string _where;
+  std::string_view _operation;
 };
 
 std::string count_text(Buffer b) {
@@ -122,97 +124,198 @@ std::string count_text(Buffer b) {
 
 }  // namespace
 
+void Backend::validate(const CollectiveArgs& args) const {
+  const Buffer send = args.send;
+  const Buffer recv = args.recv;
+  const auto world = static_cast<std::size_t>(world_size());
+  Check check(*this, to_string(args.op));
+  switch (args.op) {
+    case Collective::barrier:
+      return;
+    case Collective::broadcast:
+      check.buffer("", send);
+      check.root(args.root);
+      return;
+    case Collective::reduce:
+      check.root(args.root);
+      check.buffer("send", send);
+      check.op(args.reduce_op, send.dtype());
+      if (rank() == args.root) {
+        check.buffer("recv", recv);
+        check.same_dtype(send, recv);
+        if (recv.count() != send.count())
+          check.fail(
+              ErrorCode::invalid_argument,
+              "recv count " + count_text(recv) + " differs from send count " + count_text(send));
+        if (send.data() != recv.data()) check.disjoint(send, recv);
+      }
+      return;
+    case Collective::allreduce:
+      check.buffer("send", send);
+      check.buffer("recv", recv);
+      check.same_dtype(send, recv);
+      check.op(args.reduce_op, send.dtype());
+      if (recv.count() != send.count())
+        check.fail(ErrorCode::invalid_argument, "recv count " + count_text(recv) +
+                                                    " differs from send count " + count_text(send));
+      if (send.data() != recv.data()) check.disjoint(send, recv);
+      return;
+    case Collective::allgather: {
+      check.buffer("send", send);
+      check.buffer("recv", recv);
+      check.same_dtype(send, recv);
+      if (recv.count() != send.count() * world)
+        check.fail(ErrorCode::invalid_argument,
+                   "recv count " + count_text(recv) + " must be send count " + count_text(send) +
+                       " x " + std::to_string(world) +
+                       " ranks = " + std::to_string(send.count() * world));
+      const bool in_place = send.count() != 0 &&
+                            send.data() == recv.slice(rank() * send.count(), send.count()).data();
+      if (!in_place) check.disjoint(send, recv);
+      return;
+    }
+    case Collective::reduce_scatter:
+      check.buffer("send", send);
+      check.buffer("recv", recv);
+      check.same_dtype(send, recv);
+      check.op(args.reduce_op, send.dtype());
+      if (send.count() % world != 0)
+        check.fail(ErrorCode::invalid_argument,
+                   "send count " + count_text(send) + " does not divide by " +
+                       std::to_string(world) + " ranks (pad it to a multiple of the world size)");
+      if (recv.count() * world != send.count())
+        check.fail(ErrorCode::invalid_argument,
+                   "recv count " + count_text(recv) + " must be send count " + count_text(send) +
+                       " / " + std::to_string(world) +
+                       " ranks = " + std::to_string(send.count() / world));
+      check.disjoint(send, recv);
+      return;
+    case Collective::alltoall:
+      check.buffer("send", send);
+      check.buffer("recv", recv);
+      check.same_dtype(send, recv);
+      if (send.count() != recv.count())
+        check.fail(ErrorCode::invalid_argument, "recv count " + count_text(recv) +
+                                                    " differs from send count " + count_text(send));
+      if (send.count() % world != 0)
+        check.fail(ErrorCode::invalid_argument, "count " + count_text(send) +
+                                                    " does not divide by " + std::to_string(world) +
+                                                    " ranks");
+      check.disjoint(send, recv);
+      return;
+  }
+  throw Error(ErrorCode::invalid_argument, where("collective") + ": unknown collective");
+}
+
+std::unique_ptr<Work> Backend::collective_async(const CollectiveArgs& args) {
+  validate(args);
+  switch (args.op) {
+    case Collective::broadcast:
+      return start_broadcast(args.send, args.root);
+    case Collective::reduce:
+      return start_reduce(args.send, args.recv, args.reduce_op, args.root);
+    case Collective::allreduce:
+      return start_allreduce(args.send, args.recv, args.reduce_op);
+    case Collective::allgather:
+      return start_allgather(args.send, args.recv);
+    case Collective::reduce_scatter:
+      return start_reduce_scatter(args.send, args.recv, args.reduce_op);
+    case Collective::alltoall:
+      return start_alltoall(args.send, args.recv);
+    case Collective::barrier:
+      return start_barrier();
+  }
+  throw Error(ErrorCode::invalid_argument, where("collective") + ": unknown collective");
+}
+
 std::unique_ptr<Work> Backend::broadcast_async(Buffer buffer, int root) {
-  Check check(*this, "broadcast");
-  check.buffer("", buffer);
-  check.root(root);
-  return start_broadcast(buffer, root);
+  return collective_async({Collective::broadcast, buffer, buffer, ReduceOp::sum, root});
 }
 
 std::unique_ptr<Work> Backend::reduce_async(Buffer send, Buffer recv, ReduceOp op, int root) {
-  Check check(*this, "reduce");
-  check.root(root);
-  check.buffer("send", send);
-  check.op(op, send.dtype());
-  if (rank() == root) {
-    check.buffer("recv", recv);
-    check.same_dtype(send, recv);
-    if (recv.count() != send.count())
-      check.fail(ErrorCode::invalid_argument,
-                 "recv count " + count_text(recv) + " differs from send count " + count_text(send));
-    if (send.data() != recv.data()) check.disjoint(send, recv);
-  }
-  return start_reduce(send, recv, op, root);
+  return collective_async({Collective::reduce, send, recv, op, root});
 }
 
 std::unique_ptr<Work> Backend::allreduce_async(Buffer send, Buffer recv, ReduceOp op) {
-  Check check(*this, "allreduce");
-  check.buffer("send", send);
-  check.buffer("recv", recv);
-  check.same_dtype(send, recv);
-  check.op(op, send.dtype());
-  if (recv.count() != send.count())
-    check.fail(ErrorCode::invalid_argument,
-               "recv count " + count_text(recv) + " differs from send count " + count_text(send));
-  if (send.data() != recv.data()) check.disjoint(send, recv);
-  return start_allreduce(send, recv, op);
+  return collective_async({Collective::allreduce, send, recv, op, 0});
 }
 
 std::unique_ptr<Work> Backend::allgather_async(Buffer send, Buffer recv) {
-  Check check(*this, "allgather");
-  check.buffer("send", send);
-  check.buffer("recv", recv);
-  check.same_dtype(send, recv);
-  const auto world = static_cast<std::size_t>(world_size());
-  if (recv.count() != send.count() * world)
-    check.fail(ErrorCode::invalid_argument, "recv count " + count_text(recv) +
-                                                " must be send count " + count_text(send) + " x " +
-                                                std::to_string(world) +
-                                                " ranks = " + std::to_string(send.count() * world));
-  const bool in_place =
-      send.count() != 0 && send.data() == recv.slice(rank() * send.count(), send.count()).data();
-  if (!in_place) check.disjoint(send, recv);
-  return start_allgather(send, recv);
+  return collective_async({Collective::allgather, send, recv, ReduceOp::sum, 0});
 }
 
 std::unique_ptr<Work> Backend::reduce_scatter_async(Buffer send, Buffer recv, ReduceOp op) {
-  Check check(*this, "reduce_scatter");
-  check.buffer("send", send);
-  check.buffer("recv", recv);
-  check.same_dtype(send, recv);
-  check.op(op, send.dtype());
-  const auto world = static_cast<std::size_t>(world_size());
-  if (send.count() % world != 0)
-    check.fail(ErrorCode::invalid_argument, "send count " + count_text(send) +
-                                                " does not divide by " + std::to_string(world) +
-                                                " ranks (pad it to a multiple of the world size)");
-  if (recv.count() * world != send.count())
-    check.fail(ErrorCode::invalid_argument, "recv count " + count_text(recv) +
-                                                " must be send count " + count_text(send) + " / " +
-                                                std::to_string(world) +
-                                                " ranks = " + std::to_string(send.count() / world));
-  check.disjoint(send, recv);
-  return start_reduce_scatter(send, recv, op);
+  return collective_async({Collective::reduce_scatter, send, recv, op, 0});
 }
 
 std::unique_ptr<Work> Backend::alltoall_async(Buffer send, Buffer recv) {
-  Check check(*this, "alltoall");
-  check.buffer("send", send);
-  check.buffer("recv", recv);
-  check.same_dtype(send, recv);
-  const auto world = static_cast<std::size_t>(world_size());
-  if (send.count() != recv.count())
-    check.fail(ErrorCode::invalid_argument,
-               "recv count " + count_text(recv) + " differs from send count " + count_text(send));
-  if (send.count() % world != 0)
-    check.fail(ErrorCode::invalid_argument, "count " + count_text(send) + " does not divide by " +
-                                                std::to_string(world) + " ranks");
-  check.disjoint(send, recv);
-  return start_alltoall(send, recv);
+  return collective_async({Collective::alltoall, send, recv, ReduceOp::sum, 0});
 }
 
 std::unique_ptr<Work> Backend::barrier_async() {
-  return start_barrier();
+  return collective_async({Collective::barrier, {}, {}, ReduceOp::sum, 0});
+}
+
+void Backend::broadcast(Buffer buffer, int root) {
+  validate({Collective::broadcast, buffer, buffer, ReduceOp::sum, root});
+  run_broadcast(buffer, root);
+}
+
+void Backend::reduce(Buffer send, Buffer recv, ReduceOp op, int root) {
+  validate({Collective::reduce, send, recv, op, root});
+  run_reduce(send, recv, op, root);
+}
+
+void Backend::allreduce(Buffer send, Buffer recv, ReduceOp op) {
+  validate({Collective::allreduce, send, recv, op, 0});
+  run_allreduce(send, recv, op);
+}
+
+void Backend::allgather(Buffer send, Buffer recv) {
+  validate({Collective::allgather, send, recv, ReduceOp::sum, 0});
+  run_allgather(send, recv);
+}
+
+void Backend::reduce_scatter(Buffer send, Buffer recv, ReduceOp op) {
+  validate({Collective::reduce_scatter, send, recv, op, 0});
+  run_reduce_scatter(send, recv, op);
+}
+
+void Backend::alltoall(Buffer send, Buffer recv) {
+  validate({Collective::alltoall, send, recv, ReduceOp::sum, 0});
+  run_alltoall(send, recv);
+}
+
+void Backend::barrier() {
+  run_barrier();
+}
+
+void Backend::run_broadcast(Buffer buffer, int root) {
+  start_broadcast(buffer, root)->wait();
+}
+
+void Backend::run_reduce(Buffer send, Buffer recv, ReduceOp op, int root) {
+  start_reduce(send, recv, op, root)->wait();
+}
+
+void Backend::run_allreduce(Buffer send, Buffer recv, ReduceOp op) {
+  start_allreduce(send, recv, op)->wait();
+}
+
+void Backend::run_allgather(Buffer send, Buffer recv) {
+  start_allgather(send, recv)->wait();
+}
+
+void Backend::run_reduce_scatter(Buffer send, Buffer recv, ReduceOp op) {
+  start_reduce_scatter(send, recv, op)->wait();
+}
+
+void Backend::run_alltoall(Buffer send, Buffer recv) {
+  start_alltoall(send, recv)->wait();
+}
+
+void Backend::run_barrier() {
+  start_barrier()->wait();
 }
 
 std::unique_ptr<Work> Backend::send_async(Buffer buffer, int peer, int tag) {
@@ -229,6 +332,37 @@ std::unique_ptr<Work> Backend::recv_async(Buffer buffer, int peer, int tag) {
   check.peer(peer, true);
   check.tag(tag, max_tag(), true);
   return start_recv(buffer, peer, tag);
+}
+
+std::unique_ptr<Work> Backend::algorithm_send_async(Buffer buffer, int peer, int tag) {
+  Check check(*this, "algorithm send");
+  check.buffer("send", buffer);
+  check.peer(peer, false);
+  check.tag(tag, max_tag(), false);
+  return start_algorithm_send(buffer, peer, tag);
+}
+
+std::unique_ptr<Work> Backend::algorithm_recv_async(Buffer buffer, int peer, int tag) {
+  Check check(*this, "algorithm recv");
+  check.buffer("recv", buffer);
+  check.peer(peer, false);
+  check.tag(tag, max_tag(), false);
+  return start_algorithm_recv(buffer, peer, tag);
+}
+
+int Backend::next_algorithm_tag() noexcept {
+  const auto space = static_cast<std::uint64_t>(max_tag()) + 1;
+  return static_cast<int>(_algorithm_instances.fetch_add(1, std::memory_order_relaxed) % space);
+}
+
+std::unique_ptr<Work> Backend::start_algorithm_send(Buffer, int, int) {
+  throw Error(ErrorCode::unsupported,
+              where("algorithm send") + ": this backend has no algorithm channel (use native)");
+}
+
+std::unique_ptr<Work> Backend::start_algorithm_recv(Buffer, int, int) {
+  throw Error(ErrorCode::unsupported,
+              where("algorithm recv") + ": this backend has no algorithm channel (use native)");
 }
 
 std::optional<Status> Backend::try_probe(int peer, int tag) {

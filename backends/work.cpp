@@ -31,15 +31,19 @@ bool Work::test() noexcept {
 }
 
 namespace {
-// Spin briefly (completions are often microseconds away), then yield, then sleep with a
-// growing interval so a waiting thread does not eat a core on a small machine.
+// Spin briefly (completions are often microseconds away), then yield for up to a millisecond,
+// then sleep with a growing interval so a waiting thread does not eat a core on a small
+// machine. The yield phase matters between processes: an MPI transfer (and each step of
+// loom's algorithms) advances only while the peers poll, and a yield hands the core to a
+// peer at once where a sleep would idle it for up to 200 us per step.
 class Backoff {
  public:
   void pause() {
     if (_rounds < 64) {
       ++_rounds;
-    } else if (_rounds < 128) {
-      ++_rounds;
+    } else if (_rounds == 64 || std::chrono::steady_clock::now() < _yield_until) {
+      if (_rounds++ == 64)
+        _yield_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1);
       std::this_thread::yield();
     } else {
       std::this_thread::sleep_for(_sleep);
@@ -49,6 +53,7 @@ class Backoff {
 
  private:
   int _rounds = 0;
+  std::chrono::steady_clock::time_point _yield_until;
   std::chrono::microseconds _sleep{1};
 };
 }  // namespace

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Sets up a fresh machine, checks formatting, builds Release and runs the whole suite with ctest.
+# Sets up a fresh machine, checks formatting, builds Release and runs the whole suite with ctest,
+# then the sanitizer and fuzz runs (scripts/run-sanitizers.sh). Each part prints its duration.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
 scripts/check-format.sh
+start=$SECONDS
 loom_configure_and_build
 ctest --test-dir "$LOOM_BUILD_DIR" --output-on-failure -j "$JOBS" --timeout 900
+echo "run-tests: Release build and tests took $((SECONDS - start)) s"
+scripts/run-sanitizers.sh

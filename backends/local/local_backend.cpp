@@ -79,15 +79,25 @@ bool matches(int want_source, int want_tag, int source, int tag) {
          (want_tag == any_tag || want_tag == tag);
 }
 
+// Point-to-point channels: user messages, and the algorithm channel of backends/algorithms,
+// which has its own queues so that neither can match the other's messages.
+constexpr int user_channel = 0;
+constexpr int algorithm_channel = 1;
+
+struct Mailbox {
+  explicit Mailbox(int n) : unexpected(n), posted(n) {}
+  std::vector<std::deque<Envelope>> unexpected;                // per destination rank
+  std::vector<std::list<std::shared_ptr<PostedRecv>>> posted;  // per destination rank
+};
+
 }  // namespace
 
 struct LocalWorld::State {
-  explicit State(int n) : size(n), unexpected(n), posted(n) {}
+  explicit State(int n) : size(n), mailboxes{Mailbox(n), Mailbox(n)} {}
   int size;
   std::mutex mutex;
   std::map<std::uint64_t, std::shared_ptr<Rendezvous>> rendezvous;
-  std::vector<std::deque<Envelope>> unexpected;                // per destination rank
-  std::vector<std::list<std::shared_ptr<PostedRecv>>> posted;  // per destination rank
+  Mailbox mailboxes[2];  // [user_channel], [algorithm_channel]
   std::atomic<bool> aborted{false};
   std::string abort_reason;  // written once, before aborted is set
 
@@ -241,6 +251,7 @@ class LocalBackend final : public Backend {
   int world_size() const noexcept override { return _state->size; }
   std::string_view name() const noexcept override { return "local"; }
   int max_tag() const noexcept override { return std::numeric_limits<int>::max(); }
+  bool has_algorithm_channel() const noexcept override { return true; }
 
  protected:
   std::unique_ptr<Work> start_broadcast(Buffer buffer, int root) override {
@@ -268,10 +279,23 @@ class LocalBackend final : public Backend {
   }
 
   std::unique_ptr<Work> start_send(Buffer buffer, int peer, int tag) override {
+    return send_on(user_channel, buffer, peer, tag);
+  }
+  std::unique_ptr<Work> start_recv(Buffer buffer, int peer, int tag) override {
+    return recv_on(user_channel, buffer, peer, tag);
+  }
+  std::unique_ptr<Work> start_algorithm_send(Buffer buffer, int peer, int tag) override {
+    return send_on(algorithm_channel, buffer, peer, tag);
+  }
+  std::unique_ptr<Work> start_algorithm_recv(Buffer buffer, int peer, int tag) override {
+    return recv_on(algorithm_channel, buffer, peer, tag);
+  }
+
+  std::unique_ptr<Work> send_on(int channel, Buffer buffer, int peer, int tag) {
     const std::string what = where("send") + " to rank " + std::to_string(peer);
     std::lock_guard lock(_state->mutex);
     _state->check_alive(what);
-    auto& posted = _state->posted[peer];
+    auto& posted = _state->mailboxes[channel].posted[peer];
     for (auto it = posted.begin(); it != posted.end(); ++it) {
       PostedRecv& recv = **it;
       if (!matches(recv.source, recv.tag, _rank, tag)) continue;
@@ -283,12 +307,12 @@ class LocalBackend final : public Backend {
       return std::make_unique<CompletedWork>(what);
     }
     // Buffered (eager) send: the caller may reuse its buffer as soon as this returns.
-    _state->unexpected[peer].push_back(
+    _state->mailboxes[channel].unexpected[peer].push_back(
         {_rank, tag, std::vector<std::byte>(bytes_of(buffer), bytes_of(buffer) + buffer.bytes())});
     return std::make_unique<CompletedWork>(what);
   }
 
-  std::unique_ptr<Work> start_recv(Buffer buffer, int peer, int tag) override {
+  std::unique_ptr<Work> recv_on(int channel, Buffer buffer, int peer, int tag) {
     const std::string what = where("recv");
     auto recv = std::make_shared<PostedRecv>();
     recv->source = peer;
@@ -296,21 +320,21 @@ class LocalBackend final : public Backend {
     recv->buffer = buffer;
     std::lock_guard lock(_state->mutex);
     _state->check_alive(what);
-    auto& queue = _state->unexpected[_rank];
+    auto& queue = _state->mailboxes[channel].unexpected[_rank];
     for (auto it = queue.begin(); it != queue.end(); ++it) {
       if (!matches(peer, tag, it->source, it->tag)) continue;
       deliver(*recv, it->data.data(), it->data.size(), it->source, it->tag, what);
       queue.erase(it);
       return std::make_unique<ReadyWork>(what, recv->error);
     }
-    _state->posted[_rank].push_back(recv);
+    _state->mailboxes[channel].posted[_rank].push_back(recv);
     return std::make_unique<RecvWork>(what, _state, recv);
   }
 
   std::optional<Status> poll_probe(int peer, int tag) override {
     std::lock_guard lock(_state->mutex);
     _state->check_alive(where("probe"));
-    for (const Envelope& e : _state->unexpected[_rank])
+    for (const Envelope& e : _state->mailboxes[user_channel].unexpected[_rank])
       if (matches(peer, tag, e.source, e.tag)) return Status{e.source, e.tag, e.data.size()};
     return std::nullopt;
   }
@@ -321,7 +345,7 @@ class LocalBackend final : public Backend {
       {
         std::lock_guard lock(_state->mutex);
         _state->check_alive(where("recv_message"));
-        auto& queue = _state->unexpected[_rank];
+        auto& queue = _state->mailboxes[user_channel].unexpected[_rank];
         for (auto it = queue.begin(); it != queue.end(); ++it) {
           if (!matches(peer, tag, it->source, it->tag)) continue;
           Message m{it->source, it->tag, std::move(it->data)};

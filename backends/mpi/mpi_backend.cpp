@@ -37,13 +37,15 @@ void check(const std::string& where, const char* call, int rc) {
 // ops do not accept, so they are refused clearly instead.
 int to_int(const std::string& where, const char* what, std::size_t count) {
   if (count > static_cast<std::size_t>(INT_MAX))
-    throw Error(ErrorCode::unsupported,
-                where + ": " + what + " " + std::to_string(count) + " exceeds " +
-                    std::to_string(INT_MAX) + ", the largest count MPI takes (split the buffer)");
+    throw Error(ErrorCode::unsupported, where + ": " + what + " " + std::to_string(count) +
+                                            " exceeds " + std::to_string(INT_MAX) +
+                                            ", the largest count MPI takes (split the buffer)");
   return static_cast<int>(count);
 }
 
-bool on_device(Buffer buffer) { return buffer.device().kind != DeviceKind::cpu; }
+bool on_device(Buffer buffer) {
+  return buffer.device().kind != DeviceKind::cpu;
+}
 
 std::size_t message_bytes(const MPI_Status& status) {
   MPI_Count count = 0;
@@ -135,22 +137,33 @@ class RequestWork final : public Work {
 class MpiBackend final : public Backend {
  public:
   MpiBackend(const MpiConfig& config, const mpi::MpiRuntime& runtime)
-      : _config(config), _runtime(runtime), _communicator(std::make_shared<Communicator>()) {
+      : _config(config),
+        _runtime(runtime),
+        _communicator(std::make_shared<Communicator>()),
+        _algorithm_communicator(std::make_shared<Communicator>()) {
 #if LOOM_HAVE_CUDA
     _staging = std::make_unique<mpi::DeviceStaging>(config.staging_chunk_bytes);
 #endif
   }
 
-  int rank() const noexcept override { return _communicator->rank(); }
-  int world_size() const noexcept override { return _communicator->size(); }
-  std::string_view name() const noexcept override { return "mpi"; }
+  int rank() const noexcept override {
+    return _communicator->rank();
+  }
+  int world_size() const noexcept override {
+    return _communicator->size();
+  }
+  std::string_view name() const noexcept override {
+    return "mpi";
+  }
   bool supports(Device device) const noexcept override {
     if (device.kind == DeviceKind::cpu) return true;
     return device.kind == DeviceKind::cuda && (cuda_aware() || stageable(device));
   }
 
  protected:
-  int max_tag() const noexcept override { return _runtime.tag_ub(); }
+  int max_tag() const noexcept override {
+    return _runtime.tag_ub();
+  }
 
   std::unique_ptr<Work> start_broadcast(Buffer buffer, int root) override {
     if (must_stage(buffer)) {
@@ -223,8 +236,8 @@ class MpiBackend final : public Backend {
     const std::string at = where("allgather");
     const int count = to_int(at, "count", send.count());
     to_int(at, "recv count", recv.count());
-    const bool in_place = send.count() != 0 &&
-                          send.data() == recv.slice(rank() * send.count(), send.count()).data();
+    const bool in_place =
+        send.count() != 0 && send.data() == recv.slice(rank() * send.count(), send.count()).data();
     const void* sendbuf = in_place ? MPI_IN_PLACE : send.data();
     const MPI_Datatype type = mpi::datatype(send.dtype());
     return launch(
@@ -283,42 +296,138 @@ class MpiBackend final : public Backend {
         [&] { return MPI_Barrier(comm()); });
   }
 
-  // Point-to-point messages travel as MPI_BYTE so that recv_message can take any of them.
+  // The blocking forms on host buffers call MPI's blocking collectives directly: no handle, no
+  // message text unless something fails. Device buffers take the checked path of start_*.
+  void run_broadcast(Buffer buffer, int root) override {
+    if (on_device(buffer)) return Backend::run_broadcast(buffer, root);
+    const int count = count_of("broadcast", "count", buffer.count());
+    succeed("broadcast", "MPI_Bcast",
+            MPI_Bcast(buffer.data(), count, mpi::datatype(buffer.dtype()), root, comm()));
+  }
+
+  void run_reduce(Buffer send, Buffer recv, ReduceOp op, int root) override {
+    const bool is_root = rank() == root;
+    if (on_device(send) || (is_root && on_device(recv)))
+      return Backend::run_reduce(send, recv, op, root);
+    const int count = count_of("reduce", "count", send.count());
+    const void* sendbuf = is_root && send.data() == recv.data() ? MPI_IN_PLACE : send.data();
+    succeed("reduce", "MPI_Reduce",
+            MPI_Reduce(sendbuf, is_root ? recv.data() : nullptr, count, mpi::datatype(send.dtype()),
+                       _runtime.op(op, send.dtype()), root, comm()));
+    if (is_root && op == ReduceOp::avg) average(recv);
+  }
+
+  void run_allreduce(Buffer send, Buffer recv, ReduceOp op) override {
+    if (on_device(send) || on_device(recv)) return Backend::run_allreduce(send, recv, op);
+    const int count = count_of("allreduce", "count", send.count());
+    const void* sendbuf = send.data() == recv.data() ? MPI_IN_PLACE : send.data();
+    succeed("allreduce", "MPI_Allreduce",
+            MPI_Allreduce(sendbuf, recv.data(), count, mpi::datatype(send.dtype()),
+                          _runtime.op(op, send.dtype()), comm()));
+    if (op == ReduceOp::avg) average(recv);
+  }
+
+  void run_allgather(Buffer send, Buffer recv) override {
+    if (on_device(send) || on_device(recv)) return Backend::run_allgather(send, recv);
+    const int count = count_of("allgather", "count", send.count());
+    count_of("allgather", "recv count", recv.count());
+    const bool in_place =
+        send.count() != 0 && send.data() == recv.slice(rank() * send.count(), send.count()).data();
+    const MPI_Datatype type = mpi::datatype(send.dtype());
+    succeed("allgather", "MPI_Allgather",
+            MPI_Allgather(in_place ? MPI_IN_PLACE : send.data(), count, type, recv.data(), count,
+                          type, comm()));
+  }
+
+  void run_reduce_scatter(Buffer send, Buffer recv, ReduceOp op) override {
+    if (on_device(send) || on_device(recv)) return Backend::run_reduce_scatter(send, recv, op);
+    count_of("reduce_scatter", "send count", send.count());
+    const int count = count_of("reduce_scatter", "recv count", recv.count());
+    succeed("reduce_scatter", "MPI_Reduce_scatter_block",
+            MPI_Reduce_scatter_block(send.data(), recv.data(), count, mpi::datatype(send.dtype()),
+                                     _runtime.op(op, send.dtype()), comm()));
+    if (op == ReduceOp::avg) average(recv);
+  }
+
+  void run_alltoall(Buffer send, Buffer recv) override {
+    if (on_device(send) || on_device(recv)) return Backend::run_alltoall(send, recv);
+    count_of("alltoall", "count", send.count());
+    const int block = static_cast<int>(send.count() / static_cast<std::size_t>(world_size()));
+    const MPI_Datatype type = mpi::datatype(send.dtype());
+    succeed("alltoall", "MPI_Alltoall",
+            MPI_Alltoall(send.data(), block, type, recv.data(), block, type, comm()));
+  }
+
+  void run_barrier() override {
+    succeed("barrier", "MPI_Barrier", MPI_Barrier(comm()));
+  }
+
   std::unique_ptr<Work> start_send(Buffer buffer, int peer, int tag) override {
     if (must_stage(buffer))
       return stage({where("send") + ": " + buffer.describe() + " staged", buffer, Buffer(), false,
                     false,
                     [this, peer, tag](Buffer in, Buffer) { return start_send(in, peer, tag); }});
-    const std::string at = where("send");
+    return send_on(_communicator, "send", buffer, peer, tag);
+  }
+  std::unique_ptr<Work> start_recv(Buffer buffer, int peer, int tag) override {
+    if (must_stage(buffer))
+      return stage({where("recv") + ": " + buffer.describe() + " staged", Buffer(), buffer, false,
+                    false,
+                    [this, peer, tag](Buffer, Buffer out) { return start_recv(out, peer, tag); }});
+    return recv_on(_communicator, "recv", buffer, peer, tag);
+  }
+  // loom's algorithms talk on a communicator of their own, so their messages can never match
+  // a user's receive (even one posted with MPI_ANY_TAG).
+  std::unique_ptr<Work> start_algorithm_send(Buffer buffer, int peer, int tag) override {
+    return send_on(_algorithm_communicator, "algorithm send", buffer, peer, tag);
+  }
+  std::unique_ptr<Work> start_algorithm_recv(Buffer buffer, int peer, int tag) override {
+    return recv_on(_algorithm_communicator, "algorithm recv", buffer, peer, tag);
+  }
+
+ public:
+  bool has_algorithm_channel() const noexcept override {
+    return true;
+  }
+
+ protected:
+  // Point-to-point messages travel as MPI_BYTE so that recv_message can take any of them.
+  std::unique_ptr<Work> send_on(const std::shared_ptr<const Communicator>& communicator,
+                                const char* operation, Buffer buffer, int peer, int tag) {
+    const std::string at = where(operation);
     const int bytes = to_int(at, "message size in bytes", buffer.bytes());
     MPI_Request request = MPI_REQUEST_NULL;
     check(at, "MPI_Isend",
-          MPI_Isend(buffer.data(), bytes, MPI_BYTE, peer, tag, comm(), &request));
+          MPI_Isend(buffer.data(), bytes, MPI_BYTE, peer, tag, communicator->get(), &request));
+    // Algorithm transfers are many and short-lived: their own description is the prefix
+    // alone (the algorithm's Work names the collective).
+    const bool user = communicator == _communicator;
     return std::make_unique<RequestWork>(
-        at + ": " + buffer.describe() + " to rank " + std::to_string(peer) + " tag " +
-            std::to_string(tag),
-        _communicator, request,
+        user ? at + ": " + buffer.describe() + " to rank " + std::to_string(peer) + " tag " +
+                   std::to_string(tag)
+             : at,
+        communicator, request,
         [at](int rc, const MPI_Status&) {
           if (rc != MPI_SUCCESS) throw failure(at, "MPI_Isend", rc);
         },
         false);
   }
 
-  std::unique_ptr<Work> start_recv(Buffer buffer, int peer, int tag) override {
-    if (must_stage(buffer))
-      return stage({where("recv") + ": " + buffer.describe() + " staged", Buffer(), buffer, false,
-                    false,
-                    [this, peer, tag](Buffer, Buffer out) { return start_recv(out, peer, tag); }});
-    const std::string at = where("recv");
+  std::unique_ptr<Work> recv_on(const std::shared_ptr<const Communicator>& communicator,
+                                const char* operation, Buffer buffer, int peer, int tag) {
+    const std::string at = where(operation);
     const int bytes = to_int(at, "message size in bytes", buffer.bytes());
     MPI_Request request = MPI_REQUEST_NULL;
     check(at, "MPI_Irecv",
-          MPI_Irecv(buffer.data(), bytes, MPI_BYTE, source(peer), mpi_tag(tag), comm(), &request));
+          MPI_Irecv(buffer.data(), bytes, MPI_BYTE, source(peer), mpi_tag(tag), communicator->get(),
+                    &request));
+    const bool user = communicator == _communicator;
     return std::make_unique<RequestWork>(
-        at + ": " + buffer.describe() + " from " +
-            (peer == any_source ? std::string("any rank") : "rank " + std::to_string(peer)) +
-            " tag " + (tag == any_tag ? std::string("any") : std::to_string(tag)),
-        _communicator, request,
+        user ? at + ": " + buffer.describe() + " from " +
+                   (peer == any_source ? std::string("any rank") : "rank " + std::to_string(peer)) +
+                   " tag " + (tag == any_tag ? std::string("any") : std::to_string(tag))
+             : at,
+        communicator, request,
         [at, expected = buffer.bytes()](int rc, const MPI_Status& status) {
           const std::string from = "the message from rank " + std::to_string(status.MPI_SOURCE) +
                                    " with tag " + std::to_string(status.MPI_TAG);
@@ -377,7 +486,9 @@ class MpiBackend final : public Backend {
   }
 
  private:
-  MPI_Comm comm() const noexcept { return _communicator->get(); }
+  MPI_Comm comm() const noexcept {
+    return _communicator->get();
+  }
 
   bool cuda_aware() const noexcept {
     return _runtime.cuda_aware() && _config.use_cuda_aware;
@@ -403,8 +514,26 @@ class MpiBackend final : public Backend {
     throw Error(ErrorCode::internal, request.description + ": staging without CUDA");
 #endif
   }
-  static int source(int peer) noexcept { return peer == any_source ? MPI_ANY_SOURCE : peer; }
-  static int mpi_tag(int tag) noexcept { return tag == any_tag ? MPI_ANY_TAG : tag; }
+  static int source(int peer) noexcept {
+    return peer == any_source ? MPI_ANY_SOURCE : peer;
+  }
+  static int mpi_tag(int tag) noexcept {
+    return tag == any_tag ? MPI_ANY_TAG : tag;
+  }
+
+  // to_int with the message prefix built only when the count does not fit.
+  int count_of(const char* operation, const char* what, std::size_t count) const {
+    if (count > static_cast<std::size_t>(INT_MAX)) to_int(where(operation), what, count);
+    return static_cast<int>(count);
+  }
+
+  void succeed(const char* operation, const char* call, int rc) const {
+    if (rc != MPI_SUCCESS) throw failure(where(operation), call, rc);
+  }
+
+  void average(Buffer result) const {
+    kernels::average(result.data(), result.count(), result.dtype(), world_size());
+  }
 
   static std::string describe(Buffer buffer, ReduceOp op) {
     return buffer.describe() + " " + std::string(to_string(op));
@@ -459,6 +588,7 @@ class MpiBackend final : public Backend {
   std::unique_ptr<mpi::DeviceStaging> _staging;
 #endif
   std::shared_ptr<const Communicator> _communicator;
+  std::shared_ptr<const Communicator> _algorithm_communicator;
 };
 
 }  // namespace

@@ -97,6 +97,14 @@ std::int64_t run_benchmark(const Options& options, Backend& backend, Harness& ha
                           Buffer(send_memory.data(), layout.send_count, dtype),
                           Buffer(recv_memory.data(), layout.recv_count, dtype)};
           for (Algorithm* algorithm : runnable) {
+            if (const std::string why = algorithm->cannot_run(call); !why.empty()) {
+              note(std::string(algorithm->name()) + " skipped for " + combination + " at " +
+                   std::to_string(layout.bytes) + " B: " + why);
+              continue;
+            }
+            if (const std::string what = algorithm->chosen(call); !what.empty())
+              note(std::string(algorithm->name()) + " at " + std::to_string(layout.bytes) +
+                   " B: " + what);
             pattern.fill(rank, call.send, call.recv);
             std::optional<std::int64_t> wrong;
             if (options.check) {

@@ -13,6 +13,7 @@
 #include "harness.hpp"
 #include "loom/config.hpp"
 #include "loom/error.hpp"
+#include "loom/gpu_direct.hpp"
 #include "loom/local.hpp"
 #include "options.hpp"
 #include "report.hpp"
@@ -44,10 +45,14 @@ std::string build_config() {
 
 void print_info(const Backend& backend) {
   std::string algorithms = "native";
+  if (backend.has_algorithm_channel())
+    algorithms += ", ring, rd, rabenseifner, tree, bruck, halving, scatter_allgather, auto";
   if (LOOM_HAVE_MPI && backend.name() == "mpi") algorithms += ", mpi-raw";
   std::printf("backend: %s\nranks: %d\nbuild: %s\nalgorithms available: %s\n",
               std::string(backend.name()).c_str(), backend.world_size(), build_config().c_str(),
               algorithms.c_str());
+  // GPU-direct: CUDA-aware MPI, peer access, the peer-memory module.
+  std::printf("%s", detect_gpu_direct().describe().c_str());
 }
 
 void print_preamble(const Options& options, const Backend& backend, Report& report) {
@@ -84,6 +89,9 @@ int run_rank(const Options& options, Backend& backend, Harness& harness) {
   std::vector<std::unique_ptr<Algorithm>> algorithms;
   for (const auto& name : options.algorithms) {
     if (name == "native") algorithms.push_back(make_native_algorithm(backend));
+    if (name == "auto") algorithms.push_back(make_auto_algorithm(backend));
+    if (name != "native" && name != "auto" && name != "mpi-raw")
+      algorithms.push_back(make_loom_algorithm(backend, parse_algorithm(name)));
 #if LOOM_HAVE_MPI
     if (name == "mpi-raw") algorithms.push_back(make_mpi_raw_algorithm());
 #endif
@@ -108,7 +116,8 @@ int run_rank(const Options& options, Backend& backend, Harness& harness) {
   return status;
 }
 
-int run_local(const Options& options) {
+int run_local(Options options) {
+  if (options.all_algorithms) std::erase(options.algorithms, "mpi-raw");
   if (wants(options, "mpi-raw"))
     throw UsageError(
         "-a mpi-raw needs the mpi backend (run under mpirun, or pass --backend mpi); this run "
@@ -157,7 +166,7 @@ int run(const Options& options) {
           "--backend mpi: this build of loom has no MPI (LOOM_HAVE_MPI=0); use --backend local");
     return run_mpi(options);
   }
-  if (!LOOM_HAVE_MPI && wants(options, "mpi-raw"))
+  if (!LOOM_HAVE_MPI && wants(options, "mpi-raw") && !options.all_algorithms)
     throw UsageError("-a mpi-raw needs loom built with MPI (this build has LOOM_HAVE_MPI=0)");
   return run_local(options);
 }

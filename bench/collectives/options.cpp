@@ -35,13 +35,15 @@ po::options_description describe_options() {
       ("warmup_iters,w", po::value<std::string>(), "untimed iterations before them (default 5)")
       ("check,c", po::value<std::string>(), "1: verify every result element, 0: not (default 1)")
       ("algo,a", po::value<std::string>(),
-       "comma list of native (loom's backend call) and mpi-raw (the same MPI call made "
-       "directly) (default native)")
+       "comma list of native (loom's backend call), loom's algorithms (ring, rd, "
+       "rabenseifner, tree, bruck, halving, scatter_allgather), auto (the algorithm "
+       "selector's choice), mpi-raw (the MPI call made directly), or all (default native)")
       ("json", po::value<std::string>(), "also write the rows to this file, as a JSON array")
       ("backend", po::value<std::string>(),
        "local or mpi (default: mpi under mpirun when built, else local)")
       ("ranks", po::value<std::string>(), "ranks of the local backend, as threads (default 1)")
-      ("info", "print the backend, ranks and build configuration, then exit")
+      ("info", "print the backend, ranks, build configuration and GPU-direct capabilities, then "
+               "exit")
       ("help,h", "print this help, then exit");
   // clang-format on
   return options;
@@ -188,12 +190,22 @@ Options parse_options(int argc, const char* const* argv) {
   if (auto v = text("algo")) {
     options.algorithms.clear();
     for (const auto& name : split(*v)) {
+      if (name == "all") {
+        options.all_algorithms = true;
+        for (const auto& known : known_algorithms)
+          if (std::find(options.algorithms.begin(), options.algorithms.end(), known) ==
+              options.algorithms.end())
+            options.algorithms.push_back(known);
+        continue;
+      }
       if (std::find(known_algorithms.begin(), known_algorithms.end(), name) ==
           known_algorithms.end())
         throw UsageError(bad_value("-a/--algo", *v,
                                    "'" + name +
-                                       "' is not an algorithm (expected native, mpi-raw "
-                                       "or a comma list of them)"));
+                                       "' is not an algorithm (expected native, ring, rd, "
+                                       "rabenseifner, tree, bruck, halving, "
+                                       "scatter_allgather, auto, mpi-raw, all or a comma "
+                                       "list of them)"));
       if (std::find(options.algorithms.begin(), options.algorithms.end(), name) ==
           options.algorithms.end())
         options.algorithms.push_back(name);

@@ -31,8 +31,9 @@ struct Options {
   int warmups = 5;
   bool check = true;
   std::vector<std::string> algorithms{"native"};
-  std::string json_path;  ///< empty: no JSON file
-  std::string backend;    ///< empty: create_backend()'s choice (mpi under mpirun, else local)
+  bool all_algorithms = false;  ///< -a all: mpi-raw is dropped where it cannot run
+  std::string json_path;        ///< empty: no JSON file
+  std::string backend;          ///< empty: create_backend()'s choice (mpi under mpirun, else local)
   std::optional<int> ranks;
   bool info = false;
   bool help = false;
@@ -47,7 +48,9 @@ std::string usage();
 /// @brief "8", "64K", "16M", "1G" (powers of 1024, as nccl-tests) to bytes; throws UsageError.
 std::size_t parse_size(const std::string& text, const std::string& flag);
 
-/// @brief The algorithms -a accepts.
-inline const std::vector<std::string> known_algorithms{"native", "mpi-raw"};
+/// @brief The algorithms -a accepts ("all" stands for every one of them).
+inline const std::vector<std::string> known_algorithms{
+    "native", "ring",   "rd", "rabenseifner", "tree", "bruck", "halving", "scatter_allgather",
+    "auto",   "mpi-raw"};
 
 }  // namespace loom::bench

@@ -2,6 +2,7 @@
 #include "report.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <tuple>
 
@@ -81,11 +82,66 @@ void Report::footer(bool checked) {
     for (const auto& [algorithm, average] : by_algorithm)
       comment(format("Avg bus bandwidth of %s : %g", algorithm.c_str(),
                      average.first / average.second));
+  regret_table();
   std::size_t pairs = 0;
   if (auto ratio = median_time_ratio(_rows, "native", "mpi-raw", &pairs))
     comment(
         format("Median time ratio native/mpi-raw : %.4f (over %zu paired rows)", *ratio, pairs));
   comment("");
+}
+
+// Per size: the fastest candidate (every algorithm but auto and mpi-raw), auto's time, auto's
+// speed relative to it (best time / auto time; 1 = no regret) and, over sizes, the geometric
+// mean of auto's speed relative to mpi-raw.
+void Report::regret_table() {
+  using Key = std::tuple<Collective, DType, int, std::size_t>;
+  auto key = [](const Row& row) {
+    return Key{row.collective, row.dtype, row.op ? static_cast<int>(*row.op) : -1, row.bytes};
+  };
+  std::map<Key, const Row*> best, automatic, raw;
+  for (const Row& row : _rows) {
+    if (row.algorithm == "auto") {
+      automatic[key(row)] = &row;
+    } else if (row.algorithm == "mpi-raw") {
+      raw[key(row)] = &row;
+    } else {
+      const Row*& b = best[key(row)];
+      if (b == nullptr || row.time_us < b->time_us) b = &row;
+    }
+  }
+  if (automatic.empty() || best.empty()) return;
+  comment("");
+  comment("auto vs the best candidate (speed = best time / auto time; regret = 1 - speed)");
+  comment(format("%-14s %12s %-18s %12s %12s %8s %10s", "collective", "size", "best", "best(us)",
+                 "auto(us)", "speed", "vs mpi-raw"));
+  double log_sum = 0, log_raw = 0;
+  std::size_t n = 0, n_raw = 0;
+  double worst = 1e300;
+  for (const auto& [k, a] : automatic) {
+    auto b = best.find(k);
+    if (b == best.end() || a->time_us <= 0) continue;
+    const double speed = b->second->time_us / a->time_us;
+    std::string versus = "-";
+    if (auto r = raw.find(k); r != raw.end()) {
+      const double s = r->second->time_us / a->time_us;
+      versus = format("%.3f", s);
+      log_raw += std::log(s);
+      ++n_raw;
+    }
+    comment(format("%-14s %12zu %-18s %12.2f %12.2f %8.3f %10s",
+                   std::string(collective_name(a->collective)).c_str(), a->bytes,
+                   b->second->algorithm.c_str(), b->second->time_us, a->time_us, speed,
+                   versus.c_str()));
+    log_sum += std::log(speed);
+    worst = std::min(worst, speed);
+    ++n;
+  }
+  if (n != 0)
+    comment(format("auto speed vs best: worst %.3f, geometric mean %.3f over %zu sizes", worst,
+                   std::exp(log_sum / n), n));
+  if (n_raw != 0)
+    comment(format("auto speed vs mpi-raw: geometric mean %.3f over %zu sizes (>1: auto faster)",
+                   std::exp(log_raw / n_raw), n_raw));
 }
 
 std::optional<double> median_time_ratio(const std::vector<Row>& rows, const std::string& numerator,

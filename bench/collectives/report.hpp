@@ -45,6 +45,9 @@ class Report {
   const std::vector<Row>& rows() const noexcept { return _rows; }
 
  private:
+  /// @brief When auto ran: per size, the best candidate, auto's speed relative to it, and the
+  /// geometric means (vs best, vs mpi-raw).
+  void regret_table();
   std::FILE* _out;
   std::vector<Row> _rows;
 };

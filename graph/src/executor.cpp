@@ -23,6 +23,8 @@
 #include "dot_writer.hpp"
 #include "gpu_nodes.hpp"
 #include "graph_state.hpp"
+#include "loom/algorithm.hpp"
+#include "loom/algorithm_selector.hpp"
 #include "loom/error.hpp"
 #include "loom/progress_engine.hpp"
 #include "sequencer.hpp"
@@ -38,6 +40,10 @@ namespace {
 
 constexpr double default_timeout_s = 300;
 constexpr const char* algorithm_native = "native";
+
+CollectiveArgs args_of(const CollectiveSpec& c) {
+  return {c.op, c.send, c.recv, c.reduce_op, c.root};
+}
 
 std::optional<std::string> env(const char* name) {
   const char* value = std::getenv(name);
@@ -153,6 +159,11 @@ struct Executor::Impl {
   std::vector<std::uint32_t> slot_of;                          // per node: slot in its sequencer
   std::vector<std::unique_ptr<detail::Sequencer>> sequencers;  // [0]: collectives
   std::vector<std::uint32_t> collective_order;
+  // Asked at each node's issue: LOOM_TUNING_FILE and LOOM_<COLL>, read at compile time.
+  AlgorithmSelector selector;
+  // Per node: the algorithm of its last issue (before any run: the one planned at compile).
+  std::vector<std::string> algorithm_of;
+  CommunicationProfiler profiler;
 
   // Declared before the nodes: TBB nodes must be destroyed before their graph.
   flow::graph flow_graph;
@@ -215,9 +226,14 @@ std::string Executor::Impl::where(std::uint32_t i) const {
 }
 
 void Executor::Impl::compile() {
-  const double seconds = options.timeout->count();
+  // Capped at ~31 years, which never fires in practice: beyond ~292 years the nanosecond count
+  // would overflow (found by fuzzing LOOM_TIMEOUT_S), and the engine adds it to now().
+  constexpr double longest_timeout_s = 1e9;
+  const double seconds = std::min(options.timeout->count(), longest_timeout_s);
   timeout = std::chrono::nanoseconds(static_cast<std::int64_t>(seconds * 1e9));
   profile = *options.profile;
+  profiler.set_enabled(profile);
+  selector = AlgorithmSelector::from_environment();
 
   detail::check_structure(graph);
   detail::check_acyclic(graph);
@@ -230,6 +246,7 @@ void Executor::Impl::compile() {
   // tag) for point-to-point, whose matching order is then the same on every run.
   const std::size_t n = graph.nodes.size();
   issue_index.assign(n, -1);
+  algorithm_of.assign(n, "");
   sequencer_of.assign(n, -1);
   slot_of.assign(n, 0);
   std::map<std::tuple<int, int, int>, std::vector<std::uint32_t>> channels;
@@ -238,8 +255,10 @@ void Executor::Impl::compile() {
     if (node.kind == NodeKind::collective) {
       issue_index[i] = static_cast<std::int64_t>(collective_order.size());
       collective_order.push_back(i);
+      algorithm_of[i] = to_string(selector.choose(args_of(node.collective), backend).algorithm);
     } else if (node.kind == NodeKind::send || node.kind == NodeKind::recv) {
       channels[{static_cast<int>(node.kind), node.peer, node.tag}].push_back(i);
+      algorithm_of[i] = algorithm_native;
     }
   }
   auto add_sequencer = [&](std::string name, std::vector<std::uint32_t> nodes) {
@@ -457,23 +476,12 @@ std::unique_ptr<Work> Executor::Impl::start_operation(std::uint32_t i) {
     default:
       throw Error(ErrorCode::internal, "start_operation on a compute node");
   }
-  switch (c.op) {
-    case Collective::broadcast:
-      return backend.broadcast_async(c.send, c.root);
-    case Collective::reduce:
-      return backend.reduce_async(c.send, c.recv, c.reduce_op, c.root);
-    case Collective::allreduce:
-      return backend.allreduce_async(c.send, c.recv, c.reduce_op);
-    case Collective::allgather:
-      return backend.allgather_async(c.send, c.recv);
-    case Collective::reduce_scatter:
-      return backend.reduce_scatter_async(c.send, c.recv, c.reduce_op);
-    case Collective::alltoall:
-      return backend.alltoall_async(c.send, c.recv);
-    case Collective::barrier:
-      return backend.barrier_async();
-  }
-  throw Error(ErrorCode::internal, "unknown collective");
+  // The selector decides now, at execution: every rank decides alike (same sizes, world,
+  // tuning file and overrides), so every rank runs the same algorithm.
+  const CollectiveArgs args = args_of(c);
+  const AlgorithmChoice choice = selector.choose(args, backend);
+  algorithm_of[i] = to_string(choice.algorithm);
+  return start_collective(backend, choice.algorithm, args);
 }
 
 // Runs under the node's sequencer lock, on the thread that made the node's turn come.
@@ -494,7 +502,21 @@ void Executor::Impl::issue(std::uint32_t i) {
 
 // Runs on the progress engine's thread.
 void Executor::Impl::complete(std::uint32_t i, std::exception_ptr failure) {
-  if (profile) records[i].end_ns = now_ns();
+  if (profile) {
+    records[i].end_ns = now_ns();
+    if (!failure) {
+      const NodeData& node = graph.nodes[i];
+      const auto start =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(run_start.time_since_epoch())
+              .count();
+      profiler.record({node.name,
+                       node.kind == NodeKind::collective
+                           ? std::string(to_string(node.collective.op))
+                           : std::string(to_string(node.kind)),
+                       detail::bytes_of(node), backend.world_size(), algorithm_of[i],
+                       start + records[i].start_ns, start + records[i].end_ns});
+    }
+  }
   auto& gateway = async_of[i]->gateway();
   if (failure)
     fail(i, std::move(failure));
@@ -598,7 +620,7 @@ std::vector<detail::TraceSpan> Executor::Impl::spans() const {
     // Every communication node uses the one communicator of the backend: one lane family.
     out.push_back({node.name, std::string(to_string(node.kind)), detail::describe(node), r.start_ns,
                    r.end_ns, comm ? -1 : std::max(r.lane, 0), comm ? "world" : "",
-                   detail::bytes_of(node), comm ? algorithm_native : "", issue_index[i],
+                   detail::bytes_of(node), comm ? algorithm_of[i] : "", issue_index[i],
                    r.ready_ns});
   }
   return out;
@@ -659,7 +681,7 @@ std::vector<NodeTiming> Executor::last_run() const {
     const bool comm = _impl->sequencer_of[i] >= 0;
     out.push_back({g.nodes[i].name, g.nodes[i].kind, r.start_ns, r.end_ns, r.lane,
                    detail::bytes_of(g.nodes[i]), _impl->issue_index[i],
-                   comm ? algorithm_native : ""});
+                   comm ? _impl->algorithm_of[i] : ""});
   }
   return out;
 }
@@ -670,7 +692,7 @@ void Executor::dump_dot(std::ostream& out) const {
   notes.issue_index = _impl->issue_index;
   notes.algorithm.resize(g.nodes.size());
   for (std::uint32_t i = 0; i < g.nodes.size(); ++i)
-    if (_impl->sequencer_of[i] >= 0) notes.algorithm[i] = algorithm_native;
+    if (_impl->sequencer_of[i] >= 0) notes.algorithm[i] = _impl->algorithm_of[i];
   if (_impl->has_profile) {
     notes.duration_us.resize(g.nodes.size());
     for (std::uint32_t i = 0; i < g.nodes.size(); ++i) {
@@ -681,6 +703,10 @@ void Executor::dump_dot(std::ostream& out) const {
     for (std::uint32_t v : notes.critical_path) notes.critical_path_us += notes.duration_us[v];
   }
   detail::write_dot(out, g, &notes);
+}
+
+const CommunicationProfiler& Executor::profiler() const noexcept {
+  return _impl->profiler;
 }
 
 void Executor::write_trace(std::ostream& out) const {

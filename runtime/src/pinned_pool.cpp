@@ -193,6 +193,12 @@ std::size_t PinnedPool::size_class(std::size_t bytes) noexcept {
 PinnedBlock PinnedPool::acquire(std::size_t bytes) {
   PinnedBlock block;
   if (bytes == 0) return block;
+  // Before size_class(): no power of two above 2^63 fits a size_t (bit_ceil would be undefined).
+  constexpr std::size_t largest_class = std::size_t{1} << (class_count - 1);
+  if (bytes > largest_class)
+    throw Error(ErrorCode::out_of_memory,
+                "pinned pool: cannot acquire " + std::to_string(bytes) +
+                    " bytes: larger than the largest size class (2^63 bytes)");
   const std::size_t capacity = size_class(bytes);
   State& s = *_state;
   std::lock_guard lock(s.mutex);

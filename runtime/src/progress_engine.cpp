@@ -70,17 +70,19 @@ void ProgressEngine::State::loop() {
     const auto now = Clock::now();
     for (std::size_t i = 0; i < active.size();) {
       Watched& w = active[i];
+      // in_flight drops before the callback runs: whoever the callback wakes must already see
+      // the work as reported (in_flight() is "watched and not yet reported").
       if (w.work->test()) {
-        report(w, w.work->error());
         in_flight.fetch_sub(1, std::memory_order_acq_rel);
+        report(w, w.work->error());
         active[i] = std::move(active.back());
         active.pop_back();
         progressed = true;
       } else if (w.timeout.count() > 0 && now >= w.deadline) {
+        in_flight.fetch_sub(1, std::memory_order_acq_rel);
         report(w, std::make_exception_ptr(Error(
                       ErrorCode::timeout, w.work->description() + " did not complete within " +
                                               seconds_text(w.timeout))));
-        in_flight.fetch_sub(1, std::memory_order_acq_rel);
         abandoned.push_back(std::move(w));
         active[i] = std::move(active.back());
         active.pop_back();

@@ -32,8 +32,12 @@ Backend& world() {
   return *backend;
 }
 
-int next_rank(const Backend& b) { return (b.rank() + 1) % b.world_size(); }
-int previous_rank(const Backend& b) { return (b.rank() + b.world_size() - 1) % b.world_size(); }
+int next_rank(const Backend& b) {
+  return (b.rank() + 1) % b.world_size();
+}
+int previous_rank(const Backend& b) {
+  return (b.rank() + b.world_size() - 1) % b.world_size();
+}
 
 // Every test ends here so that one rank's failure cannot leave the others inside a collective
 // or receive messages meant for the next test.
@@ -94,10 +98,10 @@ TEST(MpiBackend, SeveralBackendsAreIndependentCommunicators) {
   // Collectives in flight on both at once, finished in the opposite order.
   auto in_a = inputs(a->rank(), 1000);
   std::vector<std::int64_t> in_b(10, a->rank());
-  auto wa = a->allreduce_async(Buffer::of(std::span(in_a)), Buffer::of(std::span(in_a)),
-                               ReduceOp::sum);
-  auto wb = b->allreduce_async(Buffer::of(std::span(in_b)), Buffer::of(std::span(in_b)),
-                               ReduceOp::max);
+  auto wa =
+      a->allreduce_async(Buffer::of(std::span(in_a)), Buffer::of(std::span(in_a)), ReduceOp::sum);
+  auto wb =
+      b->allreduce_async(Buffer::of(std::span(in_b)), Buffer::of(std::span(in_b)), ReduceOp::max);
   wb->wait();
   wa->wait();
   ok &= in_a == expected_sums(n, 1000);
@@ -139,7 +143,8 @@ TEST(MpiBackend, ConcurrentAllreducesOnTwoBackendsFromTwoThreads) {
     for (int iteration = 0; iteration < 50; ++iteration) {
       const std::size_t count = 1 + std::size_t(iteration * 977 + salt) % 20000;
       std::vector<double> data(count);
-      for (std::size_t i = 0; i < count; ++i) data[i] = double((me + 1) * (salt + iteration + i % 7));
+      for (std::size_t i = 0; i < count; ++i)
+        data[i] = double((me + 1) * (salt + iteration + i % 7));
       std::vector<double> out(count);
       backend.allreduce(Buffer::of(std::span(data)), Buffer::of(std::span(out)), ReduceOp::sum);
       const double rank_sum = double(n) * (n + 1) / 2;
@@ -223,7 +228,10 @@ TEST(MpiBackend, RecvMessageOfUnknownSizeFromAnySource) {
       Message m = b.recv_message(any_source, any_tag);
       const int r = m.source;
       EXPECT_TRUE(r >= 0 && r < n) << r;
-      if (r < 0 || r >= n) { ok = false; continue; }
+      if (r < 0 || r >= n) {
+        ok = false;
+        continue;
+      }
       EXPECT_FALSE(seen[r]) << "two messages from rank " << r;
       seen[r] = true;
       EXPECT_EQ(m.tag, 100 + r);
@@ -313,10 +321,16 @@ class ScopedEnv {
  public:
   ScopedEnv(const char* name, const char* value) : _name(name) {
     if (const char* old = std::getenv(name)) _old = old;
-    if (value) setenv(name, value, 1); else unsetenv(name);
+    if (value)
+      setenv(name, value, 1);
+    else
+      unsetenv(name);
   }
   ~ScopedEnv() {
-    if (_old) setenv(_name, _old->c_str(), 1); else unsetenv(_name);
+    if (_old)
+      setenv(_name, _old->c_str(), 1);
+    else
+      unsetenv(_name);
   }
 
  private:

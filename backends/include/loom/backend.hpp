@@ -1,7 +1,9 @@
 // Backend: the communication interface every transport implements (local, mpi, nccl).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -46,6 +48,16 @@ struct Message {
   std::vector<std::byte> data;
 };
 
+/// @brief One collective and its arguments, as the *_async calls take them. Broadcast uses
+/// `send` (in place); reduce uses `recv` on the root only; barrier uses nothing.
+struct CollectiveArgs {
+  Collective op = Collective::allreduce;
+  Buffer send;
+  Buffer recv;
+  ReduceOp reduce_op = ReduceOp::sum;
+  int root = 0;
+};
+
 /// @brief A group of ranks and the operations among them.
 ///
 /// Every public operation validates its arguments and throws loom::Error naming the operation,
@@ -77,24 +89,26 @@ class Backend {
   std::unique_ptr<Work> reduce_scatter_async(Buffer send, Buffer recv, ReduceOp op);
   std::unique_ptr<Work> alltoall_async(Buffer send, Buffer recv);
   std::unique_ptr<Work> barrier_async();
+  /// @brief The backend's own (native) call for `args`, validated like the calls above.
+  std::unique_ptr<Work> collective_async(const CollectiveArgs& args);
+  /// @brief Throws the loom::Error the *_async call would throw for `args` (nothing if valid).
+  void validate(const CollectiveArgs& args) const;
   /// @brief Sends `buffer` to `peer`; the buffer must stay valid until the work finishes.
   std::unique_ptr<Work> send_async(Buffer buffer, int peer, int tag = 0);
   /// @brief Receives exactly buffer.bytes() from `peer` (or any_source); a message of another
   /// size fails with ErrorCode::mismatch naming both sizes.
   std::unique_ptr<Work> recv_async(Buffer buffer, int peer, int tag = 0);
 
-  void broadcast(Buffer buffer, int root) { broadcast_async(buffer, root)->wait(); }
-  void reduce(Buffer send, Buffer recv, ReduceOp op, int root) {
-    reduce_async(send, recv, op, root)->wait();
-  }
-  void allreduce(Buffer send, Buffer recv, ReduceOp op) { allreduce_async(send, recv, op)->wait(); }
+  /// @brief The blocking forms: the same checks as the asynchronous ones, then the
+  /// transport's blocking path (see run_allreduce).
+  void broadcast(Buffer buffer, int root);
+  void reduce(Buffer send, Buffer recv, ReduceOp op, int root);
+  void allreduce(Buffer send, Buffer recv, ReduceOp op);
   void allreduce(Buffer buffer, ReduceOp op) { allreduce(buffer, buffer, op); }
-  void allgather(Buffer send, Buffer recv) { allgather_async(send, recv)->wait(); }
-  void reduce_scatter(Buffer send, Buffer recv, ReduceOp op) {
-    reduce_scatter_async(send, recv, op)->wait();
-  }
-  void alltoall(Buffer send, Buffer recv) { alltoall_async(send, recv)->wait(); }
-  void barrier() { barrier_async()->wait(); }
+  void allgather(Buffer send, Buffer recv);
+  void reduce_scatter(Buffer send, Buffer recv, ReduceOp op);
+  void alltoall(Buffer send, Buffer recv);
+  void barrier();
   void send(Buffer buffer, int peer, int tag = 0) { send_async(buffer, peer, tag)->wait(); }
   void recv(Buffer buffer, int peer, int tag = 0) { recv_async(buffer, peer, tag)->wait(); }
 
@@ -108,6 +122,20 @@ class Backend {
   /// @brief "allreduce on rank 1 of 4 (mpi)": the prefix of every error message.
   std::string where(std::string_view operation) const;
 
+  /// @brief Whether this backend has the private point-to-point channel that loom's own
+  /// collective algorithms (backends/algorithms) run on; without it only `native` runs.
+  virtual bool has_algorithm_channel() const noexcept { return false; }
+  /// @brief Sends on the algorithm channel: traffic there never matches a user's recv, and
+  /// `tag` may be any value in [0, algorithm_max_tag()]. For backends/algorithms.
+  std::unique_ptr<Work> algorithm_send_async(Buffer buffer, int peer, int tag);
+  /// @brief Receives exactly buffer.bytes() on the algorithm channel.
+  std::unique_ptr<Work> algorithm_recv_async(Buffer buffer, int peer, int tag);
+  /// @brief A tag unique to the next algorithm instance: collectives are issued in the same
+  /// order on every rank, so the n-th instance gets the same tag everywhere, and instances in
+  /// flight together never share one.
+  int next_algorithm_tag() noexcept;
+  int algorithm_max_tag() const noexcept { return max_tag(); }
+
  protected:
   virtual std::unique_ptr<Work> start_broadcast(Buffer buffer, int root) = 0;
   virtual std::unique_ptr<Work> start_reduce(Buffer send, Buffer recv, ReduceOp op, int root) = 0;
@@ -118,11 +146,28 @@ class Backend {
   virtual std::unique_ptr<Work> start_barrier() = 0;
   virtual std::unique_ptr<Work> start_send(Buffer buffer, int peer, int tag) = 0;
   virtual std::unique_ptr<Work> start_recv(Buffer buffer, int peer, int tag) = 0;
+  /// @brief The blocking collectives, called after validation. The default starts the
+  /// asynchronous form and waits for it; a transport whose blocking call is faster overrides
+  /// them (Open MPI's blocking collectives run its tuned algorithms, the nonblocking ones
+  /// libnbc's generic schedules).
+  virtual void run_broadcast(Buffer buffer, int root);
+  virtual void run_reduce(Buffer send, Buffer recv, ReduceOp op, int root);
+  virtual void run_allreduce(Buffer send, Buffer recv, ReduceOp op);
+  virtual void run_allgather(Buffer send, Buffer recv);
+  virtual void run_reduce_scatter(Buffer send, Buffer recv, ReduceOp op);
+  virtual void run_alltoall(Buffer send, Buffer recv);
+  virtual void run_barrier();
   virtual std::optional<Status> poll_probe(int peer, int tag) = 0;
   /// @brief Blocks until a matching message arrives and receives it whole.
   virtual Message receive_message(int peer, int tag) = 0;
   /// @brief Largest tag the transport accepts.
   virtual int max_tag() const noexcept { return 32767; }
+  /// @brief The algorithm channel (see has_algorithm_channel); the defaults throw unsupported.
+  virtual std::unique_ptr<Work> start_algorithm_send(Buffer buffer, int peer, int tag);
+  virtual std::unique_ptr<Work> start_algorithm_recv(Buffer buffer, int peer, int tag);
+
+ private:
+  std::atomic<std::uint64_t> _algorithm_instances{0};
 };
 
 /// @brief Names of the backends built into this library ("local", "mpi", ...).

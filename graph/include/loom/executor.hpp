@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "loom/backend.hpp"
+#include "loom/communication_profiler.hpp"
 #include "loom/graph.hpp"
 
 namespace loom {
@@ -42,7 +43,7 @@ struct NodeTiming {
   int lane = -1;              ///< TBB worker index (compute) or -1
   std::size_t bytes = 0;
   std::int64_t issue_index = -1;  ///< collectives: position in the fixed issue order
-  std::string algorithm;          ///< communication: the algorithm used ("native")
+  std::string algorithm;  ///< communication: what the AlgorithmSelector chose ("ring", "native")
 };
 
 /// @brief Runs a compiled Graph on TBB workers, communication through a Backend.
@@ -54,11 +55,14 @@ struct NodeTiming {
 ///
 /// run() never lets a TBB worker wait on communication: collective and point-to-point nodes
 /// are started through the backend's asynchronous calls, in the fixed order, and completed by
-/// a progress thread. An exception in any node cancels the run; the communication of that run
-/// is then drained (the collectives not yet issued are issued, so that every rank stays at the
-/// same point of the sequence) and run() throws loom::Error naming the node. The executor can
-/// run again afterwards. A failure on one rank does not fail the other ranks' runs (their
-/// collectives complete with this rank's stale data): treat a node error as fatal for the step.
+/// a progress thread. Each collective runs the algorithm an AlgorithmSelector (configured by
+/// LOOM_TUNING_FILE and LOOM_<COLL>, read at compile time) chooses when the node is issued;
+/// last_run(), the trace and dump_dot() name it. An exception in any node cancels the run; the
+/// communication of that run is then drained (the collectives not yet issued are issued, so that
+/// every rank stays at the same point of the sequence) and run() throws loom::Error naming the
+/// node. The executor can run again afterwards. A failure on one rank does not fail the other
+/// ranks' runs (their collectives complete with this rank's stale data): treat a node error as
+/// fatal for the step.
 ///
 /// Watchdog: a communication node that does not complete within the timeout fails run() with
 /// ErrorCode::timeout naming the node and its issue index. The communicator is then in an
@@ -91,6 +95,10 @@ class Executor {
   std::size_t size() const noexcept;
   /// @brief Timings of the last run (empty unless profiling is on).
   std::vector<NodeTiming> last_run() const;
+
+  /// @brief Every communication node of the profiled runs so far (on when profiling is):
+  /// bytes, duration, bandwidth, algorithm; stats() gives count, bandwidth and percentiles.
+  const CommunicationProfiler& profiler() const noexcept;
 
   /// @brief DOT with issue indices, bytes and algorithms; after a profiled run also measured
   /// durations and the critical path (red).

@@ -18,6 +18,7 @@ namespace loom {
 
 class Graph;
 class Executor;
+class Bucketer;
 namespace detail {
 struct GraphState;
 struct NodeData;
@@ -165,6 +166,7 @@ class Graph {
  private:
   friend class Executor;
   friend class Task;
+  friend class Bucketer;  // reads the structure to order buckets by readiness
   Task add(detail::NodeData&& node);
   std::unique_ptr<detail::GraphState> _state;
 };

@@ -1,0 +1,42 @@
+// Recursive-doubling allgather (power-of-two rank counts): at step k rank r swaps the 2^k
+// blocks it holds with rank r ^ 2^k.
+#include "algorithms.hpp"
+
+namespace loom::algorithms {
+namespace {
+
+class RecursiveDoublingAllgather final : public StepWork {
+ public:
+  RecursiveDoublingAllgather(Backend& backend, const CollectiveArgs& args, std::string what)
+      : StepWork(backend, std::move(what)), _out(args.recv), _block(args.send.count()) {
+    copy(blocks(rank(), 1), args.send);
+  }
+
+ protected:
+  bool begin_step(int step) override {
+    const int mask = 1 << step;
+    if (mask >= world()) return false;
+    const int partner = rank() ^ mask;
+    send(blocks(rank() & ~(mask - 1), mask), partner);
+    recv(blocks(partner & ~(mask - 1), mask), partner);
+    return true;
+  }
+
+ private:
+  Buffer blocks(int first, int count) const {
+    return _out.slice(static_cast<std::size_t>(first) * _block,
+                      static_cast<std::size_t>(count) * _block);
+  }
+
+  Buffer _out;
+  std::size_t _block;
+};
+
+}  // namespace
+
+std::unique_ptr<ChannelWork> recursive_doubling_allgather(Backend& b, const CollectiveArgs& a,
+                                                          std::string what) {
+  return std::make_unique<RecursiveDoublingAllgather>(b, a, std::move(what));
+}
+
+}  // namespace loom::algorithms

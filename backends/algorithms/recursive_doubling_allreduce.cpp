@@ -1,0 +1,63 @@
+// Recursive-doubling allreduce: log2(p) exchanges of the whole vector, with the standard fold
+// for a rank count that is not a power of two.
+#include "algorithms.hpp"
+#include "fold.hpp"
+
+namespace loom::algorithms {
+
+namespace {
+
+// Steps: 0 the fold, 1..L the exchanges (partner = newrank ^ 2^(k-1)), L+1 the unfold.
+class RecursiveDoublingAllreduce final : public StepWork {
+ public:
+  RecursiveDoublingAllreduce(Backend& backend, const CollectiveArgs& args, std::string what)
+      : StepWork(backend, std::move(what)),
+        _out(args.recv),
+        _op(args.reduce_op),
+        _fold(rank(), world()),
+        _incoming(scratch(_out.count(), _out.dtype())) {
+    copy(_out, args.send);
+  }
+
+ protected:
+  bool begin_step(int step) override {
+    const int last = _fold.steps + 1;
+    if (step > last) return false;
+    if (step == 0) {
+      if (_fold.sits_out()) send(_out, rank() + 1);
+      if (_fold.absorbs()) recv(_incoming, rank() - 1);
+    } else if (step == last) {
+      if (_fold.absorbs()) send(_out, rank() - 1);
+      if (_fold.sits_out()) recv(_out, rank() + 1);
+    } else if (!_fold.sits_out()) {
+      const int partner = _fold.real(_fold.newrank ^ (1 << (step - 1)));
+      send(_out, partner);
+      recv(_incoming, partner);
+    }
+    return true;
+  }
+
+  void end_step(int step) override {
+    const int last = _fold.steps + 1;
+    if (step == last) {
+      finish_average(_out, _op);
+    } else if (step == 0 ? _fold.absorbs() : !_fold.sits_out()) {
+      combine(_out, _incoming, _op);
+    }
+  }
+
+ private:
+  Buffer _out;
+  ReduceOp _op;
+  Fold _fold;
+  Buffer _incoming;
+};
+
+}  // namespace
+
+std::unique_ptr<ChannelWork> recursive_doubling_allreduce(Backend& b, const CollectiveArgs& a,
+                                                          std::string what) {
+  return std::make_unique<RecursiveDoublingAllreduce>(b, a, std::move(what));
+}
+
+}  // namespace loom::algorithms

@@ -1,0 +1,131 @@
+// Ring allreduce (reduce-scatter then allgather around the ring), chunked and pipelined: the
+// reduction of chunk k runs while chunks k+1.. are on the wire.
+#include <algorithm>
+#include <vector>
+
+#include "algorithms.hpp"
+
+namespace loom::algorithms {
+namespace {
+
+// A unit is one chunk of one step: units [0, C(p-1)) are the reduce-scatter, the next C(p-1)
+// the allgather. Rank r sends unit u to r+1 and receives unit u from r-1, all in unit order.
+class RingAllreduce final : public ChannelWork {
+ public:
+  RingAllreduce(Backend& backend, const CollectiveArgs& args, std::string what)
+      : ChannelWork(backend, std::move(what)), _out(args.recv), _op(args.reduce_op) {
+    copy(_out, args.send);
+    const int p = world();
+    const std::size_t block_max = block_of(_out.count(), p, 0).count;
+    const std::size_t element = dtype_size(_out.dtype());
+    // Chunks of 64 KiB..4 MiB, about 8 per block: enough to pipeline, few enough messages.
+    const std::size_t lo = std::max<std::size_t>(1, (64u << 10) / element);
+    const std::size_t hi = std::max<std::size_t>(1, (4u << 20) / element);
+    _chunk = std::clamp<std::size_t>((block_max + 7) / 8, lo, hi);
+    _chunks = static_cast<int>((block_max + _chunk - 1) / _chunk);
+    _steps_units = _chunks * (p - 1);
+    const int total = 2 * _steps_units;
+    _send.resize(total);
+    _recv.resize(total);
+    _sent.assign(total, false);
+    _received.assign(total, false);
+    _reduced.assign(_steps_units, false);
+    for (auto& slot : _slots) slot = scratch(_chunk, _out.dtype());
+  }
+
+ protected:
+  bool poll() override {
+    const int total = 2 * _steps_units;
+    for (bool progress = true; progress;) {
+      progress = false;
+      for (int u = _oldest_send; u < _next_send; ++u)
+        if (!_sent[u] && done(*_send[u])) _sent[u] = true, _send[u].reset();
+      for (int u = _oldest_recv; u < _next_recv; ++u)
+        if (!_received[u] && done(*_recv[u])) _received[u] = true, _recv[u].reset();
+      while (_oldest_send < _next_send && _sent[_oldest_send]) ++_oldest_send;
+      while (_oldest_recv < _next_recv && _received[_oldest_recv]) ++_oldest_recv;
+      // Reduce what arrived, in order; later chunks keep moving meanwhile.
+      while (_next_reduce < _steps_units && _received[_next_reduce]) {
+        const Buffer chunk = chunk_of(recv_block(_next_reduce), _next_reduce % _chunks);
+        combine(chunk, slot_of(_next_reduce).slice(0, chunk.count()), _op);
+        _reduced[_next_reduce++] = true;
+        progress = true;
+      }
+      while (_next_send < total && can_send(_next_send)) {
+        const int u = _next_send++;
+        const Buffer chunk = chunk_of(send_block(u), u % _chunks);
+        if (chunk.count() == 0)
+          _sent[u] = true;
+        else
+          _send[u] = start_send(chunk, (rank() + 1) % world());
+        progress = true;
+      }
+      while (_next_recv < total && can_recv(_next_recv)) {
+        const int u = _next_recv++;
+        const Buffer chunk = chunk_of(recv_block(u), u % _chunks);
+        const Buffer into = u < _steps_units ? slot_of(u).slice(0, chunk.count()) : chunk;
+        if (chunk.count() == 0)
+          _received[u] = true;
+        else
+          _recv[u] = start_recv(into, (rank() + world() - 1) % world());
+        progress = true;
+      }
+    }
+    if (_oldest_send < total || _oldest_recv < total || _next_reduce < _steps_units) return false;
+    finish_average(_out, _op);
+    return true;
+  }
+
+ private:
+  int step_of(int u) const { return (u % _steps_units) / _chunks; }
+  int wrap(int b) const { return ((b % world()) + world()) % world(); }
+  // Reduce-scatter step s sends block r-s and receives block r-s-1; allgather step s sends
+  // block r+1-s (complete since the previous step) and receives block r-s.
+  int send_block(int u) const {
+    return u < _steps_units ? wrap(rank() - step_of(u)) : wrap(rank() + 1 - step_of(u));
+  }
+  int recv_block(int u) const {
+    return u < _steps_units ? wrap(rank() - step_of(u) - 1) : wrap(rank() - step_of(u));
+  }
+  Buffer chunk_of(int block, int chunk) const {
+    const Range b = block_of(_out.count(), world(), block);
+    const std::size_t begin = std::min(b.count, static_cast<std::size_t>(chunk) * _chunk);
+    const std::size_t end = std::min(b.count, begin + _chunk);
+    return _out.slice(b.offset + begin, end - begin);
+  }
+  Buffer slot_of(int u) const { return _slots[u % slot_count]; }
+
+  // The chunk sent at unit u was finished at unit u - C: reduced (reduce-scatter) or
+  // received (allgather).
+  bool can_send(int u) const {
+    if (u < _chunks) return true;
+    const int before = u - _chunks;
+    return before < _steps_units ? _reduced[before] : _received[before];
+  }
+  // A reduce-scatter receive needs a free slot; an allgather receive overwrites a block this
+  // rank sent during the reduce-scatter, so that send must have completed.
+  bool can_recv(int u) const {
+    if (u < _steps_units) return u < slot_count || _reduced[u - slot_count];
+    return _sent[u - _steps_units];
+  }
+
+  static constexpr int slot_count = 4;
+  Buffer _out;
+  ReduceOp _op;
+  std::size_t _chunk = 1;
+  int _chunks = 1;
+  int _steps_units = 0;
+  Buffer _slots[slot_count];
+  std::vector<std::unique_ptr<Work>> _send, _recv;
+  std::vector<bool> _sent, _received, _reduced;
+  int _next_send = 0, _next_recv = 0, _next_reduce = 0;
+  int _oldest_send = 0, _oldest_recv = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<ChannelWork> ring_allreduce(Backend& b, const CollectiveArgs& a, std::string what) {
+  return std::make_unique<RingAllreduce>(b, a, std::move(what));
+}
+
+}  // namespace loom::algorithms

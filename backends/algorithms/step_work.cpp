@@ -1,0 +1,100 @@
+// StepWork: posting, testing and finishing the steps of an algorithm; shared helpers.
+#include "step_work.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "loom/error.hpp"
+#include "loom/kernels/reduce.hpp"
+
+namespace loom::algorithms {
+
+Range block_of(std::size_t count, int parts, int index) noexcept {
+  const auto n = static_cast<std::size_t>(parts);
+  const auto i = static_cast<std::size_t>(index);
+  const std::size_t base = count / n;
+  const std::size_t extra = count % n;
+  return {i * base + std::min(i, extra), base + (i < extra ? 1 : 0)};
+}
+
+int power_of_two_below(int n) noexcept {
+  int p = 1;
+  while (p * 2 <= n) p *= 2;
+  return p;
+}
+
+void copy(Buffer dst, Buffer src) {
+  if (src.bytes() != 0 && dst.data() != src.data())
+    std::memcpy(dst.data(), src.data(), src.bytes());
+}
+
+namespace {
+// Scratch blocks are plain host memory reused across calls: locking them would only spend
+// RLIMIT_MEMLOCK on memory no device reads. The cap bounds what idle algorithms keep.
+PinnedPool& scratch_pool() {
+  static PinnedPool pool(PinnedPool::Options{std::size_t{4} << 30, false});
+  return pool;
+}
+}  // namespace
+
+ChannelWork::ChannelWork(Backend& backend, std::string description)
+    : Work(std::move(description)),
+      _backend(backend),
+      _rank(backend.rank()),
+      _world(backend.world_size()),
+      _tag(backend.next_algorithm_tag()) {}
+
+std::unique_ptr<Work> ChannelWork::start_send(Buffer buffer, int peer) {
+  return _backend.algorithm_send_async(buffer, peer, _tag);
+}
+
+std::unique_ptr<Work> ChannelWork::start_recv(Buffer buffer, int peer) {
+  return _backend.algorithm_recv_async(buffer, peer, _tag);
+}
+
+Buffer ChannelWork::scratch(std::size_t count, DType dtype) {
+  if (count == 0) return Buffer(nullptr, 0, dtype);
+  _scratch.push_back(scratch_pool().acquire(count * dtype_size(dtype)));
+  return Buffer(_scratch.back().data(), count, dtype);
+}
+
+bool ChannelWork::done(Work& transfer) {
+  if (!transfer.test()) return false;
+  if (transfer.failed()) std::rethrow_exception(transfer.error());
+  return true;
+}
+
+void ChannelWork::combine(Buffer inout, Buffer in, ReduceOp op) const {
+  if (inout.count() != 0)
+    kernels::reduce(inout.data(), in.data(), inout.count(), inout.dtype(), op);
+}
+
+void ChannelWork::finish_average(Buffer result, ReduceOp op) const {
+  if (op == ReduceOp::avg && result.count() != 0)
+    kernels::average(result.data(), result.count(), result.dtype(), _world);
+}
+
+void StepWork::send(Buffer buffer, int peer) {
+  if (buffer.count() != 0) _transfers.push_back(start_send(buffer, peer));
+}
+
+void StepWork::recv(Buffer buffer, int peer) {
+  if (buffer.count() != 0) _transfers.push_back(start_recv(buffer, peer));
+}
+
+bool StepWork::poll() {
+  for (;;) {
+    if (!_in_step) {
+      if (!begin_step(_step)) return true;
+      _in_step = true;
+    }
+    for (auto& transfer : _transfers)
+      if (!done(*transfer)) return false;
+    _transfers.clear();
+    end_step(_step);
+    _in_step = false;
+    ++_step;
+  }
+}
+
+}  // namespace loom::algorithms

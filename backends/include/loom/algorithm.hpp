@@ -1,0 +1,47 @@
+// Algorithm: loom's own collective algorithms (ring, recursive doubling, Rabenseifner, trees,
+// Bruck...), written once over a Backend's algorithm channel, and the backend's native call.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "loom/backend.hpp"
+
+namespace loom {
+
+/// @brief How a collective is performed: the backend's own call or one of loom's algorithms.
+enum class Algorithm : unsigned char {
+  native,              ///< the backend's call (MPI_Iallreduce, the local rendezvous, ...)
+  ring,                ///< allreduce (chunked, pipelined), allgather, reduce_scatter
+  recursive_doubling,  ///< "rd": allreduce (non-power-of-two fold), allgather (power of two)
+  rabenseifner,        ///< allreduce: recursive-halving reduce-scatter + rd allgather
+  binomial_tree,       ///< "tree": reduce, broadcast, allreduce (reduce + broadcast)
+  bruck,               ///< allgather, any rank count
+  recursive_halving,   ///< "halving": reduce_scatter (non-power-of-two fold)
+  scatter_allgather,   ///< broadcast: scatter from the root + ring allgather
+};
+
+/// @brief The short name used in LOOM_<COLL> ranges, tuning files and -a: "native", "ring",
+/// "rd", "rabenseifner", "tree", "bruck", "halving", "scatter_allgather".
+std::string_view to_string(Algorithm algorithm) noexcept;
+/// @brief Parses a short name (also "recursive_doubling", "binomial", "recursive_halving");
+/// throws ErrorCode::invalid_argument naming the token otherwise.
+Algorithm parse_algorithm(std::string_view name);
+
+/// @brief The algorithms that implement `collective`, native first.
+std::span<const Algorithm> candidates(Collective collective) noexcept;
+
+/// @brief Why `algorithm` cannot perform `args` on `backend` ("count 3 < 4 ranks", "not a
+/// power-of-two rank count", "buffers on a device"), or "" when it can. native always can.
+std::string cannot_run(Algorithm algorithm, const CollectiveArgs& args, const Backend& backend);
+
+/// @brief Starts `args` with `algorithm` on `backend` and returns its handle at once; the
+/// operation advances whenever the handle is tested (e.g. by a ProgressEngine), so it overlaps
+/// with compute exactly as a native call does. Arguments are validated as the backend's own
+/// calls validate them. Throws ErrorCode::unsupported when cannot_run() says why not.
+std::unique_ptr<Work> start_collective(Backend& backend, Algorithm algorithm,
+                                       const CollectiveArgs& args);
+
+}  // namespace loom

@@ -1,0 +1,165 @@
+// loom-overlap: runs the MLP train step in sequential, ddp and loom modes in one process (steps
+// interleaved round-robin) and reports step time, compute, communication and how much of the
+// communication compute hid (medians).
+//   loom-overlap --ranks 2 --depth 8 --width 512 --json overlap.json
+//   bench/netem.sh 2gbit -- mpirun -np 2 build/bin/loom-overlap --trace t.json --dot step.dot
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <mutex>
+#include <optional>
+
+#include <oneapi/tbb/global_control.h>
+#include <boost/program_options.hpp>
+
+#include "loom/error.hpp"
+#include "loom/local.hpp"
+#include "overlap_benchmark.hpp"
+#include "train_options.hpp"
+
+namespace po = boost::program_options;
+using namespace loom;
+using loom::examples::OverlapMode;
+
+namespace {
+
+struct Flags {
+  examples::TrainFlags train;
+  int ranks = 2;
+  int threads = 0;
+  bench::RunPlan plan;
+  std::string json;
+};
+
+constexpr OverlapMode modes[] = {OverlapMode::sequential, OverlapMode::ddp, OverlapMode::loom};
+
+std::vector<bench::ModeResult> run_all(Backend& backend, const Flags& flags) {
+  std::vector<examples::TrainConfig> configs;
+  for (OverlapMode mode : modes) {
+    configs.push_back(flags.train.config);
+    configs.back().mode = mode;
+  }
+  bench::RunPlan plan = flags.plan;
+  plan.files_from = configs.size() - 1;  // loom
+  auto results = bench::run_modes(backend, configs, plan);
+  for (auto& r : results) r.speedup_vs_sequential = results[0].step_ms / r.step_ms;
+  return results;
+}
+
+void report(const std::vector<bench::ModeResult>& results, const Flags& flags,
+            std::string_view backend) {
+  const auto& shape = flags.train.config.shape;
+  std::printf(
+      "# loom-overlap: %d ranks (%.*s), MLP %d -> %d x %d -> %d, batch %d per rank, "
+      "registration %s, %zu buckets (cap %zu KiB, first %zu KiB%s), %d steps after %d "
+      "warm-ups, modes interleaved, medians\n",
+      results[0].ranks, static_cast<int>(backend.size()), backend.data(), shape.input, shape.depth,
+      shape.width, shape.output, shape.batch, flags.train.registration.c_str(),
+      results.back().buckets, flags.train.bucket_cap_kb, flags.train.first_bucket_kb,
+      flags.train.config.bucketing.split_large ? ", split" : "", flags.plan.steps,
+      flags.plan.warmups);
+  std::printf("# %-10s %9s %10s %9s %9s %10s %8s %8s %13s\n", "mode", "step_ms", "compute_ms",
+              "comm_ms", "hidden_ms", "exposed_ms", "overlap", "speedup", "step/max(c,m)");
+  for (const auto& r : results)
+    std::printf("  %-10s %9.3f %10.3f %9.3f %9.3f %10.3f %8.3f %8.3f %13.3f\n",
+                std::string(examples::to_string(r.mode)).c_str(), r.step_ms, r.compute_ms,
+                r.comm_ms, r.hidden_ms, r.exposed_comm_ms, r.overlap_efficiency,
+                r.speedup_vs_sequential, r.step_ms / std::max(r.compute_ms, r.comm_ms));
+  if (!flags.plan.trace_path.empty())
+    std::printf("# loom mode's last step: trace %s (ui.perfetto.dev)\n",
+                flags.plan.trace_path.c_str());
+  if (!flags.plan.dot_path.empty())
+    std::printf("# loom mode's graph: %s (dot -Tsvg %s -o step.svg)\n", flags.plan.dot_path.c_str(),
+                flags.plan.dot_path.c_str());
+}
+
+void write_json(const std::vector<bench::ModeResult>& results, const std::string& path) {
+  std::ofstream out(path);
+  if (!out) throw Error(ErrorCode::invalid_argument, "cannot write the JSON file '" + path + "'");
+  out << "[\n";
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    const auto& r = results[i];
+    char line[640];
+    std::snprintf(line, sizeof line,
+                  "  {\"mode\": \"%s\", \"ranks\": %d, \"buckets\": %zu, \"step_ms\": %.6f, "
+                  "\"compute_ms\": %.6f, \"comm_ms\": %.6f, \"hidden_ms\": %.6f, "
+                  "\"exposed_comm_ms\": %.6f, \"overlap_efficiency\": %.6f, "
+                  "\"speedup_vs_sequential\": %.6f}%s\n",
+                  std::string(examples::to_string(r.mode)).c_str(), r.ranks, r.buckets, r.step_ms,
+                  r.compute_ms, r.comm_ms, r.hidden_ms, r.exposed_comm_ms, r.overlap_efficiency,
+                  r.speedup_vs_sequential, i + 1 < results.size() ? "," : "");
+    out << line;
+  }
+  out << "]\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags;
+  po::options_description options("loom-overlap options");
+  options.add_options()("help,h", "this help")("ranks",
+                                               po::value(&flags.ranks)->default_value(flags.ranks),
+                                               "local ranks (threads) when not under mpirun")(
+      "steps", po::value(&flags.plan.steps)->default_value(flags.plan.steps),
+      "measured steps per mode")("warmups",
+                                 po::value(&flags.plan.warmups)->default_value(flags.plan.warmups),
+                                 "unmeasured steps per mode first")(
+      "threads", po::value(&flags.threads)->default_value(flags.threads),
+      "TBB worker threads per process (0: TBB's default)")(
+      "rebuild", po::bool_switch(&flags.plan.rebuild),
+      "rebuild buckets from rank 0's ready order after the first warm-up (DDP's rebuild)")(
+      "json", po::value(&flags.json), "write one JSON object per mode to this file")(
+      "trace", po::value(&flags.plan.trace_path), "Chrome trace of loom mode's last step")(
+      "dot", po::value(&flags.plan.dot_path), "DOT graph of loom mode's step");
+  examples::add_train_options(options, flags.train);
+  try {
+    po::variables_map vm;
+    po::store(po::parse_command_line(argc, argv, options), vm);
+    if (vm.count("help")) {
+      std::cout << options << "\n";
+      return 0;
+    }
+    po::notify(vm);
+    examples::apply_train_options(flags.train);
+    if (flags.plan.steps < 1 || flags.plan.warmups < 0 || flags.ranks < 1 || flags.threads < 0)
+      throw Error(ErrorCode::invalid_argument,
+                  "--steps and --ranks must be >= 1, --warmups and --threads >= 0");
+    if (flags.plan.rebuild && flags.plan.warmups < 1)
+      throw Error(ErrorCode::invalid_argument, "--rebuild needs at least one warm-up step");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "loom-overlap: %s\n", e.what());
+    return 2;
+  }
+  std::optional<tbb::global_control> threads;
+  if (flags.threads > 0)
+    threads.emplace(tbb::global_control::max_allowed_parallelism, flags.threads);
+  try {
+    std::vector<bench::ModeResult> results;
+    std::string backend_name;
+    if (launched_by_mpirun()) {
+      auto backend = create_backend();
+      results = run_all(*backend, flags);
+      if (backend->rank() != 0) return 0;
+      backend_name = backend->name();
+    } else {
+      std::mutex mutex;
+      LocalWorld::run(flags.ranks, [&](Backend& backend) {
+        auto mine = run_all(backend, flags);
+        std::lock_guard lock(mutex);
+        if (backend.rank() == 0) {
+          results = std::move(mine);
+          backend_name = backend.name();
+        }
+      });
+    }
+    report(results, flags, backend_name);
+    if (!flags.json.empty()) write_json(results, flags.json);
+    return 0;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "loom-overlap: %s\n", e.what());
+    return 1;
+  }
+}

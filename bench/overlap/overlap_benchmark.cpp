@@ -1,0 +1,92 @@
+// OverlapBenchmark: warm-ups, timed steps with per-step overlap metrics, medians, files.
+#include "overlap_benchmark.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <memory>
+
+#include "loom/error.hpp"
+#include "overlap_metrics.hpp"
+
+namespace loom::bench {
+
+namespace {
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
+}
+
+}  // namespace
+
+std::vector<ModeResult> run_modes(Backend& backend, std::vector<examples::TrainConfig> configs,
+                                  const RunPlan& plan) {
+  struct Samples {
+    std::vector<double> step_ms, compute, comm, hidden, exposed, efficiency;
+  };
+  std::vector<std::unique_ptr<examples::TrainStep>> steps;
+  for (auto& config : configs) {
+    config.executor.profile = true;
+    steps.push_back(std::make_unique<examples::TrainStep>(backend, config));
+  }
+  for (int w = 0; w < plan.warmups; ++w)
+    for (auto& step : steps) {
+      backend.barrier();
+      step->run();
+      if (w == 0 && plan.rebuild) step->rebuild_buckets();
+    }
+  std::vector<Samples> samples(steps.size());
+  for (int s = 0; s < plan.steps; ++s) {
+    for (std::size_t k = 0; k < steps.size(); ++k) {
+      backend.barrier();
+      const auto start = std::chrono::steady_clock::now();
+      steps[k]->run();
+      double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+              .count();
+      // The step took as long as its slowest rank.
+      backend.allreduce(Buffer(&ms, 1, DType::float64), ReduceOp::max);
+      const auto m = examples::measure_overlap(steps[k]->executor().last_run());
+      Samples& out = samples[k];
+      out.step_ms.push_back(ms);
+      out.compute.push_back(m.compute_ms);
+      out.comm.push_back(m.comm_ms);
+      out.hidden.push_back(m.hidden_ms);
+      out.exposed.push_back(m.exposed_comm_ms);
+      out.efficiency.push_back(m.overlap_efficiency);
+    }
+  }
+  if (backend.rank() == 0 && plan.files_from < steps.size()) {
+    examples::TrainStep& step = *steps[plan.files_from];
+    if (!plan.trace_path.empty()) step.executor().write_trace(plan.trace_path);
+    if (!plan.dot_path.empty()) {
+      std::ofstream dot(plan.dot_path);
+      if (!dot)
+        throw Error(ErrorCode::invalid_argument,
+                    "cannot write the DOT file '" + plan.dot_path + "'");
+      step.executor().dump_dot(dot);
+    }
+  }
+  std::vector<ModeResult> results;
+  for (std::size_t k = 0; k < steps.size(); ++k) {
+    const Samples& in = samples[k];
+    ModeResult r;
+    r.mode = configs[k].mode;
+    r.ranks = backend.world_size();
+    r.buckets = steps[k]->bucketer().buckets().size();
+    r.step_ms = median(in.step_ms);
+    r.compute_ms = median(in.compute);
+    r.comm_ms = median(in.comm);
+    r.hidden_ms = median(in.hidden);
+    r.exposed_comm_ms = median(in.exposed);
+    r.overlap_efficiency = median(in.efficiency);
+    r.final_loss = steps[k]->loss();
+    results.push_back(r);
+  }
+  return results;
+}
+
+}  // namespace loom::bench

@@ -1,0 +1,44 @@
+// OverlapBenchmark: runs the train step in one overlap mode and reduces its timelines to medians.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "loom/backend.hpp"
+#include "train_step.hpp"
+
+namespace loom::bench {
+
+/// @brief Medians over the measured steps of one mode (milliseconds; see README "loom-overlap").
+struct ModeResult {
+  examples::OverlapMode mode = examples::OverlapMode::loom;
+  int ranks = 0;
+  std::size_t buckets = 0;
+  double step_ms = 0;  ///< per step, the slowest rank's run() time
+  double compute_ms = 0;
+  double comm_ms = 0;
+  double hidden_ms = 0;
+  double exposed_comm_ms = 0;
+  double overlap_efficiency = 0;
+  double speedup_vs_sequential = 0;  ///< filled by the caller
+  float final_loss = 0;
+};
+
+/// @brief What to measure and what to write for the mode that writes files.
+struct RunPlan {
+  int warmups = 3;
+  int steps = 20;
+  bool rebuild = false;        ///< rebuild buckets after the first warm-up step
+  std::string trace_path;      ///< written by rank 0 after the last step ("" = none)
+  std::string dot_path;        ///< likewise
+  std::size_t files_from = 0;  ///< index of the configuration whose step writes the files
+};
+
+/// @brief Trains every configuration of `configs` (each with its own model; its mode decides
+/// the schedule) for plan.warmups + plan.steps steps, round-robin: step s of every mode runs
+/// before step s + 1 of any, so a noisy machine disturbs all modes alike. Ranks align with a
+/// barrier before every step. Collective: call on every rank.
+std::vector<ModeResult> run_modes(Backend& backend, std::vector<examples::TrainConfig> configs,
+                                  const RunPlan& plan);
+
+}  // namespace loom::bench

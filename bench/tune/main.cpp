@@ -1,0 +1,324 @@
+// loom-tune: measures alpha and beta (ping-pong on loom's algorithm channel), gamma (the
+// reduction kernel) and a line per native collective, and with --full times every candidate
+// at power-of-two sizes; writes a tuning file that LOOM_TUNING_FILE points the selector at.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "loom/algorithm.hpp"
+#include "loom/error.hpp"
+#include "loom/kernels/reduce.hpp"
+#include "loom/local.hpp"
+#include "loom/tuning.hpp"
+
+namespace {
+
+using namespace loom;
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  std::string output = "loom.tuning";
+  bool full = false;
+  std::size_t min_bytes = 8;
+  std::size_t max_bytes = std::size_t{64} << 20;
+  std::vector<Collective> collectives{Collective::allreduce, Collective::allgather,
+                                      Collective::reduce_scatter, Collective::broadcast,
+                                      Collective::reduce};
+  std::string backend;
+  int ranks = 2;
+  double seconds_per_point = 0.05;
+};
+
+const char* usage_text =
+    "usage: loom-tune [-o FILE] [--full] [-b MIN] [-e MAX] [-o FILE] [--collectives LIST]\n"
+    "                 [--backend local|mpi] [--ranks N] [--time SECONDS]\n"
+    "  -o FILE          tuning file to write (loom.tuning); point LOOM_TUNING_FILE at it\n"
+    "  --full           also time every candidate of every collective at power-of-two sizes\n"
+    "  -b, -e           smallest and largest size for --full (8, 64M; K, M, G = 1024^n)\n"
+    "  --collectives    comma list (allreduce,allgather,reduce_scatter,broadcast,reduce)\n"
+    "  --backend        local or mpi (mpi under mpirun, else local)\n"
+    "  --ranks N        ranks of the local backend (2)\n"
+    "  --time SECONDS   time spent per measured point (0.05)\n"
+    "Run it with the rank count and transport the job will use: mpirun -np 4 loom-tune --full\n";
+
+Options parse(int argc, char** argv) {
+  Options o;
+  auto value = [&](int& i) -> std::string {
+    if (i + 1 >= argc)
+      throw Error(ErrorCode::invalid_argument, std::string(argv[i]) + " needs a value");
+    return argv[++i];
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "-h" || a == "--help") {
+      std::cout << usage_text;
+      std::exit(0);
+    } else if (a == "-o") {
+      o.output = value(i);
+    } else if (a == "--full") {
+      o.full = true;
+    } else if (a == "-b") {
+      o.min_bytes = parse_byte_size(value(i));
+    } else if (a == "-e") {
+      o.max_bytes = parse_byte_size(value(i));
+    } else if (a == "--backend") {
+      o.backend = value(i);
+      if (o.backend != "local" && o.backend != "mpi")
+        throw Error(ErrorCode::invalid_argument,
+                    "--backend '" + o.backend + "': expected local or mpi");
+    } else if (a == "--ranks") {
+      const std::string v = value(i);
+      o.ranks = std::atoi(v.c_str());
+      if (o.ranks < 1 || o.ranks > 64)
+        throw Error(ErrorCode::invalid_argument, "--ranks '" + v + "': expected 1..64");
+    } else if (a == "--time") {
+      const std::string v = value(i);
+      o.seconds_per_point = std::atof(v.c_str());
+      if (!(o.seconds_per_point > 0))
+        throw Error(ErrorCode::invalid_argument, "--time '" + v + "': expected seconds > 0");
+    } else if (a == "--collectives") {
+      o.collectives.clear();
+      std::string list = value(i);
+      for (std::size_t start = 0; start <= list.size();) {
+        const std::size_t comma = std::min(list.find(',', start), list.size());
+        o.collectives.push_back(parse_collective(list.substr(start, comma - start)));
+        start = comma + 1;
+      }
+    } else {
+      throw Error(ErrorCode::invalid_argument, "unknown argument '" + a + "'\n" + usage_text);
+    }
+  }
+  if (o.min_bytes == 0 || o.min_bytes > o.max_bytes)
+    throw Error(ErrorCode::invalid_argument, "-b must be at least 1 and at most -e");
+  return o;
+}
+
+// Every rank's maximum of `v` (the slowest rank decides a collective's time).
+double max_over_ranks(Backend& b, double v) {
+  b.allreduce(Buffer(&v, 1, DType::float64), ReduceOp::max);
+  return v;
+}
+
+// Least-squares fit of t = a + b x (a, b clamped at 0).
+std::pair<double, double> fit_line(const std::vector<double>& x, const std::vector<double>& t) {
+  const double n = static_cast<double>(x.size());
+  double sx = 0, st = 0, sxx = 0, sxt = 0;
+  for (std::size_t i = 0; i < x.size(); ++i)
+    sx += x[i], st += t[i], sxx += x[i] * x[i], sxt += x[i] * t[i];
+  const double slope = (n * sxt - sx * st) / std::max(n * sxx - sx * sx, 1e-30);
+  const double intercept = (st - slope * sx) / n;
+  return {std::max(intercept, 0.0), std::max(slope, 0.0)};
+}
+
+// Runs `once` for about `budget` seconds in 5 batches (the same counts on every rank) and
+// returns the median batch's average of the slowest rank: on a shared machine one preempted
+// batch must not decide the tuning.
+double time_collectively(Backend& b, double budget, const std::function<void()>& once) {
+  once();  // warm-up (and first touch of scratch memory)
+  b.barrier();
+  auto start = Clock::now();
+  once();
+  const double first =
+      max_over_ranks(b, std::chrono::duration<double>(Clock::now() - start).count());
+  constexpr int batches = 5;
+  const int iterations =
+      static_cast<int>(std::clamp(budget / batches / std::max(first, 1e-7), 1.0, 100.0));
+  std::vector<double> averages;
+  for (int k = 0; k < batches; ++k) {
+    b.barrier();
+    start = Clock::now();
+    for (int i = 0; i < iterations; ++i) once();
+    const double mine = std::chrono::duration<double>(Clock::now() - start).count() / iterations;
+    averages.push_back(max_over_ranks(b, mine));
+  }
+  std::sort(averages.begin(), averages.end());
+  return averages[batches / 2];
+}
+
+class Progress {
+ public:
+  Progress(bool printing, int total) : _printing(printing), _total(total) {}
+  // On a terminal one line redrawn per step; in a log, a line per tenth of the work.
+  void step(const std::string& what) {
+    ++_done;
+    if (!_printing) return;
+    if (_terminal) {
+      std::fprintf(stderr, "\rloom-tune: [%3d/%3d] %-60s", _done, _total, what.c_str());
+    } else if (_done * 10 / _total != (_done - 1) * 10 / _total || _done == 1) {
+      std::fprintf(stderr, "loom-tune: [%3d/%3d] %s\n", _done, _total, what.c_str());
+    }
+  }
+  void finish() {
+    if (_printing && _terminal) std::fprintf(stderr, "\n");
+  }
+
+ private:
+  bool _printing;
+  bool _terminal = ::isatty(2) != 0;
+  int _total;
+  int _done = 0;
+};
+
+constexpr int ping_pong_points = 8;  // 8 B .. 16 MiB, x8
+
+// alpha, beta: half the round trip of rank 0 <-> rank 1 on the algorithm channel.
+CostParameters measure_point_to_point(Backend& b, const Options& o, Progress& progress) {
+  std::vector<double> sizes, times;
+  std::vector<std::byte> buffer(std::size_t{16} << 20);
+  for (std::size_t bytes = 8, k = 0; k < ping_pong_points; bytes *= 8, ++k) {
+    const Buffer message(buffer.data(), bytes, DType::uint8);
+    const double t = time_collectively(b, o.seconds_per_point, [&] {
+      if (b.rank() == 0) {
+        b.algorithm_send_async(message, 1, 1)->wait();
+        b.algorithm_recv_async(message, 1, 1)->wait();
+      } else if (b.rank() == 1) {
+        b.algorithm_recv_async(message, 0, 1)->wait();
+        b.algorithm_send_async(message, 0, 1)->wait();
+      }
+    });
+    sizes.push_back(static_cast<double>(bytes));
+    times.push_back(t / 2);
+    progress.step("ping-pong " + std::to_string(bytes) + " B");
+  }
+  CostParameters c;
+  std::tie(c.alpha_s, c.beta_s_per_byte) = fit_line(sizes, times);
+  // The intercept of a fit dominated by large messages is imprecise: alpha is the small one.
+  c.alpha_s = times.front();
+  return c;
+}
+
+// gamma: the reduction kernel's time per byte (float32 sum, the common case).
+double measure_reduction(Backend& b, const Options& o, Progress& progress) {
+  std::vector<float> a(std::size_t{4} << 20, 1.0f), x(a.size(), 2.0f);
+  const double t = time_collectively(b, o.seconds_per_point, [&] {
+    kernels::reduce(a.data(), x.data(), a.size(), DType::float32, ReduceOp::sum);
+  });
+  progress.step("reduction kernel");
+  return t / static_cast<double>(a.size() * sizeof(float));
+}
+
+// The buffers of `collective` when the benchmark size is `bytes` (nccl-tests' convention:
+// the whole buffer; allgather: the gathered one; reduce_scatter: the whole input).
+struct Case {
+  CollectiveArgs args;
+  std::size_t bytes;
+};
+
+Case make_case(Collective c, std::size_t bytes, int world, std::vector<float>& send,
+               std::vector<float>& recv) {
+  const auto n = static_cast<std::size_t>(world);
+  std::size_t count = std::max<std::size_t>(bytes / sizeof(float), 1);
+  if (c == Collective::allgather || c == Collective::reduce_scatter)
+    count = std::max(count / n, std::size_t{1});
+  const std::size_t total =
+      c == Collective::allgather || c == Collective::reduce_scatter ? count * n : count;
+  if (send.size() < total) send.resize(total, 1.0f);
+  if (recv.size() < total) recv.resize(total, 0.0f);
+  Buffer s(send.data(), count, DType::float32), r(recv.data(), count, DType::float32);
+  if (c == Collective::allgather) r = Buffer(recv.data(), count * n, DType::float32);
+  if (c == Collective::reduce_scatter) s = Buffer(send.data(), count * n, DType::float32);
+  if (c == Collective::broadcast) r = s;
+  return {{c, s, r, ReduceOp::sum, 0}, c == Collective::allgather ? r.bytes() : s.bytes()};
+}
+
+int run(Backend& b, const Options& o) {
+  const bool printing = b.rank() == 0;
+  if (b.world_size() < 2)
+    throw Error(ErrorCode::invalid_argument,
+                "loom-tune needs at least 2 ranks (mpirun -np N, or --ranks N with the local "
+                "backend)");
+  const std::vector<std::size_t> native_sizes{1 << 10, 64 << 10, 1 << 20, 8 << 20};
+  std::vector<std::size_t> full_sizes;
+  for (std::size_t s = o.min_bytes; s <= o.max_bytes; s *= 2) full_sizes.push_back(s);
+  int total = ping_pong_points + 1 + static_cast<int>(o.collectives.size() * native_sizes.size());
+  if (o.full)
+    for (Collective c : o.collectives)
+      total += static_cast<int>(full_sizes.size() * candidates(c).size());
+  Progress progress(printing, total);
+
+  TuningParameters t;
+  t.backend = std::string(b.name());
+  t.cost = measure_point_to_point(b, o, progress);
+  t.cost.gamma_s_per_byte = measure_reduction(b, o, progress);
+
+  std::vector<float> send, recv;
+  for (Collective c : o.collectives) {
+    std::vector<double> x, y;
+    for (std::size_t bytes : native_sizes) {
+      Case k = make_case(c, bytes, b.world_size(), send, recv);
+      const double seconds = time_collectively(
+          b, o.seconds_per_point, [&] { start_collective(b, Algorithm::native, k.args)->wait(); });
+      x.push_back(static_cast<double>(k.bytes));
+      y.push_back(seconds);
+      progress.step("native " + std::string(to_string(c)) + " " + std::to_string(bytes) + " B");
+    }
+    // The slope from the fit; the intercept from the smallest size, which the large sizes
+    // would swamp in a least-squares intercept.
+    const double beta = fit_line(x, y).second;
+    t.native.push_back({c, b.world_size(), std::max(y.front() - beta * x.front(), 0.0), beta});
+  }
+
+  if (o.full) {
+    for (Collective c : o.collectives)
+      for (std::size_t bytes : full_sizes) {
+        Case k = make_case(c, bytes, b.world_size(), send, recv);
+        for (Algorithm a : candidates(c)) {
+          progress.step(std::string(to_string(c)) + " " + std::to_string(bytes) + " B " +
+                        std::string(to_string(a)));
+          if (!cannot_run(a, k.args, b).empty()) continue;
+          const double seconds = time_collectively(b, o.seconds_per_point,
+                                                   [&] { start_collective(b, a, k.args)->wait(); });
+          t.measured.push_back({c, b.world_size(), k.bytes, a, seconds});
+        }
+      }
+  }
+  progress.finish();
+  if (!printing) return 0;
+  std::ofstream out(o.output);
+  out << format_tuning_file(t);
+  out.close();
+  if (!out) throw Error(ErrorCode::invalid_argument, "cannot write '" + o.output + "'");
+  std::fprintf(stderr,
+               "loom-tune: %s backend, %d ranks: alpha %.3g us, beta %.3g ns/B (%.2f GB/s), gamma "
+               "%.3g ns/B; %zu native fits, %zu measurements -> %s\n"
+               "loom-tune: export LOOM_TUNING_FILE=%s\n",
+               t.backend.c_str(), b.world_size(), t.cost.alpha_s * 1e6,
+               t.cost.beta_s_per_byte * 1e9,
+               t.cost.beta_s_per_byte > 0 ? 1e-9 / t.cost.beta_s_per_byte : 0.0,
+               t.cost.gamma_s_per_byte * 1e9, t.native.size(), t.measured.size(), o.output.c_str(),
+               o.output.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Options o = parse(argc, argv);
+    std::string backend = o.backend;
+    if (backend.empty()) backend = launched_by_mpirun() ? "mpi" : "local";
+    if (backend == "mpi") {
+      auto b = create_backend("mpi");
+      return run(*b, o);
+    }
+    std::atomic<int> status{0};
+    LocalWorld::run(o.ranks, [&](Backend& b) {
+      const int s = run(b, o);
+      if (b.rank() == 0) status = s;
+    });
+    return status;
+  } catch (const std::exception& e) {
+    std::cerr << "loom-tune: " << e.what() << "\n";
+    return 2;
+  }
+}

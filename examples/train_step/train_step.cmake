@@ -1,0 +1,19 @@
+# loom_train_step: the MLP training step (model, graph, overlap metrics, shared flags), used by
+# the train_step example, loom-overlap and their tests. Included from both folders; defined once.
+include_guard(GLOBAL)
+find_package(PkgConfig QUIET)
+if(PkgConfig_FOUND)
+  pkg_check_modules(OPENBLAS QUIET IMPORTED_TARGET openblas)
+endif()
+find_package(Boost 1.74 QUIET COMPONENTS program_options)
+if(NOT OPENBLAS_FOUND OR NOT Boost_PROGRAM_OPTIONS_FOUND)
+  message(STATUS "loom: train_step example and loom-overlap skipped (need OpenBLAS: "
+                 "apt-get install libopenblas-dev, and Boost.program_options)")
+  return()
+endif()
+set(dir ${PROJECT_SOURCE_DIR}/examples/train_step)
+add_library(loom_train_step STATIC ${dir}/mlp.cpp ${dir}/train_step.cpp
+                                   ${dir}/overlap_metrics.cpp ${dir}/train_options.cpp)
+target_include_directories(loom_train_step PUBLIC ${dir})
+target_compile_options(loom_train_step PRIVATE -Wall -Wextra -Wpedantic)
+target_link_libraries(loom_train_step PUBLIC loom::loom PkgConfig::OPENBLAS Boost::program_options)

@@ -1,0 +1,105 @@
+// TrainStep: one data-parallel training step of an Mlp as a loom Graph: forward, per-layer
+// backward, bucketed allreduce and a per-bucket SGD update, in three scheduling modes.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "loom/backend.hpp"
+#include "loom/bucketer.hpp"
+#include "loom/executor.hpp"
+#include "loom/graph.hpp"
+#include "mlp.hpp"
+
+namespace loom::examples {
+
+/// @brief How communication is scheduled against backward.
+enum class OverlapMode : unsigned char {
+  /// @brief All of backward, then every bucket's allreduce, then every update.
+  sequential,
+  /// @brief PyTorch DDP's policy: a bucket's allreduce starts once it is ready and every
+  /// earlier bucket (in bucket order) has started.
+  ddp,
+  /// @brief loom: buckets issued in the order the graph makes them ready (fixed at compile
+  /// time), each update as soon as its bucket is reduced.
+  loom,
+};
+
+std::string_view to_string(OverlapMode mode) noexcept;
+/// @brief "sequential|ddp|loom"; loom::Error naming the token otherwise.
+OverlapMode parse_overlap_mode(std::string_view name);
+
+/// @brief The order in which the model registers its parameters (DDP buckets in reverse).
+enum class Registration : unsigned char {
+  /// @brief W0, b0, W1, b1, ...: reverse registration is backward's order (DDP's assumption).
+  forward,
+  /// @brief The last layer first: DDP's first bucket then holds the gradients backward
+  /// produces last, so its in-order launch waits for all of backward.
+  reverse,
+};
+
+std::string_view to_string(Registration registration) noexcept;
+Registration parse_registration(std::string_view name);
+
+/// @brief Everything a TrainStep is built from.
+struct TrainConfig {
+  MlpShape shape;
+  float learning_rate = 0.05f;
+  OverlapMode mode = OverlapMode::loom;
+  Registration registration = Registration::forward;
+  /// @brief Caps, split, compression, pool. average stays on (gradients of a mean loss).
+  BucketerOptions bucketing;
+  /// @brief Let loom own the gradient memory (gradients are views into buckets); false keeps
+  /// gradients in the model and packs them.
+  bool gradient_views = true;
+  ExecutorOptions executor;
+};
+
+/// @brief The model, its Bucketer and the compiled step on one rank.
+class TrainStep {
+ public:
+  /// @brief Builds and compiles the step (compiling communicates: call on every rank).
+  TrainStep(Backend& backend, TrainConfig config);
+  // The graph's nodes point into this object's model: it cannot move.
+  TrainStep(const TrainStep&) = delete;
+  TrainStep& operator=(const TrainStep&) = delete;
+
+  /// @brief Runs one step: forward, backward, allreduce, update.
+  void run();
+  /// @brief This rank's loss in the last step's forward (before its update).
+  float loss() const noexcept { return _loss; }
+  /// @brief Every parameter, layer by layer (W0, b0, W1, ...), concatenated.
+  std::vector<float> parameters() const;
+  /// @brief Rebuilds the buckets in the order gradients became ready in the last run (rank
+  /// 0's order, broadcast) and recompiles, as DDP does after its first iteration. Needs a
+  /// profiled run; collective: call on every rank.
+  void rebuild_buckets();
+
+  Executor& executor() noexcept { return *_executor; }
+  const Bucketer& bucketer() const noexcept { return *_bucketer; }
+  const Mlp& model() const noexcept { return _model; }
+  const TrainConfig& config() const noexcept { return _config; }
+
+ private:
+  struct Parameter {
+    std::string name;
+    int layer;
+    bool weight;
+    std::vector<float>* values;
+    std::vector<float> own_gradient;  // when the model owns its gradients
+  };
+  void compile();
+
+  Backend& _backend;
+  TrainConfig _config;
+  Mlp _model;
+  std::vector<Parameter> _parameters;  // registration order
+  std::unique_ptr<Bucketer> _bucketer;
+  std::unique_ptr<Executor> _executor;
+  float _loss = 0;
+};
+
+}  // namespace loom::examples

@@ -1,0 +1,189 @@
+// Bucketer: groups gradients into buckets as PyTorch DDP does and adds each bucket's
+// (pack ->) allreduce (-> unpack) chain to a Graph.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "loom/backend.hpp"
+#include "loom/buffer.hpp"
+#include "loom/dtype.hpp"
+#include "loom/graph.hpp"
+
+namespace loom {
+
+class PinnedPool;
+struct NodeTiming;
+
+/// @brief One gradient the Bucketer reduces. Gradients are given in registration order (the
+/// order the model declared its parameters).
+struct GradientSpec {
+  std::string name;
+  std::size_t count = 0;
+  DType dtype = DType::float32;
+  Device device = Device::cpu();
+  /// @brief The gradient's memory when the caller owns it: every bucket is then packed from
+  /// and unpacked into it. Leave it empty on every gradient to let loom own the memory: each
+  /// gradient is then a view into its bucket (DDP's gradient_as_bucket_view) and there is no
+  /// pack or unpack at all.
+  Buffer storage;
+};
+
+/// @brief Communication hook applied to every bucket.
+enum class Compression : unsigned char {
+  none,      ///< reduce the gradients' own dtype
+  float16,   ///< cast to IEEE half, reduce, cast back (DDP's fp16_compress_hook)
+  bfloat16,  ///< cast to bfloat16, reduce, cast back (DDP's bf16_compress_hook)
+};
+
+std::string_view to_string(Compression compression) noexcept;
+/// @brief Parses "none|float16|fp16|bfloat16|bf16"; loom::Error naming the token otherwise.
+Compression parse_compression(std::string_view name);
+
+/// @brief How a Bucketer assigns and reduces.
+struct BucketerOptions {
+  /// @brief A bucket is closed once it holds at least this many bytes (DDP's bucket_cap_mb).
+  std::size_t cap_bytes = std::size_t{25} << 20;
+  /// @brief The same for the first bucket of each dtype and device, kept small so that
+  /// communication starts early (DDP's first bucket).
+  std::size_t first_bucket_bytes = std::size_t{1} << 20;
+  /// @brief Cut gradients at the cap so that no bucket exceeds it (DDP instead lets one large
+  /// gradient make a giant bucket). A split gradient stays contiguous in memory.
+  bool split_large = false;
+  Compression compression = Compression::none;
+  /// @brief Divide by the world size (gradients of a mean loss). Folded into the reduction
+  /// (ReduceOp::avg) or, when there is a pack or unpack, into that copy: never an extra pass.
+  bool average = true;
+  /// @brief Where bucket, pack and compression buffers come from; nullptr: a pool the
+  /// Bucketer owns. A given pool must outlive the Bucketer.
+  PinnedPool* pool = nullptr;
+};
+
+/// @brief The elements [offset, offset + count) of one gradient, placed in a bucket.
+struct BucketPiece {
+  std::size_t gradient = 0;       ///< index in registration order
+  std::size_t offset = 0;         ///< first element of the gradient in this piece
+  std::size_t count = 0;          ///< elements
+  std::size_t bucket_offset = 0;  ///< where the piece starts in the bucket (elements)
+};
+
+/// @brief Gradients reduced together by one collective.
+struct Bucket {
+  DType dtype = DType::float32;
+  Device device = Device::cpu();
+  std::size_t count = 0;  ///< elements
+  /// @brief The byte limit the bucket was filled against (first bucket or cap).
+  std::size_t limit_bytes = 0;
+  std::vector<BucketPiece> pieces;
+
+  std::size_t bytes() const noexcept { return count * dtype_size(dtype); }
+};
+
+/// @brief In which order attach() makes the executor issue the buckets' collectives.
+enum class BucketOrder : unsigned char {
+  /// @brief Bucket 0, then 1, ...: DDP launches strictly in bucket order, so a bucket that is
+  /// ready early waits behind an earlier bucket that is not.
+  bucket,
+  /// @brief The order in which the graph makes the buckets ready (their last producer's
+  /// position in a topological order of the graph), fixed at compile time: loom's default.
+  ready,
+};
+
+/// @brief Options of Bucketer::attach.
+struct AttachOptions {
+  BucketOrder order = BucketOrder::ready;
+  /// @brief Node names are "<prefix><b>.pack", "<prefix><b>.allreduce", "<prefix><b>.unpack".
+  std::string prefix = "bucket";
+  /// @brief Priorities given to the buckets' collectives are priority_base + 1 ... + buckets;
+  /// raise it to issue buckets before other collectives of the graph.
+  int priority_base = 0;
+};
+
+/// @brief The nodes attach() added for one bucket.
+struct BucketTasks {
+  Task pack;    ///< invalid when there is nothing to pack (gradients are views, no compression)
+  Task reduce;  ///< the allreduce
+  Task unpack;  ///< invalid likewise
+  /// @brief The first node of the chain (pack, else reduce): it runs after the producers.
+  Task first() const { return pack.valid() ? pack : reduce; }
+  /// @brief The last node of the chain: make the bucket's optimizer update succeed it.
+  Task done() const { return unpack.valid() ? unpack : reduce; }
+};
+
+/// @brief Assigns gradients to buckets and rewrites a Graph to reduce them bucket by bucket.
+///
+/// Assignment follows PyTorch DDP: gradients are taken in reverse registration order (the order
+/// backward usually produces them) and grouped per dtype and device; a group's bucket is closed
+/// once it holds at least first_bucket_bytes (the first one) or cap_bytes (the others).
+/// Buckets are numbered in the order they are closed, the ones left open at the end last.
+/// After a first run, rebuild() reassigns in the order the gradients actually became ready,
+/// as DDP does after its first iteration; use agreed_ready_order() so every rank rebuilds the
+/// same way. The Bucketer owns the bucket memory: it must outlive every Executor compiled from
+/// a graph it attached to, and a rebuild invalidates those graphs (views move).
+class Bucketer {
+ public:
+  /// @brief Throws ErrorCode::invalid_argument (empty list, a gradient without elements,
+  /// duplicate names, storage on some gradients but not others, storage that does not match
+  /// its spec, a zero cap) or ErrorCode::unsupported (device memory, compression of a
+  /// non-float32 gradient, average of an integer gradient), naming the gradient.
+  explicit Bucketer(std::vector<GradientSpec> gradients, BucketerOptions options = {});
+  ~Bucketer();
+  Bucketer(Bucketer&&) noexcept;
+  Bucketer& operator=(Bucketer&&) noexcept;
+  Bucketer(const Bucketer&) = delete;
+  Bucketer& operator=(const Bucketer&) = delete;
+
+  /// @brief The assignment rule alone: buckets of `gradients` taken in `order` (indices into
+  /// gradients; a permutation), against the caps and split setting of `options`.
+  static std::vector<Bucket> assign(std::span<const GradientSpec> gradients,
+                                    std::span<const std::size_t> order,
+                                    const BucketerOptions& options);
+
+  const std::vector<Bucket>& buckets() const noexcept;
+  std::size_t num_gradients() const noexcept;
+  const GradientSpec& spec(std::size_t gradient) const;
+  const BucketerOptions& options() const noexcept;
+  /// @brief Whether gradients are views into their buckets (loom owns the memory).
+  bool gradients_are_views() const noexcept;
+  /// @brief Where backward must write gradient `gradient`: its storage, or its view.
+  Buffer gradient(std::size_t gradient) const;
+  /// @brief The memory bucket `bucket` is reduced in (16-bit when compressing).
+  Buffer wire_buffer(std::size_t bucket) const;
+  /// @brief The bucket of each element range of gradient `gradient` (several when split).
+  std::vector<std::size_t> buckets_of(std::size_t gradient) const;
+
+  /// @brief Adds every bucket's chain to `graph`. `producers[i]` is the node that writes
+  /// gradient i (several gradients may share a producer); each bucket's chain runs after the
+  /// producers of its gradients. Pack and unpack declare what they read and write, so the
+  /// graph's race check sees them. `world_size` is the ranks the graph will run on (for the
+  /// average). Throws ErrorCode::invalid_argument for a wrong number of producers, an invalid
+  /// task or a task of another graph, or a world size below 1.
+  std::vector<BucketTasks> attach(Graph& graph, std::span<const Task> producers, int world_size,
+                                  const AttachOptions& options = {}) const;
+
+  /// @brief Reassigns the buckets with gradients taken in `ready_order` (first ready first),
+  /// keeping the options; bucket memory is reallocated and zeroed. Throws
+  /// ErrorCode::invalid_argument unless ready_order is a permutation of the gradient indices.
+  void rebuild(std::span<const std::size_t> ready_order);
+  /// @brief Whether rebuild() was called.
+  bool rebuilt() const noexcept;
+
+  /// @brief The order gradients became ready in a profiled run: gradient i is ready when its
+  /// producer `producer_names[i]` ended (ties: later registration first). Throws
+  /// ErrorCode::invalid_argument naming a producer missing from `timings`.
+  static std::vector<std::size_t> ready_order(std::span<const NodeTiming> timings,
+                                              std::span<const std::string> producer_names);
+  /// @brief Rank 0's `order`, broadcast to every rank (a collective: call it at the same point
+  /// on every rank). Throws ErrorCode::mismatch when ranks have different gradient counts.
+  static std::vector<std::size_t> agreed_ready_order(std::span<const std::size_t> order,
+                                                     Backend& backend);
+
+ private:
+  struct State;
+  std::unique_ptr<State> _state;
+};
+
+}  // namespace loom

@@ -1,0 +1,514 @@
+// Bucketer: DDP's bucket assignment (caps, first bucket, optional splitting, rebuild from the
+// observed ready order), bucket memory from the pinned pool and the per-bucket graph chains.
+#include "loom/bucketer.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <set>
+#include <tuple>
+#include <unordered_map>
+
+#include "analysis.hpp"
+#include "graph_state.hpp"
+#include "loom/error.hpp"
+#include "loom/executor.hpp"
+#include "loom/pinned_pool.hpp"
+
+namespace loom {
+
+namespace {
+
+[[noreturn]] void invalid(const std::string& message) {
+  throw Error(ErrorCode::invalid_argument, message);
+}
+
+std::string quoted(const GradientSpec& g, std::size_t index) {
+  return "gradient '" + g.name + "' (#" + std::to_string(index) + ")";
+}
+
+using GroupKey = std::tuple<int, int, int>;  // dtype, device kind, device index
+
+GroupKey key_of(DType dtype, Device device) {
+  return {static_cast<int>(dtype), static_cast<int>(device.kind), device.index};
+}
+
+DType wire_dtype(Compression compression, DType dtype) {
+  switch (compression) {
+    case Compression::float16:
+      return DType::float16;
+    case Compression::bfloat16:
+      return DType::bfloat16;
+    case Compression::none:
+      break;
+  }
+  return dtype;
+}
+
+// dst[i] = (to 16 bit)(src[i] * scale): the compression hook's cast with the average folded in.
+void compress(const float* src, void* dst, std::size_t count, Compression compression,
+              float scale) {
+  if (compression == Compression::float16) {
+    auto* out = static_cast<float16_t*>(dst);
+    for (std::size_t i = 0; i < count; ++i) out[i] = to_float16(src[i] * scale);
+  } else {
+    auto* out = static_cast<bfloat16_t*>(dst);
+    for (std::size_t i = 0; i < count; ++i) out[i] = to_bfloat16(src[i] * scale);
+  }
+}
+
+void decompress(const void* src, float* dst, std::size_t count, Compression compression) {
+  if (compression == Compression::float16) {
+    const auto* in = static_cast<const float16_t*>(src);
+    for (std::size_t i = 0; i < count; ++i) dst[i] = to_float(in[i]);
+  } else {
+    const auto* in = static_cast<const bfloat16_t*>(src);
+    for (std::size_t i = 0; i < count; ++i) dst[i] = to_float(in[i]);
+  }
+}
+
+// dst = src * factor in one pass (the unpack with the average folded in); factor 1 copies.
+void copy_scaled(Buffer src, Buffer dst, double factor) {
+  if (factor == 1.0 || !is_floating(src.dtype())) {
+    std::memcpy(dst.data(), src.data(), src.bytes());
+    return;
+  }
+  const std::size_t n = src.count();
+  switch (src.dtype()) {
+    case DType::float32: {
+      const float f = static_cast<float>(factor);
+      const float* in = src.as<float>();
+      float* out = dst.as<float>();
+      for (std::size_t i = 0; i < n; ++i) out[i] = in[i] * f;
+      return;
+    }
+    case DType::float64: {
+      const double* in = src.as<double>();
+      double* out = dst.as<double>();
+      for (std::size_t i = 0; i < n; ++i) out[i] = in[i] * factor;
+      return;
+    }
+    case DType::float16: {
+      const auto* in = src.as<float16_t>();
+      auto* out = dst.as<float16_t>();
+      for (std::size_t i = 0; i < n; ++i)
+        out[i] = to_float16(to_float(in[i]) * static_cast<float>(factor));
+      return;
+    }
+    case DType::bfloat16: {
+      const auto* in = src.as<bfloat16_t>();
+      auto* out = dst.as<bfloat16_t>();
+      for (std::size_t i = 0; i < n; ++i)
+        out[i] = to_bfloat16(to_float(in[i]) * static_cast<float>(factor));
+      return;
+    }
+    default:
+      std::memcpy(dst.data(), src.data(), src.bytes());
+  }
+}
+
+void check_permutation(std::span<const std::size_t> order, std::size_t n, const char* what) {
+  if (order.size() != n)
+    invalid(std::string(what) + " has " + std::to_string(order.size()) + " entries for " +
+            std::to_string(n) + " gradients");
+  std::vector<char> seen(n, 0);
+  for (std::size_t k = 0; k < order.size(); ++k) {
+    if (order[k] >= n)
+      invalid(std::string(what) + "[" + std::to_string(k) + "] = " + std::to_string(order[k]) +
+              " is not a gradient index (there are " + std::to_string(n) + ")");
+    if (seen[order[k]]++)
+      invalid(std::string(what) + " names gradient #" + std::to_string(order[k]) + " twice");
+  }
+}
+
+}  // namespace
+
+std::string_view to_string(Compression compression) noexcept {
+  switch (compression) {
+    case Compression::none:
+      return "none";
+    case Compression::float16:
+      return "float16";
+    case Compression::bfloat16:
+      return "bfloat16";
+  }
+  return "unknown";
+}
+
+Compression parse_compression(std::string_view name) {
+  if (name == "none") return Compression::none;
+  if (name == "float16" || name == "fp16") return Compression::float16;
+  if (name == "bfloat16" || name == "bf16") return Compression::bfloat16;
+  invalid("unknown compression '" + std::string(name) + "' (expected none, float16 or bfloat16)");
+}
+
+struct Bucketer::State {
+  std::vector<GradientSpec> gradients;
+  BucketerOptions options;
+  // Declared before the blocks: blocks go back to the pool before the pool dies.
+  std::unique_ptr<PinnedPool> own_pool;
+  bool views = false;
+  bool rebuilt = false;
+  std::vector<Bucket> buckets;
+  std::vector<PinnedBlock> blocks;
+  std::vector<Buffer> bucket_memory;   // per bucket: full precision (empty: copy mode, compressed)
+  std::vector<Buffer> wire;            // per bucket: what the allreduce reduces
+  std::vector<Buffer> gradient_views;  // per gradient (views only)
+
+  PinnedPool& pool() const { return options.pool ? *options.pool : *own_pool; }
+  Buffer acquire(std::size_t count, DType dtype) {
+    PinnedBlock& block = blocks.emplace_back(pool().acquire(count * dtype_size(dtype)));
+    if (count != 0) std::memset(block.data(), 0, count * dtype_size(dtype));
+    return Buffer(block.data(), count, dtype);
+  }
+  void assign(std::span<const std::size_t> order);
+};
+
+void Bucketer::State::assign(std::span<const std::size_t> order) {
+  std::vector<Bucket> fresh = Bucketer::assign(gradients, order, options);
+  bucket_memory.clear();
+  wire.clear();
+  gradient_views.clear();
+  blocks.clear();
+  buckets = std::move(fresh);
+  bucket_memory.resize(buckets.size());
+  wire.resize(buckets.size());
+  if (views) {
+    // One arena per dtype and device holding its buckets back to back in bucket order: a
+    // gradient split across consecutive buckets of its group is then still contiguous.
+    std::map<GroupKey, std::size_t> group_count;
+    for (const Bucket& b : buckets) group_count[key_of(b.dtype, b.device)] += b.count;
+    std::map<GroupKey, std::pair<Buffer, std::size_t>> arena;  // memory, next free element
+    for (const auto& [key, count] : group_count)
+      arena[key] = {acquire(count, static_cast<DType>(std::get<0>(key))), 0};
+    gradient_views.assign(gradients.size(), Buffer{});
+    for (std::size_t b = 0; b < buckets.size(); ++b) {
+      auto& [memory, next] = arena[key_of(buckets[b].dtype, buckets[b].device)];
+      bucket_memory[b] = memory.slice(next, buckets[b].count);
+      for (const BucketPiece& p : buckets[b].pieces)
+        if (p.offset == 0)
+          gradient_views[p.gradient] =
+              memory.slice(next + p.bucket_offset, gradients[p.gradient].count);
+      next += buckets[b].count;
+    }
+  }
+  for (std::size_t b = 0; b < buckets.size(); ++b) {
+    if (options.compression != Compression::none)
+      wire[b] = acquire(buckets[b].count, wire_dtype(options.compression, buckets[b].dtype));
+    else if (views)
+      wire[b] = bucket_memory[b];
+    else
+      wire[b] = bucket_memory[b] = acquire(buckets[b].count, buckets[b].dtype);
+  }
+}
+
+Bucketer::Bucketer(std::vector<GradientSpec> gradients, BucketerOptions options)
+    : _state(std::make_unique<State>()) {
+  if (gradients.empty()) invalid("Bucketer: no gradients to bucket");
+  if (options.cap_bytes == 0) invalid("Bucketer: cap_bytes must be > 0");
+  if (options.first_bucket_bytes == 0) invalid("Bucketer: first_bucket_bytes must be > 0");
+  std::unordered_map<std::string, std::size_t> names;
+  std::size_t with_storage = 0;
+  for (std::size_t i = 0; i < gradients.size(); ++i) {
+    const GradientSpec& g = gradients[i];
+    if (g.name.empty()) invalid("Bucketer: gradient #" + std::to_string(i) + " has no name");
+    if (auto [it, fresh] = names.emplace(g.name, i); !fresh)
+      invalid("Bucketer: gradients #" + std::to_string(it->second) + " and #" + std::to_string(i) +
+              " are both named '" + g.name + "'");
+    if (g.count == 0) invalid("Bucketer: " + quoted(g, i) + " has no elements");
+    if (g.device.kind != DeviceKind::cpu || (!g.storage.empty() && g.storage.device() != g.device))
+      throw Error(ErrorCode::unsupported,
+                  "Bucketer: " + quoted(g, i) + " is on " + to_string(g.device) +
+                      "; buckets live in host memory from the pinned pool (device gradients "
+                      "come with the CUDA backend)");
+    if (options.compression != Compression::none && g.dtype != DType::float32)
+      throw Error(ErrorCode::unsupported, "Bucketer: compression " +
+                                              std::string(to_string(options.compression)) +
+                                              " casts float32 gradients, but " + quoted(g, i) +
+                                              " is " + std::string(to_string(g.dtype)));
+    if (options.average && !is_floating(g.dtype))
+      throw Error(ErrorCode::unsupported, "Bucketer: average is not defined for " + quoted(g, i) +
+                                              ", which is " + std::string(to_string(g.dtype)) +
+                                              " (set average = false to sum)");
+    if (!g.storage.empty()) {
+      ++with_storage;
+      if (g.storage.count() != g.count || g.storage.dtype() != g.dtype)
+        invalid("Bucketer: " + quoted(g, i) + " is declared " + std::string(to_string(g.dtype)) +
+                "[" + std::to_string(g.count) + "] but its storage is " + g.storage.describe());
+      if (g.storage.data() == nullptr) invalid("Bucketer: " + quoted(g, i) + " has null storage");
+    }
+  }
+  if (with_storage != 0 && with_storage != gradients.size())
+    invalid("Bucketer: " + std::to_string(with_storage) + " of " +
+            std::to_string(gradients.size()) +
+            " gradients have storage; give storage to all (loom packs them) or to none (loom "
+            "owns the memory and gradients are views into buckets)");
+  _state->gradients = std::move(gradients);
+  _state->options = options;
+  _state->views = with_storage == 0;
+  if (!options.pool) _state->own_pool = std::make_unique<PinnedPool>();
+  std::vector<std::size_t> reverse(_state->gradients.size());
+  for (std::size_t k = 0; k < reverse.size(); ++k) reverse[k] = reverse.size() - 1 - k;
+  _state->assign(reverse);
+}
+
+Bucketer::~Bucketer() = default;
+Bucketer::Bucketer(Bucketer&&) noexcept = default;
+Bucketer& Bucketer::operator=(Bucketer&&) noexcept = default;
+
+std::vector<Bucket> Bucketer::assign(std::span<const GradientSpec> gradients,
+                                     std::span<const std::size_t> order,
+                                     const BucketerOptions& options) {
+  check_permutation(order, gradients.size(), "Bucketer::assign: order");
+  if (options.cap_bytes == 0 || options.first_bucket_bytes == 0)
+    invalid("Bucketer::assign: cap_bytes and first_bucket_bytes must be > 0");
+  struct Group {
+    Bucket open;
+    bool closed_one = false;  // after the first bucket, the cap applies
+  };
+  std::map<GroupKey, Group> groups;
+  std::vector<GroupKey> first_seen;
+  std::vector<Bucket> result;
+  for (std::size_t g : order) {
+    const GradientSpec& spec = gradients[g];
+    const GroupKey key = key_of(spec.dtype, spec.device);
+    auto [it, fresh] = groups.try_emplace(key);
+    if (fresh) first_seen.push_back(key);
+    Group& group = it->second;
+    const std::size_t element = dtype_size(spec.dtype);
+    std::size_t offset = 0;
+    while (offset < spec.count) {
+      const std::size_t limit = group.closed_one ? options.cap_bytes : options.first_bucket_bytes;
+      Bucket& open = group.open;
+      open.dtype = spec.dtype;
+      open.device = spec.device;
+      std::size_t take = spec.count - offset;
+      if (options.split_large)  // at least one element, so a limit below one element progresses
+        take = std::min(take, std::max<std::size_t>(1, (limit - open.bytes()) / element));
+      open.pieces.push_back({g, offset, take, open.count});
+      open.count += take;
+      offset += take;
+      // DDP's rule: close once the bucket holds at least the limit (it may overshoot by the
+      // last gradient unless splitting).
+      if (open.bytes() >= limit) {
+        open.limit_bytes = limit;
+        result.push_back(std::move(open));
+        open = Bucket{};
+        group.closed_one = true;
+      }
+    }
+  }
+  for (const GroupKey& key : first_seen) {
+    Group& group = groups[key];
+    if (group.open.pieces.empty()) continue;
+    group.open.limit_bytes = group.closed_one ? options.cap_bytes : options.first_bucket_bytes;
+    result.push_back(std::move(group.open));
+  }
+  return result;
+}
+
+const std::vector<Bucket>& Bucketer::buckets() const noexcept {
+  return _state->buckets;
+}
+
+std::size_t Bucketer::num_gradients() const noexcept {
+  return _state->gradients.size();
+}
+
+const GradientSpec& Bucketer::spec(std::size_t gradient) const {
+  if (gradient >= _state->gradients.size())
+    invalid("Bucketer: gradient #" + std::to_string(gradient) + " does not exist (there are " +
+            std::to_string(_state->gradients.size()) + ")");
+  return _state->gradients[gradient];
+}
+
+const BucketerOptions& Bucketer::options() const noexcept {
+  return _state->options;
+}
+
+bool Bucketer::gradients_are_views() const noexcept {
+  return _state->views;
+}
+
+Buffer Bucketer::gradient(std::size_t gradient) const {
+  const GradientSpec& g = spec(gradient);
+  return _state->views ? _state->gradient_views[gradient] : g.storage;
+}
+
+Buffer Bucketer::wire_buffer(std::size_t bucket) const {
+  if (bucket >= _state->buckets.size())
+    invalid("Bucketer: bucket #" + std::to_string(bucket) + " does not exist (there are " +
+            std::to_string(_state->buckets.size()) + ")");
+  return _state->wire[bucket];
+}
+
+std::vector<std::size_t> Bucketer::buckets_of(std::size_t gradient) const {
+  spec(gradient);
+  std::vector<std::size_t> out;
+  for (std::size_t b = 0; b < _state->buckets.size(); ++b)
+    for (const BucketPiece& p : _state->buckets[b].pieces)
+      if (p.gradient == gradient) out.push_back(b);
+  return out;
+}
+
+std::vector<BucketTasks> Bucketer::attach(Graph& graph, std::span<const Task> producers,
+                                          int world_size, const AttachOptions& options) const {
+  const State& s = *_state;
+  if (producers.size() != s.gradients.size())
+    invalid("Bucketer::attach: " + std::to_string(producers.size()) + " producers for " +
+            std::to_string(s.gradients.size()) + " gradients (one per gradient)");
+  if (world_size < 1)
+    invalid("Bucketer::attach: world size " + std::to_string(world_size) + " is below 1");
+  for (std::size_t i = 0; i < producers.size(); ++i) {
+    const Task& p = producers[i];
+    if (!p.valid() || p.id() >= graph.size() || !(graph.find(p.name()) == p))
+      invalid("Bucketer::attach: the producer of " + quoted(s.gradients[i], i) + " is " +
+              (p.valid() ? "a task of another graph" : "a default-constructed Task"));
+  }
+
+  // Compile-time readiness: where each bucket's last producer comes in the graph's
+  // deterministic topological order (the executor's own schedule order).
+  detail::check_acyclic(*graph._state);
+  const std::vector<std::uint32_t> order = detail::schedule_order(*graph._state);
+  std::vector<std::size_t> position(order.size());
+  for (std::size_t k = 0; k < order.size(); ++k) position[order[k]] = k;
+  const std::size_t n = s.buckets.size();
+  std::vector<std::size_t> ready_at(n, 0);
+  for (std::size_t b = 0; b < n; ++b)
+    for (const BucketPiece& p : s.buckets[b].pieces)
+      ready_at[b] = std::max(ready_at[b], position[producers[p.gradient].id()]);
+  std::vector<std::size_t> issue(n);  // buckets in issue order
+  for (std::size_t b = 0; b < n; ++b) issue[b] = b;
+  if (options.order == BucketOrder::ready)
+    std::stable_sort(issue.begin(), issue.end(),
+                     [&](std::size_t a, std::size_t b) { return ready_at[a] < ready_at[b]; });
+  std::vector<int> priority(n);
+  for (std::size_t k = 0; k < n; ++k)
+    priority[issue[k]] = options.priority_base + static_cast<int>(n - k);
+
+  const Compression compression = s.options.compression;
+  const bool average = s.options.average;
+  const double factor = average ? 1.0 / world_size : 1.0;
+  std::vector<BucketTasks> out(n);
+  for (std::size_t b = 0; b < n; ++b) {
+    const Bucket& bucket = s.buckets[b];
+    const std::string name = options.prefix + std::to_string(b);
+    const Buffer wire = s.wire[b];
+    // Where each piece's full-precision values are read before and written after the reduction.
+    std::vector<std::pair<Buffer, Buffer>> pieces;  // (gradient memory, bucket slice)
+    std::vector<Buffer> gradient_memory;
+    for (const BucketPiece& p : bucket.pieces) {
+      const Buffer in_gradient = gradient(p.gradient).slice(p.offset, p.count);
+      pieces.emplace_back(in_gradient, wire.slice(p.bucket_offset, p.count));
+      gradient_memory.push_back(in_gradient);
+    }
+    BucketTasks& tasks = out[b];
+    ReduceOp op = ReduceOp::sum;
+    if (compression != Compression::none) {
+      // Cast with the average folded in before the reduction (as DDP's fp16 hook divides
+      // first), so float16 sums of large gradients do not overflow.
+      const Buffer source = s.views ? s.bucket_memory[b] : Buffer{};
+      tasks.pack = graph.compute(
+          name + ".pack",
+          [pieces, source, wire, compression, factor] {
+            if (source.data() != nullptr) {
+              compress(source.as<float>(), wire.data(), source.count(), compression,
+                       static_cast<float>(factor));
+              return;
+            }
+            for (const auto& [grad, slot] : pieces)
+              compress(grad.as<float>(), slot.data(), grad.count(), compression,
+                       static_cast<float>(factor));
+          },
+          {.reads = s.views ? std::vector<Buffer>{source} : gradient_memory, .writes = {wire}});
+      tasks.unpack = graph.compute(
+          name + ".unpack",
+          [pieces, source, wire, compression] {
+            if (source.data() != nullptr) {
+              decompress(wire.data(), source.as<float>(), source.count(), compression);
+              return;
+            }
+            for (const auto& [grad, slot] : pieces)
+              decompress(slot.data(), grad.as<float>(), grad.count(), compression);
+          },
+          {.reads = {wire}, .writes = s.views ? std::vector<Buffer>{source} : gradient_memory});
+    } else if (!s.views) {
+      tasks.pack = graph.compute(name + ".pack",
+                                 [pieces] {
+                                   for (const auto& [grad, slot] : pieces)
+                                     std::memcpy(slot.data(), grad.data(), grad.bytes());
+                                 },
+                                 {.reads = gradient_memory, .writes = {wire}});
+      tasks.unpack = graph.compute(name + ".unpack",
+                                   [pieces, factor] {
+                                     for (const auto& [grad, slot] : pieces)
+                                       copy_scaled(slot, grad, factor);
+                                   },
+                                   {.reads = {wire}, .writes = gradient_memory});
+    } else if (average) {
+      op = ReduceOp::avg;  // views, no pack/unpack: the reduction divides
+    }
+    tasks.reduce = graph.allreduce(name + ".allreduce", wire, op, {.priority = priority[b]});
+    if (tasks.pack.valid()) tasks.pack.precede(tasks.reduce);
+    if (tasks.unpack.valid()) tasks.reduce.precede(tasks.unpack);
+    std::set<std::size_t> linked;
+    for (const BucketPiece& p : bucket.pieces)
+      if (linked.insert(producers[p.gradient].id()).second)
+        graph.add_edge(producers[p.gradient], tasks.first());
+  }
+  return out;
+}
+
+void Bucketer::rebuild(std::span<const std::size_t> ready_order) {
+  check_permutation(ready_order, _state->gradients.size(), "Bucketer::rebuild: ready order");
+  _state->assign(ready_order);
+  _state->rebuilt = true;
+}
+
+bool Bucketer::rebuilt() const noexcept {
+  return _state->rebuilt;
+}
+
+std::vector<std::size_t> Bucketer::ready_order(std::span<const NodeTiming> timings,
+                                               std::span<const std::string> producer_names) {
+  std::unordered_map<std::string_view, std::int64_t> end_of;
+  for (const NodeTiming& t : timings)
+    if (t.end_ns != 0 || t.start_ns != 0) end_of.emplace(t.name, t.end_ns);
+  std::vector<std::int64_t> ready(producer_names.size());
+  for (std::size_t i = 0; i < producer_names.size(); ++i) {
+    auto it = end_of.find(producer_names[i]);
+    if (it == end_of.end())
+      invalid("Bucketer::ready_order: producer '" + producer_names[i] + "' of gradient #" +
+              std::to_string(i) +
+              " did not run in the timings given (was profiling on, and is it the name of a "
+              "node of the graph?)");
+    ready[i] = it->second;
+  }
+  std::vector<std::size_t> order(producer_names.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return ready[a] != ready[b] ? ready[a] < ready[b] : a > b;
+  });
+  return order;
+}
+
+std::vector<std::size_t> Bucketer::agreed_ready_order(std::span<const std::size_t> order,
+                                                      Backend& backend) {
+  // Agree on the length first (max of n and of -n), so a rank with another model fails on
+  // every rank instead of hanging in a broadcast of the wrong size.
+  std::int64_t lengths[2] = {static_cast<std::int64_t>(order.size()),
+                             -static_cast<std::int64_t>(order.size())};
+  backend.allreduce(Buffer(lengths, 2, DType::int64), ReduceOp::max);
+  if (lengths[0] != -lengths[1])
+    throw Error(ErrorCode::mismatch, "Bucketer::agreed_ready_order on rank " +
+                                         std::to_string(backend.rank()) + ": ranks have between " +
+                                         std::to_string(-lengths[1]) + " and " +
+                                         std::to_string(lengths[0]) + " gradients (this rank " +
+                                         std::to_string(order.size()) + ")");
+  std::vector<std::int64_t> wire(order.begin(), order.end());
+  backend.broadcast(Buffer::of(std::span(wire)), 0);
+  return {wire.begin(), wire.end()};
+}
+
+}  // namespace loom

@@ -1,0 +1,88 @@
+// AlgorithmSelector: picks the algorithm of each collective from an alpha-beta-gamma model
+// with measured parameters, measured timings, and LOOM_<COLL> overrides by size range.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "loom/algorithm.hpp"
+#include "loom/tuning.hpp"
+
+namespace loom {
+
+/// @brief What the selector chose and why.
+struct AlgorithmChoice {
+  Algorithm algorithm = Algorithm::native;
+  /// @brief "override", "measured", "model", or "fallback: ring cannot run (count 2 < 3
+  /// ranks); model" when the preferred candidate could not run this case.
+  std::string reason;
+  /// @brief The model's (or the measurement's) time for this case, in seconds; 0 for an
+  /// override.
+  double predicted_s = 0;
+};
+
+/// @brief Chooses among candidates(collective) for each call.
+///
+/// Order of precedence: a LOOM_<COLL> range covering the size (e.g. LOOM_ALLREDUCE=
+/// "rd:0-8K;rabenseifner:8K-1M;ring:1M-max"); else the fastest candidate measured at the
+/// nearest power-of-two size by loom-tune --full for this collective and world size; else the
+/// cheapest by the Thakur-Rabenseifner-Gropp cost formulas with the tuning file's alpha, beta
+/// and gamma (the native call by its fitted line, or, without one, by the best formula: the
+/// library implements the same algorithms). A candidate that cannot run the case (cannot_run)
+/// is skipped for the next best and the reason says so. Ties go to native. Thread-safe (const).
+class AlgorithmSelector {
+ public:
+  /// @brief Defaults (default_tuning()) and no overrides.
+  AlgorithmSelector();
+  explicit AlgorithmSelector(TuningParameters tuning);
+
+  /// @brief LOOM_TUNING_FILE (else the defaults, saying so once on stderr) and LOOM_ALLREDUCE,
+  /// LOOM_ALLGATHER, LOOM_REDUCE_SCATTER, LOOM_BROADCAST, LOOM_REDUCE. Throws
+  /// ErrorCode::invalid_argument naming the variable and the bad token.
+  static AlgorithmSelector from_environment();
+
+  /// @brief Use `ranges` for `collective` (replacing earlier ones); an algorithm that does not
+  /// implement the collective is ErrorCode::invalid_argument.
+  void set_override(Collective collective, std::vector<AlgorithmRange> ranges);
+
+  /// @brief The algorithm for `args` on `backend`.
+  AlgorithmChoice choose(const CollectiveArgs& args, const Backend& backend) const;
+
+  /// @brief The model's time in seconds of `algorithm` for `collective` on `bytes` (the
+  /// size of the buffer the *_async call gets as send; allgather: the gathered buffer) over
+  /// `world` ranks.
+  double predict(Algorithm algorithm, Collective collective, std::size_t bytes, int world) const;
+
+  const TuningParameters& tuning() const noexcept { return _tuning; }
+  /// @brief Whether no tuning file was loaded (the parameters are default_tuning()'s).
+  bool using_defaults() const noexcept { return _defaults; }
+
+ private:
+  std::optional<double> measured(Algorithm algorithm, Collective collective, std::size_t bytes,
+                                 int world) const;
+
+  // The measurements by (collective, world), sizes ascending: choose() runs per call, so it
+  // binary-searches instead of scanning the file's records.
+  struct MeasuredSize {
+    std::size_t bytes;
+    std::array<double, 8> seconds;  // by Algorithm; negative where not measured
+  };
+  void index_measurements();
+
+  TuningParameters _tuning;
+  std::vector<std::pair<std::pair<Collective, int>, std::vector<MeasuredSize>>> _measured;
+  bool _defaults = true;
+  std::array<std::vector<AlgorithmRange>, 7> _overrides;  // by Collective
+};
+
+/// @brief The environment variable holding `collective`'s ranges: "LOOM_ALLREDUCE", ...
+std::string override_variable(Collective collective);
+
+/// @brief The bytes the model and the ranges use for `args`: the send buffer's, except
+/// allgather, where it is the gathered (recv) buffer's.
+std::size_t selection_bytes(const CollectiveArgs& args) noexcept;
+
+}  // namespace loom

@@ -1,0 +1,69 @@
+// CommunicationOptimizer: seed 000's facade for calling collectives without a graph: each call
+// asks the AlgorithmSelector, runs the chosen algorithm, and reports to the profiler; pinned
+// staging memory comes from a PinnedPool.
+#pragma once
+
+#include <memory>
+#include <optional>
+
+#include "loom/algorithm_selector.hpp"
+#include "loom/communication_profiler.hpp"
+#include "loom/gpu_direct.hpp"
+#include "loom/pinned_pool.hpp"
+
+namespace loom {
+
+/// @brief How a CommunicationOptimizer works.
+struct CommunicationOptimizerOptions {
+  bool profile = false;           ///< record every operation in profiler()
+  bool use_pinned_memory = true;  ///< staging() hands out pinned blocks
+  std::size_t pinned_cap_bytes = std::size_t{1} << 30;
+  /// @brief Demand CUDA-aware MPI: the constructor throws ErrorCode::unsupported, naming what
+  /// is missing, where detect_gpu_direct() says it is not there.
+  bool gpu_direct = false;
+  /// @brief The selector's parameters; unset: LOOM_TUNING_FILE and LOOM_<COLL> overrides.
+  std::optional<TuningParameters> tuning;
+};
+
+/// @brief Backend + AlgorithmSelector + PinnedPool + CommunicationProfiler for direct calls.
+///
+/// Every rank must make the same calls in the same order (as with Backend); the selector
+/// decides alike on every rank. The backend must outlive the optimizer.
+class CommunicationOptimizer {
+ public:
+  explicit CommunicationOptimizer(Backend& backend, CommunicationOptimizerOptions options = {});
+  ~CommunicationOptimizer();
+  CommunicationOptimizer(const CommunicationOptimizer&) = delete;
+  CommunicationOptimizer& operator=(const CommunicationOptimizer&) = delete;
+
+  /// @brief Starts `args` with the selector's algorithm; the handle completes as any Work.
+  std::unique_ptr<Work> collective_async(const CollectiveArgs& args);
+  std::unique_ptr<Work> allreduce_async(Buffer send, Buffer recv, ReduceOp op = ReduceOp::sum);
+  void allreduce(Buffer buffer, ReduceOp op = ReduceOp::sum);
+  void allgather(Buffer send, Buffer recv);
+  void reduce_scatter(Buffer send, Buffer recv, ReduceOp op = ReduceOp::sum);
+  void broadcast(Buffer buffer, int root);
+  void reduce(Buffer send, Buffer recv, ReduceOp op, int root);
+
+  /// @brief A pinned host block of at least `bytes` (ErrorCode::unavailable when the options
+  /// turned pinned memory off).
+  PinnedBlock staging(std::size_t bytes);
+
+  /// @brief The choice of the last call.
+  const AlgorithmChoice& last_choice() const noexcept { return _last; }
+  AlgorithmSelector& selector() noexcept { return _selector; }
+  CommunicationProfiler& profiler() noexcept { return _profiler; }
+  const GpuDirectCapabilities& capabilities() const noexcept { return _capabilities; }
+  Backend& backend() noexcept { return _backend; }
+
+ private:
+  Backend& _backend;
+  CommunicationOptimizerOptions _options;
+  GpuDirectCapabilities _capabilities;
+  AlgorithmSelector _selector;
+  CommunicationProfiler _profiler;
+  std::unique_ptr<PinnedPool> _pool;
+  AlgorithmChoice _last;
+};
+
+}  // namespace loom

@@ -1,0 +1,90 @@
+// Tuning: the measured parameters of the algorithm selector (LOOM_TUNING_FILE) and the
+// per-collective algorithm ranges of LOOM_<COLL>; pure parsers over text.
+#pragma once
+
+#include <cstddef>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "loom/algorithm.hpp"
+
+namespace loom {
+
+/// @brief The alpha-beta-gamma model: a message of n bytes costs alpha + n beta between two
+/// ranks on loom's algorithm channel; reducing n bytes costs n gamma.
+struct CostParameters {
+  double alpha_s = 0;
+  double beta_s_per_byte = 0;
+  double gamma_s_per_byte = 0;
+};
+
+/// @brief The backend's own (native) collective fitted as alpha + n beta at one world size.
+struct NativeFit {
+  Collective collective = Collective::allreduce;
+  int world = 0;
+  double alpha_s = 0;
+  double beta_s_per_byte = 0;
+};
+
+/// @brief One timed run (loom-tune --full): `algorithm` took `seconds` on `bytes`.
+struct Measurement {
+  Collective collective = Collective::allreduce;
+  int world = 0;
+  std::size_t bytes = 0;
+  Algorithm algorithm = Algorithm::native;
+  double seconds = 0;
+};
+
+/// @brief What loom-tune measured on one backend and transport.
+struct TuningParameters {
+  std::string backend;  ///< the backend it was measured on ("mpi", "local")
+  CostParameters cost;
+  std::vector<NativeFit> native;
+  std::vector<Measurement> measured;
+};
+
+/// @brief The parameters used without a tuning file (README "Algorithm selection" documents
+/// them): alpha 5 us, beta 0.2 ns/B (5 GB/s), gamma 0.25 ns/B (4 GB/s), no native fits and no
+/// measurements (the backend's native call is then modelled as the best of loom's formulas).
+TuningParameters default_tuning();
+
+/// @brief Parses a tuning file. Format, one record per line, '#' starts a comment:
+/// @code
+/// loom-tuning 1
+/// backend mpi
+/// alpha_us 2.1
+/// beta_ns_per_byte 0.12
+/// gamma_ns_per_byte 0.30
+/// native allreduce 4 6.5 0.21          # collective world alpha_us beta_ns_per_byte
+/// measured allreduce 4 1048576 ring 640.2   # collective world bytes algorithm time_us
+/// @endcode
+/// Throws ErrorCode::invalid_argument naming the line number and the token it could not use.
+TuningParameters parse_tuning_file(std::string_view text);
+
+/// @brief The text parse_tuning_file reads back to the same parameters.
+std::string format_tuning_file(const TuningParameters& tuning);
+
+/// @brief Reads and parses the file at `path`; errors name the path.
+TuningParameters load_tuning_file(const std::string& path);
+
+inline constexpr std::size_t unbounded_bytes = std::numeric_limits<std::size_t>::max();
+
+/// @brief Use `algorithm` for sizes in [min_bytes, max_bytes).
+struct AlgorithmRange {
+  Algorithm algorithm = Algorithm::native;
+  std::size_t min_bytes = 0;
+  std::size_t max_bytes = unbounded_bytes;
+};
+
+/// @brief Parses "rd:0-8K;rabenseifner:8K-1M;ring:1M-max": `;`-separated `name:lo-hi` entries,
+/// sizes in bytes with K, M, G (powers of 1024) and `max` for no upper bound; each range is
+/// [lo, hi). Throws ErrorCode::invalid_argument naming the bad token (unknown algorithm,
+/// malformed size, lo >= hi, overlapping ranges, empty entry).
+std::vector<AlgorithmRange> parse_algorithm_ranges(std::string_view text);
+
+/// @brief "8", "64K", "16M", "1G" to bytes; throws ErrorCode::invalid_argument naming it.
+std::size_t parse_byte_size(std::string_view text);
+
+}  // namespace loom

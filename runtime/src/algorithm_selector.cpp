@@ -1,0 +1,270 @@
+// AlgorithmSelector: the cost formulas, measured-table lookup, env overrides and fallback.
+#include "loom/algorithm_selector.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <mutex>
+
+#include "loom/error.hpp"
+
+namespace loom {
+
+std::string override_variable(Collective collective) {
+  std::string name = "LOOM_";
+  for (char c : to_string(collective)) name += static_cast<char>(std::toupper(c));
+  return name;
+}
+
+std::size_t selection_bytes(const CollectiveArgs& args) noexcept {
+  return args.op == Collective::allgather ? args.recv.bytes() : args.send.bytes();
+}
+
+AlgorithmSelector::AlgorithmSelector() : _tuning(default_tuning()), _defaults(true) {}
+
+AlgorithmSelector::AlgorithmSelector(TuningParameters tuning)
+    : _tuning(std::move(tuning)), _defaults(false) {
+  index_measurements();
+}
+
+void AlgorithmSelector::index_measurements() {
+  _measured.clear();
+  for (const Measurement& m : _tuning.measured) {
+    const std::pair key{m.collective, m.world};
+    auto group = std::find_if(_measured.begin(), _measured.end(),
+                              [&](const auto& g) { return g.first == key; });
+    if (group == _measured.end()) group = _measured.insert(_measured.end(), {key, {}});
+    auto& sizes = group->second;
+    auto at = std::lower_bound(sizes.begin(), sizes.end(), m.bytes,
+                               [](const MeasuredSize& s, std::size_t b) { return s.bytes < b; });
+    if (at == sizes.end() || at->bytes != m.bytes) {
+      MeasuredSize row{m.bytes, {}};
+      row.seconds.fill(-1);
+      at = sizes.insert(at, row);
+    }
+    at->seconds[static_cast<std::size_t>(m.algorithm)] = m.seconds;
+  }
+}
+
+AlgorithmSelector AlgorithmSelector::from_environment() {
+  AlgorithmSelector selector;
+  if (const char* path = std::getenv("LOOM_TUNING_FILE"); path != nullptr && *path != '\0') {
+    selector = AlgorithmSelector(load_tuning_file(path));
+  } else {
+    static std::once_flag said;
+    std::call_once(said, [&] {
+      const CostParameters& c = selector._tuning.cost;
+      std::fprintf(stderr,
+                   "loom: no LOOM_TUNING_FILE; the algorithm selector uses its defaults (alpha "
+                   "%.3g us, beta %.3g ns/B, gamma %.3g ns/B); run loom-tune to measure them\n",
+                   c.alpha_s * 1e6, c.beta_s_per_byte * 1e9, c.gamma_s_per_byte * 1e9);
+    });
+  }
+  for (Collective c : {Collective::allreduce, Collective::allgather, Collective::reduce_scatter,
+                       Collective::broadcast, Collective::reduce}) {
+    const std::string variable = override_variable(c);
+    const char* value = std::getenv(variable.c_str());
+    if (value == nullptr || *value == '\0') continue;
+    try {
+      selector.set_override(c, parse_algorithm_ranges(value));
+    } catch (const Error& e) {
+      throw Error(ErrorCode::invalid_argument, variable + ": " + e.message());
+    }
+  }
+  return selector;
+}
+
+void AlgorithmSelector::set_override(Collective collective, std::vector<AlgorithmRange> ranges) {
+  for (const AlgorithmRange& r : ranges) {
+    bool implements = false;
+    for (Algorithm a : candidates(collective)) implements = implements || a == r.algorithm;
+    if (!implements)
+      throw Error(
+          ErrorCode::invalid_argument,
+          std::string(to_string(r.algorithm)) + " does not implement " +
+              std::string(to_string(collective)) + " (candidates: " +
+              [&] {
+                std::string list;
+                for (Algorithm a : candidates(collective))
+                  list += (list.empty() ? "" : ", ") + std::string(to_string(a));
+                return list;
+              }() +
+              ")");
+  }
+  _overrides[static_cast<std::size_t>(collective)] = std::move(ranges);
+}
+
+namespace {
+
+double log2_ceil(int p) {
+  int steps = 0;
+  while ((1 << steps) < p) ++steps;
+  return steps;
+}
+
+int power_of_two_below(int n) {
+  int p = 1;
+  while (p * 2 <= n) p *= 2;
+  return p;
+}
+
+}  // namespace
+
+// Thakur, Rabenseifner & Gropp, "Optimization of Collective Communication Operations in
+// MPICH" (2005), with the fold for non-power-of-two rank counts; n in bytes.
+double AlgorithmSelector::predict(Algorithm algorithm, Collective collective, std::size_t bytes,
+                                  int world) const {
+  const double a = _tuning.cost.alpha_s;
+  const double b = _tuning.cost.beta_s_per_byte;
+  const double g = _tuning.cost.gamma_s_per_byte;
+  const double n = static_cast<double>(bytes);
+  const double p = world;
+  if (world <= 1) return 0;
+  const int p2i = power_of_two_below(world);
+  const double p2 = p2i;
+  const double lg = log2_ceil(world);
+  const double lg2 = log2_ceil(p2i);
+  const bool fold = p2i != world;
+  const double share = (p - 1) / p;
+  if (algorithm == Algorithm::native) {
+    for (const NativeFit& f : _tuning.native)
+      if (f.collective == collective && f.world == world) return f.alpha_s + n * f.beta_s_per_byte;
+    // No fit: the library is assumed to run the best of the same algorithms, minus loom's
+    // per-message overhead, which alpha includes.
+    double best = std::numeric_limits<double>::infinity();
+    for (Algorithm c : candidates(collective))
+      if (c != Algorithm::native) best = std::min(best, predict(c, collective, bytes, world));
+    return std::isfinite(best) ? best : lg * a + n * b;
+  }
+  switch (collective) {
+    case Collective::allreduce:
+      switch (algorithm) {
+        case Algorithm::ring:
+          return 2 * (p - 1) * a + 2 * share * n * b + share * n * g;
+        case Algorithm::recursive_doubling:
+          return lg2 * (a + n * b + n * g) + (fold ? 2 * (a + n * b) + n * g : 0);
+        case Algorithm::rabenseifner:
+          return 2 * lg2 * a + 2 * (p2 - 1) / p2 * n * b + (p2 - 1) / p2 * n * g +
+                 (fold ? 2 * (a + n * b) + n * g : 0);
+        case Algorithm::binomial_tree:
+          return 2 * lg * (a + n * b) + lg * n * g;
+        default:
+          break;
+      }
+      break;
+    case Collective::allgather:  // n: the gathered buffer
+      switch (algorithm) {
+        case Algorithm::ring:
+          return (p - 1) * a + share * n * b;
+        case Algorithm::recursive_doubling:
+          return lg * a + share * n * b;
+        case Algorithm::bruck:
+          return lg * a + share * n * b + n * g / 4;  // plus the final rotation copy
+        default:
+          break;
+      }
+      break;
+    case Collective::reduce_scatter:  // n: the whole send buffer
+      switch (algorithm) {
+        case Algorithm::ring:
+          return (p - 1) * a + share * n * (b + g);
+        case Algorithm::recursive_halving:
+          return lg2 * a + (p2 - 1) / p2 * n * (b + g) + (fold ? 2 * a + n * (b + g) : 0);
+        default:
+          break;
+      }
+      break;
+    case Collective::broadcast:
+      switch (algorithm) {
+        case Algorithm::binomial_tree:
+          return lg * (a + n * b);
+        case Algorithm::scatter_allgather:
+          return 2 * (p - 1) * a + 2 * share * n * b;
+        default:
+          break;
+      }
+      break;
+    case Collective::reduce:
+      if (algorithm == Algorithm::binomial_tree) return lg * (a + n * b + n * g);
+      break;
+    default:
+      break;
+  }
+  return std::numeric_limits<double>::infinity();
+}
+
+// The measurement of `algorithm` at the measured size nearest `bytes` (in log scale).
+std::optional<double> AlgorithmSelector::measured(Algorithm algorithm, Collective collective,
+                                                  std::size_t bytes, int world) const {
+  const std::pair key{collective, world};
+  auto group = std::find_if(_measured.begin(), _measured.end(),
+                            [&](const auto& g) { return g.first == key; });
+  if (group == _measured.end() || group->second.empty()) return std::nullopt;
+  const auto& sizes = group->second;
+  auto at = std::lower_bound(sizes.begin(), sizes.end(), bytes,
+                             [](const MeasuredSize& s, std::size_t b) { return s.bytes < b; });
+  auto distance = [&](const MeasuredSize& s) {
+    return std::abs(std::log2(static_cast<double>(std::max<std::size_t>(s.bytes, 1))) -
+                    std::log2(static_cast<double>(std::max<std::size_t>(bytes, 1))));
+  };
+  const MeasuredSize* nearest = at == sizes.end() ? &sizes.back() : &*at;
+  if (at != sizes.begin() && distance(*(at - 1)) < distance(*nearest)) nearest = &*(at - 1);
+  // Farther than a factor of two from anything measured: the model knows better.
+  if (distance(*nearest) > 1.0) return std::nullopt;
+  const double seconds = nearest->seconds[static_cast<std::size_t>(algorithm)];
+  if (seconds < 0) return std::nullopt;
+  return seconds;
+}
+
+AlgorithmChoice AlgorithmSelector::choose(const CollectiveArgs& args,
+                                          const Backend& backend) const {
+  const std::size_t bytes = selection_bytes(args);
+  const int world = backend.world_size();
+  const bool tuned_here = _tuning.backend.empty() || _tuning.backend == backend.name();
+  std::string fallback;
+  std::optional<Algorithm> refused_override;
+  for (const AlgorithmRange& r : _overrides[static_cast<std::size_t>(args.op)]) {
+    if (bytes < r.min_bytes || bytes >= r.max_bytes) continue;
+    const std::string why = cannot_run(r.algorithm, args, backend);
+    if (why.empty()) return {r.algorithm, "override", 0};
+    fallback = "fallback: " + override_variable(args.op) + " chose " +
+               std::string(to_string(r.algorithm)) + ", which cannot run (" + why + "); ";
+    refused_override = r.algorithm;
+    break;
+  }
+  // Rank every candidate: measured time where loom-tune --full timed it, else the model.
+  struct Scored {
+    Algorithm algorithm;
+    double seconds;
+    bool measured;
+  };
+  std::vector<Scored> scored;
+  bool any_measured = false;
+  for (Algorithm a : candidates(args.op)) {
+    std::optional<double> m;
+    if (tuned_here) m = measured(a, args.op, bytes, world);
+    any_measured = any_measured || m.has_value();
+    scored.push_back({a, m ? *m : predict(a, args.op, bytes, world), m.has_value()});
+  }
+  // With measurements, a candidate without one (it could not run when measured) is ranked
+  // after the measured ones rather than by a model on another scale.
+  if (any_measured)
+    for (Scored& s : scored)
+      if (!s.measured) s.seconds = std::numeric_limits<double>::infinity();
+  std::stable_sort(scored.begin(), scored.end(),
+                   [](const Scored& x, const Scored& y) { return x.seconds < y.seconds; });
+  for (const Scored& s : scored) {
+    const std::string why = cannot_run(s.algorithm, args, backend);
+    if (why.empty())
+      return {s.algorithm, fallback + (s.measured ? "measured" : "model"), s.seconds};
+    if (refused_override != s.algorithm)
+      fallback +=
+          "fallback: " + std::string(to_string(s.algorithm)) + " cannot run (" + why + "); ";
+  }
+  return {Algorithm::native, fallback + "native", 0};
+}
+
+}  // namespace loom

@@ -1,0 +1,97 @@
+// CommunicationOptimizer: selection, profiling wrapper and staging for direct collective calls.
+#include "loom/communication_optimizer.hpp"
+
+#include "loom/error.hpp"
+
+namespace loom {
+namespace {
+
+// Records the operation in the profiler when it completes successfully.
+class ProfiledWork final : public Work {
+ public:
+  ProfiledWork(std::unique_ptr<Work> inner, CommunicationProfiler& profiler, OperationRecord r)
+      : Work(inner->description()),
+        _inner(std::move(inner)),
+        _profiler(profiler),
+        _record(std::move(r)) {}
+
+ protected:
+  bool poll() override {
+    if (!_inner->test()) return false;
+    if (_inner->failed()) std::rethrow_exception(_inner->error());
+    _record.end_ns = CommunicationProfiler::now_ns();
+    _profiler.record(std::move(_record));
+    return true;
+  }
+
+ private:
+  std::unique_ptr<Work> _inner;
+  CommunicationProfiler& _profiler;
+  OperationRecord _record;
+};
+
+}  // namespace
+
+CommunicationOptimizer::CommunicationOptimizer(Backend& backend,
+                                               CommunicationOptimizerOptions options)
+    : _backend(backend),
+      _options(std::move(options)),
+      _capabilities(detect_gpu_direct()),
+      _selector(_options.tuning ? AlgorithmSelector(*_options.tuning)
+                                : AlgorithmSelector::from_environment()),
+      _profiler(_options.profile) {
+  if (_options.gpu_direct) require_gpu_direct(_capabilities);
+  if (_options.use_pinned_memory)
+    _pool = std::make_unique<PinnedPool>(PinnedPool::Options{_options.pinned_cap_bytes, true});
+}
+
+CommunicationOptimizer::~CommunicationOptimizer() = default;
+
+std::unique_ptr<Work> CommunicationOptimizer::collective_async(const CollectiveArgs& args) {
+  _last = _selector.choose(args, _backend);
+  if (!_profiler.enabled()) return start_collective(_backend, _last.algorithm, args);
+  OperationRecord record{std::string(to_string(args.op)),
+                         std::string(to_string(args.op)),
+                         selection_bytes(args),
+                         _backend.world_size(),
+                         std::string(to_string(_last.algorithm)),
+                         CommunicationProfiler::now_ns(),
+                         0};
+  return std::make_unique<ProfiledWork>(start_collective(_backend, _last.algorithm, args),
+                                        _profiler, std::move(record));
+}
+
+std::unique_ptr<Work> CommunicationOptimizer::allreduce_async(Buffer send, Buffer recv,
+                                                              ReduceOp op) {
+  return collective_async({Collective::allreduce, send, recv, op, 0});
+}
+
+void CommunicationOptimizer::allreduce(Buffer buffer, ReduceOp op) {
+  allreduce_async(buffer, buffer, op)->wait();
+}
+
+void CommunicationOptimizer::allgather(Buffer send, Buffer recv) {
+  collective_async({Collective::allgather, send, recv, ReduceOp::sum, 0})->wait();
+}
+
+void CommunicationOptimizer::reduce_scatter(Buffer send, Buffer recv, ReduceOp op) {
+  collective_async({Collective::reduce_scatter, send, recv, op, 0})->wait();
+}
+
+void CommunicationOptimizer::broadcast(Buffer buffer, int root) {
+  collective_async({Collective::broadcast, buffer, buffer, ReduceOp::sum, root})->wait();
+}
+
+void CommunicationOptimizer::reduce(Buffer send, Buffer recv, ReduceOp op, int root) {
+  collective_async({Collective::reduce, send, recv, op, root})->wait();
+}
+
+PinnedBlock CommunicationOptimizer::staging(std::size_t bytes) {
+  if (!_pool)
+    throw Error(ErrorCode::unavailable,
+                "CommunicationOptimizer::staging: pinned memory is off "
+                "(CommunicationOptimizerOptions::use_pinned_memory = false)");
+  return _pool->acquire(bytes);
+}
+
+}  // namespace loom

@@ -1,0 +1,173 @@
+// loom's collective algorithms on the local backend: every (collective, algorithm) pair, every
+// dtype and reduce op, 1-5 ranks and counts {0, 1, 7, 65539}, against independent values;
+// fallback, channel isolation and concurrent instances.
+#include <gtest/gtest.h>
+
+#include <mutex>
+#include <numeric>
+
+#include "backends/collective_checks.hpp"
+#include "backends/forced_algorithm_backend.hpp"
+#include "loom/error.hpp"
+#include "loom/local.hpp"
+
+namespace loom {
+namespace {
+
+const std::vector<std::size_t> algorithm_counts{0, 1, 7, (1u << 16) + 3};
+
+using Param = std::tuple<int, std::pair<Collective, Algorithm>>;
+class LocalAlgorithms : public ::testing::TestWithParam<Param> {};
+
+TEST_P(LocalAlgorithms, MatchIndependentValues) {
+  const auto [world, pair] = GetParam();
+  const auto [op, algorithm] = pair;
+  for (DType dtype : all_dtypes) {
+    for (const auto& c : testing::cases_for(op, dtype, algorithm_counts)) {
+      std::mutex mutex;
+      std::vector<std::string> failures;
+      LocalWorld::run(world, [&](Backend& inner) {
+        testing::ForcedAlgorithmBackend forced(inner, algorithm);
+        std::string result = testing::check(forced, c);
+        // The algorithm itself must have run wherever it can (no silent native).
+        const std::size_t count = op == Collective::reduce_scatter ? c.count * world : c.count;
+        std::vector<std::byte> probe(count * dtype_size(dtype));
+        const CollectiveArgs args{op, Buffer(probe.data(), count, dtype),
+                                  Buffer(probe.data(), count, dtype), c.redop, 0};
+        const bool can = cannot_run(algorithm, args, inner).empty();
+        if (result.empty() && (forced.last_algorithm() == algorithm) != can)
+          result = testing::describe(c) + ": ran " +
+                   std::string(to_string(forced.last_algorithm())) + " but cannot_run says " +
+                   (can ? "it can" : "it cannot");
+        if (!result.empty()) {
+          std::lock_guard lock(mutex);
+          failures.push_back(result);
+        }
+      });
+      ASSERT_TRUE(failures.empty()) << failures.front();
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllCases, LocalAlgorithms,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4, 5),
+                                            ::testing::ValuesIn(testing::algorithm_pairs())),
+                         [](const auto& info) {
+                           const auto& pair = std::get<1>(info.param);
+                           return "np" + std::to_string(std::get<0>(info.param)) + "_" +
+                                  std::string(to_string(pair.first)) + "_" +
+                                  std::string(to_string(pair.second));
+                         });
+
+TEST(Algorithms, CannotRunExplainsWhy) {
+  LocalWorld world(3);
+  std::vector<float> v(2);
+  const CollectiveArgs small{Collective::allreduce, Buffer::of(std::span(v)),
+                             Buffer::of(std::span(v)), ReduceOp::sum, 0};
+  EXPECT_NE(cannot_run(Algorithm::ring, small, world.backend(0)).find("count 2 < 3 ranks"),
+            std::string::npos);
+  EXPECT_EQ(cannot_run(Algorithm::recursive_doubling, small, world.backend(0)), "");
+  EXPECT_EQ(cannot_run(Algorithm::native, small, world.backend(0)), "");
+  std::vector<float> gathered(6);
+  const CollectiveArgs gather{Collective::allgather, Buffer::of(std::span(v)),
+                              Buffer::of(std::span(gathered)), ReduceOp::sum, 0};
+  EXPECT_NE(
+      cannot_run(Algorithm::recursive_doubling, gather, world.backend(0)).find("power-of-two"),
+      std::string::npos);
+  EXPECT_NE(cannot_run(Algorithm::bruck, small, world.backend(0)).find("does not implement"),
+            std::string::npos);
+  const CollectiveArgs on_gpu{
+      Collective::allreduce, Buffer(v.data(), 2, DType::float32, Device::cuda(0)),
+      Buffer(v.data(), 2, DType::float32, Device::cuda(0)), ReduceOp::sum, 0};
+  EXPECT_NE(cannot_run(Algorithm::recursive_doubling, on_gpu, world.backend(0)).find("device"),
+            std::string::npos);
+  try {
+    start_collective(world.backend(0), Algorithm::ring, small);
+    FAIL() << "ring on 2 elements over 3 ranks started";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::unsupported);
+    EXPECT_NE(std::string(e.what()).find("allreduce on rank 0 of 3"), std::string::npos);
+  }
+}
+
+TEST(Algorithms, BadArgumentsAreTheBackendsErrors) {
+  LocalWorld world(2);
+  std::vector<float> a(4), b(5);
+  try {
+    start_collective(world.backend(0), Algorithm::rabenseifner,
+                     {Collective::allreduce, Buffer::of(std::span(a)), Buffer::of(std::span(b)),
+                      ReduceOp::sum, 0});
+    FAIL() << "mismatched counts accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("recv count 5 differs from send count 4"),
+              std::string::npos);
+  }
+  std::vector<std::int32_t> ints(4);
+  EXPECT_THROW(start_collective(world.backend(0), Algorithm::ring,
+                                {Collective::allreduce, Buffer::of(std::span(ints)),
+                                 Buffer::of(std::span(ints)), ReduceOp::avg, 0}),
+               Error);
+  EXPECT_THROW(parse_algorithm("ringg"), Error);
+  EXPECT_EQ(parse_algorithm("binomial"), Algorithm::binomial_tree);
+}
+
+// Algorithm messages travel on their own channel: a user receive posted for any source and
+// any tag before an algorithm runs still gets the user's message, not the algorithm's.
+TEST(Algorithms, TrafficNeverMatchesAUsersReceive) {
+  LocalWorld::run(3, [](Backend& b) {
+    std::int32_t got = -1;
+    auto user = b.recv_async(Buffer(&got, 1, DType::int32), any_source, any_tag);
+    std::vector<std::int32_t> v(1000, b.rank() + 1);
+    start_collective(b, Algorithm::ring,
+                     {Collective::allreduce, Buffer::of(std::span(v)), Buffer::of(std::span(v)),
+                      ReduceOp::sum, 0})
+        ->wait();
+    EXPECT_EQ(v[999], 6);
+    std::int32_t mine = 100 + b.rank();
+    b.send(Buffer(&mine, 1, DType::int32), (b.rank() + 1) % 3, 5);
+    user->wait();
+    EXPECT_EQ(got, 100 + (b.rank() + 2) % 3);
+  });
+}
+
+// Several instances in flight at once, completed in reverse order, stay apart (each has its
+// own tag).
+TEST(Algorithms, ConcurrentInstancesKeepTheirOwnMessages) {
+  LocalWorld::run(4, [](Backend& b) {
+    std::vector<std::vector<double>> data;
+    std::vector<std::unique_ptr<Work>> works;
+    for (int k = 0; k < 6; ++k) data.emplace_back(50000 + 7 * k, b.rank() * 10.0 + k);
+    for (int k = 0; k < 6; ++k) {
+      const Algorithm a = k % 2 == 0 ? Algorithm::ring : Algorithm::rabenseifner;
+      works.push_back(start_collective(b, a,
+                                       {Collective::allreduce, Buffer::of(std::span(data[k])),
+                                        Buffer::of(std::span(data[k])), ReduceOp::sum, 0}));
+    }
+    for (int k = 5; k >= 0; --k) works[k]->wait();
+    for (int k = 0; k < 6; ++k)
+      for (double x : data[k]) ASSERT_EQ(x, 60.0 + 4 * k);  // (0+10+20+30) + 4k
+  });
+}
+
+// A rank that fails while the others are inside an algorithm makes their transfers fail with
+// ErrorCode::cancelled (never a hang), and run() reports the original failure.
+TEST(Algorithms, AFailedPeerCancelsInsteadOfHanging) {
+  try {
+    LocalWorld::run(3, [](Backend& b) {
+      if (b.rank() == 1) throw Error(ErrorCode::invalid_argument, "rank 1 gives up");
+      std::vector<float> v(100000, 1.0f);
+      start_collective(b, Algorithm::ring,
+                       {Collective::allreduce, Buffer::of(std::span(v)), Buffer::of(std::span(v)),
+                        ReduceOp::sum, 0})
+          ->wait();
+    });
+    FAIL() << "the run succeeded without rank 1";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::invalid_argument) << e.what();
+    EXPECT_NE(std::string(e.what()).find("rank 1 gives up"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace loom

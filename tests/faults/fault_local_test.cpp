@@ -1,0 +1,290 @@
+// Faults on the local backend: 100 runs with failures injected at random nodes (compute,
+// collective start, collective completion) each followed by a checked run of the same executor;
+// a compute node throwing on one rank only; pinned pool exhaustion, refused mlock and refused
+// allocation.
+#include <gtest/gtest.h>
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <mutex>
+#include <random>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "faults/fault_injecting_backend.hpp"
+#include "faults/training_step.hpp"
+#include "loom/error.hpp"
+#include "loom/executor.hpp"
+#include "loom/local.hpp"
+#include "loom/pinned_pool.hpp"
+
+// The allocation-failure test asks for more memory than exists; AddressSanitizer must then
+// return null as malloc does instead of reporting the request as a bug.
+extern "C" const char* __asan_default_options() {
+  return "allocator_may_return_null=1";
+}
+
+namespace loom {
+namespace {
+
+using test::FaultInjectingBackend;
+using test::TrainingStep;
+
+ExecutorOptions timeout_s(double seconds) {
+  ExecutorOptions options;
+  options.timeout = std::chrono::duration<double>(seconds);
+  return options;
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// Odd bucket sizes, one of a single element.
+const std::vector<std::size_t> bucket_counts{1, 7, 1000, 4099};
+
+// One injected fault per faulty run; every rank draws the same plans from the same seed.
+struct FaultPlan {
+  enum Kind { compute, collective_at_start, collective_at_completion } kind;
+  std::string compute_node;  // compute
+  int collective = 0;        // collectives: index in issue order
+  std::set<int> ranks;       // where it is injected
+};
+
+FaultPlan draw_plan(std::mt19937& random, const std::vector<std::string>& compute_nodes,
+                    int collectives, int world) {
+  FaultPlan plan{};
+  plan.kind = static_cast<FaultPlan::Kind>(random() % 3);
+  plan.compute_node = compute_nodes[random() % compute_nodes.size()];
+  plan.collective = static_cast<int>(random() % collectives);
+  // A collective refused at start must be refused everywhere (see FaultInjectingBackend).
+  const unsigned mask = plan.kind == FaultPlan::collective_at_start
+                            ? (1u << world) - 1
+                            : 1 + random() % ((1u << world) - 1);  // any non-empty subset
+  for (int r = 0; r < world; ++r)
+    if (mask & (1u << r)) plan.ranks.insert(r);
+  return plan;
+}
+
+TEST(Faults, SameExecutorRunsCorrectlyAfterHundredInjectedFailures) {
+  constexpr int world = 3, iterations = 100;
+  std::atomic<long> wrong_errors{0}, failed_runs{0}, wrong_values{0}, checked_values{0};
+  std::mutex log_mutex;
+  std::string first_problem;
+  auto problem = [&](const std::string& text) {
+    std::lock_guard lock(log_mutex);
+    if (first_problem.empty()) first_problem = text;
+    ++wrong_errors;
+  };
+  LocalWorld::run(world, [&](Backend& local) {
+    PinnedPool pool({.cap_bytes = 64 << 20, .lock = false});
+    FaultInjectingBackend backend(local);
+    TrainingStep step(backend, bucket_counts, pool);
+    std::string inject_at;  // compute node that throws in this run on this rank
+    step.on_compute = [&](std::string_view node) {
+      if (node == inject_at) throw std::runtime_error("injected fault in " + std::string(node));
+    };
+    Executor ex(step.graph, backend, timeout_s(60));
+    const auto names = step.compute_nodes();
+    const auto order = ex.issue_order();
+    std::mt19937 random(20261122);  // same seed on every rank: same plans
+    for (int it = 0; it < iterations; ++it) {
+      const FaultPlan plan = draw_plan(random, names, static_cast<int>(order.size()), world);
+      const bool here = plan.ranks.count(backend.rank()) != 0;
+      std::string expected_node;
+      ErrorCode expected_code{};
+      if (here && plan.kind == FaultPlan::compute) {
+        inject_at = plan.compute_node;
+        expected_node = plan.compute_node;
+        expected_code = ErrorCode::node_failed;
+      } else if (here) {
+        backend.fail_collective(plan.collective, plan.kind == FaultPlan::collective_at_start
+                                                     ? FaultInjectingBackend::When::at_start
+                                                     : FaultInjectingBackend::When::at_completion);
+        expected_node = order[plan.collective];
+        expected_code = ErrorCode::backend_failure;
+      }
+      // Ranks without the fault finish the run: the failing rank drains its communication.
+      step.step = 2 * it;
+      step.check = false;
+      const std::string where =
+          "iteration " + std::to_string(it) + " rank " + std::to_string(backend.rank()) + ": ";
+      try {
+        ex.run();
+        if (here) problem(where + "run() did not report the fault at '" + expected_node + "'");
+      } catch (const Error& e) {
+        ++failed_runs;
+        if (!here)
+          problem(where + "no fault here, yet: " + e.what());
+        else if (e.code() != expected_code || !contains(e.message(), "'" + expected_node + "'") ||
+                 !contains(e.message(), "rank " + std::to_string(backend.rank())))
+          problem(where + "expected " + std::string(to_string(expected_code)) + " naming '" +
+                  expected_node + "', got: " + e.what());
+      }
+      inject_at.clear();
+      backend.disarm();
+      // The same executor, next run: every value checked.
+      step.step = 2 * it + 1;
+      step.check = true;
+      ex.run();
+    }
+    wrong_values += step.wrong.load();
+    checked_values += step.checked.load();
+  });
+  EXPECT_EQ(wrong_errors.load(), 0) << first_problem;
+  EXPECT_GE(failed_runs.load(), iterations);  // at least one rank fails in every faulty run
+  EXPECT_EQ(wrong_values.load(), 0);
+  long per_run = 0;
+  for (auto c : bucket_counts) per_run += static_cast<long>(c);
+  EXPECT_EQ(checked_values.load(), per_run * world * iterations);
+}
+
+// Rank 1 throws in a compute node at step 5, reports it and leaves (as a program would);
+// LocalWorld then aborts the world, so the other ranks' next collective fails with cancelled,
+// naming the collective node and rank 1's failure. Nobody hangs.
+TEST(Faults, ComputeNodeThrowingOnOneRankIsReportedThereAndAbortsThePeers) {
+  constexpr int world = 3, failing_rank = 1, failing_step = 5, max_steps = 100000;
+  std::vector<ErrorCode> codes(world);
+  std::vector<std::string> messages(world);
+  std::vector<long> last_step(world), wrong_values(world);
+  try {
+    LocalWorld::run(world, [&](Backend& backend) {
+      PinnedPool pool({.cap_bytes = 64 << 20, .lock = false});
+      TrainingStep step(backend, bucket_counts, pool);
+      const int r = backend.rank();
+      step.on_compute = [&](std::string_view node) {
+        if (r == failing_rank && step.step == failing_step && node == "backward2")
+          throw std::runtime_error("loss is NaN");
+      };
+      Executor ex(step.graph, backend, timeout_s(60));
+      try {
+        for (step.step = 0; step.step < max_steps; ++step.step) {
+          step.check = step.step < failing_step;  // later steps may see the failed rank's data
+          ex.run();
+        }
+      } catch (const Error& e) {
+        codes[r] = e.code();
+        messages[r] = e.message();
+        last_step[r] = step.step;
+        wrong_values[r] = step.wrong.load();
+        throw;
+      }
+    });
+    ADD_FAILURE() << "LocalWorld::run did not rethrow rank 1's failure";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::node_failed) << e.what();  // the original, not a cancellation
+  }
+  EXPECT_EQ(codes[failing_rank], ErrorCode::node_failed);
+  EXPECT_TRUE(contains(messages[failing_rank], "'backward2'")) << messages[failing_rank];
+  EXPECT_TRUE(contains(messages[failing_rank], "rank 1 of 3")) << messages[failing_rank];
+  EXPECT_TRUE(contains(messages[failing_rank], "loss is NaN")) << messages[failing_rank];
+  EXPECT_EQ(last_step[failing_rank], failing_step);
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(wrong_values[r], 0) << "rank " << r;
+    if (r == failing_rank) continue;
+    EXPECT_EQ(codes[r], ErrorCode::cancelled) << messages[r];
+    EXPECT_TRUE(contains(messages[r], "collective node 'allreduce")) << messages[r];
+    EXPECT_TRUE(contains(messages[r], "rank 1 failed")) << messages[r];
+    EXPECT_GE(last_step[r], failing_step);
+    EXPECT_LE(last_step[r], failing_step + 1);
+  }
+}
+
+constexpr std::size_t KiB = 1024;
+
+TEST(Faults, PinnedPoolCapReachedIsAClearErrorAndNothingLeaks) {
+  PinnedPool pool({.cap_bytes = 64 * KiB, .lock = false});
+  std::vector<PinnedBlock> held;
+  for (int i = 0; i < 4; ++i) held.push_back(pool.acquire(16 * KiB));
+  try {
+    (void)pool.acquire(5000);
+    FAIL() << "acquire beyond the cap succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::out_of_memory);
+    EXPECT_TRUE(contains(e.message(), "cannot acquire 5000 bytes")) << e.what();
+    EXPECT_TRUE(contains(e.message(), "65536 of the 65536-byte cap are in use")) << e.what();
+  }
+  const auto full = pool.stats();
+  EXPECT_EQ(full.bytes_in_use, 64 * KiB);
+  EXPECT_EQ(full.bytes_reserved, 64 * KiB);
+  held.pop_back();
+  PinnedBlock again = pool.acquire(5000);  // a freed block makes room again
+  EXPECT_TRUE(again);
+  again.release();
+  held.clear();
+  EXPECT_EQ(pool.stats().bytes_in_use, 0u);
+  pool.trim();
+  EXPECT_EQ(pool.stats().bytes_reserved, 0u);  // with LeakSanitizer: nothing left behind
+}
+
+TEST(Faults, PinnedPoolRequestLargerThanAnySizeClassIsAClearError) {
+  PinnedPool pool({.cap_bytes = std::numeric_limits<std::size_t>::max(), .lock = false});
+  for (std::size_t bytes : {std::numeric_limits<std::size_t>::max(),
+                            (std::numeric_limits<std::size_t>::max() >> 1) + 2}) {
+    try {
+      (void)pool.acquire(bytes);
+      ADD_FAILURE() << "acquire(" << bytes << ") succeeded";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::out_of_memory) << e.what();
+      EXPECT_TRUE(contains(e.message(), std::to_string(bytes))) << e.what();
+    }
+  }
+  EXPECT_EQ(pool.stats().bytes_reserved, 0u);
+}
+
+TEST(Faults, PinnedPoolAllocationRefusedBySystemIsAClearError) {
+  // 2^60 bytes fit a size class and the cap, but no machine has them: the allocator says no.
+  PinnedPool pool({.cap_bytes = std::numeric_limits<std::size_t>::max(), .lock = true});
+  const std::size_t huge = std::size_t{1} << 60;
+  try {
+    (void)pool.acquire(huge);
+    FAIL() << "acquire(2^60) succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::out_of_memory);
+    EXPECT_TRUE(contains(e.message(), "the system refused " + std::to_string(huge))) << e.what();
+  }
+  const auto s = pool.stats();
+  EXPECT_EQ(s.bytes_reserved, 0u);
+  EXPECT_EQ(s.bytes_in_use, 0u);
+  PinnedBlock small = pool.acquire(100);  // the pool still works
+  EXPECT_TRUE(small);
+}
+
+// Runs in a death test's child: drops to an unprivileged user when root (CAP_IPC_LOCK would
+// ignore the limit), sets RLIMIT_MEMLOCK to 0, then acquires. Exits 0 when the blocks are usable,
+// unlocked and counted.
+[[noreturn]] void acquire_with_mlock_refused() {
+  const rlimit zero{0, 0};
+  if (::geteuid() == 0 && (::setgid(65534) != 0 || ::setuid(65534) != 0)) std::_Exit(3);
+  if (::setrlimit(RLIMIT_MEMLOCK, &zero) != 0) std::_Exit(4);
+  bool ok = true;
+  {
+    PinnedPool pool({.cap_bytes = 1 << 20, .lock = true});
+    PinnedBlock a = pool.acquire(10000), b = pool.acquire(3);
+    std::fill_n(static_cast<char*>(a.data()), a.capacity(), 'x');
+    const auto s = pool.stats();
+    ok = a && b && !a.locked() && !b.locked() && s.unlocked_allocations == 2 &&
+         s.bytes_in_use == 16 * KiB + 4 * KiB;
+  }
+  std::_Exit(ok ? 0 : 5);
+}
+
+// The warning names the size and the limit to raise; the memory still works, unlocked.
+TEST(FaultsDeathTest, PinnedPoolMlockRefusedFallsBackUnlockedWithAWarning) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(acquire_with_mlock_refused(), ::testing::ExitedWithCode(0),
+              "mlock of 16384 bytes refused .*RLIMIT_MEMLOCK");
+}
+
+}  // namespace
+}  // namespace loom

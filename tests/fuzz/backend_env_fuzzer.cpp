@@ -1,0 +1,28 @@
+// Fuzzes LOOM_BACKEND through create_backend(): "local" (or empty: the default outside mpirun)
+// gives the one-rank local backend; anything unknown is unavailable, naming the value.
+#include <memory>
+
+#include "fuzz/fuzz_env.hpp"
+#include "loom/backend.hpp"
+#include "loom/error.hpp"
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  using namespace loom::fuzz;
+  const std::string text = env_text(data, size);
+  // "mpi" would initialise MPI inside the fuzzer, which cannot be undone per input; the MPI
+  // tests cover that path.
+  if (text == "mpi") return 0;
+  ScopedEnv variable("LOOM_BACKEND", text);
+  try {
+    auto backend = loom::create_backend();
+    if (!text.empty() && text != "local") contract_broken("accepted an unknown backend", text);
+    if (backend->name() != "local" || backend->world_size() != 1 || backend->rank() != 0)
+      contract_broken("not a one-rank local backend", text);
+  } catch (const loom::Error& e) {
+    if (e.code() != loom::ErrorCode::unavailable)
+      contract_broken("wrong code " + std::string(loom::to_string(e.code())), text);
+    if (!contains(e.message(), "'" + text + "'") || !contains(e.message(), "available: local"))
+      contract_broken("the message does not name the value and the choices: " + e.message(), text);
+  }
+  return 0;
+}

@@ -1,0 +1,161 @@
+// AlgorithmSelector: the cost formulas against hand-computed values, measured tables,
+// overrides from the environment, fallback when a candidate cannot run.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "loom/algorithm_selector.hpp"
+#include "loom/error.hpp"
+#include "loom/local.hpp"
+
+namespace loom {
+namespace {
+
+TuningParameters simple_model() {
+  TuningParameters t;
+  t.backend = "local";
+  t.cost = {1e-6, 1e-9, 1e-9};  // alpha 1 us, beta = gamma = 1 ns/B
+  return t;
+}
+
+CollectiveArgs allreduce_of(std::vector<float>& v) {
+  return {Collective::allreduce, Buffer::of(std::span(v)), Buffer::of(std::span(v)), ReduceOp::sum,
+          0};
+}
+
+TEST(AlgorithmSelector, FormulasMatchHandComputedValues) {
+  const AlgorithmSelector s(simple_model());
+  const double n = 1 << 20, a = 1e-6, g = 1e-9;
+  // p = 4: ring 2(p-1)a + 2(p-1)/p n b + (p-1)/p n g.
+  EXPECT_DOUBLE_EQ(s.predict(Algorithm::ring, Collective::allreduce, n, 4),
+                   6 * a + 1.5 * n * g + 0.75 * n * g);
+  // rd: log p (a + n b + n g).
+  EXPECT_DOUBLE_EQ(s.predict(Algorithm::recursive_doubling, Collective::allreduce, n, 4),
+                   2 * (a + 2 * n * g));
+  // Rabenseifner: 2 log p a + 2 (p-1)/p n b + (p-1)/p n g.
+  EXPECT_DOUBLE_EQ(s.predict(Algorithm::rabenseifner, Collective::allreduce, n, 4),
+                   4 * a + 1.5 * n * g + 0.75 * n * g);
+  // p = 3 folds onto 2: rd pays 2(a + n b) + n g more than for p = 2.
+  EXPECT_DOUBLE_EQ(s.predict(Algorithm::recursive_doubling, Collective::allreduce, n, 3),
+                   (a + 2 * n * g) + 2 * (a + n * g) + n * g);
+  EXPECT_DOUBLE_EQ(s.predict(Algorithm::binomial_tree, Collective::broadcast, n, 5),
+                   3 * (a + n * g));
+  EXPECT_EQ(s.predict(Algorithm::ring, Collective::allreduce, n, 1), 0);
+}
+
+TEST(AlgorithmSelector, ModelPrefersLatencyOptimalSmallAndBandwidthOptimalLarge) {
+  TuningParameters t = simple_model();
+  // A native fit far slower than loom's algorithms, so the model's choice is visible.
+  t.native.push_back({Collective::allreduce, 4, 1.0, 0});
+  const AlgorithmSelector s(t);
+  LocalWorld world(4);
+  std::vector<float> small(16), large(1 << 22);
+  const auto a = s.choose(allreduce_of(small), world.backend(0));
+  EXPECT_EQ(a.algorithm, Algorithm::recursive_doubling) << a.reason;
+  EXPECT_EQ(a.reason, "model");
+  const auto b = s.choose(allreduce_of(large), world.backend(0));
+  EXPECT_TRUE(b.algorithm == Algorithm::rabenseifner || b.algorithm == Algorithm::ring)
+      << to_string(b.algorithm);
+}
+
+TEST(AlgorithmSelector, WithoutAFitNativeWinsTies) {
+  const AlgorithmSelector s;  // defaults: no native fit
+  LocalWorld world(4);
+  std::vector<float> v(1000);
+  EXPECT_EQ(s.choose(allreduce_of(v), world.backend(0)).algorithm, Algorithm::native);
+  EXPECT_TRUE(s.using_defaults());
+}
+
+TEST(AlgorithmSelector, MeasurementsBeatTheModelNearTheirSize) {
+  TuningParameters t = simple_model();
+  t.measured.push_back({Collective::allreduce, 4, 4096, Algorithm::native, 50e-6});
+  t.measured.push_back({Collective::allreduce, 4, 4096, Algorithm::binomial_tree, 20e-6});
+  t.measured.push_back({Collective::allreduce, 4, 4096, Algorithm::ring, 30e-6});
+  const AlgorithmSelector s(t);
+  LocalWorld world(4);
+  std::vector<float> v(1024);  // 4096 bytes
+  const auto c = s.choose(allreduce_of(v), world.backend(0));
+  EXPECT_EQ(c.algorithm, Algorithm::binomial_tree);
+  EXPECT_EQ(c.reason, "measured");
+  EXPECT_DOUBLE_EQ(c.predicted_s, 20e-6);
+  std::vector<float> far(1 << 20);  // 4 MiB: no measurement within a factor of two
+  EXPECT_NE(s.choose(allreduce_of(far), world.backend(0)).reason, "measured");
+  LocalWorld other(3);  // measured at 4 ranks only
+  EXPECT_NE(s.choose(allreduce_of(v), other.backend(0)).reason, "measured");
+}
+
+TEST(AlgorithmSelector, OverridesWinAndFallBackWhenTheyCannotRun) {
+  AlgorithmSelector s(simple_model());
+  s.set_override(Collective::allreduce, parse_algorithm_ranges("ring:0-1K;tree:1K-max"));
+  LocalWorld world(3);
+  std::vector<float> two(2), many(1000);
+  const auto big = s.choose(allreduce_of(many), world.backend(0));
+  EXPECT_EQ(big.algorithm, Algorithm::binomial_tree);
+  EXPECT_EQ(big.reason, "override");
+  const auto tiny = s.choose(allreduce_of(two), world.backend(0));
+  EXPECT_NE(tiny.algorithm, Algorithm::ring);
+  EXPECT_NE(tiny.reason.find("LOOM_ALLREDUCE chose ring, which cannot run (count 2 < 3 ranks"),
+            std::string::npos)
+      << tiny.reason;
+  EXPECT_THROW(s.set_override(Collective::allgather, parse_algorithm_ranges("rabenseifner:0-max")),
+               Error);
+}
+
+TEST(AlgorithmSelector, ModelFallsBackPastACandidateThatCannotRun) {
+  TuningParameters t = simple_model();
+  t.native.push_back({Collective::allgather, 5, 1.0, 0});  // make native unattractive
+  t.cost.gamma_s_per_byte = 0;
+  const AlgorithmSelector s(t);
+  LocalWorld world(5);  // ring: 4 alpha; rd and Bruck: 3 alpha
+  std::vector<float> send(4), recv(20);
+  const CollectiveArgs args{Collective::allgather, Buffer::of(std::span(send)),
+                            Buffer::of(std::span(recv)), ReduceOp::sum, 0};
+  const auto c = s.choose(args, world.backend(0));
+  // rd is the cheapest formula but needs a power-of-two rank count.
+  EXPECT_EQ(c.algorithm, Algorithm::bruck);
+  EXPECT_NE(c.reason.find("fallback: rd cannot run"), std::string::npos) << c.reason;
+}
+
+TEST(AlgorithmSelector, EnvironmentOverridesAndTuningFile) {
+  ::setenv("LOOM_ALLREDUCE", "rd:0-8K;rabenseifner:8K-1M;ring:1M-max", 1);
+  ::unsetenv("LOOM_TUNING_FILE");
+  {
+    const auto s = AlgorithmSelector::from_environment();
+    LocalWorld world(2);
+    std::vector<float> v(4096);  // 16 KiB
+    EXPECT_EQ(s.choose(allreduce_of(v), world.backend(0)).algorithm, Algorithm::rabenseifner);
+    EXPECT_TRUE(s.using_defaults());
+  }
+  ::setenv("LOOM_ALLREDUCE", "rd:0-8K;ring:4K-max", 1);
+  try {
+    AlgorithmSelector::from_environment();
+    ADD_FAILURE() << "overlapping ranges accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("LOOM_ALLREDUCE"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("overlap"), std::string::npos) << e.what();
+  }
+  ::unsetenv("LOOM_ALLREDUCE");
+  ::setenv("LOOM_BROADCAST", "ring:0-max", 1);
+  EXPECT_THROW(AlgorithmSelector::from_environment(), Error);  // ring is no broadcast
+  ::unsetenv("LOOM_BROADCAST");
+  const std::string path = ::testing::TempDir() + "/selector_test.tuning";
+  {
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs(
+        "loom-tuning 1\nbackend local\nalpha_us 3\nbeta_ns_per_byte 0.5\n"
+        "gamma_ns_per_byte 0.25\n",
+        f);
+    std::fclose(f);
+  }
+  ::setenv("LOOM_TUNING_FILE", path.c_str(), 1);
+  const auto tuned = AlgorithmSelector::from_environment();
+  EXPECT_FALSE(tuned.using_defaults());
+  EXPECT_DOUBLE_EQ(tuned.tuning().cost.alpha_s, 3e-6);
+  ::setenv("LOOM_TUNING_FILE", "/nonexistent/file", 1);
+  EXPECT_THROW(AlgorithmSelector::from_environment(), Error);
+  ::unsetenv("LOOM_TUNING_FILE");
+}
+
+}  // namespace
+}  // namespace loom

@@ -1,0 +1,116 @@
+// CommunicationOptimizer and GPU-direct detection: selection per call, profiling, staging,
+// and the error when GPU-direct is demanded where it is missing.
+#include <gtest/gtest.h>
+
+#include <mutex>
+
+#include "loom/communication_optimizer.hpp"
+#include "loom/error.hpp"
+#include "loom/local.hpp"
+
+namespace loom {
+namespace {
+
+TuningParameters no_native_preference() {
+  TuningParameters t;
+  t.cost = {1e-6, 1e-9, 1e-9};
+  t.native.push_back({Collective::allreduce, 3, 1.0, 0});  // native modelled as slow
+  return t;
+}
+
+TEST(CommunicationOptimizer, ChoosesRunsAndProfilesEachCall) {
+  std::mutex mutex;
+  std::vector<std::string> failures;
+  LocalWorld::run(3, [&](Backend& backend) {
+    CommunicationOptimizerOptions options;
+    options.profile = true;
+    options.tuning = no_native_preference();
+    CommunicationOptimizer optimizer(backend, options);
+    optimizer.selector().set_override(Collective::allgather, parse_algorithm_ranges("bruck:0-max"));
+    std::vector<double> small(5, backend.rank() + 1.0), large(300000, backend.rank() + 1.0);
+    optimizer.allreduce(Buffer::of(std::span(small)));
+    const std::string small_algorithm(to_string(optimizer.last_choice().algorithm));
+    optimizer.allreduce(Buffer::of(std::span(large)));
+    std::vector<std::int32_t> mine(4, backend.rank()), all(12);
+    optimizer.allgather(Buffer::of(std::span(mine)), Buffer::of(std::span(all)));
+    std::string failure;
+    if (small_algorithm != "rd") failure += " small allreduce ran " + small_algorithm;
+    if (small[4] != 6.0 || large[299999] != 6.0) failure += " wrong sums";
+    for (int r = 0; r < 3; ++r)
+      if (all[r * 4 + 3] != r) failure += " wrong gather";
+    const auto records = optimizer.profiler().records();
+    if (records.size() != 3 || records[2].algorithm != "bruck" ||
+        records[1].bytes != 300000 * sizeof(double) || records[1].end_ns < records[1].start_ns)
+      failure += " profiler records wrong";
+    auto block = optimizer.staging(1000);
+    if (!block || block.size() != 1000) failure += " staging block wrong";
+    if (!failure.empty()) {
+      std::lock_guard lock(mutex);
+      failures.push_back("rank " + std::to_string(backend.rank()) + ":" + failure);
+    }
+  });
+  EXPECT_TRUE(failures.empty()) << failures.front();
+}
+
+TEST(CommunicationOptimizer, StagingOffIsAnError) {
+  auto backend = make_local_backend();
+  CommunicationOptimizerOptions options;
+  options.use_pinned_memory = false;
+  options.tuning = TuningParameters{};
+  CommunicationOptimizer optimizer(*backend, options);
+  try {
+    optimizer.staging(64);
+    FAIL() << "staging without a pool";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::unavailable);
+  }
+}
+
+TEST(GpuDirect, ReportNamesEveryProbe) {
+  const GpuDirectCapabilities caps = detect_gpu_direct();
+  const std::string report = caps.describe();
+  for (const char* key : {"cuda-aware mpi", "cuda devices: ", "cuda peer access:",
+                          "peer memory module: ", "gpu-direct rdma: "})
+    EXPECT_NE(report.find(key), std::string::npos) << report;
+  for (const auto& [from, to] : caps.peer_access) {
+    EXPECT_NE(from, to);
+    EXPECT_LT(std::max(from, to), caps.cuda_devices);
+  }
+  EXPECT_EQ(report.find("cuda devices: " + std::to_string(caps.cuda_devices)) != std::string::npos,
+            true);
+}
+
+TEST(GpuDirect, DemandingItWhereMissingIsAClearError) {
+  GpuDirectCapabilities none;  // nothing available
+  none.mpi_built = true;
+  none.mpi_cuda_extension = true;
+  none.mpi_queried = true;
+  try {
+    require_gpu_direct(none);
+    FAIL() << "GPU-direct accepted without CUDA-aware MPI or a GPU";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::unsupported);
+    const std::string what = e.what();
+    EXPECT_NE(what.find("MPIX_Query_cuda_support() says MPI is not CUDA-aware"), std::string::npos)
+        << what;
+    EXPECT_NE(what.find("CUDA runtime is not installed"), std::string::npos) << what;
+  }
+  GpuDirectCapabilities ready = none;
+  ready.mpi_cuda_aware = true;
+  ready.cuda_runtime = true;
+  ready.cuda_devices = 2;
+  EXPECT_NO_THROW(require_gpu_direct(ready));
+  // The optimizer refuses it on this machine unless it really has CUDA-aware MPI and a GPU.
+  auto backend = make_local_backend();
+  CommunicationOptimizerOptions options;
+  options.gpu_direct = true;
+  options.tuning = TuningParameters{};
+  if (detect_gpu_direct().cuda_aware_mpi()) {
+    EXPECT_NO_THROW(CommunicationOptimizer(*backend, options));
+  } else {
+    EXPECT_THROW(CommunicationOptimizer(*backend, options), Error);
+  }
+}
+
+}  // namespace
+}  // namespace loom

@@ -1,0 +1,106 @@
+// Tuning files and LOOM_<COLL> ranges: round trips, and every malformed input named.
+#include <gtest/gtest.h>
+
+#include "loom/error.hpp"
+#include "loom/tuning.hpp"
+
+namespace loom {
+namespace {
+
+// Expects `fn` to throw invalid_argument whose message contains every fragment.
+template <class Fn>
+void expect_error(Fn fn, std::initializer_list<const char*> fragments) {
+  try {
+    fn();
+    ADD_FAILURE() << "no error; expected one mentioning " << *fragments.begin();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::invalid_argument) << e.what();
+    for (const char* f : fragments)
+      EXPECT_NE(std::string(e.what()).find(f), std::string::npos)
+          << "'" << e.what() << "' does not mention '" << f << "'";
+  }
+}
+
+TEST(AlgorithmRanges, ParseTheIssuesExample) {
+  const auto r = parse_algorithm_ranges("rd:0-8K;rabenseifner:8K-1M;ring:1M-max");
+  ASSERT_EQ(r.size(), 3u);
+  EXPECT_EQ(r[0].algorithm, Algorithm::recursive_doubling);
+  EXPECT_EQ(r[0].min_bytes, 0u);
+  EXPECT_EQ(r[0].max_bytes, 8192u);
+  EXPECT_EQ(r[1].algorithm, Algorithm::rabenseifner);
+  EXPECT_EQ(r[1].min_bytes, 8192u);
+  EXPECT_EQ(r[1].max_bytes, 1048576u);
+  EXPECT_EQ(r[2].algorithm, Algorithm::ring);
+  EXPECT_EQ(r[2].max_bytes, unbounded_bytes);
+  EXPECT_EQ(parse_algorithm_ranges("tree:2G-max")[0].min_bytes, std::size_t{2} << 30);
+}
+
+TEST(AlgorithmRanges, MalformedTokensAreNamed) {
+  expect_error([] { parse_algorithm_ranges("rdd:0-8K"); }, {"'rdd'", "not an algorithm"});
+  expect_error([] { parse_algorithm_ranges("rd:0-8Q"); }, {"'8Q'", "rd:0-8Q"});
+  expect_error([] { parse_algorithm_ranges("rd0-8K"); }, {"'rd0-8K'", "missing ':'"});
+  expect_error([] { parse_algorithm_ranges("rd:08K"); }, {"'rd:08K'", "missing '-'"});
+  expect_error([] { parse_algorithm_ranges("rd:8K-8K"); }, {"'rd:8K-8K'", "empty range"});
+  expect_error([] { parse_algorithm_ranges("rd:0-8K;;ring:8K-max"); }, {"empty entry"});
+  expect_error([] { parse_algorithm_ranges(""); }, {"empty entry"});
+  expect_error([] { parse_algorithm_ranges("rd:0-1M;ring:512K-max"); }, {"rd", "ring", "overlap"});
+  expect_error([] { parse_algorithm_ranges("ring:-max"); }, {"empty size"});
+  expect_error([] { parse_algorithm_ranges("ring:99999999999999999999-max"); },
+               {"99999999999999999999"});
+}
+
+TEST(TuningFile, RoundTrips) {
+  TuningParameters t;
+  t.backend = "mpi";
+  t.cost = {2.5e-6, 0.125e-9, 0.3e-9};
+  t.native.push_back({Collective::allreduce, 4, 6.5e-6, 0.21e-9});
+  t.measured.push_back({Collective::allreduce, 4, 1048576, Algorithm::ring, 640.25e-6});
+  t.measured.push_back({Collective::allgather, 2, 8, Algorithm::bruck, 3e-6});
+  const TuningParameters back = parse_tuning_file(format_tuning_file(t));
+  EXPECT_EQ(back.backend, "mpi");
+  EXPECT_DOUBLE_EQ(back.cost.alpha_s, 2.5e-6);
+  EXPECT_DOUBLE_EQ(back.cost.beta_s_per_byte, 0.125e-9);
+  EXPECT_DOUBLE_EQ(back.cost.gamma_s_per_byte, 0.3e-9);
+  ASSERT_EQ(back.native.size(), 1u);
+  EXPECT_EQ(back.native[0].world, 4);
+  EXPECT_DOUBLE_EQ(back.native[0].alpha_s, 6.5e-6);
+  ASSERT_EQ(back.measured.size(), 2u);
+  EXPECT_EQ(back.measured[0].bytes, 1048576u);
+  EXPECT_EQ(back.measured[0].algorithm, Algorithm::ring);
+  EXPECT_DOUBLE_EQ(back.measured[0].seconds, 640.25e-6);
+  EXPECT_EQ(back.measured[1].algorithm, Algorithm::bruck);
+}
+
+TEST(TuningFile, CommentsAndBlankLinesAreIgnored) {
+  const auto t = parse_tuning_file(
+      "# measured by hand\n\nloom-tuning 1\nalpha_us 1 # one\n"
+      "beta_ns_per_byte 0.5\r\ngamma_ns_per_byte 2\n");
+  EXPECT_DOUBLE_EQ(t.cost.alpha_s, 1e-6);
+  EXPECT_DOUBLE_EQ(t.cost.beta_s_per_byte, 0.5e-9);
+  EXPECT_DOUBLE_EQ(t.cost.gamma_s_per_byte, 2e-9);
+}
+
+TEST(TuningFile, MalformedLinesAreNamed) {
+  const std::string head = "loom-tuning 1\nalpha_us 1\nbeta_ns_per_byte 1\ngamma_ns_per_byte 1\n";
+  expect_error([] { parse_tuning_file(""); }, {"empty"});
+  expect_error([] { parse_tuning_file("loom-tuning 2\n"); }, {"line 1", "loom-tuning 1"});
+  expect_error([&] { parse_tuning_file(head + "alpha_us fast\n"); }, {"line 5", "'fast'"});
+  expect_error([&] { parse_tuning_file(head + "alpha_us -1\n"); }, {"line 5", "'-1'"});
+  expect_error([&] { parse_tuning_file(head + "speed 3\n"); }, {"line 5", "unknown key 'speed'"});
+  expect_error([&] { parse_tuning_file(head + "native allreduce 4 1\n"); },
+               {"line 5", "'native' takes 4 values"});
+  expect_error([&] { parse_tuning_file(head + "native allreduse 4 1 1\n"); },
+               {"line 5", "'allreduse' is not a collective"});
+  expect_error([&] { parse_tuning_file(head + "measured allreduce 4 1024 bruck 3\n"); },
+               {"line 5", "'bruck' does not implement allreduce"});
+  expect_error([&] { parse_tuning_file(head + "measured allreduce 0 1024 ring 3\n"); },
+               {"line 5", "world '0'"});
+  expect_error([&] { parse_tuning_file(head + "measured allreduce 4 1k ring 3\n"); },
+               {"line 5", "'1k'"});
+  expect_error([] { parse_tuning_file("loom-tuning 1\nalpha_us 1\nbeta_ns_per_byte 1\n"); },
+               {"missing gamma_ns_per_byte"});
+  expect_error([] { load_tuning_file("/nonexistent/loom.tuning"); }, {"/nonexistent/loom.tuning"});
+}
+
+}  // namespace
+}  // namespace loom

@@ -1,0 +1,99 @@
+// Soak: runs the TrainingStep graph many times through one Executor and checks that resident
+// memory, pinned-pool bytes and open file descriptors stay flat after warm-up.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "faults/training_step.hpp"
+#include "loom/executor.hpp"
+#include "loom/pinned_pool.hpp"
+
+namespace loom::test {
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+// Sanitizers grow memory by design (ASan's quarantine holds freed blocks, shadow memory), so
+// resident memory says nothing about leaks there; LeakSanitizer checks those instead.
+inline constexpr bool rss_is_meaningful = false;
+#else
+inline constexpr bool rss_is_meaningful = true;
+#endif
+
+/// @brief Growth of resident memory allowed between the end of warm-up and the last step. A
+/// leak of 1 KiB per step passes the short form but not the long one (10,000 steps).
+inline constexpr std::size_t rss_growth_bound = std::size_t{8} << 20;
+
+struct ProcessSample {
+  std::size_t rss_bytes = 0;
+  std::size_t open_fds = 0;
+};
+
+inline ProcessSample sample_process() {
+  ProcessSample s;
+  if (std::FILE* statm = std::fopen("/proc/self/statm", "r")) {
+    unsigned long pages = 0, resident = 0;
+    if (std::fscanf(statm, "%lu %lu", &pages, &resident) == 2)
+      s.rss_bytes = resident * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    std::fclose(statm);
+  }
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/fd"))
+    ++s.open_fds;
+  return s;
+}
+
+/// @brief Steps to run: LOOM_SOAK_ITERATIONS (the long form: 10000), else `short_form`.
+inline long soak_iterations(long short_form) {
+  if (const char* text = std::getenv("LOOM_SOAK_ITERATIONS"); text != nullptr && *text != '\0') {
+    char* end = nullptr;
+    const long n = std::strtol(text, &end, 10);
+    if (*end != '\0' || n < 2) ADD_FAILURE() << "LOOM_SOAK_ITERATIONS='" << text << "'";
+    return n < 2 ? short_form : n;
+  }
+  return short_form;
+}
+
+/// @brief Runs `iterations` steps on `backend` (every value checked) and asserts flatness.
+/// Bucket sizes fall in distinct size classes, so the pool reaches its steady state in the
+/// first step: after warm-up it must not allocate again at all.
+inline void soak(Backend& backend, long iterations) {
+  const long warmup = std::min<long>(50, iterations / 2);
+  PinnedPool pool({.cap_bytes = std::size_t{256} << 20, .lock = true});
+  TrainingStep step(backend, {7, 4099, 65537, 262147}, pool);
+  ExecutorOptions options;
+  options.timeout = std::chrono::duration<double>(120);
+  Executor ex(step.graph, backend, options);
+  for (step.step = 0; step.step < warmup; ++step.step) ex.run();
+  const auto pool_warm = pool.stats();
+  const auto warm = sample_process();
+  for (; step.step < iterations; ++step.step) ex.run();
+  const auto pool_end = pool.stats();
+  const auto end = sample_process();
+
+  long per_step = 0;
+  for (auto c : {7, 4099, 65537, 262147}) per_step += c;
+  EXPECT_EQ(step.wrong.load(), 0);
+  EXPECT_EQ(step.checked.load(), per_step * iterations);
+  EXPECT_EQ(pool_end.bytes_reserved, pool_warm.bytes_reserved);
+  EXPECT_EQ(pool_end.system_allocations, pool_warm.system_allocations);
+  EXPECT_EQ(pool_end.bytes_in_use, step.bucket_bytes());  // every scratch block came back
+  EXPECT_EQ(end.open_fds, warm.open_fds);
+  const double grown_mib =
+      (static_cast<double>(end.rss_bytes) - static_cast<double>(warm.rss_bytes)) / (1 << 20);
+  std::printf(
+      "soak rank %d: %ld steps (%ld warm-up); RSS %.1f -> %.1f MiB (%+.2f MiB); "
+      "pool reserved %zu -> %zu bytes, hit rate %.4f; fds %zu -> %zu\n",
+      backend.rank(), iterations, warmup, warm.rss_bytes / double(1 << 20),
+      end.rss_bytes / double(1 << 20), grown_mib, pool_warm.bytes_reserved, pool_end.bytes_reserved,
+      pool_end.hit_rate(), warm.open_fds, end.open_fds);
+  if (rss_is_meaningful)
+    EXPECT_LE(end.rss_bytes, warm.rss_bytes + rss_growth_bound) << grown_mib << " MiB growth";
+  else
+    std::printf("soak: sanitizer build, resident memory not asserted (LeakSanitizer checks)\n");
+}
+
+}  // namespace loom::test
