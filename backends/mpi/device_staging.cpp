@@ -60,7 +60,7 @@ class StagedWork final : public Work {
         }
         if (c.host->failed()) std::rethrow_exception(c.host->error());
         if (!c.device_out.empty()) {
-          cuda::check(cudaSetDevice(_device), description() + ": cudaSetDevice");
+          cuda::DeviceGuard guard(_device);
           cuda::check(cudaMemcpyAsync(c.device_out.data(), c.host_out.data(), c.host_out.bytes(),
                                       cudaMemcpyDefault, _up),
                       description() + ": host-to-device copy of " +
@@ -131,7 +131,7 @@ std::unique_ptr<Work> DeviceStaging::run(StagingRequest r) {
   // Every device-to-host copy is queued at once; the copy engine runs them back to back while
   // the loop below hands each finished chunk to MPI.
   std::vector<std::unique_ptr<cuda::Event>> downloaded;
-  cuda::set_device(device);
+  cuda::DeviceGuard guard(device);
   try {
     if (!r.device_in.empty()) {
       std::size_t offset = 0;

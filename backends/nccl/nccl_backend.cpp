@@ -273,7 +273,7 @@ class NcclBackend final : public Backend {
     // layout fails on every rank with the same message instead of hanging some of them.
     const auto identities = nccl::gather_identities(bootstrap, nccl::device_identity(device));
     nccl::check_one_device_per_rank(identities);
-    cuda::set_device(device);
+    cuda::DeviceGuard guard(device);
     ncclUniqueId id{};
     std::string id_error;
     if (_rank == 0) {
@@ -415,7 +415,7 @@ class NcclBackend final : public Backend {
       throw Error(ErrorCode::cancelled,
                   at + ": the NCCL communicator was aborted after an earlier failure");
     std::lock_guard lock(_issue_mutex);  // one issuer at a time: NCCL order is per communicator
-    cuda::check(cudaSetDevice(_device), at + ": cudaSetDevice");
+    cuda::DeviceGuard guard(_device);
     _input_ready->record(_input_stream);
     _stream->wait(*_input_ready);
     const ncclResult_t rc = call(_communicator->get(), _stream->native());
@@ -525,7 +525,7 @@ void NcclGroup::end() {
         if (rc == ncclInProgress)
           m.communicator->settle(m.description + " (ncclGroupEnd)",
                                  Clock::now() + m.communicator->timeout());
-        cudaSetDevice(m.communicator->device());
+        cuda::DeviceGuard guard(m.communicator->device());
         std::lock_guard lock(*m.completion_mutex);
         m.completion->event->record(m.stream);
         m.completion->recorded = true;

@@ -72,8 +72,14 @@ int main(int argc, char** argv) {
   try {
     auto bootstrap = loom::create_backend(loom::launched_by_mpirun() ? "mpi" : "local");
     loom::NcclConfig config = loom::NcclConfig::from_env();
+    if (config.device < 0) {  // as make_nccl_backend picks it: local rank % visible devices
+      const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+      const int local_rank = local != nullptr ? std::atoi(local) : bootstrap->rank();
+      config.device = local_rank % loom::cuda::device_count();
+    }
+    const int device = config.device;
     auto loom_nccl = loom::make_nccl_backend(*bootstrap, config);
-    const int device = loom::cuda::current_device();
+    cuda_ok(cudaSetDevice(device), "cudaSetDevice");
     // The raw baseline: its own communicator over the same id exchange, its own stream.
     ncclUniqueId id{};
     if (bootstrap->rank() == 0) nccl_ok(ncclGetUniqueId(&id), "ncclGetUniqueId");

@@ -68,6 +68,19 @@ void set_device(int device) {
   check(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
 }
 
+DeviceGuard::DeviceGuard(int device) : _device(device) {
+  require_device(device);
+  if (cudaGetDevice(&_previous) != cudaSuccess) {
+    cudaGetLastError();
+    _previous = -1;
+  }
+  if (_previous != device) set_device(device);
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (_previous >= 0 && _previous != _device) cudaSetDevice(_previous);
+}
+
 int current_device() {
   int device = 0;
   check(cudaGetDevice(&device), "cudaGetDevice");
@@ -89,7 +102,7 @@ void copy(void* destination, const void* source, std::size_t bytes) {
 }
 
 DeviceMemory::DeviceMemory(std::size_t bytes, int device) : _bytes(bytes), _device(device) {
-  set_device(device);
+  DeviceGuard guard(device);
   if (bytes == 0) return;
   check(cudaMalloc(&_data, bytes),
         "cudaMalloc of " + std::to_string(bytes) + " bytes on device " + std::to_string(device));
@@ -116,6 +129,10 @@ void require_device(int) {
 void set_device(int device) {
   require_device(device);
 }
+DeviceGuard::DeviceGuard(int device) : _device(device) {
+  require_device(device);
+}
+DeviceGuard::~DeviceGuard() = default;
 int current_device() {
   throw Error(ErrorCode::unavailable, unavailable_reason());
 }

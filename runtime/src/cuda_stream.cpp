@@ -17,7 +17,7 @@ namespace loom::cuda {
 #if LOOM_HAVE_CUDA
 
 Stream::Stream(int device, Priority priority) : _device(device) {
-  set_device(device);
+  DeviceGuard guard(device);
   int least = 0, greatest = 0;  // CUDA priorities: a smaller number is a higher priority
   check(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
   const int value = priority == Priority::high ? greatest : least;
@@ -45,7 +45,7 @@ void Stream::synchronize() const {
 }
 
 Event::Event(int device) : _device(device) {
-  set_device(device);
+  DeviceGuard guard(device);
   check(cudaEventCreateWithFlags(&_event, cudaEventDisableTiming), "cudaEventCreateWithFlags");
 }
 

@@ -56,6 +56,21 @@ TEST(CudaDevice, EventOrdersTwoStreamsWithoutHostWait) {
   EXPECT_TRUE(pool.communication().idle());
 }
 
+TEST(CudaDevice, WrappersLeaveTheCallersDeviceAlone) {
+  LOOM_REQUIRE_GPU();
+  const int last = cuda::device_count() - 1;
+  cuda::set_device(0);
+  {
+    cuda::Stream stream(last);
+    cuda::Event event(last);
+    cuda::DeviceMemory memory(64, last);
+    EXPECT_EQ(cuda::current_device(), 0);
+    cuda::DeviceGuard guard(last);
+    EXPECT_EQ(cuda::current_device(), last);
+  }
+  EXPECT_EQ(cuda::current_device(), 0);
+}
+
 TEST(CudaDevice, PinnedPoolUsesCudaHostAlloc) {
   LOOM_REQUIRE_GPU();
   PinnedPool pool;

@@ -33,6 +33,7 @@ TEST(CudaWithoutDevice, EveryEntryPointSaysWhy) {
   expect_unavailable([] { cuda::DeviceMemory m(64, 0); }, "DeviceMemory");
   expect_unavailable([] { cuda::StreamPool p(0, 2); }, "StreamPool");
   expect_unavailable([] { cuda::set_device(0); }, "set_device");
+  expect_unavailable([] { cuda::DeviceGuard guard(0); }, "DeviceGuard");
   // The pinned pool falls back to mlock'ed host memory.
   PinnedPool pool;
   EXPECT_FALSE(pool.uses_cuda_host_alloc());

@@ -22,6 +22,20 @@ void require_device(int device);
 
 /// @brief Makes `device` current on the calling thread (cudaSetDevice).
 void set_device(int device);
+
+/// @brief Makes `device` current for its lifetime and restores the thread's previous device:
+/// loom's calls on a user's thread leave that thread's current device as they found it.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int _previous = -1;
+  int _device = -1;
+};
 /// @brief The device current on the calling thread.
 int current_device();
 
