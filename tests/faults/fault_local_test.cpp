@@ -284,8 +284,8 @@ TEST(Faults, PinnedPoolAllocationRefusedBySystemIsAClearError) {
 
 // The warning names the size and the limit to raise; the memory still works, unlocked.
 TEST(FaultsDeathTest, PinnedPoolMlockRefusedFallsBackUnlockedWithAWarning) {
-#if defined(__SANITIZE_THREAD__)
-  GTEST_SKIP() << "ThreadSanitizer intercepts mlock and reports success without locking";
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "the sanitizers intercept mlock and report success without locking";
 #endif
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(acquire_with_mlock_refused(), ::testing::ExitedWithCode(0),
