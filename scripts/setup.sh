@@ -5,7 +5,8 @@ set -euo pipefail
 
 LOOM_PACKAGES=(build-essential cmake ninja-build pkg-config libtbb-dev libopenmpi-dev openmpi-bin
   libboost-graph-dev libboost-program-options-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libopenblas-dev graphviz clang-format python3 iproute2)
+  libopenblas-dev graphviz clang-format python3 iproute2
+  clang libclang-rt-14-dev xz-utils)  # the last three: libFuzzer and oneTBB's source for TSan
 
 missing=()
 for pkg in "${LOOM_PACKAGES[@]}"; do

@@ -17,12 +17,13 @@
 namespace loom::test {
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool sanitized_build = true;
+#else
+inline constexpr bool sanitized_build = false;
+#endif
 // Sanitizers grow memory by design (ASan's quarantine holds freed blocks, shadow memory), so
 // resident memory says nothing about leaks there; LeakSanitizer checks those instead.
-inline constexpr bool rss_is_meaningful = false;
-#else
-inline constexpr bool rss_is_meaningful = true;
-#endif
+inline constexpr bool rss_is_meaningful = !sanitized_build;
 
 /// @brief Growth of resident memory allowed between the end of warm-up and the last step. A
 /// leak of 1 KiB per step passes the short form but not the long one (10,000 steps).
@@ -46,8 +47,10 @@ inline ProcessSample sample_process() {
   return s;
 }
 
-/// @brief Steps to run: LOOM_SOAK_ITERATIONS (the long form: 10000), else `short_form`.
+/// @brief Steps to run: LOOM_SOAK_ITERATIONS (the long form: 10000), else `short_form` (a fifth
+/// of it in sanitizer builds, which check every access and run 5-15 times slower).
 inline long soak_iterations(long short_form) {
+  if (sanitized_build) short_form /= 5;
   if (const char* text = std::getenv("LOOM_SOAK_ITERATIONS"); text != nullptr && *text != '\0') {
     char* end = nullptr;
     const long n = std::strtol(text, &end, 10);
