@@ -56,7 +56,8 @@ class Check {
   Check(const Backend& backend, std::string_view operation)
       : _backend(backend), _operation(operation) {}
 
-  [[noreturn]] void fail(ErrorCode code, const std::string& what) const {
+  // Cold and out of line, so that the checks themselves stay small enough to inline.
+  [[noreturn, gnu::cold, gnu::noinline]] void fail(ErrorCode code, const std::string& what) const {
     throw Error(code, _backend.where(_operation) + ": " + what);
   }
 

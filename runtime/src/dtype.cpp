@@ -8,26 +8,6 @@
 
 namespace loom {
 
-std::size_t dtype_size(DType dtype) noexcept {
-  switch (dtype) {
-    case DType::float32:
-      return 4;
-    case DType::float64:
-      return 8;
-    case DType::float16:
-      return 2;
-    case DType::bfloat16:
-      return 2;
-    case DType::int32:
-      return 4;
-    case DType::int64:
-      return 8;
-    case DType::uint8:
-      return 1;
-  }
-  return 0;
-}
-
 std::string_view to_string(DType dtype) noexcept {
   switch (dtype) {
     case DType::float32:

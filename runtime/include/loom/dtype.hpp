@@ -21,8 +21,23 @@ enum class ReduceOp : std::uint8_t { sum, prod, min, max, avg };
 inline constexpr ReduceOp all_reduce_ops[] = {ReduceOp::sum, ReduceOp::prod, ReduceOp::min,
                                               ReduceOp::max, ReduceOp::avg};
 
-/// @brief Bytes per element.
-std::size_t dtype_size(DType dtype) noexcept;
+/// @brief Bytes per element. Inline: Buffer::bytes() calls it on every operation's checks.
+constexpr std::size_t dtype_size(DType dtype) noexcept {
+  switch (dtype) {
+    case DType::float32:
+    case DType::int32:
+      return 4;
+    case DType::float64:
+    case DType::int64:
+      return 8;
+    case DType::float16:
+    case DType::bfloat16:
+      return 2;
+    case DType::uint8:
+      return 1;
+  }
+  return 0;
+}
 /// @brief "float32", "bfloat16", ...
 std::string_view to_string(DType dtype) noexcept;
 /// @brief "sum", "avg", ...
