@@ -47,16 +47,21 @@ CommunicationOptimizer::CommunicationOptimizer(Backend& backend,
 
 CommunicationOptimizer::~CommunicationOptimizer() = default;
 
+// The profiler's record of `args` with the last choice, started now; end_ns is set on completion.
+OperationRecord CommunicationOptimizer::started(const CollectiveArgs& args) const {
+  return {std::string(to_string(args.op)),
+          std::string(to_string(args.op)),
+          selection_bytes(args),
+          _backend.world_size(),
+          std::string(to_string(_last.algorithm)),
+          CommunicationProfiler::now_ns(),
+          0};
+}
+
 std::unique_ptr<Work> CommunicationOptimizer::collective_async(const CollectiveArgs& args) {
   _last = _selector.choose(args, _backend);
   if (!_profiler.enabled()) return start_collective(_backend, _last.algorithm, args);
-  OperationRecord record{std::string(to_string(args.op)),
-                         std::string(to_string(args.op)),
-                         selection_bytes(args),
-                         _backend.world_size(),
-                         std::string(to_string(_last.algorithm)),
-                         CommunicationProfiler::now_ns(),
-                         0};
+  OperationRecord record = started(args);
   return std::make_unique<ProfiledWork>(start_collective(_backend, _last.algorithm, args),
                                         _profiler, std::move(record));
 }
@@ -69,13 +74,7 @@ std::unique_ptr<Work> CommunicationOptimizer::allreduce_async(Buffer send, Buffe
 void CommunicationOptimizer::collective(const CollectiveArgs& args) {
   _last = _selector.choose(args, _backend);
   if (!_profiler.enabled()) return run_collective(_backend, _last.algorithm, args);
-  OperationRecord record{std::string(to_string(args.op)),
-                         std::string(to_string(args.op)),
-                         selection_bytes(args),
-                         _backend.world_size(),
-                         std::string(to_string(_last.algorithm)),
-                         CommunicationProfiler::now_ns(),
-                         0};
+  OperationRecord record = started(args);
   run_collective(_backend, _last.algorithm, args);
   record.end_ns = CommunicationProfiler::now_ns();
   _profiler.record(std::move(record));

@@ -60,6 +60,8 @@ class CommunicationOptimizer {
   Backend& backend() noexcept { return _backend; }
 
  private:
+  OperationRecord started(const CollectiveArgs& args) const;
+
   Backend& _backend;
   CommunicationOptimizerOptions _options;
   GpuDirectCapabilities _capabilities;
