@@ -33,15 +33,20 @@ run_asan() {
   # Under mpirun: Open MPI leaves its own allocations at MPI_Finalize (see lsan.supp). Full
   # stacks (no fast unwinding: Open MPI has no frame pointers) and components kept loaded
   # (no dlclose) let the suppressions match Open MPI's frames and only those.
-  # A failed test runs once more: LeakSanitizer's stop-the-world tracer itself sometimes
-  # crashes at the exit of an Open MPI process ("Tracer caught signal 11 ... LeakSanitizer has
-  # encountered a fatal error", seen once in mpi_algorithms_test.np3 after all 86 tests had
-  # passed). A real leak or a wrong value fails both runs.
   OMPI_MCA_mca_base_component_disable_dlclose=1 \
     ASAN_OPTIONS=$asan:fast_unwind_on_malloc=0 \
     LSAN_OPTIONS=suppressions=$suppressions/lsan.supp:print_suppressions=0 \
     ctest --test-dir build-asan --output-on-failure -j "$JOBS" --timeout 1200 -L mpi \
-    --repeat until-pass:2
+    -E '^mpi_algorithms_test'
+  # mpi_algorithms_test under mpirun: ASan and UBSan as above, LeakSanitizer off. At 3 ranks
+  # LeakSanitizer's own stop-the-world tracer crashes at process exit after every test has
+  # passed ("Tracer caught signal 11 ... LeakSanitizer has encountered a fatal error", twice in
+  # a row on a clean clone), so the leak check cannot run there; the same algorithms are
+  # leak-checked on the local backend (algorithms_test, in the run above).
+  OMPI_MCA_mca_base_component_disable_dlclose=1 \
+    ASAN_OPTIONS=$asan:fast_unwind_on_malloc=0:detect_leaks=0 \
+    ctest --test-dir build-asan --output-on-failure -j "$JOBS" --timeout 1200 -L mpi \
+    -R '^mpi_algorithms_test'
 }
 
 # oneTBB built with -fsanitize=thread, into build-tsan-tbb/ (kept between runs). The system
