@@ -7,25 +7,15 @@
 
 #include "backends/collective_checks.hpp"
 #include "backends/forced_algorithm_backend.hpp"
+#include "backends/mpi_world.hpp"
 #include "loom/executor.hpp"
 #include "loom/mpi.hpp"
 
 namespace loom {
 namespace {
 
-Backend& world() {
-  static std::shared_ptr<Backend> backend = make_mpi_backend();
-  return *backend;
-}
-
-// Every test ends by agreeing on whether all ranks passed, so one rank's failure cannot leave
-// the others waiting in the next collective.
-void expect_all_ranks_ok(const std::string& failure) {
-  EXPECT_TRUE(failure.empty()) << failure;
-  std::int32_t bad = failure.empty() ? 0 : 1;
-  world().allreduce(Buffer(&bad, 1, DType::int32), ReduceOp::sum);
-  EXPECT_EQ(bad, 0) << bad << " rank(s) saw wrong values";
-}
+using testing::expect_all_ranks_ok;
+using testing::world;
 
 class MpiAlgorithms
     : public ::testing::TestWithParam<std::tuple<std::pair<Collective, Algorithm>, DType>> {};
@@ -106,11 +96,5 @@ TEST(MpiExecutorAlgorithms, SelectedAlgorithmsRunInTheGraph) {
 }  // namespace loom
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  loom::world();  // initialise MPI before any test
-  if (loom::world().rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  return RUN_ALL_TESTS();
+  return loom::testing::run_all_tests_on_every_rank(argc, argv);
 }

@@ -4,24 +4,14 @@
 
 #include "backends/bad_inputs.hpp"
 #include "backends/collective_checks.hpp"
+#include "backends/mpi_world.hpp"
 #include "loom/mpi.hpp"
 
 namespace loom {
 namespace {
 
-Backend& world() {
-  static std::shared_ptr<Backend> backend = make_mpi_backend();
-  return *backend;
-}
-
-// A failure on one rank must not leave the others in the next collective: every test ends
-// by agreeing on whether all ranks passed.
-void expect_all_ranks_ok(const std::string& failure) {
-  EXPECT_TRUE(failure.empty()) << failure;
-  std::int32_t bad = failure.empty() ? 0 : 1;
-  world().allreduce(Buffer(&bad, 1, DType::int32), ReduceOp::sum);
-  EXPECT_EQ(bad, 0) << bad << " rank(s) saw wrong values";
-}
+using testing::expect_all_ranks_ok;
+using testing::world;
 
 class MpiCollectives : public ::testing::TestWithParam<std::tuple<Collective, DType>> {};
 
@@ -58,12 +48,5 @@ TEST(MpiBadInput, EveryRowRaisesANamedError) {
 }  // namespace loom
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  loom::world();  // initialise MPI before any test
-  // Only rank 0 prints gtest's report; every rank still runs and asserts.
-  if (loom::world().rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  return RUN_ALL_TESTS();
+  return loom::testing::run_all_tests_on_every_rank(argc, argv);
 }
