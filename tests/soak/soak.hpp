@@ -84,7 +84,10 @@ inline void soak(Backend& backend, long iterations) {
   EXPECT_EQ(pool_end.bytes_reserved, pool_warm.bytes_reserved);
   EXPECT_EQ(pool_end.system_allocations, pool_warm.system_allocations);
   EXPECT_EQ(pool_end.bytes_in_use, step.bucket_bytes());  // every scratch block came back
-  EXPECT_EQ(end.open_fds, warm.open_fds);
+  // No growth. Not equality: on the local backend the ranks are threads of one process, and
+  // a sample can count the /proc file another rank has open for its own sample at that moment
+  // (seen under TSan: 8 at warm-up, 7 at the end).
+  EXPECT_LE(end.open_fds, warm.open_fds);
   const double grown_mib =
       (static_cast<double>(end.rss_bytes) - static_cast<double>(warm.rss_bytes)) / (1 << 20);
   std::printf(
