@@ -11,6 +11,13 @@ Work::Work(std::string description) : _description(std::move(description)) {}
 
 Work::~Work() = default;
 
+const std::string& Work::description() const noexcept {
+  std::call_once(_described, [this] {
+    if (_description.empty()) _description = describe();
+  });
+  return _description;
+}
+
 bool Work::test() noexcept {
   if (finished()) return true;
   std::lock_guard lock(_mutex);
@@ -21,10 +28,10 @@ bool Work::test() noexcept {
     _error = std::current_exception();
   } catch (const std::exception& e) {
     _error =
-        std::make_exception_ptr(Error(ErrorCode::internal, _description + " failed: " + e.what()));
+        std::make_exception_ptr(Error(ErrorCode::internal, description() + " failed: " + e.what()));
   } catch (...) {
     _error = std::make_exception_ptr(
-        Error(ErrorCode::internal, _description + " failed with an unknown exception"));
+        Error(ErrorCode::internal, description() + " failed with an unknown exception"));
   }
   _finished.store(true, std::memory_order_release);
   return true;

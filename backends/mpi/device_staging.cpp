@@ -84,8 +84,9 @@ class StagedWork final : public Work {
 
 }  // namespace
 
-DeviceStaging::DeviceStaging(std::size_t chunk_bytes)
+DeviceStaging::DeviceStaging(std::size_t chunk_bytes, cuda::NativeStream input_stream)
     : _chunk_bytes(std::max<std::size_t>(chunk_bytes, 4096)),
+      _input_stream(input_stream),
       _pool(std::make_shared<PinnedPool>()) {}
 
 DeviceStaging::~DeviceStaging() = default;
@@ -94,8 +95,8 @@ DeviceStaging::Streams& DeviceStaging::streams(int device) {
   std::lock_guard lock(_mutex);
   auto& slot = _streams[device];
   if (!slot)
-    slot = std::make_unique<Streams>(
-        Streams{cuda::Stream(device, cuda::Stream::Priority::high), cuda::Stream(device)});
+    slot = std::make_unique<Streams>(Streams{cuda::Stream(device, cuda::Stream::Priority::high),
+                                             cuda::Stream(device), cuda::Event(device)});
   return *slot;
 }
 
@@ -134,6 +135,10 @@ std::unique_ptr<Work> DeviceStaging::run(StagingRequest r) {
   cuda::DeviceGuard guard(device);
   try {
     if (!r.device_in.empty()) {
+      // The copy streams are non-blocking: without this wait they could read the input
+      // before the kernel or copy that produces it (on the input stream) has finished.
+      s.input_ready.record(_input_stream);
+      s.down.wait(s.input_ready);
       std::size_t offset = 0;
       for (Chunk& c : chunks) {
         const std::size_t bytes = c.host_in.bytes();

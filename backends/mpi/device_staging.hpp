@@ -36,7 +36,8 @@ struct StagingRequest {
 /// @brief One per MPI backend: its pinned pool (cudaHostAlloc) and per-device copy streams.
 class DeviceStaging {
  public:
-  explicit DeviceStaging(std::size_t chunk_bytes);
+  /// @brief `input_stream`: device inputs are read after the work enqueued on it so far.
+  DeviceStaging(std::size_t chunk_bytes, cuda::NativeStream input_stream);
   ~DeviceStaging();
 
   /// @brief Issues every chunk's host operation, in chunk order, before returning (so the
@@ -51,10 +52,12 @@ class DeviceStaging {
   struct Streams {
     cuda::Stream down;
     cuda::Stream up;
+    cuda::Event input_ready;  // recorded on the input stream, waited for by `down`
   };
   Streams& streams(int device);
 
   std::size_t _chunk_bytes;
+  cuda::NativeStream _input_stream;
   std::shared_ptr<PinnedPool> _pool;
   std::mutex _mutex;
   std::map<int, std::unique_ptr<Streams>> _streams;

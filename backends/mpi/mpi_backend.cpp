@@ -142,7 +142,8 @@ class MpiBackend final : public Backend {
         _communicator(std::make_shared<Communicator>()),
         _algorithm_communicator(std::make_shared<Communicator>()) {
 #if LOOM_HAVE_CUDA
-    _staging = std::make_unique<mpi::DeviceStaging>(config.staging_chunk_bytes);
+    _staging = std::make_unique<mpi::DeviceStaging>(
+        config.staging_chunk_bytes, static_cast<cuda::NativeStream>(config.staging_input_stream));
 #endif
   }
 

@@ -54,14 +54,18 @@ double median_us(int repeats, int iterations, Body body) {
 int main(int argc, char** argv) {
   std::size_t max_bytes = std::size_t{256} << 20;
   int iterations = 50;
+  bool in_place = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--max-bytes" && i + 1 < argc) {
       max_bytes = std::strtoull(argv[++i], nullptr, 10);
+    } else if (arg == "--in-place") {
+      in_place = true;
     } else if (arg == "--iterations" && i + 1 < argc) {
       iterations = std::max(1, std::atoi(argv[++i]));
     } else {
-      std::fprintf(stderr, "usage: loom-bench-nccl [--max-bytes N] [--iterations N]\n");
+      std::fprintf(stderr,
+                   "usage: loom-bench-nccl [--max-bytes N] [--iterations N] [--in-place]\n");
       return 2;
     }
   }
@@ -89,41 +93,89 @@ int main(int argc, char** argv) {
             "ncclCommInitRank");
     cudaStream_t stream = nullptr;
     cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    cudaEvent_t done = nullptr;
+    cuda_ok(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
+    // Out of place by default: with one rank NCCL then copies the bytes (in place it has
+    // nothing to do, and both columns time only the calls).
     void* buffer = nullptr;
     cuda_ok(cudaMalloc(&buffer, max_bytes), "cudaMalloc");
     cuda_ok(cudaMemset(buffer, 0, max_bytes), "cudaMemset");
+    void* result = buffer;
+    if (!in_place) {
+      cuda_ok(cudaMalloc(&result, max_bytes), "cudaMalloc");
+      cuda_ok(cudaMemset(result, 0, max_bytes), "cudaMemset");
+    }
     cudaDeviceProp prop{};
     cudaGetDeviceProperties(&prop, device);
     if (bootstrap->rank() == 0) {
       std::printf(
-          "# loom-bench-nccl: %s, world size %d, float32 sum allreduce in place, median "
+          "# loom-bench-nccl: %s, world size %d, float32 sum allreduce %s, median "
           "of 5 x %d iterations\n",
-          prop.name, bootstrap->world_size(), iterations);
-      std::printf("# %12s %14s %14s %10s\n", "bytes", "raw_us", "loom_us", "overhead");
+          prop.name, bootstrap->world_size(), in_place ? "in place" : "out of place", iterations);
+      std::printf(
+          "# raw: ncclAllReduce + cudaStreamSynchronize; raw+event: ncclAllReduce + "
+          "cudaEventRecord + cudaEventQuery until done (the completion loom tracks)\n");
+      std::printf("# %12s %14s %14s %14s %10s\n", "bytes", "raw_us", "raw+event_us", "loom_us",
+                  "overhead");
+    }
+    if (bootstrap->rank() == 0) {
+      // What the host-side calls loom adds around each collective cost alone (ns per call).
+      auto ns_per = [](auto body) {
+        constexpr int n = 20000;
+        const auto start = Clock::now();
+        for (int i = 0; i < n; ++i) body();
+        return std::chrono::duration<double, std::nano>(Clock::now() - start).count() / n;
+      };
+      int current = 0;
+      const double query_legacy = ns_per([] { (void)cudaStreamQuery(nullptr); });
+      const double get_set = ns_per([&] {
+        cudaGetDevice(&current);
+        cudaSetDevice(current);
+      });
+      const double record = ns_per([&] { cudaEventRecord(done, stream); });
+      cudaStreamSynchronize(stream);
+      const double query_event = ns_per([&] { (void)cudaEventQuery(done); });
+      ncclResult_t async = ncclSuccess;
+      const double async_error = ns_per([&] { ncclCommGetAsyncError(raw, &async); });
+      std::printf(
+          "# host cost per call (ns): cudaStreamQuery(legacy) %.0f, cudaGetDevice+"
+          "cudaSetDevice %.0f, cudaEventRecord %.0f, cudaEventQuery %.0f, "
+          "ncclCommGetAsyncError %.0f\n",
+          query_legacy, get_set, record, query_event, async_error);
     }
     for (std::size_t bytes = 8; bytes <= max_bytes; bytes *= 4) {
       const std::size_t count = bytes / 4;
       const loom::Buffer view(buffer, count, loom::DType::float32, loom::Device::cuda(device));
+      const loom::Buffer out(result, count, loom::DType::float32, loom::Device::cuda(device));
       // Warm both paths (NCCL sets up channels on first use of a size class).
       for (int w = 0; w < 3; ++w) {
-        nccl_ok(ncclAllReduce(buffer, buffer, count, ncclFloat32, ncclSum, raw, stream),
+        nccl_ok(ncclAllReduce(buffer, result, count, ncclFloat32, ncclSum, raw, stream),
                 "ncclAllReduce");
         cuda_ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-        loom_nccl->allreduce(view, loom::ReduceOp::sum);
+        loom_nccl->allreduce(view, out, loom::ReduceOp::sum);
       }
       const int iters = bytes >= (std::size_t{64} << 20) ? std::max(5, iterations / 5) : iterations;
       const double raw_us = median_us(5, iters, [&] {
-        nccl_ok(ncclAllReduce(buffer, buffer, count, ncclFloat32, ncclSum, raw, stream),
+        nccl_ok(ncclAllReduce(buffer, result, count, ncclFloat32, ncclSum, raw, stream),
                 "ncclAllReduce");
         cuda_ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
       });
+      const double raw_event_us = median_us(5, iters, [&] {
+        nccl_ok(ncclAllReduce(buffer, result, count, ncclFloat32, ncclSum, raw, stream),
+                "ncclAllReduce");
+        cuda_ok(cudaEventRecord(done, stream), "cudaEventRecord");
+        while (cudaEventQuery(done) == cudaErrorNotReady) {
+        }
+      });
       const double loom_us = median_us(
-          5, iters, [&] { loom_nccl->allreduce_async(view, view, loom::ReduceOp::sum)->wait(); });
+          5, iters, [&] { loom_nccl->allreduce_async(view, out, loom::ReduceOp::sum)->wait(); });
       if (bootstrap->rank() == 0)
-        std::printf("  %12zu %14.2f %14.2f %9.1f%%\n", bytes, raw_us, loom_us,
+        std::printf("  %12zu %14.2f %14.2f %14.2f %9.1f%%\n", bytes, raw_us, raw_event_us, loom_us,
                     100.0 * (loom_us - raw_us) / raw_us);
     }
+    if (result != buffer) cudaFree(result);
     cudaFree(buffer);
+    cudaEventDestroy(done);
     cudaStreamDestroy(stream);
     ncclCommDestroy(raw);
     if (bootstrap->rank() == 0) std::printf("# loom-bench-nccl: done\n");

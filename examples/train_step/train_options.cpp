@@ -30,8 +30,20 @@ void add_train_options(po::options_description& options, TrainFlags& flags) {
       "none, float16 or bfloat16")(
       "registration", po::value(&flags.registration)->default_value(flags.registration),
       "parameter registration order: forward (W0, b0, W1, ...) or reverse (last layer first)")(
+      "device", po::value(&flags.device)->default_value(flags.device),
+      "where the model computes: cpu (OpenBLAS) or cuda[:N] (cuBLAS on GPU N, default 0)")(
       "packed", po::bool_switch(&flags.packed),
       "keep gradients in the model and pack them into buckets (default: views into buckets)");
+}
+
+Device parse_device(const std::string& text) {
+  if (text == "cpu") return Device::cpu();
+  if (text == "cuda") return Device::cuda(0);
+  if (text.rfind("cuda:", 0) == 0 && text.size() > 5 &&
+      text.find_first_not_of("0123456789", 5) == std::string::npos && text.size() <= 9)
+    return Device::cuda(std::stoi(text.substr(5)));
+  throw Error(ErrorCode::invalid_argument,
+              "--device '" + text + "' is not valid (expected cpu, cuda or cuda:N)");
 }
 
 void apply_train_options(TrainFlags& flags) {
@@ -42,6 +54,7 @@ void apply_train_options(TrainFlags& flags) {
   flags.config.bucketing.compression = parse_compression(flags.compression);
   flags.config.registration = parse_registration(flags.registration);
   flags.config.gradient_views = !flags.packed;
+  flags.config.device = parse_device(flags.device);
 }
 
 }  // namespace loom::examples

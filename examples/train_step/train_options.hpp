@@ -19,7 +19,11 @@ struct TrainFlags {
   std::string compression = "none";
   std::string registration = "forward";
   bool packed = false;
+  std::string device = "cpu";
 };
+
+/// @brief "cpu", "cuda" or "cuda:N"; loom::Error naming the text otherwise.
+Device parse_device(const std::string& text);
 
 /// @brief Adds --input --width --output --depth --batch --seed --lr --bucket-cap-kb
 /// --first-bucket-kb --split --compression --registration --packed.

@@ -4,9 +4,15 @@
 
 #include <cblas.h>
 
+#include <functional>
 #include <set>
 
 #include "loom/error.hpp"
+
+#if LOOM_TRAIN_STEP_CUDA
+#include "cuda_mlp.hpp"
+#include "loom/cuda_device.hpp"
+#endif
 
 namespace loom::examples {
 
@@ -46,6 +52,21 @@ Buffer view(std::vector<float>& v) {
   return Buffer::of(std::span(v));
 }
 
+// A bucket's piece of one parameter: the reduced gradient (host bucket) and what it updates.
+struct Slice {
+  Buffer grad, param;
+  int layer;
+  bool weight;
+  std::size_t offset;
+};
+
+#if LOOM_TRAIN_STEP_CUDA
+void sgd_on_gpu(CudaMlp& gpu, const std::vector<Slice>& slices, float lr, StreamRef s) {
+  for (const Slice& x : slices)
+    gpu.sgd(x.layer, x.weight, x.offset, x.grad.as<float>(), x.grad.count(), lr, s.native);
+}
+#endif
+
 std::string weights_node(int k) {
   return "backward" + std::to_string(k) + ".weights";
 }
@@ -58,6 +79,15 @@ TrainStep::TrainStep(Backend& backend, TrainConfig config)
       _model(_config.shape, backend.rank(), backend.world_size()) {
   // TBB runs the graph's nodes in parallel; BLAS threads on top would oversubscribe the cores.
   openblas_set_num_threads(1);
+  if (_config.device.kind == DeviceKind::cuda) {
+#if LOOM_TRAIN_STEP_CUDA
+    cuda::require_device(_config.device.index);  // names why there is none
+    _gpu = std::make_unique<CudaMlp>(_model, _config.device.index);
+#else
+    throw Error(ErrorCode::unavailable, "TrainStep: device " + to_string(_config.device) +
+                                            " asked for, but this build has no CUDA (cuBLAS)");
+#endif
+  }
   const int depth = _config.shape.depth;
   auto add_layer = [&](int k) {
     Layer& l = _model.layers()[k];
@@ -85,49 +115,90 @@ TrainStep::TrainStep(Backend& backend, TrainConfig config)
   compile();
 }
 
+TrainStep::~TrainStep() = default;
+
+float TrainStep::loss() const {
+#if LOOM_TRAIN_STEP_CUDA
+  if (_gpu) return _gpu->loss();
+#endif
+  return _loss;
+}
+
 void TrainStep::compile() {
   Mlp& m = _model;
   auto& layers = m.layers();
   const int depth = _config.shape.depth;
   const Buffer input_data = Buffer::of(std::span(m.input_of(0)));
-  auto input_of = [&](int k) { return k == 0 ? input_data : view(layers[k - 1].a); };
 
+  // The model's memory as the nodes' reads/writes declare it, on the host or on the device.
+  struct Memory {
+    std::function<Buffer(int)> input, weight, bias, z, a, grad_z;
+  } mem;
+  mem.input = [&, input_data](int k) { return k == 0 ? input_data : view(layers[k - 1].a); };
+  mem.weight = [&](int k) { return view(layers[k].weight); };
+  mem.bias = [&](int k) { return view(layers[k].bias); };
+  mem.z = [&](int k) { return view(layers[k].z); };
+  mem.a = [&](int k) { return view(layers[k].a); };
+  mem.grad_z = [&](int k) { return view(layers[k].grad_z); };
+#if LOOM_TRAIN_STEP_CUDA
+  CudaMlp* gpu = _gpu.get();
+  if (gpu != nullptr) {
+    mem.input = [gpu](int k) { return gpu->input(k); };
+    mem.weight = [gpu](int k) { return gpu->weight(k); };
+    mem.bias = [gpu](int k) { return gpu->bias(k); };
+    mem.z = [gpu](int k) { return gpu->z(k); };
+    mem.a = [gpu](int k) { return gpu->a(k); };
+    mem.grad_z = [gpu](int k) { return gpu->grad_z(k); };
+  }
+#define LOOM_GPU_BODY(...) [=](StreamRef s) { __VA_ARGS__; }
+#else
+#define LOOM_GPU_BODY(...) [](StreamRef) {}
+#endif
   Graph g;
+  // A CPU node, or a GPU node enqueueing on the stream the executor gives it.
+  auto node = [&](std::string name, std::function<void()> cpu, std::function<void(StreamRef)> dev,
+                  ComputeOptions options) {
+    return _gpu ? g.compute_gpu(std::move(name), std::move(dev), std::move(options))
+                : g.compute(std::move(name), std::move(cpu), std::move(options));
+  };
+
   std::vector<Task> forward(depth), weights(depth), input(depth);
   for (int k = 0; k < depth; ++k) {
-    Layer& l = layers[k];
-    std::vector<Buffer> writes{view(l.z)};
-    if (!l.a.empty()) writes.push_back(view(l.a));
-    forward[k] = g.compute(
-        "forward" + std::to_string(k), [&m, k] { m.forward(k); },
-        {.reads = {input_of(k), view(l.weight), view(l.bias)}, .writes = std::move(writes)});
+    std::vector<Buffer> writes{mem.z(k)};
+    if (k + 1 < depth) writes.push_back(mem.a(k));
+    forward[k] =
+        node("forward" + std::to_string(k), [&m, k] { m.forward(k); },
+             LOOM_GPU_BODY(gpu->forward(k, s.native)),
+             {.reads = {mem.input(k), mem.weight(k), mem.bias(k)}, .writes = std::move(writes)});
     if (k > 0) forward[k - 1].precede(forward[k]);
   }
-  auto loss = g.compute("loss", [this] { _loss = _model.loss_and_output_gradient(); },
-                        {.reads = {view(layers.back().z)}, .writes = {view(layers.back().grad_z)}});
+  auto loss = node("loss", [this] { _loss = _model.loss_and_output_gradient(); },
+                   LOOM_GPU_BODY(gpu->loss_and_output_gradient(s.native)),
+                   {.reads = {mem.z(depth - 1)}, .writes = {mem.grad_z(depth - 1)}});
   forward.back().precede(loss);
 
   std::vector<std::size_t> weight_gradient(depth), bias_gradient(depth);
   for (std::size_t i = 0; i < _parameters.size(); ++i)
     (_parameters[i].weight ? weight_gradient : bias_gradient)[_parameters[i].layer] = i;
   for (int k = depth - 1; k >= 0; --k) {
-    Layer& l = layers[k];
     const Buffer grad_w = _bucketer->gradient(weight_gradient[k]);
     const Buffer grad_b = _bucketer->gradient(bias_gradient[k]);
-    weights[k] = g.compute(
+    weights[k] = node(
         weights_node(k),
         [&m, k, grad_w, grad_b] { m.weight_gradient(k, grad_w.as<float>(), grad_b.as<float>()); },
+        // On the GPU: computed on the device, then copied into the (pinned) host bucket.
+        LOOM_GPU_BODY(gpu->weight_gradient(k, grad_w.as<float>(), grad_b.as<float>(), s.native)),
         // Before the input gradient that becomes ready with it: TBB would otherwise run the
         // input-gradient chain depth-first and produce every weight gradient at the very end,
         // leaving no backward compute for communication to hide behind.
-        {.priority = 1, .reads = {input_of(k), view(l.grad_z)}, .writes = {grad_w, grad_b}});
+        {.priority = 1, .reads = {mem.input(k), mem.grad_z(k)}, .writes = {grad_w, grad_b}});
     Task upstream = k == depth - 1 ? loss : input[k + 1];
     upstream.precede(weights[k]);
     if (k > 0) {
-      input[k] =
-          g.compute("backward" + std::to_string(k) + ".input", [&m, k] { m.input_gradient(k); },
-                    {.reads = {view(l.grad_z), view(l.weight), view(layers[k - 1].z)},
-                     .writes = {view(layers[k - 1].grad_z)}});
+      input[k] = node(
+          "backward" + std::to_string(k) + ".input", [&m, k] { m.input_gradient(k); },
+          LOOM_GPU_BODY(gpu->input_gradient(k, s.native)),
+          {.reads = {mem.grad_z(k), mem.weight(k), mem.z(k - 1)}, .writes = {mem.grad_z(k - 1)}});
       upstream.precede(input[k]);
     }
   }
@@ -163,33 +234,36 @@ void TrainStep::compile() {
 
   const float lr = _config.learning_rate;
   for (std::size_t b = 0; b < buckets.size(); ++b) {
-    std::vector<std::pair<Buffer, Buffer>> slices;  // (gradient, parameter)
+    std::vector<Slice> slices;
     std::vector<Buffer> reads, writes;
     std::set<int> layers_touched;
     for (const BucketPiece& piece : _bucketer->buckets()[b].pieces) {
       const Parameter& p = _parameters[piece.gradient];
       const Buffer grad = _bucketer->gradient(piece.gradient).slice(piece.offset, piece.count);
-      const Buffer param = view(*p.values).slice(piece.offset, piece.count);
-      slices.emplace_back(grad, param);
+      const Buffer param =
+          (p.weight ? mem.weight(p.layer) : mem.bias(p.layer)).slice(piece.offset, piece.count);
+      slices.push_back({grad, param, p.layer, p.weight, piece.offset});
       reads.push_back(grad);
       writes.push_back(param);
       layers_touched.insert(p.layer);
     }
-    auto update = g.compute(
-        "bucket" + std::to_string(b) + ".sgd",
-        [slices, lr] {
-          for (const auto& [grad, param] : slices)
-            cblas_saxpy(static_cast<int>(grad.count()), -lr, grad.as<float>(), 1, param.as<float>(),
-                        1);
-        },
-        // Highest: an update runs as soon as its bucket is reduced, ahead of queued backward.
-        {.priority = 2, .reads = std::move(reads), .writes = std::move(writes)});
+    auto update =
+        node("bucket" + std::to_string(b) + ".sgd",
+             [slices, lr] {
+               for (const Slice& s : slices)
+                 cblas_saxpy(static_cast<int>(s.grad.count()), -lr, s.grad.as<float>(), 1,
+                             s.param.as<float>(), 1);
+             },
+             LOOM_GPU_BODY(sgd_on_gpu(*gpu, slices, lr, s)),
+             // Highest: an update runs as soon as its bucket is reduced, ahead of queued backward.
+             {.priority = 2, .reads = std::move(reads), .writes = std::move(writes)});
     buckets[b].done().precede(update);
     if (reduce_done.valid()) reduce_done.precede(update);
     // backward's input gradient of layer k reads W_k: the update may not overwrite it first.
     for (int k : layers_touched)
       if (k > 0) input[k].precede(update);
   }
+#undef LOOM_GPU_BODY
   _executor = Executor::compile(g, _backend, _config.executor);
 }
 
@@ -198,6 +272,9 @@ void TrainStep::run() {
 }
 
 std::vector<float> TrainStep::parameters() const {
+#if LOOM_TRAIN_STEP_CUDA
+  if (_gpu) return _gpu->parameters();
+#endif
   std::vector<float> out;
   for (const Layer& l : _model.layers()) {
     out.insert(out.end(), l.weight.begin(), l.weight.end());

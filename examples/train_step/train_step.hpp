@@ -55,8 +55,13 @@ struct TrainConfig {
   /// @brief Let loom own the gradient memory (gradients are views into buckets); false keeps
   /// gradients in the model and packs them.
   bool gradient_views = true;
+  /// @brief Where the model computes: the CPU (OpenBLAS) or a CUDA device (cuBLAS on the
+  /// executor's streams, gradients copied into the pinned host buckets that MPI reduces).
+  Device device = Device::cpu();
   ExecutorOptions executor;
 };
+
+class CudaMlp;
 
 /// @brief The model, its Bucketer and the compiled step on one rank.
 class TrainStep {
@@ -66,11 +71,12 @@ class TrainStep {
   // The graph's nodes point into this object's model: it cannot move.
   TrainStep(const TrainStep&) = delete;
   TrainStep& operator=(const TrainStep&) = delete;
+  ~TrainStep();
 
   /// @brief Runs one step: forward, backward, allreduce, update.
   void run();
   /// @brief This rank's loss in the last step's forward (before its update).
-  float loss() const noexcept { return _loss; }
+  float loss() const;
   /// @brief Every parameter, layer by layer (W0, b0, W1, ...), concatenated.
   std::vector<float> parameters() const;
   /// @brief Rebuilds the buckets in the order gradients became ready in the last run (rank
@@ -80,6 +86,7 @@ class TrainStep {
 
   Executor& executor() noexcept { return *_executor; }
   const Bucketer& bucketer() const noexcept { return *_bucketer; }
+  /// @brief The host model (its initial state only, when the step runs on a CUDA device).
   const Mlp& model() const noexcept { return _model; }
   const TrainConfig& config() const noexcept { return _config; }
 
@@ -96,6 +103,7 @@ class TrainStep {
   Backend& _backend;
   TrainConfig _config;
   Mlp _model;
+  std::unique_ptr<CudaMlp> _gpu;       // the model on the device, when config.device is CUDA
   std::vector<Parameter> _parameters;  // registration order
   std::unique_ptr<Bucketer> _bucketer;
   std::unique_ptr<Executor> _executor;

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/cuda_device.hpp"
 #include "loom/error.hpp"
 #include "loom/local.hpp"
 #include "train_step.hpp"
@@ -214,6 +215,39 @@ TEST(TrainStep, BadInputIsAnError) {
     EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
     EXPECT_NE(e.message().find("profiled run"), std::string::npos) << e.message();
   }
+}
+
+// The model on a GPU (cuBLAS on the executor's streams, gradients copied into the pinned
+// host buckets, reduced by the CPU backend): the same training as on the CPU.
+TEST(TrainStepCuda, MatchesTheCpuStepAndIsIdenticalOnEveryRank) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "GPU test skipped: " << cuda::unavailable_reason();
+  for (const OverlapMode mode : {OverlapMode::sequential, OverlapMode::ddp, OverlapMode::loom}) {
+    SCOPED_TRACE(std::string(to_string(mode)));
+    TrainConfig config = small_model();
+    config.mode = mode;
+    const Result cpu = train(3, config);
+    config.device = Device::cuda(0);
+    const Result gpu = train(3, config);
+    expect_bit_identical(gpu);
+    expect_close(gpu.parameters[0], cpu.parameters[0]);
+    ASSERT_EQ(gpu.losses.size(), cpu.losses.size());
+    for (std::size_t s = 0; s < cpu.losses.size(); ++s)
+      EXPECT_NEAR(gpu.losses[s], cpu.losses[s], 1e-4f * std::fabs(cpu.losses[s])) << "step " << s;
+  }
+}
+
+TEST(TrainStepCuda, WithoutADeviceSaysSo) {
+  if (cuda::device_count() > 0) GTEST_SKIP() << "a CUDA device is visible";
+  TrainConfig config = small_model();
+  config.device = Device::cuda(0);
+  LocalWorld::run(1, [&](Backend& backend) {
+    try {
+      TrainStep step(backend, config);
+      ADD_FAILURE() << "a TrainStep on cuda:0 was built without a device";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("cuda"), std::string::npos) << e.what();
+    }
+  });
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "gpu/gpu_test_support.hpp"
@@ -51,6 +52,47 @@ TEST(MpiStaging, AllreduceInAndOutOfPlaceAcrossManyChunks) {
   auto ones = test::to_device(std::vector<double>(777, me + 1.0));
   b.allreduce(on_gpu<double>(ones, 777), ReduceOp::avg);
   EXPECT_EQ(test::to_host<double>(ones, 777), std::vector<double>(777, (n + 1) / 2.0));
+}
+
+// Every chunk boundary case (one element, one chunk less/more than a chunk, many chunks) for
+// each element size, in and out of place, sum and avg.
+template <class T>
+void check_allreduce_sizes(Backend& b, ReduceOp op) {
+  const int n = b.world_size(), me = b.rank();
+  for (const std::size_t count :
+       {std::size_t{1}, std::size_t{5}, 4096 / sizeof(T) - 1, 4096 / sizeof(T),
+        4096 / sizeof(T) + 1, std::size_t{777}, std::size_t{4099}, std::size_t{30011}}) {
+    for (const bool in_place : {true, false}) {
+      SCOPED_TRACE(std::string(to_string(dtype_of<T>())) + "[" + std::to_string(count) + "] " +
+                   std::string(to_string(op)) + (in_place ? " in place" : " out of place"));
+      std::vector<T> mine(count);
+      for (std::size_t i = 0; i < count; ++i) mine[i] = static_cast<T>((me + 1) * (i % 13 + 1));
+      std::vector<T> expected(count);
+      for (std::size_t i = 0; i < count; ++i) {
+        const T sum = static_cast<T>(n * (n + 1) / 2 * static_cast<int>(i % 13 + 1));
+        expected[i] = op == ReduceOp::avg ? static_cast<T>(sum / static_cast<T>(n)) : sum;
+      }
+      auto send = test::to_device(mine);
+      cuda::DeviceMemory recv(count * sizeof(T), 0);
+      if (in_place) {
+        b.allreduce(on_gpu<T>(send, count), op);
+        EXPECT_EQ(test::to_host<T>(send, count), expected);
+      } else {
+        b.allreduce(on_gpu<T>(send, count), on_gpu<T>(recv, count), op);
+        EXPECT_EQ(test::to_host<T>(recv, count), expected);
+        EXPECT_EQ(test::to_host<T>(send, count), mine);
+      }
+    }
+  }
+}
+
+TEST(MpiStaging, AllreduceAtEveryChunkBoundary) {
+  LOOM_REQUIRE_GPU();
+  Backend& b = staged();
+  check_allreduce_sizes<float>(b, ReduceOp::sum);
+  check_allreduce_sizes<double>(b, ReduceOp::sum);
+  check_allreduce_sizes<std::int32_t>(b, ReduceOp::sum);
+  check_allreduce_sizes<double>(b, ReduceOp::avg);
 }
 
 TEST(MpiStaging, RootedAndGatheringCollectives) {

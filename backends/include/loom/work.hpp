@@ -32,16 +32,24 @@ class Work {
   bool failed() const noexcept { return finished() && _error != nullptr; }
   /// @brief The failure, or nullptr; meaningful once finished().
   std::exception_ptr error() const noexcept { return finished() ? _error : nullptr; }
-  /// @brief What this operation is ("allreduce float32[1024] sum on rank 0").
-  const std::string& description() const noexcept { return _description; }
+  /// @brief What this operation is ("allreduce float32[1024] sum on rank 0"); built on first
+  /// use for handles made with the lazy constructor.
+  const std::string& description() const noexcept;
 
  protected:
+  /// @brief For handles on a hot path: the description is made by describe() when first asked
+  /// for (an error, a tool), so issuing the operation builds no strings.
+  Work() = default;
+  /// @brief The description of a handle made with Work(); called at most once.
+  virtual std::string describe() const { return {}; }
+
   /// @brief Advances the operation; true when it has finished. Throwing marks it failed.
   /// Called with the work's lock held, never after it returned true.
   virtual bool poll() = 0;
 
  private:
-  std::string _description;
+  mutable std::once_flag _described;
+  mutable std::string _description;
   std::mutex _mutex;
   std::atomic<bool> _finished{false};
   std::exception_ptr _error;
