@@ -37,6 +37,9 @@ std::vector<ModeResult> run_modes(Backend& backend, std::vector<examples::TrainC
       backend.barrier();
       step->run();
       if (w == 0 && plan.rebuild) step->rebuild_buckets();
+      // Planned from every warm-up but the last (a plan's own run measures the wire one bucket
+      // at a time, which the next plan uses); the last warm-up runs the final plan.
+      if (plan.schedule && w + 1 < plan.warmups) step->schedule_from_last_run();
     }
   std::vector<Samples> samples(steps.size());
   for (int s = 0; s < plan.steps; ++s) {

@@ -28,7 +28,10 @@ struct ModeResult {
 struct RunPlan {
   int warmups = 3;
   int steps = 20;
-  bool rebuild = false;        ///< rebuild buckets after the first warm-up step
+  bool rebuild = false;  ///< rebuild buckets after the first warm-up step
+  /// @brief loom mode plans its issue order after every warm-up step but the last (which runs
+  /// the final plan); needs warmups >= 2.
+  bool schedule = true;
   std::string trace_path;      ///< written by rank 0 after the last step ("" = none)
   std::string dot_path;        ///< likewise
   std::size_t files_from = 0;  ///< index of the configuration whose step writes the files

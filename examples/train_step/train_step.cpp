@@ -4,7 +4,9 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <functional>
+#include <map>
 #include <set>
 
 #include "loom/error.hpp"
@@ -156,26 +158,49 @@ void TrainStep::compile() {
 #endif
   Graph g;
   // A CPU node, or a GPU node enqueueing on the stream the executor gives it.
+  Graph* target = &g;
   auto node = [&](std::string name, std::function<void()> cpu, std::function<void(StreamRef)> dev,
                   ComputeOptions options) {
-    return _gpu ? g.compute_gpu(std::move(name), std::move(dev), std::move(options))
-                : g.compute(std::move(name), std::move(cpu), std::move(options));
+    return _gpu ? target->compute_gpu(std::move(name), std::move(dev), std::move(options))
+                : target->compute(std::move(name), std::move(cpu), std::move(options));
+  };
+  // The forward chain and the loss, into *target; `suffix` names the next step's copy.
+  auto add_forward = [&](const std::string& suffix, std::vector<Task>& forward) {
+    for (int k = 0; k < depth; ++k) {
+      std::vector<Buffer> writes{mem.z(k)};
+      if (k + 1 < depth) writes.push_back(mem.a(k));
+      forward[k] =
+          node("forward" + std::to_string(k) + suffix, [&m, k] { m.forward(k); },
+               LOOM_GPU_BODY(gpu->forward(k, s.native)),
+               {.reads = {mem.input(k), mem.weight(k), mem.bias(k)}, .writes = std::move(writes)});
+      if (k > 0) forward[k - 1].precede(forward[k]);
+    }
+    Task loss = node("loss" + suffix, [this] { _loss = _model.loss_and_output_gradient(); },
+                     LOOM_GPU_BODY(gpu->loss_and_output_gradient(s.native)),
+                     {.reads = {mem.z(depth - 1)}, .writes = {mem.grad_z(depth - 1)}});
+    forward.back().precede(loss);
+    return loss;
   };
 
+  // loom pipelines steps: a run is this step's backward, its buckets' allreduce and updates,
+  // and the next step's forward and loss, whose layer k starts as soon as the updates of layer
+  // k are in, so the forward computes while the other layers' buckets are still on the wire.
+  // The first forward runs once, in a prologue graph of its own.
+  const bool pipelined = _config.mode == OverlapMode::loom;
   std::vector<Task> forward(depth), weights(depth), input(depth);
-  for (int k = 0; k < depth; ++k) {
-    std::vector<Buffer> writes{mem.z(k)};
-    if (k + 1 < depth) writes.push_back(mem.a(k));
-    forward[k] =
-        node("forward" + std::to_string(k), [&m, k] { m.forward(k); },
-             LOOM_GPU_BODY(gpu->forward(k, s.native)),
-             {.reads = {mem.input(k), mem.weight(k), mem.bias(k)}, .writes = std::move(writes)});
-    if (k > 0) forward[k - 1].precede(forward[k]);
+  Task loss;
+  if (pipelined) {
+    if (!_prologue) {
+      Graph first;
+      target = &first;
+      std::vector<Task> first_forward(depth);
+      add_forward("", first_forward);
+      _prologue = Executor::compile(first, _backend, _config.executor);
+      target = &g;
+    }
+  } else {
+    loss = add_forward("", forward);
   }
-  auto loss = node("loss", [this] { _loss = _model.loss_and_output_gradient(); },
-                   LOOM_GPU_BODY(gpu->loss_and_output_gradient(s.native)),
-                   {.reads = {mem.z(depth - 1)}, .writes = {mem.grad_z(depth - 1)}});
-  forward.back().precede(loss);
 
   std::vector<std::size_t> weight_gradient(depth), bias_gradient(depth);
   for (std::size_t i = 0; i < _parameters.size(); ++i)
@@ -193,13 +218,13 @@ void TrainStep::compile() {
         // leaving no backward compute for communication to hide behind.
         {.priority = 1, .reads = {mem.input(k), mem.grad_z(k)}, .writes = {grad_w, grad_b}});
     Task upstream = k == depth - 1 ? loss : input[k + 1];
-    upstream.precede(weights[k]);
+    if (upstream.valid()) upstream.precede(weights[k]);
     if (k > 0) {
       input[k] = node(
           "backward" + std::to_string(k) + ".input", [&m, k] { m.input_gradient(k); },
           LOOM_GPU_BODY(gpu->input_gradient(k, s.native)),
           {.reads = {mem.grad_z(k), mem.weight(k), mem.z(k - 1)}, .writes = {mem.grad_z(k - 1)}});
-      upstream.precede(input[k]);
+      if (upstream.valid()) upstream.precede(input[k]);
     }
   }
 
@@ -207,6 +232,7 @@ void TrainStep::compile() {
   for (const Parameter& p : _parameters) producers.push_back(weights[p.layer]);
   AttachOptions attach;
   attach.order = _config.mode == OverlapMode::ddp ? BucketOrder::bucket : BucketOrder::ready;
+  if (pipelined) attach.issue_order = _issue_order;
   const auto buckets = _bucketer->attach(g, producers, _backend.world_size(), attach);
 
   // Sequential: strict phases, so nothing computes while anything communicates: backward,
@@ -233,6 +259,7 @@ void TrainStep::compile() {
   }
 
   const float lr = _config.learning_rate;
+  std::vector<std::pair<Task, std::set<int>>> updates;  // each update and the layers it writes
   for (std::size_t b = 0; b < buckets.size(); ++b) {
     std::vector<Slice> slices;
     std::vector<Buffer> reads, writes;
@@ -262,12 +289,33 @@ void TrainStep::compile() {
     // backward's input gradient of layer k reads W_k: the update may not overwrite it first.
     for (int k : layers_touched)
       if (k > 0) input[k].precede(update);
+    updates.emplace_back(update, std::move(layers_touched));
+  }
+  if (pipelined) {
+    std::vector<Task> next(depth);
+    add_forward(".next", next);
+    for (auto& [update, touched] : updates)
+      for (int k : touched) update.precede(next[k]);
+    // The next forward overwrites z_k and a_k, which this backward reads in layer k + 1.
+    for (int k = 0; k + 1 < depth; ++k) {
+      weights[k + 1].precede(next[k]);
+      input[k + 1].precede(next[k]);
+    }
   }
 #undef LOOM_GPU_BODY
-  _executor = Executor::compile(g, _backend, _config.executor);
+  // A planned order only decides what the wire carries first if the wire carries one bucket
+  // at a time.
+  ExecutorOptions options = _config.executor;
+  if (pipelined && !_issue_order.empty() && options.collectives_in_flight == 0)
+    options.collectives_in_flight = 1;
+  _executor = Executor::compile(g, _backend, options);
 }
 
 void TrainStep::run() {
+  if (_prologue && !_primed) {
+    _prologue->run();
+    _primed = true;
+  }
   _executor->run();
 }
 
@@ -292,6 +340,64 @@ void TrainStep::rebuild_buckets() {
   for (const Parameter& p : _parameters) producer_names.push_back(weights_node(p.layer));
   const auto observed = Bucketer::ready_order(timings, producer_names);
   _bucketer->rebuild(Bucketer::agreed_ready_order(observed, _backend));
+  _issue_order.clear();  // planned for the old buckets
+  compile();
+}
+
+void TrainStep::schedule_from_last_run() {
+  if (_config.mode != OverlapMode::loom) return;
+  const auto timings = _executor->last_run();
+  if (timings.empty())
+    throw Error(ErrorCode::invalid_argument,
+                "TrainStep::schedule_from_last_run needs a profiled run first "
+                "(ExecutorOptions::profile)");
+  std::map<std::string, const NodeTiming*> by_name;
+  for (const NodeTiming& t : timings) by_name[t.name] = &t;
+  auto timing = [&](const std::string& name) {
+    const auto it = by_name.find(name);
+    if (it == by_name.end())
+      throw Error(ErrorCode::internal, "TrainStep::schedule_from_last_run: node '" + name +
+                                           "' is not in the last run's timings");
+    return *it->second;
+  };
+  // Per bucket: when it became ready (its last producer's end), how long its allreduce took,
+  // and the lowest layer it holds (the next forward needs layer 0 first).
+  const auto& buckets = _bucketer->buckets();
+  const std::size_t n = buckets.size();
+  std::vector<std::int64_t> ready(n, 0), cost(n, 0);
+  std::vector<int> lowest(n, _config.shape.depth);
+  for (std::size_t b = 0; b < n; ++b) {
+    for (const BucketPiece& piece : buckets[b].pieces) {
+      const int layer = _parameters[piece.gradient].layer;
+      lowest[b] = std::min(lowest[b], layer);
+      ready[b] = std::max(ready[b], timing(weights_node(layer)).end_ns);
+    }
+    const NodeTiming reduce = timing("bucket" + std::to_string(b) + ".allreduce");
+    cost[b] = std::max<std::int64_t>(0, reduce.end_ns - reduce.start_ns);
+  }
+  // The wire, one bucket at a time: when it is free, the ready bucket with the lowest layer
+  // (then the earliest ready) goes next; when none is ready, the next one to become ready.
+  std::vector<std::int64_t> plan;
+  std::vector<char> done(n, 0);
+  std::int64_t now = 0;
+  for (std::size_t step = 0; step < n; ++step) {
+    std::size_t best = n;
+    for (std::size_t b = 0; b < n; ++b) {
+      if (done[b] || ready[b] > now) continue;
+      if (best == n || lowest[b] < lowest[best] ||
+          (lowest[b] == lowest[best] && ready[b] < ready[best]))
+        best = b;
+    }
+    if (best == n)
+      for (std::size_t b = 0; b < n; ++b)
+        if (!done[b] && (best == n || ready[b] < ready[best])) best = b;
+    done[best] = 1;
+    now = std::max(now, ready[best]) + cost[best];
+    plan.push_back(static_cast<std::int64_t>(best));
+  }
+  // Rank 0's plan on every rank: the issue order must be the same everywhere.
+  _backend.broadcast(Buffer::of(std::span(plan)), 0);
+  _issue_order.assign(plan.begin(), plan.end());
   compile();
 }
 

@@ -23,8 +23,10 @@ enum class OverlapMode : unsigned char {
   /// @brief PyTorch DDP's policy: a bucket's allreduce starts once it is ready and every
   /// earlier bucket (in bucket order) has started.
   ddp,
-  /// @brief loom: buckets issued in the order the graph makes them ready (fixed at compile
-  /// time), each update as soon as its bucket is reduced.
+  /// @brief loom: buckets issued in an order fixed at compile time (the order the graph makes
+  /// them ready, or the one schedule_from_last_run() plans), each update as soon as its bucket
+  /// is reduced, and steps pipelined: a run ends with the next step's forward, whose layer k
+  /// starts once layer k's updates are in, while later layers' buckets are still on the wire.
   loom,
 };
 
@@ -73,9 +75,11 @@ class TrainStep {
   TrainStep& operator=(const TrainStep&) = delete;
   ~TrainStep();
 
-  /// @brief Runs one step: forward, backward, allreduce, update.
+  /// @brief Runs one step: forward, backward, allreduce, update. In loom mode the forward of
+  /// the step comes at the end of the previous run (the first run does it first).
   void run();
-  /// @brief This rank's loss in the last step's forward (before its update).
+  /// @brief This rank's loss in the last forward: before the run's update in sequential and
+  /// ddp modes, after it (the next step's forward) in loom mode.
   float loss() const;
   /// @brief Every parameter, layer by layer (W0, b0, W1, ...), concatenated.
   std::vector<float> parameters() const;
@@ -83,6 +87,13 @@ class TrainStep {
   /// 0's order, broadcast) and recompiles, as DDP does after its first iteration. Needs a
   /// profiled run; collective: call on every rank.
   void rebuild_buckets();
+  /// @brief loom mode: plans the buckets' issue order from the last (profiled) run: a
+  /// simulation of the wire, in which, whenever it is free, the bucket that the next forward
+  /// needs first (its lowest layer) goes among those ready. Rank 0's plan is broadcast and the
+  /// step recompiled; collective. Other modes: nothing. Needs ExecutorOptions::profile.
+  void schedule_from_last_run();
+  /// @brief The planned issue order (bucket indices), empty before schedule_from_last_run().
+  const std::vector<std::size_t>& issue_order() const noexcept { return _issue_order; }
 
   Executor& executor() noexcept { return *_executor; }
   const Bucketer& bucketer() const noexcept { return *_bucketer; }
@@ -107,6 +118,9 @@ class TrainStep {
   std::vector<Parameter> _parameters;  // registration order
   std::unique_ptr<Bucketer> _bucketer;
   std::unique_ptr<Executor> _executor;
+  std::unique_ptr<Executor> _prologue;  // loom mode: the first step's forward
+  bool _primed = false;
+  std::vector<std::size_t> _issue_order;
   float _loss = 0;
 };
 

@@ -380,9 +380,23 @@ std::vector<BucketTasks> Bucketer::attach(Graph& graph, std::span<const Task> pr
       ready_at[b] = std::max(ready_at[b], position[producers[p.gradient].id()]);
   std::vector<std::size_t> issue(n);  // buckets in issue order
   for (std::size_t b = 0; b < n; ++b) issue[b] = b;
-  if (options.order == BucketOrder::ready)
+  if (!options.issue_order.empty()) {
+    if (options.issue_order.size() != n)
+      invalid("Bucketer::attach: issue_order has " + std::to_string(options.issue_order.size()) +
+              " entries for " + std::to_string(n) + " buckets");
+    std::vector<char> seen(n, 0);
+    for (const std::size_t b : options.issue_order) {
+      if (b >= n)
+        invalid("Bucketer::attach: issue_order names bucket " + std::to_string(b) + " of " +
+                std::to_string(n));
+      if (seen[b]++)
+        invalid("Bucketer::attach: issue_order names bucket " + std::to_string(b) + " twice");
+    }
+    issue = options.issue_order;
+  } else if (options.order == BucketOrder::ready) {
     std::stable_sort(issue.begin(), issue.end(),
                      [&](std::size_t a, std::size_t b) { return ready_at[a] < ready_at[b]; });
+  }
   std::vector<int> priority(n);
   for (std::size_t k = 0; k < n; ++k)
     priority[issue[k]] = options.priority_base + static_cast<int>(n - k);

@@ -265,16 +265,17 @@ void Executor::Impl::compile() {
       algorithm_of[i] = algorithm_native;
     }
   }
-  auto add_sequencer = [&](std::string name, std::vector<std::uint32_t> nodes) {
+  auto add_sequencer = [&](std::string name, std::vector<std::uint32_t> nodes,
+                           std::size_t limit = 0) {
     const int id = static_cast<int>(sequencers.size());
     for (std::uint32_t slot = 0; slot < nodes.size(); ++slot) {
       sequencer_of[nodes[slot]] = id;
       slot_of[nodes[slot]] = slot;
     }
     sequencers.push_back(std::make_unique<detail::Sequencer>(
-        std::move(name), std::move(nodes), [this](std::uint32_t node) { issue(node); }));
+        std::move(name), std::move(nodes), [this](std::uint32_t node) { issue(node); }, limit));
   };
-  add_sequencer("world", collective_order);
+  add_sequencer("world", collective_order, options.collectives_in_flight);
   for (auto& [key, nodes] : channels) {
     const auto& [kind, peer, tag] = key;
     add_sequencer(std::string(to_string(static_cast<NodeKind>(kind))) + " peer " +
@@ -523,6 +524,9 @@ void Executor::Impl::complete(std::uint32_t i, std::exception_ptr failure) {
     }
   }
   auto& gateway = async_of[i]->gateway();
+  // A window on the collectives: the next one may go as soon as this one is done.
+  if (!failure && graph.nodes[i].kind == NodeKind::collective)
+    sequencers[sequencer_of[i]]->finished();
   if (failure)
     fail(i, std::move(failure));
   else

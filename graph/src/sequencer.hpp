@@ -17,14 +17,18 @@ class Sequencer {
  public:
   /// @brief `issue(node)` starts the operation of `node`; it runs with the sequencer locked
   /// (which keeps issues in order across threads) and must not throw.
+  /// `limit` > 0: at most that many issued and not finished() at a time, later slots waiting
+  /// their turn in the sequencer (a window over the stream).
   Sequencer(std::string name, std::vector<std::uint32_t> nodes,
-            std::function<void(std::uint32_t node)> issue);
+            std::function<void(std::uint32_t node)> issue, std::size_t limit = 0);
 
   /// @brief Starts a run: nothing issued, nothing ready, open.
   void reset();
   /// @brief Marks `slot` ready and issues every slot whose turn has come. False when the
   /// sequencer is closed (the run failed): the slot was not taken.
   bool ready(std::uint32_t slot);
+  /// @brief One issued operation has finished: with a limit, the next ready slot may go.
+  void finished();
   /// @brief Stops issuing for this run; returns the slots that were ready but not issued.
   std::vector<std::uint32_t> close();
 
@@ -42,7 +46,11 @@ class Sequencer {
   mutable std::recursive_mutex _mutex;
   std::vector<char> _ready;
   std::uint32_t _next = 0;
+  std::size_t _limit;
+  std::size_t _in_flight = 0;
   bool _closed = false;
+
+  void issue_ready();  // with the lock held
 };
 
 }  // namespace loom::detail

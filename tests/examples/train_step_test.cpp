@@ -3,6 +3,7 @@
 // one process training on the whole batch.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <mutex>
@@ -165,6 +166,53 @@ TEST(TrainStep, DdpIssuesInBucketOrderLoomInReadyOrder) {
     }
     step.run();
   }
+}
+
+// loom's planned issue order: a permutation of the buckets that the executor follows, equal on
+// every rank, and like any schedule it leaves the arithmetic alone.
+TEST(TrainStep, ScheduledIssueOrderIsFollowedAndKeepsResultsExact) {
+  TrainConfig config = small_model();
+  config.executor.profile = true;
+  const Result plain = train(3, config);
+  std::mutex mutex;
+  std::vector<std::vector<std::size_t>> plans(3);
+  std::vector<std::vector<float>> parameters(3);
+  LocalWorld::run(3, [&](Backend& backend) {
+    TrainStep step(backend, config);
+    for (int s = 0; s < steps; ++s) {
+      step.run();
+      if (s == 0) {
+        EXPECT_TRUE(step.issue_order().empty());
+        step.schedule_from_last_run();
+        const auto& plan = step.issue_order();
+        ASSERT_EQ(plan.size(), step.bucketer().buckets().size());
+        const auto order = step.executor().issue_order();
+        ASSERT_EQ(order.size(), plan.size());
+        for (std::size_t k = 0; k < plan.size(); ++k)
+          EXPECT_EQ(order[k], "bucket" + std::to_string(plan[k]) + ".allreduce");
+      }
+    }
+    std::lock_guard lock(mutex);
+    plans[backend.rank()] = step.issue_order();
+    parameters[backend.rank()] = step.parameters();
+  });
+  std::vector<std::size_t> sorted = plans[0];
+  std::sort(sorted.begin(), sorted.end());
+  for (std::size_t b = 0; b < sorted.size(); ++b) EXPECT_EQ(sorted[b], b);
+  EXPECT_EQ(plans[1], plans[0]);
+  EXPECT_EQ(plans[2], plans[0]);
+  for (int r = 0; r < 3; ++r)
+    EXPECT_EQ(std::memcmp(parameters[r].data(), plain.parameters[0].data(),
+                          parameters[r].size() * sizeof(float)),
+              0)
+        << "rank " << r;
+}
+
+TEST(TrainStep, SchedulingNeedsAProfiledRun) {
+  auto backend = make_local_backend();
+  TrainStep step(*backend, small_model());
+  step.run();
+  EXPECT_THROW(step.schedule_from_last_run(), Error);
 }
 
 TEST(TrainStep, RebuildKeepsRanksIdenticalAndResultsExact) {

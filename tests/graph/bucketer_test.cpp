@@ -249,6 +249,47 @@ TEST(Bucketer, IssueOrderByBucketOrByReadiness) {
   }
 }
 
+// An explicit issue order (a plan) replaces both: the executor issues the buckets as named,
+// whenever they become ready; a list that is not a permutation of the buckets is refused.
+TEST(Bucketer, ExplicitIssueOrder) {
+  BucketerOptions options{.cap_bytes = 160, .first_bucket_bytes = 64};
+  Bucketer bucketer(float_gradients({10, 30, 8, 12, 50, 4}), options);
+  auto backend = make_local_backend();
+  auto graph_with = [&](Graph& g) {
+    std::vector<Task> producers;
+    for (std::size_t i = 0; i < 6; ++i) {
+      producers.push_back(
+          g.compute("p" + std::to_string(i), [] {}, {.writes = {bucketer.gradient(i)}}));
+      if (i > 0) producers[i - 1].precede(producers[i]);
+    }
+    return producers;
+  };
+  {
+    Graph g;
+    const auto producers = graph_with(g);
+    bucketer.attach(g, producers, 1, {.issue_order = {1, 0, 2}});
+    Executor ex(g, *backend);
+    EXPECT_EQ(ex.issue_order(), (std::vector<std::string>{"bucket1.allreduce", "bucket0.allreduce",
+                                                          "bucket2.allreduce"}));
+    ex.run();
+  }
+  const std::vector<std::pair<std::vector<std::size_t>, std::string>> bad{
+      {{0, 1}, "issue_order has 2 entries for 3 buckets"},
+      {{0, 3, 1}, "issue_order names bucket 3 of 3"},
+      {{2, 0, 2}, "issue_order names bucket 2 twice"}};
+  for (const auto& [order, message] : bad) {
+    Graph g;
+    const auto producers = graph_with(g);
+    try {
+      bucketer.attach(g, producers, 1, {.issue_order = order});
+      ADD_FAILURE() << "accepted " << message;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+      EXPECT_NE(e.message().find(message), std::string::npos) << e.message();
+    }
+  }
+}
+
 struct Mode {
   bool views;
   Compression compression;

@@ -95,6 +95,9 @@ enum class BucketOrder : unsigned char {
 /// @brief Options of Bucketer::attach.
 struct AttachOptions {
   BucketOrder order = BucketOrder::ready;
+  /// @brief When not empty: the buckets' issue order itself (a permutation of the bucket
+  /// indices, e.g. a plan from a profiled run), in place of `order`. The same on every rank.
+  std::vector<std::size_t> issue_order;
   /// @brief Node names are "<prefix><b>.pack", "<prefix><b>.allreduce", "<prefix><b>.unpack".
   std::string prefix = "bucket";
   /// @brief Priorities given to the buckets' collectives are priority_base + 1 ... + buckets;

@@ -28,6 +28,11 @@ struct ExecutorOptions {
   /// @brief Chrome trace written after every run(). Unset: LOOM_TRACE. With more than one
   /// rank, ".rank<r>" is inserted before the extension ("trace.json" -> "trace.rank1.json").
   std::optional<std::string> trace_path;
+  /// @brief At most this many collectives issued and not yet complete at a time (0: no
+  /// limit). With 1 the transport carries one collective at a time in the issue order, so the
+  /// order decides which completes first (a planned order hands the wire to what is needed
+  /// first) instead of every issued collective sharing it.
+  std::size_t collectives_in_flight = 0;
 
   /// @brief The options with every unset field filled from the environment; throws
   /// ErrorCode::invalid_argument naming a malformed variable.
