@@ -30,7 +30,7 @@ struct Flags {
   int ranks = 2;
   int threads = 0;
   bench::RunPlan plan;
-  bool no_schedule = false;
+  bool schedule = false;
   std::string json;
 };
 
@@ -110,8 +110,9 @@ int main(int argc, char** argv) {
                                  "unmeasured steps per mode first")(
       "threads", po::value(&flags.threads)->default_value(flags.threads),
       "TBB worker threads per process (0: TBB's default)")(
-      "no-schedule", po::bool_switch(&flags.no_schedule),
-      "loom mode keeps the ready order instead of planning its issue order from a warm-up")(
+      "schedule", po::bool_switch(&flags.schedule),
+      "loom mode plans its issue order from the warm-ups, one collective on the wire at a "
+      "time (TrainStep::schedule_from_last_run; needs --warmups >= 2)")(
       "rebuild", po::bool_switch(&flags.plan.rebuild),
       "rebuild buckets from rank 0's ready order after the first warm-up (DDP's rebuild)")(
       "json", po::value(&flags.json), "write one JSON object per mode to this file")(
@@ -132,8 +133,10 @@ int main(int argc, char** argv) {
                   "--steps and --ranks must be >= 1, --warmups and --threads >= 0");
     if (flags.plan.rebuild && flags.plan.warmups < 1)
       throw Error(ErrorCode::invalid_argument, "--rebuild needs at least one warm-up step");
-    // The plan comes from a warm-up and is run once before the timed steps.
-    flags.plan.schedule = !flags.no_schedule && flags.plan.warmups >= 2;
+    // The plan comes from the warm-ups and is run once before the timed steps.
+    if (flags.schedule && flags.plan.warmups < 2)
+      throw Error(ErrorCode::invalid_argument, "--schedule needs at least two warm-up steps");
+    flags.plan.schedule = flags.schedule;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "loom-overlap: %s\n", e.what());
     return 2;

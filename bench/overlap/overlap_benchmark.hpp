@@ -31,7 +31,7 @@ struct RunPlan {
   bool rebuild = false;  ///< rebuild buckets after the first warm-up step
   /// @brief loom mode plans its issue order after every warm-up step but the last (which runs
   /// the final plan); needs warmups >= 2.
-  bool schedule = true;
+  bool schedule = false;
   std::string trace_path;      ///< written by rank 0 after the last step ("" = none)
   std::string dot_path;        ///< likewise
   std::size_t files_from = 0;  ///< index of the configuration whose step writes the files

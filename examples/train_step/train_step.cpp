@@ -360,11 +360,11 @@ void TrainStep::schedule_from_last_run() {
                                            "' is not in the last run's timings");
     return *it->second;
   };
-  // Per bucket: when it became ready (its last producer's end), how long its allreduce took,
+  // Per bucket: when it became ready (its last producer's end), when its allreduce was issued,
   // and the lowest layer it holds (the next forward needs layer 0 first).
   const auto& buckets = _bucketer->buckets();
   const std::size_t n = buckets.size();
-  std::vector<std::int64_t> ready(n, 0), cost(n, 0);
+  std::vector<std::int64_t> ready(n, 0), issued(n, 0);
   std::vector<int> lowest(n, _config.shape.depth);
   for (std::size_t b = 0; b < n; ++b) {
     for (const BucketPiece& piece : buckets[b].pieces) {
@@ -372,29 +372,28 @@ void TrainStep::schedule_from_last_run() {
       lowest[b] = std::min(lowest[b], layer);
       ready[b] = std::max(ready[b], timing(weights_node(layer)).end_ns);
     }
-    const NodeTiming reduce = timing("bucket" + std::to_string(b) + ".allreduce");
-    cost[b] = std::max<std::int64_t>(0, reduce.end_ns - reduce.start_ns);
+    issued[b] = timing("bucket" + std::to_string(b) + ".allreduce").start_ns;
   }
-  // The wire, one bucket at a time: when it is free, the ready bucket with the lowest layer
-  // (then the earliest ready) goes next; when none is ready, the next one to become ready.
-  std::vector<std::int64_t> plan;
-  std::vector<char> done(n, 0);
-  std::int64_t now = 0;
-  for (std::size_t step = 0; step < n; ++step) {
-    std::size_t best = n;
-    for (std::size_t b = 0; b < n; ++b) {
-      if (done[b] || ready[b] > now) continue;
-      if (best == n || lowest[b] < lowest[best] ||
-          (lowest[b] == lowest[best] && ready[b] < ready[best]))
-        best = b;
-    }
-    if (best == n)
-      for (std::size_t b = 0; b < n; ++b)
-        if (!done[b] && (best == n || ready[b] < ready[best])) best = b;
-    done[best] = 1;
-    now = std::max(now, ready[best]) + cost[best];
-    plan.push_back(static_cast<std::int64_t>(best));
+  std::vector<std::size_t> order = _issue_order;
+  if (order.empty()) {
+    // First plan: the order the buckets became ready in, one on the wire at a time; the next
+    // run then shows which of them still wait for the wire when backward ends.
+    order.resize(n);
+    for (std::size_t b = 0; b < n; ++b) order[b] = b;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::size_t a, std::size_t b) { return ready[a] < ready[b]; });
+  } else {
+    // The buckets issued once backward was over (the last gradient ready) were all waiting
+    // for the wire then: they go lowest layer first, since the next forward needs layer 0
+    // first. The ones issued earlier keep their place, so the wire idles no more than before.
+    const std::int64_t backward_end = *std::max_element(ready.begin(), ready.end());
+    auto tail = std::find_if(order.begin(), order.end(),
+                             [&](std::size_t b) { return issued[b] >= backward_end; });
+    std::stable_sort(tail, order.end(), [&](std::size_t a, std::size_t b) {
+      return lowest[a] != lowest[b] ? lowest[a] < lowest[b] : ready[a] < ready[b];
+    });
   }
+  std::vector<std::int64_t> plan(order.begin(), order.end());
   // Rank 0's plan on every rank: the issue order must be the same everywhere.
   _backend.broadcast(Buffer::of(std::span(plan)), 0);
   _issue_order.assign(plan.begin(), plan.end());

@@ -87,10 +87,11 @@ class TrainStep {
   /// 0's order, broadcast) and recompiles, as DDP does after its first iteration. Needs a
   /// profiled run; collective: call on every rank.
   void rebuild_buckets();
-  /// @brief loom mode: plans the buckets' issue order from the last (profiled) run: a
-  /// simulation of the wire, in which, whenever it is free, the bucket that the next forward
-  /// needs first (its lowest layer) goes among those ready. Rank 0's plan is broadcast and the
-  /// step recompiled; collective. Other modes: nothing. Needs ExecutorOptions::profile.
+  /// @brief loom mode: plans the buckets' issue order from the last (profiled) run, with one
+  /// collective on the wire at a time. The first plan is the ready order; each later one
+  /// reorders, lowest layer first, the buckets that were still waiting for the wire when
+  /// backward ended (the next forward needs layer 0 first). Rank 0's plan is broadcast and
+  /// the step recompiled; collective. Other modes: nothing. Needs ExecutorOptions::profile.
   void schedule_from_last_run();
   /// @brief The planned issue order (bucket indices), empty before schedule_from_last_run().
   const std::vector<std::size_t>& issue_order() const noexcept { return _issue_order; }
