@@ -28,6 +28,11 @@ void add_train_options(po::options_description& options, TrainFlags& flags) {
                                               "split gradients larger than the cap across buckets")(
       "compression", po::value(&flags.compression)->default_value(flags.compression),
       "none, float16 or bfloat16")(
+      "collectives-in-flight",
+      po::value(&flags.config.executor.collectives_in_flight)
+          ->default_value(flags.config.executor.collectives_in_flight),
+      "at most this many collectives on the wire at a time (0: no limit; a planned loom "
+      "order uses 1 unless set)")(
       "registration", po::value(&flags.registration)->default_value(flags.registration),
       "parameter registration order: forward (W0, b0, W1, ...) or reverse (last layer first)")(
       "device", po::value(&flags.device)->default_value(flags.device),

@@ -26,7 +26,8 @@ struct TrainFlags {
 Device parse_device(const std::string& text);
 
 /// @brief Adds --input --width --output --depth --batch --seed --lr --bucket-cap-kb
-/// --first-bucket-kb --split --compression --registration --packed.
+/// --first-bucket-kb --split --compression --collectives-in-flight --registration --device
+/// --packed.
 void add_train_options(boost::program_options::options_description& options, TrainFlags& flags);
 
 /// @brief Fills flags.config from the parsed flags; throws loom::Error naming a bad value.
