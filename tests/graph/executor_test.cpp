@@ -2,6 +2,7 @@
 // order under random readiness, rank mismatch, failure and rerun, no blocked workers, watchdog.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -147,6 +148,51 @@ TEST(Executor, DeterministicIssueOrderUnderRandomReadiness) {
   // Priorities shape the fixed order: priority 2 chains first, then 1, then 0.
   EXPECT_EQ(orders[0], (std::vector<std::string>{"reduce2", "reduce5", "reduce1", "reduce4",
                                                  "reduce0", "reduce3"}));
+}
+
+// A window of collectives_in_flight = 1: each collective is issued only once the one before it
+// (in the fixed issue order) completed, whatever order they become ready in; values stay exact.
+TEST(Executor, OneCollectiveInFlightIssuesEachAfterThePreviousCompleted) {
+  constexpr int world = 3, chains = 5, runs = 8;
+  std::atomic<int> wrong{0}, overlapped{0};
+  LocalWorld::run(world, [&](Backend& backend) {
+    std::mt19937 random(99 + backend.rank());
+    std::vector<std::vector<float>> data(chains, std::vector<float>(1000));
+    std::vector<int> sleeps_us(chains);
+    int run = 0;
+    Graph g;
+    for (int c = 0; c < chains; ++c) {
+      auto produce = g.compute("produce" + std::to_string(c), [&, c] {
+        std::this_thread::sleep_for(std::chrono::microseconds(sleeps_us[c]));
+        for (auto& v : data[c]) v = static_cast<float>(backend.rank() + c + run);
+      });
+      auto reduce = g.allreduce("reduce" + std::to_string(c), Buffer::of(std::span(data[c])));
+      auto check = g.compute("check" + std::to_string(c), [&, c] {
+        for (float v : data[c])
+          if (v != static_cast<float>(0 + 1 + 2 + world * (c + run))) ++wrong;
+      });
+      produce.precede(reduce);
+      reduce.precede(check);
+    }
+    ExecutorOptions options = quick_timeout();
+    options.profile = true;
+    options.collectives_in_flight = 1;
+    Executor ex(g, backend, options);
+    for (run = 0; run < runs; ++run) {
+      for (auto& s : sleeps_us) s = static_cast<int>(random() % 1500);
+      ex.run();
+      std::vector<NodeTiming> reduces;
+      for (const NodeTiming& t : ex.last_run())
+        if (t.kind == NodeKind::collective) reduces.push_back(t);
+      std::sort(reduces.begin(), reduces.end(), [](const NodeTiming& a, const NodeTiming& b) {
+        return a.issue_index < b.issue_index;
+      });
+      for (std::size_t k = 1; k < reduces.size(); ++k)
+        if (reduces[k].start_ns < reduces[k - 1].end_ns) ++overlapped;
+    }
+  });
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(overlapped.load(), 0) << "a collective was issued before the previous one completed";
 }
 
 TEST(Executor, PriorityNeverOverridesEdges) {
