@@ -28,7 +28,8 @@ run_asan() {
   # halt_on_error + print_stacktrace: a UBSan finding fails the test instead of scrolling by.
   export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:suppressions=$suppressions/ubsan.supp
   local asan=detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1
-  ASAN_OPTIONS=$asan ctest --test-dir build-asan --output-on-failure -j "$JOBS" --timeout 1200 \
+  ASAN_OPTIONS=$asan LSAN_OPTIONS=suppressions=$suppressions/lsan.supp:print_suppressions=0 \
+    ctest --test-dir build-asan --output-on-failure -j "$JOBS" --timeout 1200 \
     -LE mpi -E '^install_consumer$'
   # Under mpirun: Open MPI leaves its own allocations at MPI_Finalize (see lsan.supp). Full
   # stacks (no fast unwinding: Open MPI has no frame pointers) and components kept loaded
