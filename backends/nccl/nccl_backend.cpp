@@ -304,7 +304,8 @@ class NcclBackend final : public Backend {
       : _rank(bootstrap.rank()),
         _world(bootstrap.world_size()),
         _device(device),
-        _input_stream(config.input_stream) {
+        _input_stream(config.input_stream),
+        _run_on_input_stream(config.run_on_input_stream) {
     // Every rank publishes its GPU (or why it has none) before NCCL is touched, so that a bad
     // layout fails on every rank with the same message instead of hanging some of them.
     const auto identities = nccl::gather_identities(bootstrap, nccl::device_identity(device));
@@ -450,9 +451,13 @@ class NcclBackend final : public Backend {
     cuda::DeviceGuard guard(_device);
     // An event record and a cross-stream wait (about 0.2 us each on an H100), where asking
     // whether the input stream is idle (cudaStreamQuery) measured 1.4 us.
-    _input_ready->record(_input_stream);
-    _stream->wait(*_input_ready);
-    const ncclResult_t rc = call(_communicator->get(), _stream->native());
+    cuda::NativeStream stream = _input_stream;
+    if (!_run_on_input_stream) {
+      _input_ready->record(_input_stream);
+      _stream->wait(*_input_ready);
+      stream = _stream->native();
+    }
+    const ncclResult_t rc = call(_communicator->get(), stream);
     if (rc != ncclSuccess && rc != ncclInProgress)
       throw Error(ErrorCode::backend_failure,
                   text.where() + ": NCCL refused the call: " + nccl_text(rc, _communicator->get()));
@@ -460,12 +465,11 @@ class NcclBackend final : public Backend {
     auto completion_mutex = std::make_shared<std::mutex>();
     completion->event = _events->take();
     if (group_depth > 0) {
-      group_members.push_back(
-          {_communicator, completion, completion_mutex, _stream->native(), text.text()});
+      group_members.push_back({_communicator, completion, completion_mutex, stream, text.text()});
     } else {
       if (rc == ncclInProgress)
         _communicator->settle(text.where(), Clock::now() + _communicator->timeout());
-      completion->event->record(_stream->native());
+      completion->event->record(stream);
       completion->recorded = true;
     }
     return std::make_unique<NcclWork>(text, _communicator, _events, std::move(completion),
@@ -476,6 +480,7 @@ class NcclBackend final : public Backend {
   int _world;
   int _device;
   cuda::NativeStream _input_stream;
+  bool _run_on_input_stream;
   std::unique_ptr<cuda::Stream> _stream;
   std::unique_ptr<cuda::Event> _input_ready;
   std::shared_ptr<EventPool> _events;

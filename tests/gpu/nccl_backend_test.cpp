@@ -3,6 +3,9 @@
 // GPU: every collective at world size 1 against values computed here, groups, and refusals.
 #include <gtest/gtest.h>
 
+#include <cuda_runtime.h>
+
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstdlib>
@@ -191,6 +194,35 @@ TEST_F(NcclOneRank, RefusesHostBuffersTagsProbeAndAnySource) {
             std::string::npos);
   message_of([&] { nccl().recv_async(b, any_source, 0); }, ErrorCode::unsupported);
   message_of([&] { nccl().try_probe(); }, ErrorCode::unsupported);
+}
+
+// A collective reads its input after the work enqueued on the input stream before it: on the
+// backend's own stream (an event between the two) or on the input stream itself.
+TEST(NcclInputStream, CollectivesRunAfterTheInputStreamsWork) {
+  LOOM_REQUIRE_GPU();
+  for (const bool on_input : {false, true}) {
+    SCOPED_TRACE(on_input ? "run_on_input_stream" : "own communication stream");
+    auto bootstrap = create_backend("local");
+    cuda::Stream producer(0);
+    NcclConfig config;
+    config.device = 0;
+    config.timeout = std::chrono::seconds(60);
+    config.input_stream = producer.native();
+    config.run_on_input_stream = on_input;
+    auto nccl = make_nccl_backend(*bootstrap, config);
+    constexpr std::size_t n = std::size_t{1} << 22;  // 16 MiB, still being written at issue
+    cuda::DeviceMemory send(n * sizeof(std::int32_t), 0), recv(n * sizeof(std::int32_t), 0);
+    for (int round = 1; round <= 3; ++round) {
+      ASSERT_EQ(cudaMemsetAsync(send.data(), round, n * sizeof(std::int32_t), producer.native()),
+                cudaSuccess);
+      nccl->allreduce(Buffer(send.data(), n, DType::int32, Device::cuda(0)),
+                      Buffer(recv.data(), n, DType::int32, Device::cuda(0)), ReduceOp::sum);
+      const auto out = test::to_host<std::int32_t>(recv, n);
+      const std::int32_t want = 0x01010101 * round;
+      EXPECT_EQ(std::count(out.begin(), out.end(), want), static_cast<std::ptrdiff_t>(n))
+          << "round " << round;
+    }
+  }
 }
 
 TEST(NcclSharedGpu, TwoLocalRanksOnOneGpuAreRefusedBeforeNccl) {

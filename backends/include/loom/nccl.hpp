@@ -22,6 +22,11 @@ struct NcclConfig {
   /// @brief Collectives start after the work enqueued on this stream so far (recorded with an
   /// event when each operation is issued, no host wait); nullptr: the legacy default stream.
   cuda::NativeStream input_stream = nullptr;
+  /// @brief Enqueue every operation on input_stream itself instead of the backend's own
+  /// high-priority communication stream: no event and no cross-stream wait per operation
+  /// (about 0.4 us less on an H100), at the price of communication and compute sharing one
+  /// stream (no overlap between them on the device).
+  bool run_on_input_stream = false;
 
   /// @brief Defaults overridden by LOOM_NCCL_DEVICE=<index> and LOOM_TIMEOUT_S=<seconds>.
   static NcclConfig from_env();
