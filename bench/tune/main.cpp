@@ -37,18 +37,25 @@ struct Options {
   std::string backend;
   int ranks = 2;
   double seconds_per_point = 0.05;
+  int rounds = 7;
+  bool asynchronous = false;
 };
 
 const char* usage_text =
     "usage: loom-tune [-o FILE] [--full] [-b MIN] [-e MAX] [-o FILE] [--collectives LIST]\n"
-    "                 [--backend local|mpi] [--ranks N] [--time SECONDS]\n"
+    "                 [--backend local|mpi] [--ranks N] [--time SECONDS] [--rounds N] [--async]\n"
     "  -o FILE          tuning file to write (loom.tuning); point LOOM_TUNING_FILE at it\n"
     "  --full           also time every candidate of every collective at power-of-two sizes\n"
     "  -b, -e           smallest and largest size for --full (8, 64M; K, M, G = 1024^n)\n"
     "  --collectives    comma list (allreduce,allgather,reduce_scatter,broadcast,reduce)\n"
     "  --backend        local or mpi (mpi under mpirun, else local)\n"
     "  --ranks N        ranks of the local backend (2)\n"
-    "  --time SECONDS   time spent per measured point (0.05)\n"
+    "  --time SECONDS   time spent per measured point (0.05), split over the rounds\n"
+    "  --rounds N       --full times the candidates of a size in N interleaved rounds and keeps\n"
+    "                   each one's median round (7), so a burst of load hits all of them alike\n"
+    "  --async          time the asynchronous form (start, then wait), as the executor runs\n"
+    "                   collectives; default: the blocking form (run_collective), which differs\n"
+    "                   only for native (the backend's blocking call, e.g. MPI_Allreduce)\n"
     "Run it with the rank count and transport the job will use: mpirun -np 4 loom-tune --full\n";
 
 Options parse(int argc, char** argv) {
@@ -86,6 +93,13 @@ Options parse(int argc, char** argv) {
       o.seconds_per_point = std::atof(v.c_str());
       if (!(o.seconds_per_point > 0))
         throw Error(ErrorCode::invalid_argument, "--time '" + v + "': expected seconds > 0");
+    } else if (a == "--rounds") {
+      const std::string v = value(i);
+      o.rounds = std::atoi(v.c_str());
+      if (o.rounds < 1 || o.rounds > 1000)
+        throw Error(ErrorCode::invalid_argument, "--rounds '" + v + "': expected 1..1000");
+    } else if (a == "--async") {
+      o.asynchronous = true;
     } else if (a == "--collectives") {
       o.collectives.clear();
       std::string list = value(i);
@@ -143,6 +157,60 @@ double time_collectively(Backend& b, double budget, const std::function<void()>&
   }
   std::sort(averages.begin(), averages.end());
   return averages[batches / 2];
+}
+
+// Times each of `runs` (the candidates of one case) for about `budget` seconds, in `rounds`
+// rounds, taking turns: every round times each run for budget / rounds seconds, starting at a
+// different run each round, and each run's figure is its median round (the slowest rank's
+// average per call).
+// One block per candidate would let a burst of load on a shared machine decide the ranking of
+// candidates a few percent apart; interleaving spreads a burst over all of them.
+std::vector<double> time_interleaved(Backend& b, double budget, int rounds,
+                                     const std::vector<std::function<void()>>& runs) {
+  const std::size_t n = runs.size();
+  std::vector<int> iterations(n);
+  const double per_block = budget / rounds;
+  for (std::size_t k = 0; k < n; ++k) {
+    runs[k]();  // warm-up (and first touch of scratch memory)
+    // Estimate one call from enough calls to see past the clock's resolution; the counts come
+    // from max_over_ranks, so every rank runs the same number of calls.
+    int probe = 1;
+    double each = 0;
+    for (;;) {
+      b.barrier();
+      const auto start = Clock::now();
+      for (int i = 0; i < probe; ++i) runs[k]();
+      each = max_over_ranks(b, std::chrono::duration<double>(Clock::now() - start).count() / probe);
+      if (each * probe >= 1e-4 || probe >= 1000) break;
+      probe *= 10;
+    }
+    iterations[k] = static_cast<int>(std::clamp(per_block / std::max(each, 1e-8), 1.0, 1e6));
+  }
+  std::vector<std::vector<double>> times(n);
+  for (int round = 0; round < rounds; ++round)
+    for (std::size_t turn = 0; turn < n; ++turn) {
+      const std::size_t k = (turn + static_cast<std::size_t>(round)) % n;
+      b.barrier();
+      const auto start = Clock::now();
+      for (int i = 0; i < iterations[k]; ++i) runs[k]();
+      const double mine =
+          std::chrono::duration<double>(Clock::now() - start).count() / iterations[k];
+      times[k].push_back(max_over_ranks(b, mine));
+    }
+  std::vector<double> medians(n);
+  for (std::size_t k = 0; k < n; ++k) {
+    std::sort(times[k].begin(), times[k].end());
+    medians[k] = times[k][times[k].size() / 2];
+  }
+  return medians;
+}
+
+// One call of `algorithm` in the form the tuning is for (see --async).
+void perform(Backend& b, const Options& o, Algorithm algorithm, const CollectiveArgs& args) {
+  if (o.asynchronous)
+    start_collective(b, algorithm, args)->wait();
+  else
+    run_collective(b, algorithm, args);
 }
 
 class Progress {
@@ -256,8 +324,8 @@ int run(Backend& b, const Options& o) {
     std::vector<double> x, y;
     for (std::size_t bytes : native_sizes) {
       Case k = make_case(c, bytes, b.world_size(), send, recv);
-      const double seconds = time_collectively(
-          b, o.seconds_per_point, [&] { start_collective(b, Algorithm::native, k.args)->wait(); });
+      const double seconds = time_collectively(b, o.seconds_per_point,
+                                               [&] { perform(b, o, Algorithm::native, k.args); });
       x.push_back(static_cast<double>(k.bytes));
       y.push_back(seconds);
       progress.step("native " + std::string(to_string(c)) + " " + std::to_string(bytes) + " B");
@@ -272,14 +340,19 @@ int run(Backend& b, const Options& o) {
     for (Collective c : o.collectives)
       for (std::size_t bytes : full_sizes) {
         Case k = make_case(c, bytes, b.world_size(), send, recv);
-        for (Algorithm a : candidates(c)) {
-          progress.step(std::string(to_string(c)) + " " + std::to_string(bytes) + " B " +
-                        std::string(to_string(a)));
-          if (!cannot_run(a, k.args, b).empty()) continue;
-          const double seconds = time_collectively(b, o.seconds_per_point,
-                                                   [&] { start_collective(b, a, k.args)->wait(); });
-          t.measured.push_back({c, b.world_size(), k.bytes, a, seconds});
-        }
+        std::vector<Algorithm> runnable;
+        std::vector<std::function<void()>> runs;
+        for (Algorithm a : candidates(c))
+          if (cannot_run(a, k.args, b).empty()) {
+            runnable.push_back(a);
+            runs.emplace_back([&b, &o, &k, a] { perform(b, o, a, k.args); });
+          }
+        const std::vector<double> seconds =
+            time_interleaved(b, o.seconds_per_point, o.rounds, runs);
+        for (std::size_t i = 0; i < runnable.size(); ++i)
+          t.measured.push_back({c, b.world_size(), k.bytes, runnable[i], seconds[i]});
+        for (std::size_t i = 0; i < candidates(c).size(); ++i)
+          progress.step(std::string(to_string(c)) + " " + std::to_string(bytes) + " B");
       }
   }
   progress.finish();

@@ -196,7 +196,12 @@ double AlgorithmSelector::predict(Algorithm algorithm, Collective collective, st
   return std::numeric_limits<double>::infinity();
 }
 
-// The measurement of `algorithm` at the measured size nearest `bytes` (in log scale).
+// The time of `algorithm` at `bytes` from loom-tune's table. Between two measured sizes it is
+// interpolated linearly in log(time) over log(bytes) (times grow as a power of the size
+// between latency- and bandwidth-bound regimes, so a straight line on log-log axes follows
+// them more closely than one on linear axes); at a measured size it is that measurement; off
+// the ends of the table, or where one neighbour lacks this algorithm, the nearest measurement
+// within a factor of two. Otherwise nothing: the model decides.
 std::optional<double> AlgorithmSelector::measured(Algorithm algorithm, Collective collective,
                                                   std::size_t bytes, int world) const {
   const std::pair key{collective, world};
@@ -204,19 +209,33 @@ std::optional<double> AlgorithmSelector::measured(Algorithm algorithm, Collectiv
                             [&](const auto& g) { return g.first == key; });
   if (group == _measured.end() || group->second.empty()) return std::nullopt;
   const auto& sizes = group->second;
+  const auto index = static_cast<std::size_t>(algorithm);
   auto at = std::lower_bound(sizes.begin(), sizes.end(), bytes,
                              [](const MeasuredSize& s, std::size_t b) { return s.bytes < b; });
-  auto distance = [&](const MeasuredSize& s) {
-    return std::abs(std::log2(static_cast<double>(std::max<std::size_t>(s.bytes, 1))) -
-                    std::log2(static_cast<double>(std::max<std::size_t>(bytes, 1))));
+  auto seconds = [&](const MeasuredSize* s) -> std::optional<double> {
+    if (s == nullptr || s->seconds[index] < 0) return std::nullopt;
+    return s->seconds[index];
   };
-  const MeasuredSize* nearest = at == sizes.end() ? &sizes.back() : &*at;
-  if (at != sizes.begin() && distance(*(at - 1)) < distance(*nearest)) nearest = &*(at - 1);
-  // Farther than a factor of two from anything measured: the model knows better.
-  if (distance(*nearest) > 1.0) return std::nullopt;
-  const double seconds = nearest->seconds[static_cast<std::size_t>(algorithm)];
-  if (seconds < 0) return std::nullopt;
-  return seconds;
+  if (at != sizes.end() && at->bytes == bytes) return seconds(&*at);
+  const MeasuredSize* above = at == sizes.end() ? nullptr : &*at;
+  const MeasuredSize* below = at == sizes.begin() ? nullptr : &*(at - 1);
+  const double x = std::log2(static_cast<double>(std::max<std::size_t>(bytes, 1)));
+  auto log_size = [](const MeasuredSize* s) {
+    return std::log2(static_cast<double>(std::max<std::size_t>(s->bytes, 1)));
+  };
+  const std::optional<double> low = seconds(below), high = seconds(above);
+  if (low && high) {
+    // A measured 0 (a trivially fast case) would be log(0): floor it at a picosecond.
+    const double y0 = std::log2(std::max(*low, 1e-12)), y1 = std::log2(std::max(*high, 1e-12));
+    const double x0 = log_size(below), x1 = log_size(above);
+    return std::exp2(y0 + (y1 - y0) * (x - x0) / (x1 - x0));
+  }
+  // Farther than a factor of two from a measurement of this algorithm: the model knows better.
+  std::optional<double> nearest;
+  double distance = 1.0;
+  if (low && x - log_size(below) <= distance) nearest = low, distance = x - log_size(below);
+  if (high && log_size(above) - x <= distance) nearest = high;
+  return nearest;
 }
 
 AlgorithmChoice AlgorithmSelector::choose(const CollectiveArgs& args,

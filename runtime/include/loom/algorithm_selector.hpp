@@ -27,8 +27,10 @@ struct AlgorithmChoice {
 /// @brief Chooses among candidates(collective) for each call.
 ///
 /// Order of precedence: a LOOM_<COLL> range covering the size (e.g. LOOM_ALLREDUCE=
-/// "rd:0-8K;rabenseifner:8K-1M;ring:1M-max"); else the fastest candidate measured at the
-/// nearest power-of-two size by loom-tune --full for this collective and world size; else the
+/// "rd:0-8K;rabenseifner:8K-1M;ring:1M-max"); else the fastest candidate by loom-tune --full's
+/// table for this collective and world size (at a measured size its time, between two
+/// measured sizes interpolated on log-log axes, beyond the table the nearest size within a
+/// factor of two; a candidate without a measurement ranks after those with one); else the
 /// cheapest by the Thakur-Rabenseifner-Gropp cost formulas with the tuning file's alpha, beta
 /// and gamma (the native call by its fitted line, or, without one, by the best formula: the
 /// library implements the same algorithms). A candidate that cannot run the case (cannot_run)
