@@ -51,8 +51,9 @@ const char* usage_text =
     "  --backend        local or mpi (mpi under mpirun, else local)\n"
     "  --ranks N        ranks of the local backend (2)\n"
     "  --time SECONDS   time spent per measured point (0.05), split over the rounds\n"
-    "  --rounds N       --full times the candidates of a size in N interleaved rounds and keeps\n"
-    "                   each one's median round (7), so a burst of load hits all of them alike\n"
+    "  --rounds N       --full times every candidate at every size once per round, N rounds\n"
+    "                   (7) spread over the run, and keeps each one's median and quartiles,\n"
+    "                   so that a burst of load hits all candidates alike\n"
     "  --async          time the asynchronous form (start, then wait), as the executor runs\n"
     "                   collectives; default: the blocking form (run_collective), which differs\n"
     "                   only for native (the backend's blocking call, e.g. MPI_Allreduce)\n"
@@ -159,52 +160,6 @@ double time_collectively(Backend& b, double budget, const std::function<void()>&
   return averages[batches / 2];
 }
 
-// Times each of `runs` (the candidates of one case) for about `budget` seconds, in `rounds`
-// rounds, taking turns: every round times each run for budget / rounds seconds, starting at a
-// different run each round, and each run's figure is its median round (the slowest rank's
-// average per call).
-// One block per candidate would let a burst of load on a shared machine decide the ranking of
-// candidates a few percent apart; interleaving spreads a burst over all of them.
-std::vector<double> time_interleaved(Backend& b, double budget, int rounds,
-                                     const std::vector<std::function<void()>>& runs) {
-  const std::size_t n = runs.size();
-  std::vector<int> iterations(n);
-  const double per_block = budget / rounds;
-  for (std::size_t k = 0; k < n; ++k) {
-    runs[k]();  // warm-up (and first touch of scratch memory)
-    // Estimate one call from enough calls to see past the clock's resolution; the counts come
-    // from max_over_ranks, so every rank runs the same number of calls.
-    int probe = 1;
-    double each = 0;
-    for (;;) {
-      b.barrier();
-      const auto start = Clock::now();
-      for (int i = 0; i < probe; ++i) runs[k]();
-      each = max_over_ranks(b, std::chrono::duration<double>(Clock::now() - start).count() / probe);
-      if (each * probe >= 1e-4 || probe >= 1000) break;
-      probe *= 10;
-    }
-    iterations[k] = static_cast<int>(std::clamp(per_block / std::max(each, 1e-8), 1.0, 1e6));
-  }
-  std::vector<std::vector<double>> times(n);
-  for (int round = 0; round < rounds; ++round)
-    for (std::size_t turn = 0; turn < n; ++turn) {
-      const std::size_t k = (turn + static_cast<std::size_t>(round)) % n;
-      b.barrier();
-      const auto start = Clock::now();
-      for (int i = 0; i < iterations[k]; ++i) runs[k]();
-      const double mine =
-          std::chrono::duration<double>(Clock::now() - start).count() / iterations[k];
-      times[k].push_back(max_over_ranks(b, mine));
-    }
-  std::vector<double> medians(n);
-  for (std::size_t k = 0; k < n; ++k) {
-    std::sort(times[k].begin(), times[k].end());
-    medians[k] = times[k][times[k].size() / 2];
-  }
-  return medians;
-}
-
 // One call of `algorithm` in the form the tuning is for (see --async).
 void perform(Backend& b, const Options& o, Algorithm algorithm, const CollectiveArgs& args) {
   if (o.asynchronous)
@@ -299,6 +254,69 @@ Case make_case(Collective c, std::size_t bytes, int world, std::vector<float>& s
   return {{c, s, r, ReduceOp::sum, 0}, c == Collective::allgather ? r.bytes() : s.bytes()};
 }
 
+// One candidate at one size: its case and, once timed, its rounds.
+struct Point {
+  Collective collective;
+  std::size_t bytes;
+  Algorithm algorithm;
+  CollectiveArgs args;
+  int iterations;
+  std::vector<double> times;  // per round: the slowest rank's average per call
+};
+
+// Times every point in o.rounds rounds, each round visiting every point in turn (starting one
+// point later each round), so that each point's rounds are spread over the whole run. A burst
+// of load on a shared machine (a compile starting, another job) then lands in some rounds of
+// every candidate instead of deciding the figure of the one candidate being timed while it
+// lasted, and the median over rounds is the candidate's figure under the machine's typical
+// state. Each point gets o.seconds_per_point in all (at least one call per round).
+void time_points(Backend& b, const Options& o, std::vector<Point>& points, Progress& progress) {
+  const double per_round = o.seconds_per_point / o.rounds;
+  for (Point& p : points) {
+    perform(b, o, p.algorithm, p.args);  // warm-up (and first touch of scratch memory)
+    // One call's time from enough calls to see past the clock's resolution; max_over_ranks
+    // makes the count the same on every rank.
+    double each = 0;
+    for (int probe = 1;; probe *= 10) {
+      b.barrier();
+      const auto start = Clock::now();
+      for (int i = 0; i < probe; ++i) perform(b, o, p.algorithm, p.args);
+      each = max_over_ranks(b, std::chrono::duration<double>(Clock::now() - start).count() / probe);
+      if (each * probe >= 1e-4 || probe >= 1000) break;
+    }
+    p.iterations = static_cast<int>(std::clamp(per_round / std::max(each, 1e-8), 1.0, 1e6));
+  }
+  for (int round = 0; round < o.rounds; ++round) {
+    for (std::size_t turn = 0; turn < points.size(); ++turn) {
+      Point& p = points[(turn + static_cast<std::size_t>(round)) % points.size()];
+      b.barrier();
+      const auto start = Clock::now();
+      for (int i = 0; i < p.iterations; ++i) perform(b, o, p.algorithm, p.args);
+      const double mine =
+          std::chrono::duration<double>(Clock::now() - start).count() / p.iterations;
+      p.times.push_back(max_over_ranks(b, mine));
+    }
+    progress.step("round " + std::to_string(round + 1) + " of " + std::to_string(o.rounds) +
+                  " over " + std::to_string(points.size()) + " points");
+  }
+}
+
+struct Quartiles {
+  double lower, median, upper;
+};
+
+// Quartiles of `v` (not empty), interpolating between order statistics.
+Quartiles quartiles(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  auto at = [&](double q) {
+    const double position = q * static_cast<double>(v.size() - 1);
+    const auto below = static_cast<std::size_t>(position);
+    const std::size_t above = std::min(below + 1, v.size() - 1);
+    return v[below] + (v[above] - v[below]) * (position - static_cast<double>(below));
+  };
+  return {at(0.25), at(0.5), at(0.75)};
+}
+
 int run(Backend& b, const Options& o) {
   const bool printing = b.rank() == 0;
   if (b.world_size() < 2)
@@ -309,9 +327,7 @@ int run(Backend& b, const Options& o) {
   std::vector<std::size_t> full_sizes;
   for (std::size_t s = o.min_bytes; s <= o.max_bytes; s *= 2) full_sizes.push_back(s);
   int total = ping_pong_points + 1 + static_cast<int>(o.collectives.size() * native_sizes.size());
-  if (o.full)
-    for (Collective c : o.collectives)
-      total += static_cast<int>(full_sizes.size() * candidates(c).size());
+  if (o.full) total += o.rounds;
   Progress progress(printing, total);
 
   TuningParameters t;
@@ -319,7 +335,11 @@ int run(Backend& b, const Options& o) {
   t.cost = measure_point_to_point(b, o, progress);
   t.cost.gamma_s_per_byte = measure_reduction(b, o, progress);
 
-  std::vector<float> send, recv;
+  // Sized once for the largest case, so the cases' buffers stay valid while --full cycles
+  // through all of them.
+  const std::size_t largest = std::max(o.max_bytes, native_sizes.back()) / sizeof(float) + 1;
+  std::vector<float> send(largest + static_cast<std::size_t>(b.world_size()), 1.0f);
+  std::vector<float> recv(send.size(), 0.0f);
   for (Collective c : o.collectives) {
     std::vector<double> x, y;
     for (std::size_t bytes : native_sizes) {
@@ -337,23 +357,19 @@ int run(Backend& b, const Options& o) {
   }
 
   if (o.full) {
+    std::vector<Point> points;
     for (Collective c : o.collectives)
       for (std::size_t bytes : full_sizes) {
-        Case k = make_case(c, bytes, b.world_size(), send, recv);
-        std::vector<Algorithm> runnable;
-        std::vector<std::function<void()>> runs;
+        const Case k = make_case(c, bytes, b.world_size(), send, recv);
         for (Algorithm a : candidates(c))
-          if (cannot_run(a, k.args, b).empty()) {
-            runnable.push_back(a);
-            runs.emplace_back([&b, &o, &k, a] { perform(b, o, a, k.args); });
-          }
-        const std::vector<double> seconds =
-            time_interleaved(b, o.seconds_per_point, o.rounds, runs);
-        for (std::size_t i = 0; i < runnable.size(); ++i)
-          t.measured.push_back({c, b.world_size(), k.bytes, runnable[i], seconds[i]});
-        for (std::size_t i = 0; i < candidates(c).size(); ++i)
-          progress.step(std::string(to_string(c)) + " " + std::to_string(bytes) + " B");
+          if (cannot_run(a, k.args, b).empty()) points.push_back({c, k.bytes, a, k.args, 0, {}});
       }
+    time_points(b, o, points, progress);
+    for (const Point& p : points) {
+      const Quartiles q = quartiles(p.times);
+      t.measured.push_back(
+          {p.collective, b.world_size(), p.bytes, p.algorithm, q.median, (q.upper - q.lower) / 2});
+    }
   }
   progress.finish();
   if (!printing) return 0;

@@ -114,6 +114,32 @@ TEST(AlgorithmSelector, BetweenMeasuredSizesTimesAreInterpolatedOnLogLogAxes) {
   EXPECT_EQ(s.choose(allreduce_of(far), world.backend(0)).reason, "model");
 }
 
+TEST(AlgorithmSelector, ALeadOverNativeInsideTheSpreadsKeepsNative) {
+  TuningParameters t = simple_model();
+  // 4 KiB: rd's median is 8% below native's, but 92 + 4 us still reaches native's 100 - 5 us.
+  t.measured.push_back({Collective::allreduce, 2, 4096, Algorithm::native, 100e-6, 5e-6});
+  t.measured.push_back(
+      {Collective::allreduce, 2, 4096, Algorithm::recursive_doubling, 92e-6, 4e-6});
+  // 16 KiB: rd's lead (88 + 4 < 95 us) is larger than the spreads.
+  t.measured.push_back({Collective::allreduce, 2, 16384, Algorithm::native, 100e-6, 5e-6});
+  t.measured.push_back(
+      {Collective::allreduce, 2, 16384, Algorithm::recursive_doubling, 88e-6, 4e-6});
+  const AlgorithmSelector s(t);
+  LocalWorld world(2);
+  std::vector<float> close(1024), clear(4096);
+  const auto a = s.choose(allreduce_of(close), world.backend(0));
+  EXPECT_EQ(a.algorithm, Algorithm::native) << a.reason;
+  EXPECT_DOUBLE_EQ(a.predicted_s, 100e-6);
+  const auto b = s.choose(allreduce_of(clear), world.backend(0));
+  EXPECT_EQ(b.algorithm, Algorithm::recursive_doubling) << b.reason;
+  EXPECT_EQ(b.reason, "measured");
+  // Without spreads (an older file) the faster median wins as before.
+  TuningParameters bare = t;
+  for (Measurement& m : bare.measured) m.spread_seconds = 0;
+  EXPECT_EQ(AlgorithmSelector(bare).choose(allreduce_of(close), world.backend(0)).algorithm,
+            Algorithm::recursive_doubling);
+}
+
 TEST(AlgorithmSelector, OverridesWinAndFallBackWhenTheyCannotRun) {
   AlgorithmSelector s(simple_model());
   s.set_override(Collective::allreduce, parse_algorithm_ranges("ring:0-1K;tree:1K-max"));

@@ -34,7 +34,10 @@ struct AlgorithmChoice {
 /// cheapest by the Thakur-Rabenseifner-Gropp cost formulas with the tuning file's alpha, beta
 /// and gamma (the native call by its fitted line, or, without one, by the best formula: the
 /// library implements the same algorithms). A candidate that cannot run the case (cannot_run)
-/// is skipped for the next best and the reason says so. Ties go to native. Thread-safe (const).
+/// is skipped for the next best and the reason says so. Ties go to native, and so does a
+/// measured lead over native smaller than the two measurements' spreads (half their rounds'
+/// interquartile ranges) together: the backend's own call is kept unless measurement shows
+/// another is faster. Thread-safe (const).
 class AlgorithmSelector {
  public:
   /// @brief Defaults (default_tuning()) and no overrides.
@@ -63,14 +66,19 @@ class AlgorithmSelector {
   bool using_defaults() const noexcept { return _defaults; }
 
  private:
-  std::optional<double> measured(Algorithm algorithm, Collective collective, std::size_t bytes,
-                                 int world) const;
+  struct MeasuredTime {
+    double seconds;
+    double spread_seconds;
+  };
+  std::optional<MeasuredTime> measured(Algorithm algorithm, Collective collective,
+                                       std::size_t bytes, int world) const;
 
   // The measurements by (collective, world), sizes ascending: choose() runs per call, so it
   // binary-searches instead of scanning the file's records.
   struct MeasuredSize {
     std::size_t bytes;
     std::array<double, 8> seconds;  // by Algorithm; negative where not measured
+    std::array<double, 8> spread_seconds;
   };
   void index_measurements();
 
