@@ -317,6 +317,27 @@ Quartiles quartiles(std::vector<double> v) {
   return {at(0.25), at(0.5), at(0.75)};
 }
 
+// The spread written for `p` (the selector keeps native unless a candidate's median plus its
+// spread stays below native's median minus native's). Against native, paired by round: the
+// two were timed moments apart in each round, so their ratio cancels most of what the
+// machine's load did to both, and an unpaired comparison would drown a steady 20% lead in the
+// round-to-round swings of a shared machine. A candidate's spread is how far the upper
+// quartile of its per-round ratio to native puts it above its median, so it passes only if it
+// beat native in at least three rounds of four; native's spread is 0.
+double spread(const Point& p, const std::vector<Point>& points) {
+  if (p.algorithm == Algorithm::native) return 0;
+  const auto native = std::find_if(points.begin(), points.end(), [&](const Point& q) {
+    return q.collective == p.collective && q.bytes == p.bytes && q.algorithm == Algorithm::native;
+  });
+  const Quartiles own = quartiles(p.times);
+  if (native == points.end()) return (own.upper - own.lower) / 2;
+  std::vector<double> ratios;
+  for (std::size_t r = 0; r < p.times.size(); ++r)
+    ratios.push_back(p.times[r] / std::max(native->times[r], 1e-12));
+  const double native_median = quartiles(native->times).median;
+  return std::max(quartiles(ratios).upper * native_median - own.median, 0.0);
+}
+
 int run(Backend& b, const Options& o) {
   const bool printing = b.rank() == 0;
   if (b.world_size() < 2)
@@ -365,11 +386,9 @@ int run(Backend& b, const Options& o) {
           if (cannot_run(a, k.args, b).empty()) points.push_back({c, k.bytes, a, k.args, 0, {}});
       }
     time_points(b, o, points, progress);
-    for (const Point& p : points) {
-      const Quartiles q = quartiles(p.times);
-      t.measured.push_back(
-          {p.collective, b.world_size(), p.bytes, p.algorithm, q.median, (q.upper - q.lower) / 2});
-    }
+    for (const Point& p : points)
+      t.measured.push_back({p.collective, b.world_size(), p.bytes, p.algorithm,
+                            quartiles(p.times).median, spread(p, points)});
   }
   progress.finish();
   if (!printing) return 0;

@@ -285,7 +285,8 @@ AlgorithmChoice AlgorithmSelector::choose(const CollectiveArgs& args,
       if (!s.measured) s.seconds = std::numeric_limits<double>::infinity();
   // native (candidates' first) stays first unless another beat it by more than the two
   // measurements' spreads: a lead inside the rounds' scatter is not evidence, and the
-  // backend's own call is the one without loom's per-message cost.
+  // backend's own call is the one without loom's per-message cost (and, for MPI, the one its
+  // library tuned).
   const Scored native = scored.front();
   auto rank = [&](const Scored& s) {
     if (s.algorithm != Algorithm::native && native.measured && s.measured &&

@@ -35,8 +35,8 @@ struct AlgorithmChoice {
 /// and gamma (the native call by its fitted line, or, without one, by the best formula: the
 /// library implements the same algorithms). A candidate that cannot run the case (cannot_run)
 /// is skipped for the next best and the reason says so. Ties go to native, and so does a
-/// measured lead over native smaller than the two measurements' spreads (half their rounds'
-/// interquartile ranges) together: the backend's own call is kept unless measurement shows
+/// measured lead over native smaller than the two measurements' spreads together
+/// (Measurement::spread_seconds): the backend's own call is kept unless measurement shows
 /// another is faster. Thread-safe (const).
 class AlgorithmSelector {
  public:

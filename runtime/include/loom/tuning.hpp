@@ -29,8 +29,12 @@ struct NativeFit {
 };
 
 /// @brief One timed point (loom-tune --full): `algorithm` took `seconds` (the median of its
-/// timing rounds) on `bytes`; `spread_seconds` is half the interquartile range of the rounds
-/// (0 when unknown), how far apart two candidates must be for the difference to count.
+/// timing rounds) on `bytes`. `spread_seconds` says how much slower than its median it may
+/// typically be (0 when unknown): the selector leaves native for it only if seconds +
+/// spread_seconds stays below native's seconds - spread_seconds. loom-tune writes 0 for
+/// native and, for the others, how far the upper quartile of their per-round time ratio to
+/// native (timed in the same round) lifts them above their median: a candidate then passes
+/// when it beat native in at least three rounds of four.
 struct Measurement {
   Collective collective = Collective::allreduce;
   int world = 0;
