@@ -32,9 +32,9 @@ struct NativeFit {
 /// timing rounds) on `bytes`. `spread_seconds` says how much slower than its median it may
 /// typically be (0 when unknown): the selector leaves native for it only if seconds +
 /// spread_seconds stays below native's seconds - spread_seconds. loom-tune writes 0 for
-/// native and, for the others, how far the upper quartile of their per-round time ratio to
-/// native (timed in the same round) lifts them above their median: a candidate then passes
-/// when it beat native in at least three rounds of four.
+/// native and, for the others, how far the median of their per-round time ratio to native
+/// (timed in the same round) lifts them above their median: a candidate then passes when it
+/// beat native in most rounds.
 struct Measurement {
   Collective collective = Collective::allreduce;
   int world = 0;
