@@ -1,5 +1,7 @@
 // Rabenseifner's allreduce: recursive-halving reduce-scatter, then recursive-doubling
-// allgather, over the power-of-two ranks left by the standard fold.
+// allgather, over the power-of-two ranks left by the standard fold. Out of place it never
+// copies the send buffer into the result: until its first reduction a rank sends from the send
+// buffer, and that reduction writes send (op) received into the result.
 #include "algorithms.hpp"
 #include "fold.hpp"
 
@@ -12,20 +14,20 @@ class RabenseifnerAllreduce final : public StepWork {
  public:
   RabenseifnerAllreduce(Backend& backend, const CollectiveArgs& args, std::string what)
       : StepWork(backend, std::move(what)),
+        _in(args.send),
         _out(args.recv),
+        _source(args.send),
         _op(args.reduce_op),
         _fold(rank(), world()),
         _incoming(scratch(_out.count(), _out.dtype())),
-        _hi(_fold.p2) {
-    copy(_out, args.send);
-  }
+        _hi(_fold.p2) {}
 
  protected:
   bool begin_step(int step) override {
     const int L = _fold.steps;
     if (step > 2 * L + 1) return false;
     if (step == 0) {
-      if (_fold.sits_out()) send(_out, rank() + 1);
+      if (_fold.sits_out()) send(_in, rank() + 1);
       if (_fold.absorbs()) recv(_incoming, rank() - 1);
       return true;
     }
@@ -43,8 +45,8 @@ class RabenseifnerAllreduce final : public StepWork {
       const bool lower = v < partner;
       _keep_lo = lower ? _lo : mid;
       _keep_hi = lower ? mid : _hi;
-      const Buffer give = lower ? elements(mid, _hi) : elements(_lo, mid);
-      const Buffer keep = elements(_keep_lo, _keep_hi);
+      const Buffer give = lower ? elements(_source, mid, _hi) : elements(_source, _lo, mid);
+      const Buffer keep = elements(_out, _keep_lo, _keep_hi);
       send(give, _fold.real(partner));
       recv(_incoming.slice(0, keep.count()), _fold.real(partner));
     } else {
@@ -52,8 +54,8 @@ class RabenseifnerAllreduce final : public StepWork {
       const int partner = v ^ mask;
       const int mine = v & ~(mask - 1);
       const int theirs = partner & ~(mask - 1);
-      send(elements(mine, mine + mask), _fold.real(partner));
-      recv(elements(theirs, theirs + mask), _fold.real(partner));
+      send(elements(_out, mine, mine + mask), _fold.real(partner));
+      recv(elements(_out, theirs, theirs + mask), _fold.real(partner));
     }
     return true;
   }
@@ -61,27 +63,33 @@ class RabenseifnerAllreduce final : public StepWork {
   void end_step(int step) override {
     const int L = _fold.steps;
     if (step == 0) {
-      if (_fold.absorbs()) combine(_out, _incoming, _op);
+      if (_fold.absorbs()) {
+        combine(_out, _in, _incoming, _op);
+        _source = _out;
+      }
     } else if (step == 2 * L + 1) {
       finish_average(_out, _op);
     } else if (step <= L && !_fold.sits_out()) {
-      const Buffer keep = elements(_keep_lo, _keep_hi);
-      combine(keep, _incoming.slice(0, keep.count()), _op);
+      const Buffer keep = elements(_out, _keep_lo, _keep_hi);
+      combine(keep, elements(_source, _keep_lo, _keep_hi), _incoming.slice(0, keep.count()), _op);
+      _source = _out;
       _lo = _keep_lo;
       _hi = _keep_hi;
     }
   }
 
  private:
-  // Elements of participants [first, last) when the vector is cut into p2 blocks.
-  Buffer elements(int first, int last) const {
-    if (first >= last) return _out.slice(0, 0);
-    const Range a = block_of(_out.count(), _fold.p2, first);
-    const Range b = block_of(_out.count(), _fold.p2, last - 1);
-    return _out.slice(a.offset, b.offset + b.count - a.offset);
+  // Elements of participants [first, last) of `whole` when it is cut into p2 blocks.
+  Buffer elements(Buffer whole, int first, int last) const {
+    if (first >= last) return whole.slice(0, 0);
+    const Range a = block_of(whole.count(), _fold.p2, first);
+    const Range b = block_of(whole.count(), _fold.p2, last - 1);
+    return whole.slice(a.offset, b.offset + b.count - a.offset);
   }
 
+  Buffer _in;
   Buffer _out;
+  Buffer _source;  // where this rank's partial result is: the send buffer until it reduces
   ReduceOp _op;
   Fold _fold;
   Buffer _incoming;

@@ -1,5 +1,8 @@
 // Ring allreduce (reduce-scatter then allgather around the ring), chunked and pipelined: the
-// reduction of chunk k runs while chunks k+1.. are on the wire.
+// reduction of chunk k runs while chunks k+1.. are on the wire. Out of place it never copies
+// the send buffer into the result: the first step sends from the send buffer and each
+// reduction writes send (op) received into the result (every block of the result is either
+// reduced here once or received in the allgather).
 #include <algorithm>
 #include <vector>
 
@@ -13,8 +16,10 @@ namespace {
 class RingAllreduce final : public ChannelWork {
  public:
   RingAllreduce(Backend& backend, const CollectiveArgs& args, std::string what)
-      : ChannelWork(backend, std::move(what)), _out(args.recv), _op(args.reduce_op) {
-    copy(_out, args.send);
+      : ChannelWork(backend, std::move(what)),
+        _in(args.send),
+        _out(args.recv),
+        _op(args.reduce_op) {
     const int p = world();
     const std::size_t block_max = block_of(_out.count(), p, 0).count;
     const std::size_t element = dtype_size(_out.dtype());
@@ -46,14 +51,17 @@ class RingAllreduce final : public ChannelWork {
       while (_oldest_recv < _next_recv && _received[_oldest_recv]) ++_oldest_recv;
       // Reduce what arrived, in order; later chunks keep moving meanwhile.
       while (_next_reduce < _steps_units && _received[_next_reduce]) {
-        const Buffer chunk = chunk_of(recv_block(_next_reduce), _next_reduce % _chunks);
-        combine(chunk, slot_of(_next_reduce).slice(0, chunk.count()), _op);
+        const int block = recv_block(_next_reduce), chunk = _next_reduce % _chunks;
+        const Buffer out = chunk_of(_out, block, chunk);
+        combine(out, chunk_of(_in, block, chunk), slot_of(_next_reduce).slice(0, out.count()), _op);
         _reduced[_next_reduce++] = true;
         progress = true;
       }
       while (_next_send < total && can_send(_next_send)) {
         const int u = _next_send++;
-        const Buffer chunk = chunk_of(send_block(u), u % _chunks);
+        // Step 0 sends this rank's own contribution, from the send buffer; later steps send
+        // what was reduced (reduce-scatter) or received (allgather) into the result.
+        const Buffer chunk = chunk_of(u < _chunks ? _in : _out, send_block(u), u % _chunks);
         if (chunk.count() == 0)
           _sent[u] = true;
         else
@@ -62,7 +70,7 @@ class RingAllreduce final : public ChannelWork {
       }
       while (_next_recv < total && can_recv(_next_recv)) {
         const int u = _next_recv++;
-        const Buffer chunk = chunk_of(recv_block(u), u % _chunks);
+        const Buffer chunk = chunk_of(_out, recv_block(u), u % _chunks);
         const Buffer into = u < _steps_units ? slot_of(u).slice(0, chunk.count()) : chunk;
         if (chunk.count() == 0)
           _received[u] = true;
@@ -87,11 +95,11 @@ class RingAllreduce final : public ChannelWork {
   int recv_block(int u) const {
     return u < _steps_units ? wrap(rank() - step_of(u) - 1) : wrap(rank() - step_of(u));
   }
-  Buffer chunk_of(int block, int chunk) const {
-    const Range b = block_of(_out.count(), world(), block);
+  Buffer chunk_of(Buffer whole, int block, int chunk) const {
+    const Range b = block_of(whole.count(), world(), block);
     const std::size_t begin = std::min(b.count, static_cast<std::size_t>(chunk) * _chunk);
     const std::size_t end = std::min(b.count, begin + _chunk);
-    return _out.slice(b.offset + begin, end - begin);
+    return whole.slice(b.offset + begin, end - begin);
   }
   Buffer slot_of(int u) const { return _slots[u % slot_count]; }
 
@@ -110,6 +118,7 @@ class RingAllreduce final : public ChannelWork {
   }
 
   static constexpr int slot_count = 4;
+  Buffer _in;
   Buffer _out;
   ReduceOp _op;
   std::size_t _chunk = 1;

@@ -69,6 +69,11 @@ void ChannelWork::combine(Buffer inout, Buffer in, ReduceOp op) const {
     kernels::reduce(inout.data(), in.data(), inout.count(), inout.dtype(), op);
 }
 
+void ChannelWork::combine(Buffer out, Buffer a, Buffer b, ReduceOp op) const {
+  if (out.count() != 0)
+    kernels::reduce(out.data(), a.data(), b.data(), out.count(), out.dtype(), op);
+}
+
 void ChannelWork::finish_average(Buffer result, ReduceOp op) const {
   if (op == ReduceOp::avg && result.count() != 0)
     kernels::average(result.data(), result.count(), result.dtype(), _world);

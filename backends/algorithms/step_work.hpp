@@ -59,6 +59,9 @@ class ChannelWork : public Work {
   static bool done(Work& transfer);
   /// @brief inout (op)= in, element-wise (avg combines as sum).
   void combine(Buffer inout, Buffer in, ReduceOp op) const;
+  /// @brief out = a (op) b, element-wise; out may be a or b. Lets an out-of-place algorithm
+  /// reduce straight from the send buffer instead of first copying it into the result.
+  void combine(Buffer out, Buffer a, Buffer b, ReduceOp op) const;
   /// @brief Divides by the world size when op is avg (the last step of avg: sum, then divide).
   void finish_average(Buffer result, ReduceOp op) const;
 

@@ -119,9 +119,12 @@ std::int64_t run_benchmark(const Options& options, Backend& backend, Harness& ha
             timed.push_back(algorithm);
             wrongs.push_back(wrong);
           }
+          // Each round starts at a different algorithm, so that none always runs right after
+          // the same neighbour (whose leftover cache state or progress work it would inherit).
           std::vector<std::vector<double>> rounds(timed.size());
           for (int round = 0; round < options.repeats; ++round)
-            for (std::size_t a = 0; a < timed.size(); ++a) {
+            for (std::size_t turn = 0; turn < timed.size(); ++turn) {
+              const std::size_t a = (turn + static_cast<std::size_t>(round)) % timed.size();
               harness.barrier();
               rounds[a].push_back(
                   harness.max(time_iterations(*timed[a], call, options.iterations)));

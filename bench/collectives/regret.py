@@ -4,8 +4,10 @@
 Per size: the fastest candidate (every algorithm except auto and mpi-raw), auto's speed
 relative to it (best time / auto time), native's speed relative to it as a noise control
 (native is one fixed candidate: its shortfall is what timing noise alone costs), and auto's
-speed relative to mpi-raw. Usage: regret.py run.json [run.txt]  (run.txt: the printed output,
-for the algorithm auto chose at each size).
+speed relative to mpi-raw. Usage: regret.py run.json [run.txt] [more.json more.txt ...]
+(.txt: the printed output, for the algorithm auto chose at each size; several runs over
+disjoint sizes, e.g. a small-size run with many iterations and a large-size one with few, make
+one table).
 """
 import json
 import math
@@ -14,10 +16,12 @@ import sys
 
 
 def main():
-    rows = json.load(open(sys.argv[1]))
-    chosen = {}
-    if len(sys.argv) > 2:
-        for line in open(sys.argv[2]):
+    rows, chosen = [], {}
+    for path in sys.argv[1:]:
+        if path.endswith(".json"):
+            rows += json.load(open(path))
+            continue
+        for line in open(path):
             m = re.match(r"# auto at (\d+) B: (\S+)", line)
             if m:
                 chosen[int(m.group(1))] = m.group(2)

@@ -41,11 +41,13 @@ void AlgorithmSelector::index_measurements() {
     auto at = std::lower_bound(sizes.begin(), sizes.end(), m.bytes,
                                [](const MeasuredSize& s, std::size_t b) { return s.bytes < b; });
     if (at == sizes.end() || at->bytes != m.bytes) {
-      MeasuredSize row{m.bytes, {}};
+      MeasuredSize row{m.bytes, {}, {}};
       row.seconds.fill(-1);
+      row.spread_seconds.fill(0);
       at = sizes.insert(at, row);
     }
     at->seconds[static_cast<std::size_t>(m.algorithm)] = m.seconds;
+    at->spread_seconds[static_cast<std::size_t>(m.algorithm)] = m.spread_seconds;
   }
 }
 
@@ -196,27 +198,52 @@ double AlgorithmSelector::predict(Algorithm algorithm, Collective collective, st
   return std::numeric_limits<double>::infinity();
 }
 
-// The measurement of `algorithm` at the measured size nearest `bytes` (in log scale).
-std::optional<double> AlgorithmSelector::measured(Algorithm algorithm, Collective collective,
-                                                  std::size_t bytes, int world) const {
+// The time of `algorithm` at `bytes` from loom-tune's table, with its spread. Between two
+// measured sizes the time is interpolated linearly in log(time) over log(bytes) (times grow as
+// a power of the size between latency- and bandwidth-bound regimes, so a straight line on
+// log-log axes follows them more closely than one on linear axes), and the spread keeps the
+// interpolated fraction of the time; at a measured size it is that measurement; off the ends
+// of the table, or where one neighbour lacks this algorithm, the nearest measurement within a
+// factor of two. Otherwise nothing: the model decides.
+std::optional<AlgorithmSelector::MeasuredTime> AlgorithmSelector::measured(Algorithm algorithm,
+                                                                           Collective collective,
+                                                                           std::size_t bytes,
+                                                                           int world) const {
   const std::pair key{collective, world};
   auto group = std::find_if(_measured.begin(), _measured.end(),
                             [&](const auto& g) { return g.first == key; });
   if (group == _measured.end() || group->second.empty()) return std::nullopt;
   const auto& sizes = group->second;
+  const auto index = static_cast<std::size_t>(algorithm);
   auto at = std::lower_bound(sizes.begin(), sizes.end(), bytes,
                              [](const MeasuredSize& s, std::size_t b) { return s.bytes < b; });
-  auto distance = [&](const MeasuredSize& s) {
-    return std::abs(std::log2(static_cast<double>(std::max<std::size_t>(s.bytes, 1))) -
-                    std::log2(static_cast<double>(std::max<std::size_t>(bytes, 1))));
+  auto time_at = [&](const MeasuredSize* s) -> std::optional<MeasuredTime> {
+    if (s == nullptr || s->seconds[index] < 0) return std::nullopt;
+    return MeasuredTime{s->seconds[index], s->spread_seconds[index]};
   };
-  const MeasuredSize* nearest = at == sizes.end() ? &sizes.back() : &*at;
-  if (at != sizes.begin() && distance(*(at - 1)) < distance(*nearest)) nearest = &*(at - 1);
-  // Farther than a factor of two from anything measured: the model knows better.
-  if (distance(*nearest) > 1.0) return std::nullopt;
-  const double seconds = nearest->seconds[static_cast<std::size_t>(algorithm)];
-  if (seconds < 0) return std::nullopt;
-  return seconds;
+  if (at != sizes.end() && at->bytes == bytes) return time_at(&*at);
+  const MeasuredSize* above = at == sizes.end() ? nullptr : &*at;
+  const MeasuredSize* below = at == sizes.begin() ? nullptr : &*(at - 1);
+  const double x = std::log2(static_cast<double>(std::max<std::size_t>(bytes, 1)));
+  auto log_size = [](const MeasuredSize* s) {
+    return std::log2(static_cast<double>(std::max<std::size_t>(s->bytes, 1)));
+  };
+  const std::optional<MeasuredTime> low = time_at(below), high = time_at(above);
+  if (low && high) {
+    // A measured 0 (a trivially fast case) would be log(0): floor it at a picosecond.
+    const double t0 = std::max(low->seconds, 1e-12), t1 = std::max(high->seconds, 1e-12);
+    const double f = (x - log_size(below)) / (log_size(above) - log_size(below));
+    const double seconds = std::exp2(std::log2(t0) + (std::log2(t1) - std::log2(t0)) * f);
+    const double share =
+        low->spread_seconds / t0 + (high->spread_seconds / t1 - low->spread_seconds / t0) * f;
+    return MeasuredTime{seconds, share * seconds};
+  }
+  // Farther than a factor of two from a measurement of this algorithm: the model knows better.
+  std::optional<MeasuredTime> nearest;
+  double distance = 1.0;
+  if (low && x - log_size(below) <= distance) nearest = low, distance = x - log_size(below);
+  if (high && log_size(above) - x <= distance) nearest = high;
+  return nearest;
 }
 
 AlgorithmChoice AlgorithmSelector::choose(const CollectiveArgs& args,
@@ -239,23 +266,36 @@ AlgorithmChoice AlgorithmSelector::choose(const CollectiveArgs& args,
   struct Scored {
     Algorithm algorithm;
     double seconds;
+    double spread_seconds;
     bool measured;
   };
   std::vector<Scored> scored;
   bool any_measured = false;
   for (Algorithm a : candidates(args.op)) {
-    std::optional<double> m;
+    std::optional<MeasuredTime> m;
     if (tuned_here) m = measured(a, args.op, bytes, world);
     any_measured = any_measured || m.has_value();
-    scored.push_back({a, m ? *m : predict(a, args.op, bytes, world), m.has_value()});
+    scored.push_back({a, m ? m->seconds : predict(a, args.op, bytes, world),
+                      m ? m->spread_seconds : 0, m.has_value()});
   }
   // With measurements, a candidate without one (it could not run when measured) is ranked
   // after the measured ones rather than by a model on another scale.
   if (any_measured)
     for (Scored& s : scored)
       if (!s.measured) s.seconds = std::numeric_limits<double>::infinity();
+  // native (candidates' first) stays first unless another beat it by more than the two
+  // measurements' spreads: a lead inside the rounds' scatter is not evidence, and the
+  // backend's own call is the one without loom's per-message cost (and, for MPI, the one its
+  // library tuned).
+  const Scored native = scored.front();
+  auto rank = [&](const Scored& s) {
+    if (s.algorithm != Algorithm::native && native.measured && s.measured &&
+        s.seconds + s.spread_seconds >= native.seconds - native.spread_seconds)
+      return std::max(s.seconds, native.seconds);
+    return s.seconds;
+  };
   std::stable_sort(scored.begin(), scored.end(),
-                   [](const Scored& x, const Scored& y) { return x.seconds < y.seconds; });
+                   [&](const Scored& x, const Scored& y) { return rank(x) < rank(y); });
   for (const Scored& s : scored) {
     const std::string why = cannot_run(s.algorithm, args, backend);
     if (why.empty())

@@ -140,7 +140,8 @@ TuningParameters parse_tuning_file(std::string_view text) {
       fit.beta_s_per_byte = number(w[4], where) * 1e-9;
       t.native.push_back(fit);
     } else if (w[0] == "measured") {
-      expect_fields(w, 6, where, "collective world bytes algorithm time_us");
+      if (w.size() != 7)
+        expect_fields(w, 6, where, "collective world bytes algorithm time_us [spread_us]");
       Measurement m;
       m.collective = collective(w[1], where);
       m.world = static_cast<int>(integer(w[2], where));
@@ -153,6 +154,7 @@ TuningParameters parse_tuning_file(std::string_view text) {
         bad(where + ": '" + std::string(w[4]) + "' does not implement " +
             std::string(to_string(m.collective)));
       m.seconds = number(w[5], where) * 1e-6;
+      if (w.size() == 7) m.spread_seconds = number(w[6], where) * 1e-6;
       t.measured.push_back(m);
     } else {
       bad(where + ": unknown key '" + std::string(w[0]) +
@@ -181,7 +183,8 @@ std::string format_tuning_file(const TuningParameters& t) {
         << format_double(f.alpha_s * 1e6) << " " << format_double(f.beta_s_per_byte * 1e9) << "\n";
   for (const Measurement& m : t.measured)
     out << "measured " << to_string(m.collective) << " " << m.world << " " << m.bytes << " "
-        << to_string(m.algorithm) << " " << format_double(m.seconds * 1e6) << "\n";
+        << to_string(m.algorithm) << " " << format_double(m.seconds * 1e6) << " "
+        << format_double(m.spread_seconds * 1e6) << "\n";
   return out.str();
 }
 

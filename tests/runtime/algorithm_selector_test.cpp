@@ -2,6 +2,7 @@
 // overrides from the environment, fallback when a candidate cannot run.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 
 #include "loom/algorithm_selector.hpp"
@@ -82,6 +83,61 @@ TEST(AlgorithmSelector, MeasurementsBeatTheModelNearTheirSize) {
   EXPECT_NE(s.choose(allreduce_of(far), world.backend(0)).reason, "measured");
   LocalWorld other(3);  // measured at 4 ranks only
   EXPECT_NE(s.choose(allreduce_of(v), other.backend(0)).reason, "measured");
+}
+
+TEST(AlgorithmSelector, BetweenMeasuredSizesTimesAreInterpolatedOnLogLogAxes) {
+  TuningParameters t = simple_model();
+  // native grows slowly, tree fast: at 8 KiB (between 4 and 16 KiB) the log-log line gives
+  // native sqrt(50 * 60) = 54.8 us and tree sqrt(20 * 200) = 63.2 us, so native wins although
+  // tree was the faster one at the nearer-by-linear-distance 4 KiB.
+  t.measured.push_back({Collective::allreduce, 4, 4096, Algorithm::native, 50e-6});
+  t.measured.push_back({Collective::allreduce, 4, 4096, Algorithm::binomial_tree, 20e-6});
+  t.measured.push_back({Collective::allreduce, 4, 16384, Algorithm::native, 60e-6});
+  t.measured.push_back({Collective::allreduce, 4, 16384, Algorithm::binomial_tree, 200e-6});
+  // ring measured at 16 KiB only (say it could not run at 4 KiB): its nearest measurement.
+  t.measured.push_back({Collective::allreduce, 4, 16384, Algorithm::ring, 56e-6});
+  const AlgorithmSelector s(t);
+  LocalWorld world(4);
+  std::vector<float> v(2048);  // 8192 bytes
+  const auto c = s.choose(allreduce_of(v), world.backend(0));
+  EXPECT_EQ(c.algorithm, Algorithm::native) << c.reason;
+  EXPECT_EQ(c.reason, "measured");
+  EXPECT_NEAR(c.predicted_s, std::sqrt(50e-6 * 60e-6), 1e-12);
+  // At 12 KiB tree is interpolated at 20 * 10^(log2(3) / 2) us, ring taken from 16 KiB (a
+  // factor 4/3 away) beats native's 50 * 1.2^(log2(3) / 2) = 57.8 us.
+  std::vector<float> w(3072);  // 12288 bytes
+  const auto d = s.choose(allreduce_of(w), world.backend(0));
+  EXPECT_EQ(d.algorithm, Algorithm::ring) << d.reason << " " << d.predicted_s;
+  EXPECT_DOUBLE_EQ(d.predicted_s, 56e-6);
+  // Past the table by more than a factor of two: no measurement applies, the model decides.
+  std::vector<float> far(1 << 14);  // 64 KiB, four times the largest measured size
+  EXPECT_EQ(s.choose(allreduce_of(far), world.backend(0)).reason, "model");
+}
+
+TEST(AlgorithmSelector, ALeadOverNativeInsideTheSpreadsKeepsNative) {
+  TuningParameters t = simple_model();
+  // 4 KiB: rd's median is 8% below native's, but 92 + 4 us still reaches native's 100 - 5 us.
+  t.measured.push_back({Collective::allreduce, 2, 4096, Algorithm::native, 100e-6, 5e-6});
+  t.measured.push_back(
+      {Collective::allreduce, 2, 4096, Algorithm::recursive_doubling, 92e-6, 4e-6});
+  // 16 KiB: rd's lead (88 + 4 < 95 us) is larger than the spreads.
+  t.measured.push_back({Collective::allreduce, 2, 16384, Algorithm::native, 100e-6, 5e-6});
+  t.measured.push_back(
+      {Collective::allreduce, 2, 16384, Algorithm::recursive_doubling, 88e-6, 4e-6});
+  const AlgorithmSelector s(t);
+  LocalWorld world(2);
+  std::vector<float> close(1024), clear(4096);
+  const auto a = s.choose(allreduce_of(close), world.backend(0));
+  EXPECT_EQ(a.algorithm, Algorithm::native) << a.reason;
+  EXPECT_DOUBLE_EQ(a.predicted_s, 100e-6);
+  const auto b = s.choose(allreduce_of(clear), world.backend(0));
+  EXPECT_EQ(b.algorithm, Algorithm::recursive_doubling) << b.reason;
+  EXPECT_EQ(b.reason, "measured");
+  // Without spreads (an older file) the faster median wins as before.
+  TuningParameters bare = t;
+  for (Measurement& m : bare.measured) m.spread_seconds = 0;
+  EXPECT_EQ(AlgorithmSelector(bare).choose(allreduce_of(close), world.backend(0)).algorithm,
+            Algorithm::recursive_doubling);
 }
 
 TEST(AlgorithmSelector, OverridesWinAndFallBackWhenTheyCannotRun) {

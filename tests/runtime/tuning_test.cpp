@@ -54,7 +54,7 @@ TEST(TuningFile, RoundTrips) {
   t.backend = "mpi";
   t.cost = {2.5e-6, 0.125e-9, 0.3e-9};
   t.native.push_back({Collective::allreduce, 4, 6.5e-6, 0.21e-9});
-  t.measured.push_back({Collective::allreduce, 4, 1048576, Algorithm::ring, 640.25e-6});
+  t.measured.push_back({Collective::allreduce, 4, 1048576, Algorithm::ring, 640.25e-6, 12.5e-6});
   t.measured.push_back({Collective::allgather, 2, 8, Algorithm::bruck, 3e-6});
   const TuningParameters back = parse_tuning_file(format_tuning_file(t));
   EXPECT_EQ(back.backend, "mpi");
@@ -68,7 +68,20 @@ TEST(TuningFile, RoundTrips) {
   EXPECT_EQ(back.measured[0].bytes, 1048576u);
   EXPECT_EQ(back.measured[0].algorithm, Algorithm::ring);
   EXPECT_DOUBLE_EQ(back.measured[0].seconds, 640.25e-6);
+  EXPECT_DOUBLE_EQ(back.measured[0].spread_seconds, 12.5e-6);
   EXPECT_EQ(back.measured[1].algorithm, Algorithm::bruck);
+  EXPECT_EQ(back.measured[1].spread_seconds, 0);
+}
+
+TEST(TuningFile, TheSpreadOfAMeasurementIsOptional) {
+  const std::string head = "loom-tuning 1\nalpha_us 1\nbeta_ns_per_byte 1\ngamma_ns_per_byte 1\n";
+  const auto t = parse_tuning_file(head +
+                                   "measured allreduce 4 1024 ring 3\n"
+                                   "measured allreduce 4 1024 rd 4 0.5\n");
+  ASSERT_EQ(t.measured.size(), 2u);
+  EXPECT_EQ(t.measured[0].spread_seconds, 0);
+  EXPECT_DOUBLE_EQ(t.measured[1].seconds, 4e-6);
+  EXPECT_DOUBLE_EQ(t.measured[1].spread_seconds, 0.5e-6);
 }
 
 TEST(TuningFile, CommentsAndBlankLinesAreIgnored) {
@@ -97,6 +110,10 @@ TEST(TuningFile, MalformedLinesAreNamed) {
                {"line 5", "world '0'"});
   expect_error([&] { parse_tuning_file(head + "measured allreduce 4 1k ring 3\n"); },
                {"line 5", "'1k'"});
+  expect_error([&] { parse_tuning_file(head + "measured allreduce 4 1024 ring 3 wide\n"); },
+               {"line 5", "'wide'"});
+  expect_error([&] { parse_tuning_file(head + "measured allreduce 4 1024 ring 3 1 2\n"); },
+               {"line 5", "'measured' takes 5 values", "[spread_us]"});
   expect_error([] { parse_tuning_file("loom-tuning 1\nalpha_us 1\nbeta_ns_per_byte 1\n"); },
                {"missing gamma_ns_per_byte"});
   expect_error([] { load_tuning_file("/nonexistent/loom.tuning"); }, {"/nonexistent/loom.tuning"});

@@ -27,12 +27,17 @@ struct AlgorithmChoice {
 /// @brief Chooses among candidates(collective) for each call.
 ///
 /// Order of precedence: a LOOM_<COLL> range covering the size (e.g. LOOM_ALLREDUCE=
-/// "rd:0-8K;rabenseifner:8K-1M;ring:1M-max"); else the fastest candidate measured at the
-/// nearest power-of-two size by loom-tune --full for this collective and world size; else the
+/// "rd:0-8K;rabenseifner:8K-1M;ring:1M-max"); else the fastest candidate by loom-tune --full's
+/// table for this collective and world size (at a measured size its time, between two
+/// measured sizes interpolated on log-log axes, beyond the table the nearest size within a
+/// factor of two; a candidate without a measurement ranks after those with one); else the
 /// cheapest by the Thakur-Rabenseifner-Gropp cost formulas with the tuning file's alpha, beta
 /// and gamma (the native call by its fitted line, or, without one, by the best formula: the
 /// library implements the same algorithms). A candidate that cannot run the case (cannot_run)
-/// is skipped for the next best and the reason says so. Ties go to native. Thread-safe (const).
+/// is skipped for the next best and the reason says so. Ties go to native, and so does a
+/// measured lead over native smaller than the two measurements' spreads together
+/// (Measurement::spread_seconds): the backend's own call is kept unless measurement shows
+/// another is faster. Thread-safe (const).
 class AlgorithmSelector {
  public:
   /// @brief Defaults (default_tuning()) and no overrides.
@@ -61,14 +66,19 @@ class AlgorithmSelector {
   bool using_defaults() const noexcept { return _defaults; }
 
  private:
-  std::optional<double> measured(Algorithm algorithm, Collective collective, std::size_t bytes,
-                                 int world) const;
+  struct MeasuredTime {
+    double seconds;
+    double spread_seconds;
+  };
+  std::optional<MeasuredTime> measured(Algorithm algorithm, Collective collective,
+                                       std::size_t bytes, int world) const;
 
   // The measurements by (collective, world), sizes ascending: choose() runs per call, so it
   // binary-searches instead of scanning the file's records.
   struct MeasuredSize {
     std::size_t bytes;
     std::array<double, 8> seconds;  // by Algorithm; negative where not measured
+    std::array<double, 8> spread_seconds;
   };
   void index_measurements();
 

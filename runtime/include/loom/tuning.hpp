@@ -28,13 +28,20 @@ struct NativeFit {
   double beta_s_per_byte = 0;
 };
 
-/// @brief One timed run (loom-tune --full): `algorithm` took `seconds` on `bytes`.
+/// @brief One timed point (loom-tune --full): `algorithm` took `seconds` (the median of its
+/// timing rounds) on `bytes`. `spread_seconds` says how much slower than its median it may
+/// typically be (0 when unknown): the selector leaves native for it only if seconds +
+/// spread_seconds stays below native's seconds - spread_seconds. loom-tune writes 0 for
+/// native and, for the others, how far the median of their per-round time ratio to native
+/// (timed in the same round) lifts them above their median: a candidate then passes when it
+/// beat native in most rounds.
 struct Measurement {
   Collective collective = Collective::allreduce;
   int world = 0;
   std::size_t bytes = 0;
   Algorithm algorithm = Algorithm::native;
   double seconds = 0;
+  double spread_seconds = 0;
 };
 
 /// @brief What loom-tune measured on one backend and transport.
@@ -58,7 +65,8 @@ TuningParameters default_tuning();
 /// beta_ns_per_byte 0.12
 /// gamma_ns_per_byte 0.30
 /// native allreduce 4 6.5 0.21          # collective world alpha_us beta_ns_per_byte
-/// measured allreduce 4 1048576 ring 640.2   # collective world bytes algorithm time_us
+/// measured allreduce 4 1048576 ring 640.2 12.5  # collective world bytes algorithm time_us
+///                                                # [spread_us]
 /// @endcode
 /// Throws ErrorCode::invalid_argument naming the line number and the token it could not use.
 TuningParameters parse_tuning_file(std::string_view text);
