@@ -156,26 +156,24 @@ void TrainStep::compile() {
 #else
 #define LOOM_GPU_BODY(...) [](StreamRef) {}
 #endif
-  Graph g;
   // A CPU node, or a GPU node enqueueing on the stream the executor gives it.
-  Graph* target = &g;
-  auto node = [&](std::string name, std::function<void()> cpu, std::function<void(StreamRef)> dev,
-                  ComputeOptions options) {
-    return _gpu ? target->compute_gpu(std::move(name), std::move(dev), std::move(options))
-                : target->compute(std::move(name), std::move(cpu), std::move(options));
+  auto node = [&](Graph& graph, std::string name, std::function<void()> cpu,
+                  std::function<void(StreamRef)> dev, ComputeOptions options) {
+    return _gpu ? graph.compute_gpu(std::move(name), std::move(dev), std::move(options))
+                : graph.compute(std::move(name), std::move(cpu), std::move(options));
   };
-  // The forward chain and the loss, into *target; `suffix` names the next step's copy.
-  auto add_forward = [&](const std::string& suffix, std::vector<Task>& forward) {
+  // The forward chain and the loss, into `graph`; `suffix` names the next step's copy.
+  auto add_forward = [&](Graph& graph, const std::string& suffix, std::vector<Task>& forward) {
     for (int k = 0; k < depth; ++k) {
       std::vector<Buffer> writes{mem.z(k)};
       if (k + 1 < depth) writes.push_back(mem.a(k));
       forward[k] =
-          node("forward" + std::to_string(k) + suffix, [&m, k] { m.forward(k); },
+          node(graph, "forward" + std::to_string(k) + suffix, [&m, k] { m.forward(k); },
                LOOM_GPU_BODY(gpu->forward(k, s.native)),
                {.reads = {mem.input(k), mem.weight(k), mem.bias(k)}, .writes = std::move(writes)});
       if (k > 0) forward[k - 1].precede(forward[k]);
     }
-    Task loss = node("loss" + suffix, [this] { _loss = _model.loss_and_output_gradient(); },
+    Task loss = node(graph, "loss" + suffix, [this] { _loss = _model.loss_and_output_gradient(); },
                      LOOM_GPU_BODY(gpu->loss_and_output_gradient(s.native)),
                      {.reads = {mem.z(depth - 1)}, .writes = {mem.grad_z(depth - 1)}});
     forward.back().precede(loss);
@@ -187,19 +185,18 @@ void TrainStep::compile() {
   // k are in, so the forward computes while the other layers' buckets are still on the wire.
   // The first forward runs once, in a prologue graph of its own.
   const bool pipelined = _config.mode == OverlapMode::loom;
+  Graph g;
   std::vector<Task> forward(depth), weights(depth), input(depth);
   Task loss;
   if (pipelined) {
     if (!_prologue) {
       Graph first;
-      target = &first;
       std::vector<Task> first_forward(depth);
-      add_forward("", first_forward);
+      add_forward(first, "", first_forward);
       _prologue = Executor::compile(first, _backend, _config.executor);
-      target = &g;
     }
   } else {
-    loss = add_forward("", forward);
+    loss = add_forward(g, "", forward);
   }
 
   std::vector<std::size_t> weight_gradient(depth), bias_gradient(depth);
@@ -209,7 +206,7 @@ void TrainStep::compile() {
     const Buffer grad_w = _bucketer->gradient(weight_gradient[k]);
     const Buffer grad_b = _bucketer->gradient(bias_gradient[k]);
     weights[k] = node(
-        weights_node(k),
+        g, weights_node(k),
         [&m, k, grad_w, grad_b] { m.weight_gradient(k, grad_w.as<float>(), grad_b.as<float>()); },
         // On the GPU: computed on the device, then copied into the (pinned) host bucket.
         LOOM_GPU_BODY(gpu->weight_gradient(k, grad_w.as<float>(), grad_b.as<float>(), s.native)),
@@ -221,7 +218,7 @@ void TrainStep::compile() {
     if (upstream.valid()) upstream.precede(weights[k]);
     if (k > 0) {
       input[k] = node(
-          "backward" + std::to_string(k) + ".input", [&m, k] { m.input_gradient(k); },
+          g, "backward" + std::to_string(k) + ".input", [&m, k] { m.input_gradient(k); },
           LOOM_GPU_BODY(gpu->input_gradient(k, s.native)),
           {.reads = {mem.grad_z(k), mem.weight(k), mem.z(k - 1)}, .writes = {mem.grad_z(k - 1)}});
       if (upstream.valid()) upstream.precede(input[k]);
@@ -275,7 +272,7 @@ void TrainStep::compile() {
       layers_touched.insert(p.layer);
     }
     auto update =
-        node("bucket" + std::to_string(b) + ".sgd",
+        node(g, "bucket" + std::to_string(b) + ".sgd",
              [slices, lr] {
                for (const Slice& s : slices)
                  cblas_saxpy(static_cast<int>(s.grad.count()), -lr, s.grad.as<float>(), 1,
@@ -293,7 +290,7 @@ void TrainStep::compile() {
   }
   if (pipelined) {
     std::vector<Task> next(depth);
-    add_forward(".next", next);
+    add_forward(g, ".next", next);
     for (auto& [update, touched] : updates)
       for (int k : touched) update.precede(next[k]);
     // The next forward overwrites z_k and a_k, which this backward reads in layer k + 1.
