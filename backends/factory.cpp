@@ -5,6 +5,7 @@
 
 #include "loom/backend.hpp"
 #include "loom/config.hpp"
+#include "loom/environment.hpp"
 #include "loom/error.hpp"
 #include "loom/local.hpp"
 #if LOOM_HAVE_MPI
@@ -28,15 +29,13 @@ std::vector<std::string> built_backends() {
 }
 
 bool launched_by_mpirun() noexcept {
-  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"})
-    if (std::getenv(var) != nullptr) return true;
-  return false;
+  return environment::launched_by_mpirun();
 }
 
 std::shared_ptr<Backend> create_backend(std::string_view name) {
   std::string chosen(name);
   if (chosen.empty()) {
-    if (const char* env = std::getenv("LOOM_BACKEND"); env != nullptr && *env != '\0') chosen = env;
+    chosen = environment::text("LOOM_BACKEND").value_or("");
   }
   const auto built = built_backends();
   if (chosen.empty()) {

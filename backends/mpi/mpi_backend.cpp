@@ -17,6 +17,7 @@
 #include "device_staging.hpp"
 #include "loom/config.hpp"
 #include "loom/cuda_device.hpp"
+#include "loom/environment.hpp"
 #include "loom/error.hpp"
 #include "loom/kernels/reduce.hpp"
 #include "loom/mpi.hpp"
@@ -597,17 +598,8 @@ class MpiBackend final : public Backend {
 MpiConfig MpiConfig::from_env() {
   MpiConfig config;
   // Unset or empty keeps the default.
-  if (const char* value = std::getenv("LOOM_MPI_CUDA_AWARE"); value != nullptr && *value != '\0') {
-    const std::string text(value);
-    if (text == "0") {
-      config.use_cuda_aware = false;
-    } else if (text == "1") {
-      config.use_cuda_aware = true;
-    } else {
-      throw Error(ErrorCode::invalid_argument,
-                  "LOOM_MPI_CUDA_AWARE='" + text + "' is not valid (expected 0 or 1)");
-    }
-  }
+  if (const auto cuda_aware = environment::flag("LOOM_MPI_CUDA_AWARE"))
+    config.use_cuda_aware = *cuda_aware;
   return config;
 }
 

@@ -118,11 +118,22 @@ MpiRuntime::MpiRuntime() {
       tag_ub != nullptr)
     _tag_ub = *tag_ub;
 
+  _cuda_aware = query_cuda_support().aware;
+}
+
+CudaSupport query_cuda_support() noexcept {
+  CudaSupport support;
 #if defined(MPIX_CUDA_AWARE_SUPPORT)
-  // The macro says the extension exists; the run-time query says whether this library (which
-  // may differ from the one compiled against) was built with CUDA support.
-  _cuda_aware = MPIX_Query_cuda_support() == 1;
+  support.extension = true;
+  int initialised = 0, finalised = 0;
+  MPI_Initialized(&initialised);
+  MPI_Finalized(&finalised);
+  if (initialised && !finalised) {
+    support.queried = true;
+    support.aware = MPIX_Query_cuda_support() == 1;
+  }
 #endif
+  return support;
 }
 
 template <DType D, ReduceOp... Ops>

@@ -30,6 +30,18 @@ bool finalized() noexcept;
 /// @brief The MPI datatype that carries `dtype`; 16-bit floats travel as MPI_UINT16_T.
 MPI_Datatype datatype(DType dtype) noexcept;
 
+/// @brief What MPI says of CUDA device pointers.
+struct CudaSupport {
+  bool extension = false;  ///< the headers declare MPIX_Query_cuda_support
+  bool queried = false;    ///< MPI was initialised (and not finalised), so it was asked
+  bool aware = false;      ///< MPIX_Query_cuda_support() returned 1
+};
+
+/// @brief Asks MPIX_Query_cuda_support() when MPI is initialised; never initialises MPI. The
+/// macro says the extension exists; the run-time query says whether this library (which may
+/// differ from the one compiled against) was built with CUDA support.
+CudaSupport query_cuda_support() noexcept;
+
 /// @brief MPI as loom uses it in this process: initialised once, shared by every MpiBackend.
 ///
 /// The one instance is a function-local static, so it is destroyed at process exit after any

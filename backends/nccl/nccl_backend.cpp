@@ -23,6 +23,7 @@
 #include "device_identity.hpp"
 #include "loom/cuda_device.hpp"
 #include "loom/cuda_stream.hpp"
+#include "loom/environment.hpp"
 #include "loom/error.hpp"
 #include "loom/nccl.hpp"
 
@@ -490,32 +491,19 @@ class NcclBackend final : public Backend {
 };
 
 int local_rank(const Backend& bootstrap) {
-  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "LOCAL_RANK"})
-    if (const char* value = std::getenv(var); value != nullptr && *value != '\0')
-      return std::atoi(value);
-  return bootstrap.rank();
+  return environment::launcher_local_rank().value_or(bootstrap.rank());
 }
 
 }  // namespace
 
 NcclConfig NcclConfig::from_env() {
   NcclConfig config;
-  if (const char* value = std::getenv("LOOM_NCCL_DEVICE"); value != nullptr && *value != '\0') {
-    char* end = nullptr;
-    const long device = std::strtol(value, &end, 10);
-    if (*end != '\0' || device < 0 || device > 1024)
-      throw Error(ErrorCode::invalid_argument,
-                  "LOOM_NCCL_DEVICE='" + std::string(value) + "' is not a device index");
-    config.device = static_cast<int>(device);
-  }
-  if (const char* value = std::getenv("LOOM_TIMEOUT_S"); value != nullptr && *value != '\0') {
-    char* end = nullptr;
-    const double seconds = std::strtod(value, &end);
-    if (*end != '\0' || !(seconds > 0))
-      throw Error(ErrorCode::invalid_argument, "LOOM_TIMEOUT_S='" + std::string(value) +
-                                                   "' is not a positive number of seconds");
-    config.timeout = std::chrono::milliseconds(static_cast<long long>(seconds * 1000));
-  }
+  if (const auto device = environment::integer("LOOM_NCCL_DEVICE", 0, 1024))
+    config.device = static_cast<int>(*device);
+  // 0 disables the watchdog as everywhere: a deadline ~31 years away (timeout_from_seconds's cap).
+  auto timeout = environment::timeout();
+  if (timeout.count() == 0) timeout = environment::timeout_from_seconds(1e9, "LOOM_TIMEOUT_S");
+  config.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(timeout);
   return config;
 }
 

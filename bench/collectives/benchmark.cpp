@@ -46,7 +46,7 @@ std::vector<std::size_t> sizes(const Options& options) {
   return result;
 }
 
-double time_iterations(Algorithm& algorithm, const Call& call, int iterations) {
+double time_iterations(Implementation& algorithm, const CollectiveArgs& call, int iterations) {
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < iterations; ++i) algorithm.run(call);
   const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
@@ -56,7 +56,7 @@ double time_iterations(Algorithm& algorithm, const Call& call, int iterations) {
 }  // namespace
 
 std::int64_t run_benchmark(const Options& options, Backend& backend, Harness& harness,
-                           const std::vector<std::unique_ptr<Algorithm>>& algorithms,
+                           const std::vector<std::unique_ptr<Implementation>>& algorithms,
                            Report* report) {
   const int rank = backend.rank();
   const int ranks = backend.world_size();
@@ -82,7 +82,7 @@ std::int64_t run_benchmark(const Options& options, Backend& backend, Harness& ha
         }
         std::string combination(to_string(dtype));
         if (reduces(collective)) combination.append(" ").append(to_string(op));
-        std::vector<Algorithm*> runnable;
+        std::vector<Implementation*> runnable;
         for (const auto& algorithm : algorithms) {
           const std::string why = algorithm->unsupported(collective, dtype, op);
           if (why.empty())
@@ -93,13 +93,17 @@ std::int64_t run_benchmark(const Options& options, Backend& backend, Harness& ha
         const Pattern pattern(collective, dtype, op, ranks, root);
         for (std::size_t size : sizes(options)) {
           const Layout layout = layout_for(collective, size, dtype, ranks);
-          const Call call{collective, op, root,
-                          Buffer(send_memory.data(), layout.send_count, dtype),
-                          Buffer(recv_memory.data(), layout.recv_count, dtype)};
+          const Buffer recv(recv_memory.data(), layout.recv_count, dtype);
+          // Broadcast works in place on the receive memory (send names that buffer).
+          const CollectiveArgs call{collective,
+                                    collective == Collective::broadcast
+                                        ? recv
+                                        : Buffer(send_memory.data(), layout.send_count, dtype),
+                                    recv, op, root};
           // Check and warm up each algorithm, then time them in rounds, taking turns.
-          std::vector<Algorithm*> timed;
+          std::vector<Implementation*> timed;
           std::vector<std::optional<std::int64_t>> wrongs;
-          for (Algorithm* algorithm : runnable) {
+          for (Implementation* algorithm : runnable) {
             if (const std::string why = algorithm->cannot_run(call); !why.empty()) {
               note(std::string(algorithm->name()) + " skipped for " + combination + " at " +
                    std::to_string(layout.bytes) + " B: " + why);

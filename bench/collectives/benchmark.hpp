@@ -5,8 +5,8 @@
 #include <memory>
 #include <vector>
 
-#include "algorithm.hpp"
 #include "harness.hpp"
+#include "implementation.hpp"
 #include "options.hpp"
 #include "report.hpp"
 
@@ -18,7 +18,7 @@ namespace loom::bench {
 /// each size and share the same buffers. Rank 0 passes its report; other ranks pass nullptr.
 /// Returns the number of wrong values over every rank and step (the same on every rank).
 std::int64_t run_benchmark(const Options& options, Backend& backend, Harness& harness,
-                           const std::vector<std::unique_ptr<Algorithm>>& algorithms,
+                           const std::vector<std::unique_ptr<Implementation>>& algorithms,
                            Report* report);
 
 }  // namespace loom::bench

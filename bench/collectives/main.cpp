@@ -8,10 +8,11 @@
 #include <iostream>
 #include <string>
 
-#include "algorithm.hpp"
 #include "benchmark.hpp"
 #include "harness.hpp"
+#include "implementation.hpp"
 #include "loom/config.hpp"
+#include "loom/environment.hpp"
 #include "loom/error.hpp"
 #include "loom/gpu_direct.hpp"
 #include "loom/local.hpp"
@@ -27,9 +28,7 @@ constexpr int status_usage = 2;   // a bad command line
 
 // Before the backend exists, whether this process is rank 0 of an mpirun job (or alone).
 bool first_process() {
-  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"})
-    if (const char* value = std::getenv(var)) return std::string(value) == "0";
-  return true;
+  return environment::launcher_rank().value_or(0) == 0;
 }
 
 bool wants(const Options& options, const std::string& algorithm) {
@@ -86,14 +85,14 @@ int run_rank(const Options& options, Backend& backend, Harness& harness) {
   const bool json_failed = printing && !options.json_path.empty() && !json;
   if (harness.sum(json_failed ? 1 : 0) != 0) return status_usage;
 
-  std::vector<std::unique_ptr<Algorithm>> algorithms;
+  std::vector<std::unique_ptr<Implementation>> algorithms;
   for (const auto& name : options.algorithms) {
-    if (name == "native") algorithms.push_back(make_native_algorithm(backend));
-    if (name == "auto") algorithms.push_back(make_auto_algorithm(backend));
+    if (name == "native") algorithms.push_back(make_native_implementation(backend));
+    if (name == "auto") algorithms.push_back(make_auto_implementation(backend));
     if (name != "native" && name != "auto" && name != "mpi-raw")
-      algorithms.push_back(make_loom_algorithm(backend, parse_algorithm(name)));
+      algorithms.push_back(make_loom_implementation(backend, parse_algorithm(name)));
 #if LOOM_HAVE_MPI
-    if (name == "mpi-raw") algorithms.push_back(make_mpi_raw_algorithm());
+    if (name == "mpi-raw") algorithms.push_back(make_mpi_raw_implementation());
 #endif
   }
 

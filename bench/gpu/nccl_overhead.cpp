@@ -15,6 +15,7 @@
 
 #include "loom/backend.hpp"
 #include "loom/cuda_device.hpp"
+#include "loom/environment.hpp"
 #include "loom/error.hpp"
 #include "loom/nccl.hpp"
 
@@ -77,8 +78,7 @@ int main(int argc, char** argv) {
     auto bootstrap = loom::create_backend(loom::launched_by_mpirun() ? "mpi" : "local");
     loom::NcclConfig config = loom::NcclConfig::from_env();
     if (config.device < 0) {  // as make_nccl_backend picks it: local rank % visible devices
-      const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-      const int local_rank = local != nullptr ? std::atoi(local) : bootstrap->rank();
+      const int local_rank = loom::environment::launcher_local_rank().value_or(bootstrap->rank());
       config.device = local_rank % loom::cuda::device_count();
     }
     const int device = config.device;

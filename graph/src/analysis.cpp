@@ -47,7 +47,7 @@ bool reduces(Collective op) {
 
 // Checks one collective's buffers against its op and the world size.
 void check_collective(const NodeData& node, int world) {
-  const CollectiveSpec& c = node.collective;
+  const CollectiveArgs& c = node.collective;
   auto fail = [&](const std::string& what) {
     invalid(std::string(to_string(c.op)) + " node " + quoted(node) + ": " + what);
   };

@@ -30,7 +30,7 @@ std::string_view to_string(NodeKind kind) noexcept {
 namespace detail {
 
 void accesses_of(const NodeData& node, std::vector<Access>& out) {
-  const CollectiveSpec& c = node.collective;
+  const CollectiveArgs& c = node.collective;
   switch (node.kind) {
     case NodeKind::compute:
       for (const Buffer& b : node.reads) out.push_back({b, false});
@@ -59,7 +59,7 @@ void accesses_of(const NodeData& node, std::vector<Access>& out) {
 }
 
 std::string describe(const NodeData& node) {
-  const CollectiveSpec& c = node.collective;
+  const CollectiveArgs& c = node.collective;
   auto typed = [](Buffer b) {
     return std::string(to_string(b.dtype())) + "[" + std::to_string(b.count()) + "]";
   };
@@ -94,7 +94,7 @@ std::string describe(const NodeData& node) {
 }
 
 std::size_t bytes_of(const NodeData& node) {
-  const CollectiveSpec& c = node.collective;
+  const CollectiveArgs& c = node.collective;
   switch (node.kind) {
     case NodeKind::compute:
       return 0;
@@ -176,7 +176,7 @@ Task Graph::compute_gpu(std::string name, std::function<void(StreamRef)> body,
   return add(std::move(node));
 }
 
-Task Graph::collective(std::string name, const CollectiveSpec& spec, CommOptions options) {
+Task Graph::collective(std::string name, const CollectiveArgs& spec, CommOptions options) {
   detail::NodeData node;
   node.priority = checked_priority(options.priority, name);
   node.name = std::move(name);
@@ -219,7 +219,7 @@ Task Graph::alltoall(std::string name, Buffer send, Buffer recv, CommOptions opt
 }
 
 Task Graph::barrier(std::string name, CommOptions options) {
-  CollectiveSpec spec;
+  CollectiveArgs spec;
   spec.op = Collective::barrier;
   spec.send = spec.recv = Buffer(nullptr, 0, DType::uint8);
   return collective(std::move(name), spec, options);

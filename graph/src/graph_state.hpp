@@ -20,7 +20,7 @@ struct NodeData {
   std::function<void()> body;               ///< compute on CPU
   std::function<void(StreamRef)> gpu_body;  ///< compute on GPU
   /// collective: its arguments; send/recv: `send` is the buffer; copy: send = src, recv = dst.
-  CollectiveSpec collective;
+  CollectiveArgs collective;
   int peer = 0;
   int tag = 0;
   std::vector<Buffer> reads;   ///< compute: as declared

@@ -11,25 +11,11 @@
 #include <vector>
 
 #include "loom/buffer.hpp"
+#include "loom/collective.hpp"
 #include "loom/dtype.hpp"
 #include "loom/work.hpp"
 
 namespace loom {
-
-/// @brief The collective operations loom schedules.
-enum class Collective : unsigned char {
-  broadcast,
-  reduce,
-  allreduce,
-  allgather,
-  reduce_scatter,
-  alltoall,
-  barrier
-};
-
-std::string_view to_string(Collective collective) noexcept;
-/// @brief Parses "allreduce", "reduce_scatter" (also "reducescatter"), ...
-Collective parse_collective(std::string_view name);
 
 inline constexpr int any_source = -1;
 inline constexpr int any_tag = -1;
@@ -46,16 +32,6 @@ struct Message {
   int source = -1;
   int tag = -1;
   std::vector<std::byte> data;
-};
-
-/// @brief One collective and its arguments, as the *_async calls take them. Broadcast uses
-/// `send` (in place); reduce uses `recv` on the root only; barrier uses nothing.
-struct CollectiveArgs {
-  Collective op = Collective::allreduce;
-  Buffer send;
-  Buffer recv;
-  ReduceOp reduce_op = ReduceOp::sum;
-  int root = 0;
 };
 
 /// @brief A group of ranks and the operations among them.

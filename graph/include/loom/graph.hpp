@@ -10,8 +10,8 @@
 #include <string_view>
 #include <vector>
 
-#include "loom/backend.hpp"
 #include "loom/buffer.hpp"
+#include "loom/collective.hpp"
 #include "loom/dtype.hpp"
 
 namespace loom {
@@ -52,15 +52,6 @@ struct CommOptions {
   /// @brief Higher is issued earlier among collectives that are unordered by edges. It shapes
   /// the issue order fixed at compile time, identically on every rank.
   int priority = 0;
-};
-
-/// @brief A collective and its arguments, as Backend's *_async calls take them.
-struct CollectiveSpec {
-  Collective op = Collective::allreduce;
-  Buffer send;  ///< broadcast: the buffer (in place)
-  Buffer recv;  ///< allreduce in place: same as send; reduce: used on root only
-  ReduceOp reduce_op = ReduceOp::sum;
-  int root = 0;
 };
 
 /// @brief A cheap, copyable handle of one node of a Graph.
@@ -124,7 +115,7 @@ class Graph {
                    ComputeOptions options = {});
 
   /// @brief Any collective (see Backend for the buffer semantics of each op).
-  Task collective(std::string name, const CollectiveSpec& spec, CommOptions options = {});
+  Task collective(std::string name, const CollectiveArgs& spec, CommOptions options = {});
   Task allreduce(std::string name, Buffer send, Buffer recv, ReduceOp op = ReduceOp::sum,
                  CommOptions options = {});
   /// @brief In-place allreduce.

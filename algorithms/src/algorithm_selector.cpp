@@ -9,7 +9,9 @@
 #include <limits>
 #include <mutex>
 
+#include "loom/environment.hpp"
 #include "loom/error.hpp"
+#include "step_work.hpp"
 
 namespace loom {
 
@@ -53,8 +55,8 @@ void AlgorithmSelector::index_measurements() {
 
 AlgorithmSelector AlgorithmSelector::from_environment() {
   AlgorithmSelector selector;
-  if (const char* path = std::getenv("LOOM_TUNING_FILE"); path != nullptr && *path != '\0') {
-    selector = AlgorithmSelector(load_tuning_file(path));
+  if (const auto path = environment::text("LOOM_TUNING_FILE")) {
+    selector = AlgorithmSelector(load_tuning_file(*path));
   } else {
     static std::once_flag said;
     std::call_once(said, [&] {
@@ -68,10 +70,10 @@ AlgorithmSelector AlgorithmSelector::from_environment() {
   for (Collective c : {Collective::allreduce, Collective::allgather, Collective::reduce_scatter,
                        Collective::broadcast, Collective::reduce}) {
     const std::string variable = override_variable(c);
-    const char* value = std::getenv(variable.c_str());
-    if (value == nullptr || *value == '\0') continue;
+    const auto value = environment::text(variable);
+    if (!value) continue;
     try {
-      selector.set_override(c, parse_algorithm_ranges(value));
+      selector.set_override(c, parse_algorithm_ranges(*value));
     } catch (const Error& e) {
       throw Error(ErrorCode::invalid_argument, variable + ": " + e.message());
     }
@@ -107,12 +109,6 @@ double log2_ceil(int p) {
   return steps;
 }
 
-int power_of_two_below(int n) {
-  int p = 1;
-  while (p * 2 <= n) p *= 2;
-  return p;
-}
-
 }  // namespace
 
 // Thakur, Rabenseifner & Gropp, "Optimization of Collective Communication Operations in
@@ -125,7 +121,7 @@ double AlgorithmSelector::predict(Algorithm algorithm, Collective collective, st
   const double n = static_cast<double>(bytes);
   const double p = world;
   if (world <= 1) return 0;
-  const int p2i = power_of_two_below(world);
+  const int p2i = algorithms::power_of_two_below(world);
   const double p2 = p2i;
   const double lg = log2_ceil(world);
   const double lg2 = log2_ceil(p2i);

@@ -1,12 +1,12 @@
-// CommunicationOptimizer and GPU-direct detection: selection per call, profiling, staging,
+// TunedCollectives and GPU-direct detection: selection per call, profiling, staging,
 // and the error when GPU-direct is demanded where it is missing.
 #include <gtest/gtest.h>
 
 #include <mutex>
 
-#include "loom/communication_optimizer.hpp"
 #include "loom/error.hpp"
 #include "loom/local.hpp"
+#include "loom/tuned_collectives.hpp"
 
 namespace loom {
 namespace {
@@ -18,31 +18,32 @@ TuningParameters no_native_preference() {
   return t;
 }
 
-TEST(CommunicationOptimizer, ChoosesRunsAndProfilesEachCall) {
+TEST(TunedCollectives, ChoosesRunsAndProfilesEachCall) {
   std::mutex mutex;
   std::vector<std::string> failures;
   LocalWorld::run(3, [&](Backend& backend) {
-    CommunicationOptimizerOptions options;
+    TunedCollectivesOptions options;
     options.profile = true;
     options.tuning = no_native_preference();
-    CommunicationOptimizer optimizer(backend, options);
-    optimizer.selector().set_override(Collective::allgather, parse_algorithm_ranges("bruck:0-max"));
+    TunedCollectives collectives(backend, options);
+    collectives.selector().set_override(Collective::allgather,
+                                        parse_algorithm_ranges("bruck:0-max"));
     std::vector<double> small(5, backend.rank() + 1.0), large(300000, backend.rank() + 1.0);
-    optimizer.allreduce(Buffer::of(std::span(small)));
-    const std::string small_algorithm(to_string(optimizer.last_choice().algorithm));
-    optimizer.allreduce(Buffer::of(std::span(large)));
+    collectives.allreduce(Buffer::of(std::span(small)));
+    const std::string small_algorithm(to_string(collectives.last_choice().algorithm));
+    collectives.allreduce(Buffer::of(std::span(large)));
     std::vector<std::int32_t> mine(4, backend.rank()), all(12);
-    optimizer.allgather(Buffer::of(std::span(mine)), Buffer::of(std::span(all)));
+    collectives.allgather(Buffer::of(std::span(mine)), Buffer::of(std::span(all)));
     std::string failure;
     if (small_algorithm != "rd") failure += " small allreduce ran " + small_algorithm;
     if (small[4] != 6.0 || large[299999] != 6.0) failure += " wrong sums";
     for (int r = 0; r < 3; ++r)
       if (all[r * 4 + 3] != r) failure += " wrong gather";
-    const auto records = optimizer.profiler().records();
+    const auto records = collectives.profiler().records();
     if (records.size() != 3 || records[2].algorithm != "bruck" ||
         records[1].bytes != 300000 * sizeof(double) || records[1].end_ns < records[1].start_ns)
       failure += " profiler records wrong";
-    auto block = optimizer.staging(1000);
+    auto block = collectives.staging(1000);
     if (!block || block.size() != 1000) failure += " staging block wrong";
     if (!failure.empty()) {
       std::lock_guard lock(mutex);
@@ -52,14 +53,14 @@ TEST(CommunicationOptimizer, ChoosesRunsAndProfilesEachCall) {
   EXPECT_TRUE(failures.empty()) << failures.front();
 }
 
-TEST(CommunicationOptimizer, StagingOffIsAnError) {
+TEST(TunedCollectives, StagingOffIsAnError) {
   auto backend = make_local_backend();
-  CommunicationOptimizerOptions options;
+  TunedCollectivesOptions options;
   options.use_pinned_memory = false;
   options.tuning = TuningParameters{};
-  CommunicationOptimizer optimizer(*backend, options);
+  TunedCollectives collectives(*backend, options);
   try {
-    optimizer.staging(64);
+    collectives.staging(64);
     FAIL() << "staging without a pool";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::unavailable);
@@ -100,15 +101,15 @@ TEST(GpuDirect, DemandingItWhereMissingIsAClearError) {
   ready.cuda_runtime = true;
   ready.cuda_devices = 2;
   EXPECT_NO_THROW(require_gpu_direct(ready));
-  // The optimizer refuses it on this machine unless it really has CUDA-aware MPI and a GPU.
+  // The collectives refuses it on this machine unless it really has CUDA-aware MPI and a GPU.
   auto backend = make_local_backend();
-  CommunicationOptimizerOptions options;
+  TunedCollectivesOptions options;
   options.gpu_direct = true;
   options.tuning = TuningParameters{};
   if (detect_gpu_direct().cuda_aware_mpi()) {
-    EXPECT_NO_THROW(CommunicationOptimizer(*backend, options));
+    EXPECT_NO_THROW(TunedCollectives(*backend, options));
   } else {
-    EXPECT_THROW(CommunicationOptimizer(*backend, options), Error);
+    EXPECT_THROW(TunedCollectives(*backend, options), Error);
   }
 }
 

@@ -1,6 +1,7 @@
-// CommunicationOptimizer: seed 000's facade for calling collectives without a graph: each call
-// asks the AlgorithmSelector, runs the chosen algorithm, and reports to the profiler; pinned
-// staging memory comes from a PinnedPool.
+// TunedCollectives: a backend's collectives called without a graph, each through the algorithm
+// the AlgorithmSelector picks for it (as Open MPI's "tuned" component picks by decision rules),
+// reported to a profiler, with pinned staging memory from a PinnedPool. Seed 000 called this
+// CommunicationOptimizer; it optimises nothing beyond that choice, so it is named for what it is.
 #pragma once
 
 #include <memory>
@@ -13,8 +14,8 @@
 
 namespace loom {
 
-/// @brief How a CommunicationOptimizer works.
-struct CommunicationOptimizerOptions {
+/// @brief How a TunedCollectives works.
+struct TunedCollectivesOptions {
   bool profile = false;           ///< record every operation in profiler()
   bool use_pinned_memory = true;  ///< staging() hands out pinned blocks
   std::size_t pinned_cap_bytes = std::size_t{1} << 30;
@@ -28,13 +29,13 @@ struct CommunicationOptimizerOptions {
 /// @brief Backend + AlgorithmSelector + PinnedPool + CommunicationProfiler for direct calls.
 ///
 /// Every rank must make the same calls in the same order (as with Backend); the selector
-/// decides alike on every rank. The backend must outlive the optimizer.
-class CommunicationOptimizer {
+/// decides alike on every rank. The backend must outlive it.
+class TunedCollectives {
  public:
-  explicit CommunicationOptimizer(Backend& backend, CommunicationOptimizerOptions options = {});
-  ~CommunicationOptimizer();
-  CommunicationOptimizer(const CommunicationOptimizer&) = delete;
-  CommunicationOptimizer& operator=(const CommunicationOptimizer&) = delete;
+  explicit TunedCollectives(Backend& backend, TunedCollectivesOptions options = {});
+  ~TunedCollectives();
+  TunedCollectives(const TunedCollectives&) = delete;
+  TunedCollectives& operator=(const TunedCollectives&) = delete;
 
   /// @brief Starts `args` with the selector's algorithm; the handle completes as any Work.
   std::unique_ptr<Work> collective_async(const CollectiveArgs& args);
@@ -63,7 +64,7 @@ class CommunicationOptimizer {
   OperationRecord started(const CollectiveArgs& args) const;
 
   Backend& _backend;
-  CommunicationOptimizerOptions _options;
+  TunedCollectivesOptions _options;
   GpuDirectCapabilities _capabilities;
   AlgorithmSelector _selector;
   CommunicationProfiler _profiler;

@@ -11,13 +11,7 @@
 #include "loom/error.hpp"
 
 #if LOOM_HAVE_MPI
-#ifndef OMPI_SKIP_MPICXX
-#define OMPI_SKIP_MPICXX 1
-#endif
-#include <mpi.h>
-#if __has_include(<mpi-ext.h>)
-#include <mpi-ext.h>
-#endif
+#include "mpi/mpi_runtime.hpp"
 #endif
 
 namespace loom {
@@ -26,18 +20,14 @@ namespace {
 void probe_mpi(GpuDirectCapabilities& caps) {
 #if LOOM_HAVE_MPI
   caps.mpi_built = true;
-#if defined(MPIX_CUDA_AWARE_SUPPORT)
-  caps.mpi_cuda_extension = true;
-  int initialised = 0, finalised = 0;
-  MPI_Initialized(&initialised);
-  MPI_Finalized(&finalised);
-  if (initialised && !finalised) {
-    caps.mpi_queried = true;
-    caps.mpi_cuda_aware = MPIX_Query_cuda_support() == 1;
-  } else {
+  const mpi::CudaSupport support = mpi::query_cuda_support();
+  caps.mpi_cuda_extension = support.extension;
+  caps.mpi_queried = support.queried;
+  caps.mpi_cuda_aware = support.aware;
+  if (support.extension && !support.queried)
     caps.notes += "MPI not initialised: MPIX_Query_cuda_support not called; ";
-  }
-#endif
+#else
+  (void)caps;
 #endif
 }
 

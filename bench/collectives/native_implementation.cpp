@@ -1,35 +1,35 @@
 // The native algorithm: loom's Backend call, the way a loom user makes it.
-#include "algorithm.hpp"
+#include "implementation.hpp"
 
 #include "loom/error.hpp"
 
 namespace loom::bench {
 namespace {
 
-class NativeAlgorithm final : public Algorithm {
+class NativeImplementation final : public Implementation {
  public:
-  explicit NativeAlgorithm(Backend& backend) : _backend(backend) {}
+  explicit NativeImplementation(Backend& backend) : _backend(backend) {}
 
   std::string_view name() const noexcept override { return "native"; }
 
   std::string unsupported(Collective, DType, ReduceOp) const override { return {}; }
 
-  void run(const Call& call) override {
-    switch (call.collective) {
+  void run(const CollectiveArgs& call) override {
+    switch (call.op) {
       case Collective::allreduce:
-        _backend.allreduce(call.send, call.recv, call.op);
+        _backend.allreduce(call.send, call.recv, call.reduce_op);
         return;
       case Collective::allgather:
         _backend.allgather(call.send, call.recv);
         return;
       case Collective::reduce_scatter:
-        _backend.reduce_scatter(call.send, call.recv, call.op);
+        _backend.reduce_scatter(call.send, call.recv, call.reduce_op);
         return;
       case Collective::broadcast:
-        _backend.broadcast(call.recv, call.root);
+        _backend.broadcast(call.send, call.root);
         return;
       case Collective::reduce:
-        _backend.reduce(call.send, call.recv, call.op, call.root);
+        _backend.reduce(call.send, call.recv, call.reduce_op, call.root);
         return;
       case Collective::alltoall:
         _backend.alltoall(call.send, call.recv);
@@ -46,8 +46,8 @@ class NativeAlgorithm final : public Algorithm {
 
 }  // namespace
 
-std::unique_ptr<Algorithm> make_native_algorithm(Backend& backend) {
-  return std::make_unique<NativeAlgorithm>(backend);
+std::unique_ptr<Implementation> make_native_implementation(Backend& backend) {
+  return std::make_unique<NativeImplementation>(backend);
 }
 
 }  // namespace loom::bench

@@ -2,23 +2,16 @@
 // choice, performed with run_collective (native: the backend's blocking call).
 #include <tuple>
 
-#include "algorithm.hpp"
+#include "implementation.hpp"
 #include "loom/algorithm_selector.hpp"
 #include "loom/error.hpp"
 
 namespace loom::bench {
 namespace {
 
-CollectiveArgs args_of(const Call& call) {
-  // Broadcast works in place on recv (the benchmark's convention).
-  if (call.collective == Collective::broadcast)
-    return {call.collective, call.recv, call.recv, call.op, call.root};
-  return {call.collective, call.send, call.recv, call.op, call.root};
-}
-
-class LoomAlgorithm final : public Algorithm {
+class LoomImplementation final : public Implementation {
  public:
-  LoomAlgorithm(Backend& backend, loom::Algorithm algorithm)
+  LoomImplementation(Backend& backend, loom::Algorithm algorithm)
       : _backend(backend), _algorithm(algorithm), _name(to_string(algorithm)) {}
 
   std::string_view name() const noexcept override { return _name; }
@@ -29,11 +22,11 @@ class LoomAlgorithm final : public Algorithm {
     return _name + " does not implement " + std::string(to_string(collective));
   }
 
-  std::string cannot_run(const Call& call) const override {
-    return loom::cannot_run(_algorithm, args_of(call), _backend);
+  std::string cannot_run(const CollectiveArgs& call) const override {
+    return loom::cannot_run(_algorithm, call, _backend);
   }
 
-  void run(const Call& call) override { run_collective(_backend, _algorithm, args_of(call)); }
+  void run(const CollectiveArgs& call) override { run_collective(_backend, _algorithm, call); }
 
  private:
   Backend& _backend;
@@ -41,24 +34,24 @@ class LoomAlgorithm final : public Algorithm {
   std::string _name;
 };
 
-class AutoAlgorithm final : public Algorithm {
+class AutoImplementation final : public Implementation {
  public:
-  explicit AutoAlgorithm(Backend& backend)
+  explicit AutoImplementation(Backend& backend)
       : _backend(backend), _selector(AlgorithmSelector::from_environment()) {}
 
   std::string_view name() const noexcept override { return "auto"; }
   std::string unsupported(Collective, DType, ReduceOp) const override { return {}; }
 
-  std::string chosen(const Call& call) const override {
-    const AlgorithmChoice c = _selector.choose(args_of(call), _backend);
+  std::string chosen(const CollectiveArgs& call) const override {
+    const AlgorithmChoice c = _selector.choose(call, _backend);
     return std::string(to_string(c.algorithm)) + " (" + c.reason + ")";
   }
 
   // The choice is remembered for the last (collective, size, dtype), as a framework would per
   // tensor; the timed loop then measures the algorithm, not the selection.
-  void run(const Call& call) override {
-    const CollectiveArgs args = args_of(call);
-    const auto key = std::make_tuple(call.collective, call.send.count(), call.recv.count(),
+  void run(const CollectiveArgs& call) override {
+    const CollectiveArgs args = call;
+    const auto key = std::make_tuple(call.op, call.send.count(), call.recv.count(),
                                      call.send.dtype(), call.root);
     if (!_cached || key != _key) {
       _algorithm = _selector.choose(args, _backend).algorithm;
@@ -78,12 +71,13 @@ class AutoAlgorithm final : public Algorithm {
 
 }  // namespace
 
-std::unique_ptr<Algorithm> make_loom_algorithm(Backend& backend, loom::Algorithm algorithm) {
-  return std::make_unique<LoomAlgorithm>(backend, algorithm);
+std::unique_ptr<Implementation> make_loom_implementation(Backend& backend,
+                                                         loom::Algorithm algorithm) {
+  return std::make_unique<LoomImplementation>(backend, algorithm);
 }
 
-std::unique_ptr<Algorithm> make_auto_algorithm(Backend& backend) {
-  return std::make_unique<AutoAlgorithm>(backend);
+std::unique_ptr<Implementation> make_auto_implementation(Backend& backend) {
+  return std::make_unique<AutoImplementation>(backend);
 }
 
 }  // namespace loom::bench

@@ -1,5 +1,5 @@
-// CommunicationOptimizer: selection, profiling wrapper and staging for direct collective calls.
-#include "loom/communication_optimizer.hpp"
+// TunedCollectives: selection, profiling wrapper and staging for direct collective calls.
+#include "loom/tuned_collectives.hpp"
 
 #include "loom/error.hpp"
 
@@ -32,8 +32,7 @@ class ProfiledWork final : public Work {
 
 }  // namespace
 
-CommunicationOptimizer::CommunicationOptimizer(Backend& backend,
-                                               CommunicationOptimizerOptions options)
+TunedCollectives::TunedCollectives(Backend& backend, TunedCollectivesOptions options)
     : _backend(backend),
       _options(std::move(options)),
       _capabilities(detect_gpu_direct()),
@@ -45,10 +44,10 @@ CommunicationOptimizer::CommunicationOptimizer(Backend& backend,
     _pool = std::make_unique<PinnedPool>(PinnedPool::Options{_options.pinned_cap_bytes, true});
 }
 
-CommunicationOptimizer::~CommunicationOptimizer() = default;
+TunedCollectives::~TunedCollectives() = default;
 
 // The profiler's record of `args` with the last choice, started now; end_ns is set on completion.
-OperationRecord CommunicationOptimizer::started(const CollectiveArgs& args) const {
+OperationRecord TunedCollectives::started(const CollectiveArgs& args) const {
   return {std::string(to_string(args.op)),
           std::string(to_string(args.op)),
           selection_bytes(args),
@@ -58,7 +57,7 @@ OperationRecord CommunicationOptimizer::started(const CollectiveArgs& args) cons
           0};
 }
 
-std::unique_ptr<Work> CommunicationOptimizer::collective_async(const CollectiveArgs& args) {
+std::unique_ptr<Work> TunedCollectives::collective_async(const CollectiveArgs& args) {
   _last = _selector.choose(args, _backend);
   if (!_profiler.enabled()) return start_collective(_backend, _last.algorithm, args);
   OperationRecord record = started(args);
@@ -66,12 +65,11 @@ std::unique_ptr<Work> CommunicationOptimizer::collective_async(const CollectiveA
                                         _profiler, std::move(record));
 }
 
-std::unique_ptr<Work> CommunicationOptimizer::allreduce_async(Buffer send, Buffer recv,
-                                                              ReduceOp op) {
+std::unique_ptr<Work> TunedCollectives::allreduce_async(Buffer send, Buffer recv, ReduceOp op) {
   return collective_async({Collective::allreduce, send, recv, op, 0});
 }
 
-void CommunicationOptimizer::collective(const CollectiveArgs& args) {
+void TunedCollectives::collective(const CollectiveArgs& args) {
   _last = _selector.choose(args, _backend);
   if (!_profiler.enabled()) return run_collective(_backend, _last.algorithm, args);
   OperationRecord record = started(args);
@@ -80,31 +78,31 @@ void CommunicationOptimizer::collective(const CollectiveArgs& args) {
   _profiler.record(std::move(record));
 }
 
-void CommunicationOptimizer::allreduce(Buffer buffer, ReduceOp op) {
+void TunedCollectives::allreduce(Buffer buffer, ReduceOp op) {
   collective({Collective::allreduce, buffer, buffer, op, 0});
 }
 
-void CommunicationOptimizer::allgather(Buffer send, Buffer recv) {
+void TunedCollectives::allgather(Buffer send, Buffer recv) {
   collective({Collective::allgather, send, recv, ReduceOp::sum, 0});
 }
 
-void CommunicationOptimizer::reduce_scatter(Buffer send, Buffer recv, ReduceOp op) {
+void TunedCollectives::reduce_scatter(Buffer send, Buffer recv, ReduceOp op) {
   collective({Collective::reduce_scatter, send, recv, op, 0});
 }
 
-void CommunicationOptimizer::broadcast(Buffer buffer, int root) {
+void TunedCollectives::broadcast(Buffer buffer, int root) {
   collective({Collective::broadcast, buffer, buffer, ReduceOp::sum, root});
 }
 
-void CommunicationOptimizer::reduce(Buffer send, Buffer recv, ReduceOp op, int root) {
+void TunedCollectives::reduce(Buffer send, Buffer recv, ReduceOp op, int root) {
   collective({Collective::reduce, send, recv, op, root});
 }
 
-PinnedBlock CommunicationOptimizer::staging(std::size_t bytes) {
+PinnedBlock TunedCollectives::staging(std::size_t bytes) {
   if (!_pool)
     throw Error(ErrorCode::unavailable,
-                "CommunicationOptimizer::staging: pinned memory is off "
-                "(CommunicationOptimizerOptions::use_pinned_memory = false)");
+                "TunedCollectives::staging: pinned memory is off "
+                "(TunedCollectivesOptions::use_pinned_memory = false)");
   return _pool->acquire(bytes);
 }
 

@@ -1,7 +1,7 @@
 // The mpi-raw algorithm: the MPI collective behind each loom call, made directly by the tool.
 #include <climits>
 
-#include "algorithm.hpp"
+#include "implementation.hpp"
 #include "mpi_communicator.hpp"
 
 namespace loom::bench {
@@ -51,7 +51,7 @@ int mpi_count(std::size_t count) {
   return static_cast<int>(count);
 }
 
-class MpiRawAlgorithm final : public Algorithm {
+class MpiRawImplementation final : public Implementation {
  public:
   std::string_view name() const noexcept override { return "mpi-raw"; }
 
@@ -66,15 +66,15 @@ class MpiRawAlgorithm final : public Algorithm {
     return {};
   }
 
-  void run(const Call& call) override {
+  void run(const CollectiveArgs& call) override {
     const MPI_Comm comm = _communicator.get();
     const MPI_Datatype type = datatype(call.send.dtype());
-    const MPI_Op op = reduction(call.op);
+    const MPI_Op op = reduction(call.reduce_op);
     const int send_count = mpi_count(call.send.count());
     const int recv_count = mpi_count(call.recv.count());
     void* send = call.send.data();
     void* recv = call.recv.data();
-    switch (call.collective) {
+    switch (call.op) {
       case Collective::allreduce:
         check_mpi(MPI_Allreduce(send, recv, send_count, type, op, comm), "MPI_Allreduce");
         return;
@@ -114,8 +114,8 @@ class MpiRawAlgorithm final : public Algorithm {
 
 }  // namespace
 
-std::unique_ptr<Algorithm> make_mpi_raw_algorithm() {
-  return std::make_unique<MpiRawAlgorithm>();
+std::unique_ptr<Implementation> make_mpi_raw_implementation() {
+  return std::make_unique<MpiRawImplementation>();
 }
 
 }  // namespace loom::bench

@@ -1,0 +1,95 @@
+// Annotation: what a profiled run recorded, handed out as NodeTiming, Chrome-trace spans and
+// DOT annotations (issue indices, algorithms, durations, the critical path).
+#include <algorithm>
+#include <fstream>
+#include <ostream>
+
+#include "analysis.hpp"
+#include "dot_writer.hpp"
+#include "executor_impl.hpp"
+#include "loom/error.hpp"
+
+namespace loom {
+
+using detail::NodeData;
+using detail::NodeRecord;
+
+std::vector<detail::TraceSpan> Executor::Impl::spans() const {
+  std::vector<detail::TraceSpan> out;
+  if (!profile.has_run) return out;
+  for (std::uint32_t i = 0; i < graph.nodes.size(); ++i) {
+    const NodeData& node = graph.nodes[i];
+    const NodeRecord& r = profile.records[i];
+    if (r.end_ns == 0 && r.start_ns == 0) continue;  // did not run (a failed run)
+    const bool comm = plan.communicates(i);
+    // Every communication node uses the one communicator of the backend: one lane family.
+    out.push_back({node.name, std::string(to_string(node.kind)), detail::describe(node), r.start_ns,
+                   r.end_ns, comm ? -1 : std::max(r.lane, 0), comm ? "world" : "",
+                   detail::bytes_of(node), comm ? algorithms.algorithm_of[i] : "",
+                   plan.issue_index[i], r.ready_ns});
+  }
+  return out;
+}
+
+void Executor::Impl::write_trace_file() const {
+  std::string path = *options.trace_path;
+  if (backend.world_size() > 1) {
+    const auto dot = path.rfind('.');
+    const auto slash = path.rfind('/');
+    const std::string suffix = ".rank" + std::to_string(backend.rank());
+    if (dot == std::string::npos || (slash != std::string::npos && dot < slash))
+      path += suffix;
+    else
+      path.insert(dot, suffix);
+  }
+  std::ofstream out(path);
+  if (!out) throw Error(ErrorCode::invalid_argument, "cannot write the trace file '" + path + "'");
+  detail::write_chrome_trace(out, backend.rank(), spans());
+}
+
+std::vector<NodeTiming> Executor::last_run() const {
+  std::vector<NodeTiming> out;
+  const Impl& m = *_impl;
+  if (!m.profile.has_run) return out;
+  for (std::uint32_t i = 0; i < m.graph.nodes.size(); ++i) {
+    const NodeData& node = m.graph.nodes[i];
+    const NodeRecord& r = m.profile.records[i];
+    out.push_back({node.name, node.kind, r.start_ns, r.end_ns, r.lane, detail::bytes_of(node),
+                   m.plan.issue_index[i],
+                   m.plan.communicates(i) ? m.algorithms.algorithm_of[i] : "",
+                   m.algorithms.reason_of[i]});
+  }
+  return out;
+}
+
+void Executor::dump_dot(std::ostream& out) const {
+  const Impl& m = *_impl;
+  const auto& g = m.graph;
+  detail::DotAnnotations notes;
+  notes.issue_index = m.plan.issue_index;
+  notes.algorithm.resize(g.nodes.size());
+  for (std::uint32_t i = 0; i < g.nodes.size(); ++i)
+    if (m.plan.communicates(i)) notes.algorithm[i] = m.algorithms.algorithm_of[i];
+  if (m.profile.has_run) {
+    notes.duration_us.resize(g.nodes.size());
+    for (std::uint32_t i = 0; i < g.nodes.size(); ++i) {
+      const NodeRecord& r = m.profile.records[i];
+      notes.duration_us[i] = std::max<double>(r.end_ns - r.start_ns, 0) / 1000.0;
+    }
+    notes.critical_path = detail::critical_path(g, notes.duration_us);
+    for (std::uint32_t v : notes.critical_path) notes.critical_path_us += notes.duration_us[v];
+  }
+  detail::write_dot(out, g, &notes);
+}
+
+void Executor::write_trace(std::ostream& out) const {
+  detail::write_chrome_trace(out, _impl->backend.rank(), _impl->spans());
+}
+
+void Executor::write_trace(const std::string& path) const {
+  std::ofstream out(path);
+  if (!out) throw Error(ErrorCode::invalid_argument, "cannot write the trace file '" + path + "'");
+  write_trace(out);
+}
+
+}  // namespace loom

@@ -1,0 +1,148 @@
+// Executor::Impl: the state of a compiled graph, grouped by the concern that owns it. The
+// concerns live in their own files: executor.cpp (compile, run, the public calls),
+// executor_options.cpp, agreement.cpp (the cross-rank check), wiring.cpp (the TBB flow graph
+// and GPU nodes), failure.cpp (failure and drain), annotation.cpp (trace, DOT, timings).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <oneapi/tbb/flow_graph.h>
+
+#include "gpu_nodes.hpp"
+#include "graph_state.hpp"
+#include "loom/algorithm_selector.hpp"
+#include "loom/executor.hpp"
+#include "loom/progress_engine.hpp"
+#include "sequencer.hpp"
+#include "trace_writer.hpp"
+
+namespace loom {
+
+namespace detail {
+
+/// @brief The order fixed at compile time, identical on every rank.
+struct IssuePlan {
+  std::vector<std::uint32_t> order;                    ///< a topological order of every node
+  std::vector<std::uint32_t> collective_order;         ///< the collectives, in issue order
+  std::vector<std::int64_t> issue_index;               ///< per node: collectives only, else -1
+  std::vector<int> sequencer_of;                       ///< per node: -1 for compute and copy
+  std::vector<std::uint32_t> slot_of;                  ///< per node: slot in its sequencer
+  std::vector<std::unique_ptr<Sequencer>> sequencers;  ///< [0]: the collectives
+
+  bool communicates(std::uint32_t i) const { return sequencer_of[i] >= 0; }
+};
+
+/// @brief What the AlgorithmSelector chose for each collective (asked at each issue).
+struct AlgorithmPlan {
+  AlgorithmSelector selector;  ///< LOOM_TUNING_FILE and LOOM_<COLL>, read at compile time
+  /// @brief Per node: the algorithm of its last issue (before any run: planned at compile).
+  std::vector<std::string> algorithm_of;
+  std::vector<std::string> reason_of;  ///< per node: the selector's reason for algorithm_of
+};
+
+/// @brief The tbb::flow::graph the nodes run on.
+struct Wiring {
+  using AsyncNode = tbb::flow::async_node<tbb::flow::continue_msg, tbb::flow::continue_msg>;
+  using ComputeNode = tbb::flow::continue_node<tbb::flow::continue_msg>;
+
+  // Declared before the nodes: TBB nodes must be destroyed before their graph.
+  tbb::flow::graph flow_graph;
+  tbb::flow::broadcast_node<tbb::flow::continue_msg> start{flow_graph};
+  std::vector<std::unique_ptr<ComputeNode>> compute_nodes;
+  std::vector<std::unique_ptr<AsyncNode>> async_nodes;
+  std::vector<tbb::flow::receiver<tbb::flow::continue_msg>*> inputs;  ///< per node
+  std::vector<tbb::flow::sender<tbb::flow::continue_msg>*> outputs;   ///< per node
+  std::vector<AsyncNode*> async_of;                                   ///< per node
+  // GPU compute nodes: launched by a continue_node that GPU successors follow at once (they
+  // wait on the device), completed by an async_node that everything else follows.
+  std::unique_ptr<GpuNodes> gpu;
+  std::vector<tbb::flow::sender<tbb::flow::continue_msg>*> launched;  ///< per node: GPU only
+};
+
+/// @brief How the current run failed, and whether later runs are refused.
+struct FailureState {
+  std::atomic<bool> failed{false};
+  std::mutex mutex;  ///< guards error and timed_out
+  std::exception_ptr error;
+  bool timed_out = false;
+  std::string poisoned;  ///< why later runs are refused (after a watchdog timeout)
+};
+
+/// @brief One node's times in the last profiled run (ns since the run started).
+struct NodeRecord {
+  std::int64_t ready_ns = -1;
+  std::int64_t start_ns = 0;
+  std::int64_t end_ns = 0;
+  int lane = -1;
+};
+
+/// @brief What profiling keeps: the last run's node records and the profiler's statistics.
+struct RunProfile {
+  bool enabled = false;
+  std::chrono::steady_clock::time_point run_start;
+  std::vector<NodeRecord> records;
+  bool has_run = false;  ///< records hold a finished run
+  CommunicationProfiler profiler;
+
+  std::int64_t now_ns() const {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                                run_start)
+        .count();
+  }
+};
+
+}  // namespace detail
+
+struct Executor::Impl {
+  using AsyncNode = detail::Wiring::AsyncNode;
+
+  Impl(const Graph& g, Backend& b, ExecutorOptions o);
+
+  Backend& backend;
+  ExecutorOptions options;  ///< resolved: every field set
+  std::chrono::nanoseconds timeout{0};
+  detail::GraphState graph;
+
+  detail::IssuePlan plan;
+  detail::AlgorithmPlan algorithms;
+  detail::RunProfile profile;
+  detail::FailureState failure;
+  std::mutex run_mutex;
+  detail::Wiring wiring;
+  // Last: destroyed first, so no completion callback runs into a half-destroyed executor.
+  std::unique_ptr<ProgressEngine> engine;
+
+  // executor.cpp: compile and run.
+  void compile();
+  void plan_issue_order();
+  void run();
+  void arrive(std::uint32_t i, AsyncNode::gateway_type& gateway);
+  void issue(std::uint32_t i);
+  std::unique_ptr<Work> start_operation(std::uint32_t i);
+  void complete(std::uint32_t i, std::exception_ptr error);
+  void execute(std::uint32_t i, const std::function<void()>& body);
+
+  // agreement.cpp
+  void check_ranks_agree();
+  // wiring.cpp
+  void build_flow_graph();
+  void build_gpu_node(std::uint32_t i, tbb::flow::node_priority_t priority);
+  // failure.cpp
+  void fail(std::uint32_t i, std::exception_ptr error);
+  void drain();
+  void end_failed_run();
+  std::string where(std::uint32_t i) const;
+  // annotation.cpp
+  std::vector<detail::TraceSpan> spans() const;
+  void write_trace_file() const;
+};
+
+}  // namespace loom

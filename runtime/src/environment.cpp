@@ -1,0 +1,142 @@
+// Environment: the LOOM_* variables and the parsers every layer uses to read them.
+#include "loom/environment.hpp"
+
+#include <array>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+#include "loom/error.hpp"
+
+namespace loom::environment {
+namespace {
+
+constexpr std::array<Variable, 11> all_variables{{
+    {"LOOM_BACKEND", "the backend create_backend() makes", "mpi under mpirun, else local",
+     "local, mpi, nccl"},
+    {"LOOM_TIMEOUT_S",
+     "watchdog of every wait on another rank (executor, nccl backend): an operation not done "
+     "after this many seconds fails with ErrorCode::timeout",
+     "300", "decimal seconds >= 0; 0 disables"},
+    {"LOOM_TRACE",
+     "file the executor writes its Chrome-trace JSON timeline to after every run "
+     "(\".rank<r>\" inserted with several ranks)",
+     "unset: no trace", "a writable path"},
+    {"LOOM_TUNING_FILE", "loom-tune's measurements for the algorithm selector",
+     "unset: built-in alpha 5 us, beta 0.2 ns/B, gamma 0.25 ns/B", "a tuning file path"},
+    {"LOOM_ALLREDUCE",
+     "algorithms by size range for allreduce, e.g. "
+     "\"rd:0-8K;rabenseifner:8K-1M;ring:1M-max\"",
+     "unset: the selector decides", "name:lo-hi;... (K, M, G, max)"},
+    {"LOOM_ALLGATHER", "the same for allgather", "unset", "as LOOM_ALLREDUCE"},
+    {"LOOM_REDUCE_SCATTER", "the same for reduce_scatter", "unset", "as LOOM_ALLREDUCE"},
+    {"LOOM_BROADCAST", "the same for broadcast", "unset", "as LOOM_ALLREDUCE"},
+    {"LOOM_REDUCE", "the same for reduce", "unset", "as LOOM_ALLREDUCE"},
+    {"LOOM_MPI_CUDA_AWARE",
+     "pass device buffers to MPI when it is CUDA-aware; 0 stages them through pinned memory", "1",
+     "0, 1"},
+    {"LOOM_NCCL_DEVICE", "the GPU of this rank for the nccl backend", "local rank % visible GPUs",
+     "0 to 1024"},
+}};
+
+[[noreturn]] void reject(std::string_view name, const std::string& value,
+                         std::string_view expected) {
+  throw Error(
+      ErrorCode::invalid_argument,
+      std::string(name) + "='" + value + "' is not valid (expected " + std::string(expected) + ")");
+}
+
+std::optional<int> first_integer(std::initializer_list<const char*> names) {
+  for (const char* name : names) {
+    const char* value = std::getenv(name);
+    if (value == nullptr || *value == '\0') continue;
+    int out = 0;
+    const char* end = value + std::char_traits<char>::length(value);
+    auto [ptr, ec] = std::from_chars(value, end, out);
+    if (ec == std::errc() && ptr == end && out >= 0) return out;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::span<const Variable> variables() noexcept {
+  return all_variables;
+}
+
+std::optional<std::string> text(std::string_view name) {
+  const char* value = std::getenv(std::string(name).c_str());
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  return std::string(value);
+}
+
+std::optional<double> seconds(std::string_view name) {
+  const auto value = text(name);
+  if (!value) return std::nullopt;
+  double out = 0;
+  const char* end = value->data() + value->size();
+  auto [ptr, ec] = std::from_chars(value->data(), end, out);
+  if (ec != std::errc() || ptr != end || !std::isfinite(out) || out < 0)
+    throw Error(ErrorCode::invalid_argument,
+                std::string(name) + "='" + *value +
+                    "' is not a number of seconds (expected e.g. 30 or 0.5; 0 disables the "
+                    "watchdog)");
+  return out;
+}
+
+std::optional<bool> flag(std::string_view name) {
+  const auto value = text(name);
+  if (!value) return std::nullopt;
+  if (*value == "0") return false;
+  if (*value == "1") return true;
+  reject(name, *value, "0 or 1");
+}
+
+std::optional<long long> integer(std::string_view name, long long min, long long max) {
+  const auto value = text(name);
+  if (!value) return std::nullopt;
+  long long out = 0;
+  const char* end = value->data() + value->size();
+  auto [ptr, ec] = std::from_chars(value->data(), end, out);
+  if (ec != std::errc() || ptr != end || out < min || out > max)
+    reject(name, *value, "an integer from " + std::to_string(min) + " to " + std::to_string(max));
+  return out;
+}
+
+std::chrono::nanoseconds timeout_from_seconds(double seconds, std::string_view what) {
+  if (!std::isfinite(seconds) || seconds < 0)
+    throw Error(ErrorCode::invalid_argument,
+                std::string(what) + " must be >= 0 seconds (0 disables the watchdog)");
+  // ~31 years never fires in practice; beyond ~292 years the nanosecond count would overflow
+  // (found by fuzzing LOOM_TIMEOUT_S), and deadlines add it to now().
+  constexpr double longest_s = 1e9;
+  return std::chrono::nanoseconds(static_cast<std::int64_t>(std::min(seconds, longest_s) * 1e9));
+}
+
+std::chrono::nanoseconds timeout() {
+  return timeout_from_seconds(seconds("LOOM_TIMEOUT_S").value_or(default_timeout_s),
+                              "LOOM_TIMEOUT_S");
+}
+
+std::string seconds_text(double s) {
+  char out[32];
+  std::snprintf(out, sizeof out, "%g s", s);
+  return out;
+}
+
+std::optional<int> launcher_local_rank() {
+  return first_integer({"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "LOCAL_RANK"});
+}
+
+std::optional<int> launcher_rank() {
+  return first_integer({"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"});
+}
+
+bool launched_by_mpirun() noexcept {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"})
+    if (std::getenv(name) != nullptr) return true;
+  return false;
+}
+
+}  // namespace loom::environment
