@@ -1,0 +1,135 @@
+// Tests runtime/environment: one rule set for every LOOM_* variable, and README's table says
+// exactly what environment::variables() says.
+#include "loom/environment.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+
+#include "loom/error.hpp"
+
+namespace loom {
+namespace {
+
+struct ScopedVariable {
+  ScopedVariable(const char* name, const char* value) : name(name) { ::setenv(name, value, 1); }
+  ~ScopedVariable() { ::unsetenv(name); }
+  const char* name;
+};
+
+std::string error_of(auto&& call) {
+  try {
+    call();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+    return e.message();
+  }
+  return "no error";
+}
+
+TEST(Environment, UnsetAndEmptyAreTheSame) {
+  ::unsetenv("LOOM_TEST_VALUE");
+  EXPECT_FALSE(environment::text("LOOM_TEST_VALUE"));
+  ScopedVariable empty("LOOM_TEST_VALUE", "");
+  EXPECT_FALSE(environment::text("LOOM_TEST_VALUE"));
+  EXPECT_FALSE(environment::seconds("LOOM_TEST_VALUE"));
+  EXPECT_FALSE(environment::flag("LOOM_TEST_VALUE"));
+  EXPECT_FALSE(environment::integer("LOOM_TEST_VALUE", 0, 5));
+}
+
+TEST(Environment, SecondsAcceptPlainDecimalsOnly) {
+  for (const auto& [text, expected] :
+       std::map<std::string, double>{{"30", 30}, {"0.5", 0.5}, {"0", 0}, {"1e3", 1000}}) {
+    ScopedVariable v("LOOM_TEST_SECONDS", text.c_str());
+    EXPECT_EQ(environment::seconds("LOOM_TEST_SECONDS"), expected) << text;
+  }
+  for (const char* bad : {"abc", "-1", "inf", "nan", " 5", "5 ", "+5", "0x10", "5s"}) {
+    ScopedVariable v("LOOM_TEST_SECONDS", bad);
+    EXPECT_EQ(error_of([] { environment::seconds("LOOM_TEST_SECONDS"); }),
+              std::string("LOOM_TEST_SECONDS='") + bad +
+                  "' is not a number of seconds (expected e.g. 30 or 0.5; 0 disables the "
+                  "watchdog)");
+  }
+}
+
+TEST(Environment, FlagsAreZeroOrOne) {
+  {
+    ScopedVariable v("LOOM_TEST_FLAG", "1");
+    EXPECT_EQ(environment::flag("LOOM_TEST_FLAG"), true);
+  }
+  {
+    ScopedVariable v("LOOM_TEST_FLAG", "0");
+    EXPECT_EQ(environment::flag("LOOM_TEST_FLAG"), false);
+  }
+  ScopedVariable v("LOOM_TEST_FLAG", "yes");
+  EXPECT_EQ(error_of([] { environment::flag("LOOM_TEST_FLAG"); }),
+            "LOOM_TEST_FLAG='yes' is not valid (expected 0 or 1)");
+}
+
+TEST(Environment, IntegersNameTheirRange) {
+  {
+    ScopedVariable v("LOOM_TEST_INT", "7");
+    EXPECT_EQ(environment::integer("LOOM_TEST_INT", 0, 1024), 7);
+  }
+  for (const char* bad : {"-1", "1025", "3.5", "x"}) {
+    ScopedVariable v("LOOM_TEST_INT", bad);
+    EXPECT_EQ(error_of([] { environment::integer("LOOM_TEST_INT", 0, 1024); }),
+              std::string("LOOM_TEST_INT='") + bad + "' is not valid (expected an integer from 0 to 1024)");
+  }
+}
+
+TEST(Environment, TimeoutZeroDisablesAndHugeValuesAreCapped) {
+  ::unsetenv("LOOM_TIMEOUT_S");
+  EXPECT_EQ(environment::timeout(), std::chrono::seconds(300));
+  {
+    ScopedVariable v("LOOM_TIMEOUT_S", "0");
+    EXPECT_EQ(environment::timeout().count(), 0);
+  }
+  {
+    ScopedVariable v("LOOM_TIMEOUT_S", "2.5");
+    EXPECT_EQ(environment::timeout(), std::chrono::milliseconds(2500));
+  }
+  {
+    ScopedVariable v("LOOM_TIMEOUT_S", "1e300");
+    EXPECT_EQ(environment::timeout(), std::chrono::seconds(1'000'000'000));
+  }
+  EXPECT_EQ(error_of([] { environment::timeout_from_seconds(-1, "ExecutorOptions::timeout"); }),
+            "ExecutorOptions::timeout must be >= 0 seconds (0 disables the watchdog)");
+}
+
+TEST(Environment, LauncherRanksComeFromTheLaunchersVariables) {
+  ::unsetenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  ::unsetenv("MPI_LOCALRANKID");
+  ::unsetenv("LOCAL_RANK");
+  EXPECT_FALSE(environment::launcher_local_rank());
+  ScopedVariable v("LOCAL_RANK", "3");
+  EXPECT_EQ(environment::launcher_local_rank(), 3);
+}
+
+// Each variable is documented once: README's "Environment" table has one row per variable,
+// with the same meaning, default and values as environment::variables().
+TEST(Environment, ReadmeTableMatchesTheVariables) {
+  std::ifstream readme(LOOM_SOURCE_DIR "/README.md");
+  ASSERT_TRUE(readme) << LOOM_SOURCE_DIR "/README.md";
+  std::map<std::string, std::string> rows;
+  std::string line;
+  while (std::getline(readme, line))
+    if (line.rfind("| `LOOM_", 0) == 0) rows[line.substr(3, line.find('`', 3) - 3)] = line;
+  for (const auto& v : environment::variables()) {
+    const std::string expected = "| `" + std::string(v.name) + "` | " + std::string(v.meaning) +
+                                 " | " + std::string(v.default_value) + " | " +
+                                 std::string(v.values) + " |";
+    ASSERT_TRUE(rows.count(std::string(v.name))) << v.name << " has no row in README.md";
+    EXPECT_EQ(rows[std::string(v.name)], expected);
+    rows.erase(std::string(v.name));
+  }
+  for (const auto& [name, row] : rows)
+    ADD_FAILURE() << "README.md documents " << name << ", which loom does not read: " << row;
+}
+
+}  // namespace
+}  // namespace loom
