@@ -17,6 +17,11 @@
 
 namespace loom::examples {
 
+#if !LOOM_TRAIN_STEP_CUDA
+// Without cuBLAS no TrainStep makes one, but ~TrainStep destroys the (empty) pointer to it.
+class CudaMlp {};
+#endif
+
 std::string_view to_string(OverlapMode mode) noexcept {
   switch (mode) {
     case OverlapMode::sequential:
