@@ -597,6 +597,14 @@ TEST(Bucketer, BadInputNamesWhatIsWrong) {
     const std::vector<Task> producers{pa, pa};
     bucketer.attach(g, producers, 0);
   });
+  // Packing two gradients of one bucket that share memory would unpack into it twice.
+  std::vector<float> shared(4);
+  Bucketer aliased({{"x", 4, DType::float32, Device::cpu(), Buffer::of(std::span(shared))},
+                    {"y", 4, DType::float32, Device::cpu(), Buffer::of(std::span(shared))}});
+  expect_error(ErrorCode::invalid_argument, "bucket0: the storage of its gradients overlaps", [&] {
+    const std::vector<Task> producers{pa, pa};
+    aliased.attach(g, producers, 2);
+  });
 }
 
 }  // namespace
