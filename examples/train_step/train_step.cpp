@@ -172,7 +172,7 @@ void TrainStep::compile() {
   add_backward(g, nodes);
   std::vector<BucketTasks> buckets = add_buckets(g, nodes);
   const Task reduce_done =
-      _config.mode == OverlapMode::sequential ? add_phases(g, nodes, buckets) : Task{};
+      _config.mode == OverlapMode::sequential ? add_sequential_phases(g, nodes, buckets) : Task{};
   std::vector<Update> updates = add_updates(g, nodes, buckets, reduce_done);
   if (pipelined) add_next_forward(g, nodes, updates);
   _executor = Executor::compile(g, _backend, executor_options());
@@ -242,7 +242,7 @@ void TrainStep::add_backward(Graph& graph, Nodes& nodes) {
 
 // Each bucket's pack -> allreduce -> unpack after the weight gradients it holds, issued in
 // bucket order (ddp), the ready order or the planned one (loom).
-std::vector<BucketTasks> TrainStep::add_buckets(Graph& graph, Nodes& nodes) {
+std::vector<BucketTasks> TrainStep::add_buckets(Graph& graph, const Nodes& nodes) {
   std::vector<Task> producers;
   for (const Parameter& p : _parameters) producers.push_back(nodes.weights[p.layer]);
   AttachOptions attach;
@@ -253,7 +253,8 @@ std::vector<BucketTasks> TrainStep::add_buckets(Graph& graph, Nodes& nodes) {
 
 // Sequential: strict phases, so nothing computes while anything communicates: backward, every
 // pack, every allreduce, every unpack, the updates. Returns the end of the allreduce phase.
-Task TrainStep::add_phases(Graph& graph, Nodes& nodes, std::vector<BucketTasks>& buckets) {
+Task TrainStep::add_sequential_phases(Graph& graph, Nodes& nodes,
+                                      std::vector<BucketTasks>& buckets) {
   auto backward_done = graph.compute("backward.done", [] {});
   auto packs_done = graph.compute("pack.done", [] {});
   auto reduce_done = graph.compute("allreduce.done", [] {});

@@ -135,8 +135,8 @@ class TrainStep {
                    std::function<void(StreamRef)> gpu, ComputeOptions options);
   Task add_forward(Graph& graph, const std::string& suffix, std::vector<Task>& forward);
   void add_backward(Graph& graph, Nodes& nodes);
-  std::vector<BucketTasks> add_buckets(Graph& graph, Nodes& nodes);
-  Task add_phases(Graph& graph, Nodes& nodes, std::vector<BucketTasks>& buckets);
+  std::vector<BucketTasks> add_buckets(Graph& graph, const Nodes& nodes);
+  Task add_sequential_phases(Graph& graph, Nodes& nodes, std::vector<BucketTasks>& buckets);
   Update add_update(Graph& graph, std::size_t bucket);
   std::vector<Update> add_updates(Graph& graph, Nodes& nodes, std::vector<BucketTasks>& buckets,
                                   Task reduce_done);
