@@ -5,7 +5,6 @@
 #include <cblas.h>
 
 #include <algorithm>
-#include <functional>
 #include <map>
 #include <set>
 
@@ -17,6 +16,11 @@
 #endif
 
 namespace loom::examples {
+
+#if !LOOM_TRAIN_STEP_CUDA
+// Without cuBLAS no TrainStep makes one, but ~TrainStep destroys the (empty) pointer to it.
+class CudaMlp {};
+#endif
 
 std::string_view to_string(OverlapMode mode) noexcept {
   switch (mode) {
@@ -67,6 +71,10 @@ void sgd_on_gpu(CudaMlp& gpu, const std::vector<Slice>& slices, float lr, Stream
   for (const Slice& x : slices)
     gpu.sgd(x.layer, x.weight, x.offset, x.grad.as<float>(), x.grad.count(), lr, s.native);
 }
+// A GPU node's body: `...` enqueued through the device model `gpu` on the executor's stream `s`.
+#define LOOM_GPU_BODY(...) [=, gpu = _gpu.get()](StreamRef s) { __VA_ARGS__; }
+#else
+#define LOOM_GPU_BODY(...) [](StreamRef) {}
 #endif
 
 std::string weights_node(int k) {
@@ -114,6 +122,7 @@ TrainStep::TrainStep(Backend& backend, TrainConfig config)
   BucketerOptions bucketing = _config.bucketing;
   bucketing.average = true;
   _bucketer = std::make_unique<Bucketer>(std::move(specs), bucketing);
+  _memory = model_memory();
   compile();
 }
 
@@ -126,187 +135,217 @@ float TrainStep::loss() const {
   return _loss;
 }
 
-void TrainStep::compile() {
-  Mlp& m = _model;
-  auto& layers = m.layers();
-  const int depth = _config.shape.depth;
-  const Buffer input_data = Buffer::of(std::span(m.input_of(0)));
-
-  // The model's memory as the nodes' reads/writes declare it, on the host or on the device.
-  struct Memory {
-    std::function<Buffer(int)> input, weight, bias, z, a, grad_z;
-  } mem;
-  mem.input = [&, input_data](int k) { return k == 0 ? input_data : view(layers[k - 1].a); };
-  mem.weight = [&](int k) { return view(layers[k].weight); };
-  mem.bias = [&](int k) { return view(layers[k].bias); };
-  mem.z = [&](int k) { return view(layers[k].z); };
-  mem.a = [&](int k) { return view(layers[k].a); };
-  mem.grad_z = [&](int k) { return view(layers[k].grad_z); };
+TrainStep::Memory TrainStep::model_memory() {
 #if LOOM_TRAIN_STEP_CUDA
-  CudaMlp* gpu = _gpu.get();
-  if (gpu != nullptr) {
-    mem.input = [gpu](int k) { return gpu->input(k); };
-    mem.weight = [gpu](int k) { return gpu->weight(k); };
-    mem.bias = [gpu](int k) { return gpu->bias(k); };
-    mem.z = [gpu](int k) { return gpu->z(k); };
-    mem.a = [gpu](int k) { return gpu->a(k); };
-    mem.grad_z = [gpu](int k) { return gpu->grad_z(k); };
-  }
-#define LOOM_GPU_BODY(...) [=](StreamRef s) { __VA_ARGS__; }
-#else
-#define LOOM_GPU_BODY(...) [](StreamRef) {}
+  if (CudaMlp* gpu = _gpu.get())
+    return {[gpu](int k) { return gpu->input(k); }, [gpu](int k) { return gpu->weight(k); },
+            [gpu](int k) { return gpu->bias(k); },  [gpu](int k) { return gpu->z(k); },
+            [gpu](int k) { return gpu->a(k); },     [gpu](int k) { return gpu->grad_z(k); }};
 #endif
-  // A CPU node, or a GPU node enqueueing on the stream the executor gives it.
-  auto node = [&](Graph& graph, std::string name, std::function<void()> cpu,
-                  std::function<void(StreamRef)> dev, ComputeOptions options) {
-    return _gpu ? graph.compute_gpu(std::move(name), std::move(dev), std::move(options))
-                : graph.compute(std::move(name), std::move(cpu), std::move(options));
-  };
-  // The forward chain and the loss, into `graph`; `suffix` names the next step's copy.
-  auto add_forward = [&](Graph& graph, const std::string& suffix, std::vector<Task>& forward) {
-    for (int k = 0; k < depth; ++k) {
-      std::vector<Buffer> writes{mem.z(k)};
-      if (k + 1 < depth) writes.push_back(mem.a(k));
-      forward[k] =
-          node(graph, "forward" + std::to_string(k) + suffix, [&m, k] { m.forward(k); },
-               LOOM_GPU_BODY(gpu->forward(k, s.native)),
-               {.reads = {mem.input(k), mem.weight(k), mem.bias(k)}, .writes = std::move(writes)});
-      if (k > 0) forward[k - 1].precede(forward[k]);
-    }
-    Task loss = node(graph, "loss" + suffix, [this] { _loss = _model.loss_and_output_gradient(); },
-                     LOOM_GPU_BODY(gpu->loss_and_output_gradient(s.native)),
-                     {.reads = {mem.z(depth - 1)}, .writes = {mem.grad_z(depth - 1)}});
-    forward.back().precede(loss);
-    return loss;
-  };
+  std::vector<Layer>* layers = &_model.layers();  // the nodes outlive this call, not the model
+  const Buffer data = Buffer::of(std::span(_model.input_of(0)));
+  return {[layers, data](int k) { return k == 0 ? data : view((*layers)[k - 1].a); },
+          [layers](int k) { return view((*layers)[k].weight); },
+          [layers](int k) { return view((*layers)[k].bias); },
+          [layers](int k) { return view((*layers)[k].z); },
+          [layers](int k) { return view((*layers)[k].a); },
+          [layers](int k) { return view((*layers)[k].grad_z); }};
+}
 
-  // loom pipelines steps: a run is this step's backward, its buckets' allreduce and updates,
-  // and the next step's forward and loss, whose layer k starts as soon as the updates of layer
-  // k are in, so the forward computes while the other layers' buckets are still on the wire.
-  // The first forward runs once, in a prologue graph of its own.
+// loom pipelines steps: a run is this step's backward, its buckets' allreduce and updates, and
+// the next step's forward and loss, whose layer k starts as soon as the updates of layer k are
+// in, so the forward computes while the other layers' buckets are still on the wire. The first
+// forward runs once, in a prologue graph of its own.
+void TrainStep::compile() {
   const bool pipelined = _config.mode == OverlapMode::loom;
-  Graph g;
-  std::vector<Task> forward(depth), weights(depth), input(depth);
-  Task loss;
-  if (pipelined) {
-    if (!_prologue) {
-      Graph first;
-      std::vector<Task> first_forward(depth);
-      add_forward(first, "", first_forward);
-      _prologue = Executor::compile(first, _backend, _config.executor);
-    }
-  } else {
-    loss = add_forward(g, "", forward);
+  const int depth = _config.shape.depth;
+  if (pipelined && !_prologue) {
+    Graph first;
+    std::vector<Task> first_forward(depth);
+    add_forward(first, "", first_forward);
+    _prologue = Executor::compile(first, _backend, _config.executor);
   }
+  Graph g;
+  Nodes nodes;
+  nodes.forward = nodes.weights = nodes.input = std::vector<Task>(depth);
+  if (!pipelined) nodes.loss = add_forward(g, "", nodes.forward);
+  add_backward(g, nodes);
+  std::vector<BucketTasks> buckets = add_buckets(g, nodes);
+  const Task reduce_done =
+      _config.mode == OverlapMode::sequential ? add_sequential_phases(g, nodes, buckets) : Task{};
+  std::vector<Update> updates = add_updates(g, nodes, buckets, reduce_done);
+  if (pipelined) add_next_forward(g, nodes, updates);
+  _executor = Executor::compile(g, _backend, executor_options());
+}
 
-  std::vector<std::size_t> weight_gradient(depth), bias_gradient(depth);
+// A CPU node, or a GPU node enqueueing on the stream the executor gives it.
+Task TrainStep::add_compute(Graph& graph, std::string name, std::function<void()> cpu,
+                            std::function<void(StreamRef)> gpu, ComputeOptions options) {
+  return _gpu ? graph.compute_gpu(std::move(name), std::move(gpu), std::move(options))
+              : graph.compute(std::move(name), std::move(cpu), std::move(options));
+}
+
+// The forward chain and the loss, into `graph`; `suffix` names the next step's copy.
+Task TrainStep::add_forward(Graph& graph, const std::string& suffix, std::vector<Task>& forward) {
+  const Memory& mem = _memory;
+  const int depth = _config.shape.depth;
+  for (int k = 0; k < depth; ++k) {
+    std::vector<Buffer> writes{mem.z(k)};
+    if (k + 1 < depth) writes.push_back(mem.a(k));
+    forward[k] = add_compute(
+        graph, "forward" + std::to_string(k) + suffix, [this, k] { _model.forward(k); },
+        LOOM_GPU_BODY(gpu->forward(k, s.native)),
+        {.reads = {mem.input(k), mem.weight(k), mem.bias(k)}, .writes = std::move(writes)});
+    if (k > 0) forward[k - 1].precede(forward[k]);
+  }
+  Task loss =
+      add_compute(graph, "loss" + suffix, [this] { _loss = _model.loss_and_output_gradient(); },
+                  LOOM_GPU_BODY(gpu->loss_and_output_gradient(s.native)),
+                  {.reads = {mem.z(depth - 1)}, .writes = {mem.grad_z(depth - 1)}});
+  forward.back().precede(loss);
+  return loss;
+}
+
+// Per layer, last first: the weight gradient (into the Bucketer's gradient memory) and the
+// input gradient that the layer below needs.
+void TrainStep::add_backward(Graph& graph, Nodes& nodes) {
+  const Memory& mem = _memory;
+  std::vector<std::size_t> weight_gradient(_config.shape.depth), bias_gradient(_config.shape.depth);
   for (std::size_t i = 0; i < _parameters.size(); ++i)
     (_parameters[i].weight ? weight_gradient : bias_gradient)[_parameters[i].layer] = i;
-  for (int k = depth - 1; k >= 0; --k) {
+  for (int k = _config.shape.depth - 1; k >= 0; --k) {
     const Buffer grad_w = _bucketer->gradient(weight_gradient[k]);
     const Buffer grad_b = _bucketer->gradient(bias_gradient[k]);
-    weights[k] = node(
-        g, weights_node(k),
-        [&m, k, grad_w, grad_b] { m.weight_gradient(k, grad_w.as<float>(), grad_b.as<float>()); },
+    Task& weights = nodes.weights[k];
+    weights = add_compute(
+        graph, weights_node(k),
+        [this, k, grad_w, grad_b] {
+          _model.weight_gradient(k, grad_w.as<float>(), grad_b.as<float>());
+        },
         // On the GPU: computed on the device, then copied into the (pinned) host bucket.
         LOOM_GPU_BODY(gpu->weight_gradient(k, grad_w.as<float>(), grad_b.as<float>(), s.native)),
         // Before the input gradient that becomes ready with it: TBB would otherwise run the
         // input-gradient chain depth-first and produce every weight gradient at the very end,
         // leaving no backward compute for communication to hide behind.
         {.priority = 1, .reads = {mem.input(k), mem.grad_z(k)}, .writes = {grad_w, grad_b}});
-    Task upstream = k == depth - 1 ? loss : input[k + 1];
-    if (upstream.valid()) upstream.precede(weights[k]);
+    Task upstream = k == _config.shape.depth - 1 ? nodes.loss : nodes.input[k + 1];
+    if (upstream.valid()) upstream.precede(weights);
     if (k > 0) {
-      input[k] = node(
-          g, "backward" + std::to_string(k) + ".input", [&m, k] { m.input_gradient(k); },
+      nodes.input[k] = add_compute(
+          graph, "backward" + std::to_string(k) + ".input", [this, k] { _model.input_gradient(k); },
           LOOM_GPU_BODY(gpu->input_gradient(k, s.native)),
           {.reads = {mem.grad_z(k), mem.weight(k), mem.z(k - 1)}, .writes = {mem.grad_z(k - 1)}});
-      if (upstream.valid()) upstream.precede(input[k]);
+      if (upstream.valid()) upstream.precede(nodes.input[k]);
     }
   }
+}
 
+// Each bucket's pack -> allreduce -> unpack after the weight gradients it holds, issued in
+// bucket order (ddp), the ready order or the planned one (loom).
+std::vector<BucketTasks> TrainStep::add_buckets(Graph& graph, const Nodes& nodes) {
   std::vector<Task> producers;
-  for (const Parameter& p : _parameters) producers.push_back(weights[p.layer]);
+  for (const Parameter& p : _parameters) producers.push_back(nodes.weights[p.layer]);
   AttachOptions attach;
   attach.order = _config.mode == OverlapMode::ddp ? BucketOrder::bucket : BucketOrder::ready;
-  if (pipelined) attach.issue_order = _issue_order;
-  const auto buckets = _bucketer->attach(g, producers, _backend.world_size(), attach);
-
-  // Sequential: strict phases, so nothing computes while anything communicates: backward,
-  // every pack, every allreduce, every unpack, the updates.
-  Task reduce_done;
-  if (_config.mode == OverlapMode::sequential) {
-    auto backward_done = g.compute("backward.done", [] {});
-    auto packs_done = g.compute("pack.done", [] {});
-    reduce_done = g.compute("allreduce.done", [] {});
-    for (int k = 0; k < depth; ++k) {
-      weights[k].precede(backward_done);
-      if (k > 0) input[k].precede(backward_done);
-    }
-    backward_done.precede(packs_done);
-    for (BucketTasks b : buckets) {  // a copy: Task handles are cheap, precede() is non-const
-      if (b.pack.valid()) {
-        backward_done.precede(b.pack);
-        b.pack.precede(packs_done);
-      }
-      packs_done.precede(b.reduce);
-      b.reduce.precede(reduce_done);
-      if (b.unpack.valid()) reduce_done.precede(b.unpack);
-    }
-  }
-
-  const float lr = _config.learning_rate;
-  std::vector<std::pair<Task, std::set<int>>> updates;  // each update and the layers it writes
-  for (std::size_t b = 0; b < buckets.size(); ++b) {
-    std::vector<Slice> slices;
-    std::vector<Buffer> reads, writes;
-    std::set<int> layers_touched;
-    for (const BucketPiece& piece : _bucketer->buckets()[b].pieces) {
-      const Parameter& p = _parameters[piece.gradient];
-      const Buffer grad = _bucketer->gradient(piece.gradient).slice(piece.offset, piece.count);
-      const Buffer param =
-          (p.weight ? mem.weight(p.layer) : mem.bias(p.layer)).slice(piece.offset, piece.count);
-      slices.push_back({grad, param, p.layer, p.weight, piece.offset});
-      reads.push_back(grad);
-      writes.push_back(param);
-      layers_touched.insert(p.layer);
-    }
-    auto update =
-        node(g, "bucket" + std::to_string(b) + ".sgd",
-             [slices, lr] {
-               for (const Slice& s : slices)
-                 cblas_saxpy(static_cast<int>(s.grad.count()), -lr, s.grad.as<float>(), 1,
-                             s.param.as<float>(), 1);
-             },
-             LOOM_GPU_BODY(sgd_on_gpu(*gpu, slices, lr, s)),
-             // Highest: an update runs as soon as its bucket is reduced, ahead of queued backward.
-             {.priority = 2, .reads = std::move(reads), .writes = std::move(writes)});
-    buckets[b].done().precede(update);
-    if (reduce_done.valid()) reduce_done.precede(update);
-    // backward's input gradient of layer k reads W_k: the update may not overwrite it first.
-    for (int k : layers_touched)
-      if (k > 0) input[k].precede(update);
-    updates.emplace_back(update, std::move(layers_touched));
-  }
-  if (pipelined) {
-    std::vector<Task> next(depth);
-    add_forward(g, ".next", next);
-    for (auto& [update, touched] : updates)
-      for (int k : touched) update.precede(next[k]);
-    // The next forward overwrites z_k and a_k, which this backward reads in layer k + 1.
-    for (int k = 0; k + 1 < depth; ++k) {
-      weights[k + 1].precede(next[k]);
-      input[k + 1].precede(next[k]);
-    }
-  }
-#undef LOOM_GPU_BODY
-  // A planned order only decides what the wire carries first if the wire carries one bucket
-  // at a time.
-  ExecutorOptions options = _config.executor;
-  if (pipelined && !_issue_order.empty() && options.collectives_in_flight == 0)
-    options.collectives_in_flight = 1;
-  _executor = Executor::compile(g, _backend, options);
+  if (_config.mode == OverlapMode::loom) attach.issue_order = _issue_order;
+  return _bucketer->attach(graph, producers, _backend.world_size(), attach);
 }
+
+// Sequential: strict phases, so nothing computes while anything communicates: backward, every
+// pack, every allreduce, every unpack, the updates. Returns the end of the allreduce phase.
+Task TrainStep::add_sequential_phases(Graph& graph, Nodes& nodes,
+                                      std::vector<BucketTasks>& buckets) {
+  auto backward_done = graph.compute("backward.done", [] {});
+  auto packs_done = graph.compute("pack.done", [] {});
+  auto reduce_done = graph.compute("allreduce.done", [] {});
+  for (int k = 0; k < _config.shape.depth; ++k) {
+    nodes.weights[k].precede(backward_done);
+    if (k > 0) nodes.input[k].precede(backward_done);
+  }
+  backward_done.precede(packs_done);
+  for (BucketTasks& b : buckets) {
+    if (b.pack.valid()) {
+      backward_done.precede(b.pack);
+      b.pack.precede(packs_done);
+    }
+    packs_done.precede(b.reduce);
+    b.reduce.precede(reduce_done);
+    if (b.unpack.valid()) reduce_done.precede(b.unpack);
+  }
+  return reduce_done;
+}
+
+// Bucket `bucket`'s SGD on the parameters its reduced gradients belong to.
+TrainStep::Update TrainStep::add_update(Graph& graph, std::size_t bucket) {
+  std::vector<Slice> slices;
+  std::vector<Buffer> reads, writes;
+  std::set<int> layers;
+  for (const BucketPiece& piece : _bucketer->buckets()[bucket].pieces) {
+    const Parameter& p = _parameters[piece.gradient];
+    const Buffer grad = _bucketer->gradient(piece.gradient).slice(piece.offset, piece.count);
+    const Buffer param = (p.weight ? _memory.weight(p.layer) : _memory.bias(p.layer))
+                             .slice(piece.offset, piece.count);
+    slices.push_back({grad, param, p.layer, p.weight, piece.offset});
+    reads.push_back(grad);
+    writes.push_back(param);
+    layers.insert(p.layer);
+  }
+  const float lr = _config.learning_rate;
+  Task task = add_compute(
+      graph, "bucket" + std::to_string(bucket) + ".sgd",
+      [slices, lr] {
+        for (const Slice& s : slices)
+          cblas_saxpy(static_cast<int>(s.grad.count()), -lr, s.grad.as<float>(), 1,
+                      s.param.as<float>(), 1);
+      },
+      LOOM_GPU_BODY(sgd_on_gpu(*gpu, slices, lr, s)),
+      // Highest: an update runs as soon as its bucket is reduced, ahead of queued backward.
+      {.priority = 2, .reads = std::move(reads), .writes = std::move(writes)});
+  return {task, std::move(layers)};
+}
+
+// Every bucket's update, once the bucket is reduced (and the allreduce phase is over, if
+// there is one) and backward no longer reads the weights it overwrites.
+std::vector<TrainStep::Update> TrainStep::add_updates(Graph& graph, Nodes& nodes,
+                                                      std::vector<BucketTasks>& buckets,
+                                                      Task reduce_done) {
+  std::vector<Update> updates;
+  for (std::size_t b = 0; b < buckets.size(); ++b) {
+    Update update = add_update(graph, b);
+    buckets[b].done().precede(update.task);
+    if (reduce_done.valid()) reduce_done.precede(update.task);
+    // backward's input gradient of layer k reads W_k: the update may not overwrite it first.
+    for (int k : update.layers)
+      if (k > 0) nodes.input[k].precede(update.task);
+    updates.push_back(std::move(update));
+  }
+  return updates;
+}
+
+// loom: the next step's forward, each layer as soon as its updates are in.
+void TrainStep::add_next_forward(Graph& graph, Nodes& nodes, std::vector<Update>& updates) {
+  std::vector<Task> next(_config.shape.depth);
+  add_forward(graph, ".next", next);
+  for (Update& update : updates)
+    for (int k : update.layers) update.task.precede(next[k]);
+  // The next forward overwrites z_k and a_k, which this backward reads in layer k + 1.
+  for (int k = 0; k + 1 < _config.shape.depth; ++k) {
+    nodes.weights[k + 1].precede(next[k]);
+    nodes.input[k + 1].precede(next[k]);
+  }
+}
+
+// A planned order only decides what the wire carries first if the wire carries one bucket at
+// a time.
+ExecutorOptions TrainStep::executor_options() const {
+  ExecutorOptions options = _config.executor;
+  if (_config.mode == OverlapMode::loom && !_issue_order.empty() &&
+      options.collectives_in_flight == 0)
+    options.collectives_in_flight = 1;
+  return options;
+}
+
+#undef LOOM_GPU_BODY
 
 void TrainStep::run() {
   if (_prologue && !_primed) {

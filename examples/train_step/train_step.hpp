@@ -2,8 +2,10 @@
 // backward, bucketed allreduce and a per-bucket SGD update, in three scheduling modes.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -110,12 +112,42 @@ class TrainStep {
     std::vector<float>* values;
     std::vector<float> own_gradient;  // when the model owns its gradients
   };
+  // The model's memory as the nodes' reads and writes declare it: the host model's, or the
+  // device model's when the step computes on a GPU.
+  struct Memory {
+    std::function<Buffer(int)> input, weight, bias, z, a, grad_z;
+  };
+  // The compute nodes of one step's graph, by layer (layer 0 has no input gradient).
+  struct Nodes {
+    std::vector<Task> forward, weights, input;
+    Task loss;
+  };
+  // A bucket's SGD update and the layers whose parameters it writes.
+  struct Update {
+    Task task;
+    std::set<int> layers;
+  };
+
+  Memory model_memory();
+  // Builds the step's graph from its parts and compiles it (and, in loom mode, the prologue).
   void compile();
+  Task add_compute(Graph& graph, std::string name, std::function<void()> cpu,
+                   std::function<void(StreamRef)> gpu, ComputeOptions options);
+  Task add_forward(Graph& graph, const std::string& suffix, std::vector<Task>& forward);
+  void add_backward(Graph& graph, Nodes& nodes);
+  std::vector<BucketTasks> add_buckets(Graph& graph, const Nodes& nodes);
+  Task add_sequential_phases(Graph& graph, Nodes& nodes, std::vector<BucketTasks>& buckets);
+  Update add_update(Graph& graph, std::size_t bucket);
+  std::vector<Update> add_updates(Graph& graph, Nodes& nodes, std::vector<BucketTasks>& buckets,
+                                  Task reduce_done);
+  void add_next_forward(Graph& graph, Nodes& nodes, std::vector<Update>& updates);
+  ExecutorOptions executor_options() const;
 
   Backend& _backend;
   TrainConfig _config;
   Mlp _model;
   std::unique_ptr<CudaMlp> _gpu;       // the model on the device, when config.device is CUDA
+  Memory _memory;                      // where nodes read and write the model
   std::vector<Parameter> _parameters;  // registration order
   std::unique_ptr<Bucketer> _bucketer;
   std::unique_ptr<Executor> _executor;

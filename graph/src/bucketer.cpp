@@ -14,6 +14,9 @@
 #include "graph_state.hpp"
 #include "loom/error.hpp"
 #include "loom/executor.hpp"
+#include "loom/kernels/cast.hpp"
+#include "loom/kernels/pack.hpp"
+#include "loom/kernels/reduce.hpp"
 #include "loom/pinned_pool.hpp"
 
 namespace loom {
@@ -46,66 +49,71 @@ DType wire_dtype(Compression compression, DType dtype) {
   return dtype;
 }
 
-// dst[i] = (to 16 bit)(src[i] * scale): the compression hook's cast with the average folded in.
-void compress(const float* src, void* dst, std::size_t count, Compression compression,
-              float scale) {
-  if (compression == Compression::float16) {
-    auto* out = static_cast<float16_t*>(dst);
-    for (std::size_t i = 0; i < count; ++i) out[i] = to_float16(src[i] * scale);
-  } else {
-    auto* out = static_cast<bfloat16_t*>(dst);
-    for (std::size_t i = 0; i < count; ++i) out[i] = to_bfloat16(src[i] * scale);
+// One contiguous stretch of a bucket: full-precision memory (a gradient's piece, or the whole
+// bucket when gradients are views) and its place in the memory the allreduce reduces.
+struct Copy {
+  Buffer full;
+  Buffer wire;
+};
+
+std::span<std::byte> bytes_of(const Buffer& buffer) {
+  return {static_cast<std::byte*>(buffer.data()), buffer.bytes()};
+}
+
+// The compression hook's pack: each stretch cast to 16 bits with the average folded in before
+// the reduction (as DDP's fp16 hook divides first), so float16 sums of large gradients do not
+// overflow.
+void compress(const std::vector<Copy>& copies, double factor) {
+  for (const Copy& c : copies)
+    kernels::cast(c.full.data(), c.full.dtype(), c.wire.data(), c.wire.dtype(), c.full.count(),
+                  factor);
+}
+
+void decompress(const std::vector<Copy>& copies) {
+  for (const Copy& c : copies)
+    kernels::cast(c.wire.data(), c.wire.dtype(), c.full.data(), c.full.dtype(), c.full.count());
+}
+
+// The pieces of a bucket whose gradients keep their own memory, back to back as the bucket
+// holds them (whole elements, so aligning to one element adds no padding).
+kernels::PackPlan pack_plan(const std::vector<Copy>& copies, const std::string& bucket) {
+  std::vector<kernels::PackSegment> segments;
+  for (const Copy& c : copies) segments.push_back({c.full.data(), c.full.bytes()});
+  try {
+    return kernels::PackPlan(std::move(segments), dtype_size(copies.front().full.dtype()));
+  } catch (const Error& e) {
+    invalid("Bucketer::attach: " + bucket + ": the storage of its gradients overlaps (" +
+            e.message() + ")");
   }
 }
 
-void decompress(const void* src, float* dst, std::size_t count, Compression compression) {
-  if (compression == Compression::float16) {
-    const auto* in = static_cast<const float16_t*>(src);
-    for (std::size_t i = 0; i < count; ++i) dst[i] = to_float(in[i]);
-  } else {
-    const auto* in = static_cast<const bfloat16_t*>(src);
-    for (std::size_t i = 0; i < count; ++i) dst[i] = to_float(in[i]);
-  }
-}
-
-// dst = src * factor in one pass (the unpack with the average folded in); factor 1 copies.
-void copy_scaled(Buffer src, Buffer dst, double factor) {
-  if (factor == 1.0 || !is_floating(src.dtype())) {
-    std::memcpy(dst.data(), src.data(), src.bytes());
+// A bucket's pack and unpack: casts with compression, else copies along the pack plan, with
+// the average folded into the unpack (one pass either way).
+void add_pack_and_unpack(Graph& graph, const std::string& name, const std::vector<Copy>& copies,
+                         Buffer wire, Compression compression, double factor, BucketTasks& tasks) {
+  std::vector<Buffer> full;
+  for (const Copy& c : copies) full.push_back(c.full);
+  if (compression != Compression::none) {
+    tasks.pack = graph.compute(name + ".pack", [copies, factor] { compress(copies, factor); },
+                               {.reads = full, .writes = {wire}});
+    tasks.unpack = graph.compute(name + ".unpack", [copies] { decompress(copies); },
+                                 {.reads = {wire}, .writes = full});
     return;
   }
-  const std::size_t n = src.count();
-  switch (src.dtype()) {
-    case DType::float32: {
-      const float f = static_cast<float>(factor);
-      const float* in = src.as<float>();
-      float* out = dst.as<float>();
-      for (std::size_t i = 0; i < n; ++i) out[i] = in[i] * f;
-      return;
-    }
-    case DType::float64: {
-      const double* in = src.as<double>();
-      double* out = dst.as<double>();
-      for (std::size_t i = 0; i < n; ++i) out[i] = in[i] * factor;
-      return;
-    }
-    case DType::float16: {
-      const auto* in = src.as<float16_t>();
-      auto* out = dst.as<float16_t>();
-      for (std::size_t i = 0; i < n; ++i)
-        out[i] = to_float16(to_float(in[i]) * static_cast<float>(factor));
-      return;
-    }
-    case DType::bfloat16: {
-      const auto* in = src.as<bfloat16_t>();
-      auto* out = dst.as<bfloat16_t>();
-      for (std::size_t i = 0; i < n; ++i)
-        out[i] = to_bfloat16(to_float(in[i]) * static_cast<float>(factor));
-      return;
-    }
-    default:
-      std::memcpy(dst.data(), src.data(), src.bytes());
-  }
+  const kernels::PackPlan plan = pack_plan(copies, name);
+  tasks.pack = graph.compute(name + ".pack", [plan, wire] { kernels::pack(plan, bytes_of(wire)); },
+                             {.reads = full, .writes = {wire}});
+  tasks.unpack = graph.compute(name + ".unpack",
+                               [plan, copies, wire, factor] {
+                                 if (factor == 1.0) {
+                                   kernels::unpack(plan, bytes_of(wire));
+                                   return;
+                                 }
+                                 for (const Copy& c : copies)
+                                   kernels::scale(c.wire.data(), c.full.data(), c.full.count(),
+                                                  c.full.dtype(), factor);
+                               },
+                               {.reads = {wire}, .writes = full});
 }
 
 void check_permutation(std::span<const std::size_t> order, std::size_t n, const char* what) {
@@ -163,6 +171,16 @@ struct Bucketer::State {
     return Buffer(block.data(), count, dtype);
   }
   void assign(std::span<const std::size_t> order);
+  // Where bucket b's full-precision values are read before and written after the reduction:
+  // the bucket itself when gradients are views into it, else each gradient's piece.
+  std::vector<Copy> copies(std::size_t b) const {
+    if (views) return {{bucket_memory[b], wire[b]}};
+    std::vector<Copy> out;
+    for (const BucketPiece& p : buckets[b].pieces)
+      out.push_back({gradients[p.gradient].storage.slice(p.offset, p.count),
+                     wire[b].slice(p.bucket_offset, p.count)});
+    return out;
+  }
 };
 
 void Bucketer::State::assign(std::span<const std::size_t> order) {
@@ -409,60 +427,12 @@ std::vector<BucketTasks> Bucketer::attach(Graph& graph, std::span<const Task> pr
     const Bucket& bucket = s.buckets[b];
     const std::string name = options.prefix + std::to_string(b);
     const Buffer wire = s.wire[b];
-    // Where each piece's full-precision values are read before and written after the reduction.
-    std::vector<std::pair<Buffer, Buffer>> pieces;  // (gradient memory, bucket slice)
-    std::vector<Buffer> gradient_memory;
-    for (const BucketPiece& p : bucket.pieces) {
-      const Buffer in_gradient = gradient(p.gradient).slice(p.offset, p.count);
-      pieces.emplace_back(in_gradient, wire.slice(p.bucket_offset, p.count));
-      gradient_memory.push_back(in_gradient);
-    }
     BucketTasks& tasks = out[b];
     ReduceOp op = ReduceOp::sum;
-    if (compression != Compression::none) {
-      // Cast with the average folded in before the reduction (as DDP's fp16 hook divides
-      // first), so float16 sums of large gradients do not overflow.
-      const Buffer source = s.views ? s.bucket_memory[b] : Buffer{};
-      tasks.pack = graph.compute(
-          name + ".pack",
-          [pieces, source, wire, compression, factor] {
-            if (source.data() != nullptr) {
-              compress(source.as<float>(), wire.data(), source.count(), compression,
-                       static_cast<float>(factor));
-              return;
-            }
-            for (const auto& [grad, slot] : pieces)
-              compress(grad.as<float>(), slot.data(), grad.count(), compression,
-                       static_cast<float>(factor));
-          },
-          {.reads = s.views ? std::vector<Buffer>{source} : gradient_memory, .writes = {wire}});
-      tasks.unpack = graph.compute(
-          name + ".unpack",
-          [pieces, source, wire, compression] {
-            if (source.data() != nullptr) {
-              decompress(wire.data(), source.as<float>(), source.count(), compression);
-              return;
-            }
-            for (const auto& [grad, slot] : pieces)
-              decompress(slot.data(), grad.as<float>(), grad.count(), compression);
-          },
-          {.reads = {wire}, .writes = s.views ? std::vector<Buffer>{source} : gradient_memory});
-    } else if (!s.views) {
-      tasks.pack = graph.compute(name + ".pack",
-                                 [pieces] {
-                                   for (const auto& [grad, slot] : pieces)
-                                     std::memcpy(slot.data(), grad.data(), grad.bytes());
-                                 },
-                                 {.reads = gradient_memory, .writes = {wire}});
-      tasks.unpack = graph.compute(name + ".unpack",
-                                   [pieces, factor] {
-                                     for (const auto& [grad, slot] : pieces)
-                                       copy_scaled(slot, grad, factor);
-                                   },
-                                   {.reads = {wire}, .writes = gradient_memory});
-    } else if (average) {
+    if (compression != Compression::none || !s.views)
+      add_pack_and_unpack(graph, name, s.copies(b), wire, compression, factor, tasks);
+    else if (average)
       op = ReduceOp::avg;  // views, no pack/unpack: the reduction divides
-    }
     tasks.reduce = graph.allreduce(name + ".allreduce", wire, op, {.priority = priority[b]});
     if (tasks.pack.valid()) tasks.pack.precede(tasks.reduce);
     if (tasks.unpack.valid()) tasks.reduce.precede(tasks.unpack);

@@ -1,8 +1,10 @@
-// CPU dtype conversion between float32, float16 and bfloat16 (through float, rounding once).
+// CPU dtype conversion between float32, float16 and bfloat16 (through float, rounding once),
+// optionally scaling in the same pass.
 #include "loom/kernels/cast.hpp"
 
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "loom/error.hpp"
 
@@ -13,28 +15,76 @@ bool castable(DType d) noexcept {
   return d == DType::float32 || d == DType::float16 || d == DType::bfloat16;
 }
 
-float load(const void* in, DType from, std::size_t i) {
-  switch (from) {
-    case DType::float16:
-      return to_float(static_cast<const float16_t*>(in)[i]);
-    case DType::bfloat16:
-      return to_float(static_cast<const bfloat16_t*>(in)[i]);
-    default:
-      return static_cast<const float*>(in)[i];
+float widen(float x) noexcept {
+  return x;
+}
+float widen(float16_t x) noexcept {
+  return to_float(x);
+}
+float widen(bfloat16_t x) noexcept {
+  return to_float(x);
+}
+
+template <class T>
+T narrow(float x) noexcept {
+  if constexpr (std::is_same_v<T, float16_t>)
+    return to_float16(x);
+  else if constexpr (std::is_same_v<T, bfloat16_t>)
+    return to_bfloat16(x);
+  else
+    return x;
+}
+
+// One typed loop per pair, so the element loop has no dtype switch. Element i is read before
+// it is written, so in == out works when sizes are equal.
+template <class From, class To, bool scaled>
+void convert(const void* in, void* out, std::size_t count, float factor) {
+  const auto* x = static_cast<const From*>(in);
+  auto* y = static_cast<To*>(out);
+  for (std::size_t i = 0; i < count; ++i) {
+    if constexpr (scaled)
+      y[i] = narrow<To>(widen(x[i]) * factor);
+    else
+      y[i] = narrow<To>(widen(x[i]));
   }
 }
 
-void store(void* out, DType to, std::size_t i, float value) {
+template <class From, bool scaled>
+void convert_to(const void* in, void* out, DType to, std::size_t count, float factor) {
   switch (to) {
     case DType::float16:
-      static_cast<float16_t*>(out)[i] = to_float16(value);
-      return;
+      return convert<From, float16_t, scaled>(in, out, count, factor);
     case DType::bfloat16:
-      static_cast<bfloat16_t*>(out)[i] = to_bfloat16(value);
-      return;
+      return convert<From, bfloat16_t, scaled>(in, out, count, factor);
     default:
-      static_cast<float*>(out)[i] = value;
+      return convert<From, float, scaled>(in, out, count, factor);
   }
+}
+
+template <bool scaled>
+void convert(const void* in, DType from, void* out, DType to, std::size_t count, float factor) {
+  switch (from) {
+    case DType::float16:
+      return convert_to<float16_t, scaled>(in, out, to, count, factor);
+    case DType::bfloat16:
+      return convert_to<bfloat16_t, scaled>(in, out, to, count, factor);
+    default:
+      return convert_to<float, scaled>(in, out, to, count, factor);
+  }
+}
+
+// Whether a cast of `count` elements has anything to do; throws for what it cannot do.
+bool check(const void* in, DType from, void* out, DType to, std::size_t count) {
+  if (!can_cast(from, to))
+    throw Error(ErrorCode::unsupported, "cast from " + std::string(to_string(from)) + " to " +
+                                            std::string(to_string(to)) +
+                                            " is not supported (float32, float16 and bfloat16 "
+                                            "convert among themselves)");
+  if (count == 0) return false;
+  if (in == nullptr || out == nullptr)
+    throw Error(ErrorCode::invalid_argument,
+                "cast of " + std::to_string(count) + " elements: null buffer");
+  return true;
 }
 
 }  // namespace
@@ -44,21 +94,17 @@ bool can_cast(DType from, DType to) noexcept {
 }
 
 void cast(const void* in, DType from, void* out, DType to, std::size_t count) {
-  if (!can_cast(from, to))
-    throw Error(ErrorCode::unsupported, "cast from " + std::string(to_string(from)) + " to " +
-                                            std::string(to_string(to)) +
-                                            " is not supported (float32, float16 and bfloat16 "
-                                            "convert among themselves)");
-  if (count == 0) return;
-  if (in == nullptr || out == nullptr)
-    throw Error(ErrorCode::invalid_argument,
-                "cast of " + std::to_string(count) + " elements: null buffer");
+  if (!check(in, from, out, to, count)) return;
   if (from == to) {
     if (in != out) std::memmove(out, in, count * dtype_size(from));
     return;
   }
-  // Element i is read before it is written, so in == out works when sizes are equal.
-  for (std::size_t i = 0; i < count; ++i) store(out, to, i, load(in, from, i));
+  convert<false>(in, from, out, to, count, 1.0f);
+}
+
+void cast(const void* in, DType from, void* out, DType to, std::size_t count, double factor) {
+  if (!check(in, from, out, to, count)) return;
+  convert<true>(in, from, out, to, count, static_cast<float>(factor));
 }
 
 }  // namespace loom::kernels

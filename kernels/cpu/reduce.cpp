@@ -112,18 +112,20 @@ void dispatch_op(void* out, const void* a, const void* b, std::size_t n, ReduceO
                                           " (integers would truncate)");
 }
 
+// 16-bit floats multiply in float by the factor rounded to float, as average() divides.
 template <class T>
-void scale_floats(void* data, std::size_t n, double factor) {
-  auto* p = static_cast<T*>(data);
+void scale_floats(const void* in, void* out, std::size_t n, double factor) {
+  const auto* x = static_cast<const T*>(in);
+  auto* y = static_cast<T*>(out);
   if constexpr (std::is_same_v<T, float16_t>) {
-    for (std::size_t i = 0; i < n; ++i)
-      p[i] = to_float16(static_cast<float>(to_float(p[i]) * factor));
+    const float f = static_cast<float>(factor);
+    for (std::size_t i = 0; i < n; ++i) y[i] = to_float16(to_float(x[i]) * f);
   } else if constexpr (std::is_same_v<T, bfloat16_t>) {
-    for (std::size_t i = 0; i < n; ++i)
-      p[i] = to_bfloat16(static_cast<float>(to_float(p[i]) * factor));
+    const float f = static_cast<float>(factor);
+    for (std::size_t i = 0; i < n; ++i) y[i] = to_bfloat16(to_float(x[i]) * f);
   } else {
     const T f = static_cast<T>(factor);
-    for (std::size_t i = 0; i < n; ++i) p[i] *= f;
+    for (std::size_t i = 0; i < n; ++i) y[i] = x[i] * f;
   }
 }
 
@@ -186,19 +188,23 @@ void average(void* data, std::size_t count, DType dtype, int divisor) {
   }
 }
 
-void scale(void* data, std::size_t count, DType dtype, double factor) {
+void scale(const void* in, void* out, std::size_t count, DType dtype, double factor) {
   switch (dtype) {
     case DType::float32:
-      return scale_floats<float>(data, count, factor);
+      return scale_floats<float>(in, out, count, factor);
     case DType::float64:
-      return scale_floats<double>(data, count, factor);
+      return scale_floats<double>(in, out, count, factor);
     case DType::float16:
-      return scale_floats<float16_t>(data, count, factor);
+      return scale_floats<float16_t>(in, out, count, factor);
     case DType::bfloat16:
-      return scale_floats<bfloat16_t>(data, count, factor);
+      return scale_floats<bfloat16_t>(in, out, count, factor);
     default:
       not_floating("scale", dtype);
   }
+}
+
+void scale(void* data, std::size_t count, DType dtype, double factor) {
+  scale(data, data, count, dtype, factor);
 }
 
 }  // namespace loom::kernels

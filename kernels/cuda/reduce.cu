@@ -94,18 +94,16 @@ __global__ void divide_kernel(T* data, std::size_t n, int divisor) {
     data[i] = A::store(A::load(data[i]) / d);
 }
 
-// As the CPU: float32/float64 multiply by the factor in their own type; 16-bit floats multiply
-// in double and round to float, then to 16 bits.
+// As the CPU: multiply by the factor in the type an element computes in (float for 16-bit
+// floats, then rounded to 16 bits).
 template <class T>
 __global__ void scale_kernel(T* data, std::size_t n, double factor) {
   using A = Arith<T>;
+  using U = typename A::type;
+  const U f = static_cast<U>(factor);
   for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::size_t{gridDim.x} * blockDim.x) {
-    if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BHalf>)
-      data[i] = A::store(static_cast<float>(A::load(data[i]) * factor));
-    else
-      data[i] = data[i] * static_cast<T>(factor);
-  }
+       i += std::size_t{gridDim.x} * blockDim.x)
+    data[i] = A::store(A::load(data[i]) * f);
 }
 
 template <class From, class To>

@@ -5,9 +5,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <mutex>
+#include <regex>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -239,6 +242,122 @@ TEST(TrainStep, CompressedGradientsStillTrain) {
     EXPECT_LT(worst, 1e-2) << to_string(compression);
   }
 }
+
+// The compiled step's graph as its DOT lists it: node names in id order (":priority" when not
+// 0) and the edges in the order they were added, as "from>to" by name.
+struct GraphListing {
+  std::vector<std::string> nodes, edges;
+};
+
+GraphListing listing_of(const Executor& executor) {
+  std::ostringstream dot;
+  executor.dump_dot(dot);
+  const std::regex node(R"(^  n\d+ \[.*label="([^\\"]*)\\n.*?(?:\\npriority (-?\d+))?"[\],])");
+  const std::regex edge(R"(^  n(\d+) -> n(\d+))");
+  GraphListing out;
+  std::vector<std::string> names;
+  std::istringstream lines(dot.str());
+  std::smatch m;
+  for (std::string line; std::getline(lines, line);) {
+    if (std::regex_search(line, m, edge)) {
+      out.edges.push_back(names.at(std::stoul(m[1])) + ">" + names.at(std::stoul(m[2])));
+    } else if (std::regex_search(line, m, node)) {
+      names.push_back(m[1]);
+      out.nodes.push_back(m[1].str() + (m[2].matched ? ":" + m[2].str() : ""));
+    }
+  }
+  return out;
+}
+
+std::string joined(const std::vector<std::string>& items) {
+  std::string out;
+  for (const std::string& item : items) out += (out.empty() ? "" : " ") + item;
+  return out;
+}
+
+// FNV-1a of the edge list: the edges are too many to spell out, their order matters (it is
+// the order the flow graph connects them in).
+std::uint64_t fingerprint(const std::vector<std::string>& items) {
+  std::uint64_t h = 14695981039346656037ull;
+  for (const std::string& item : items)
+    for (const char c : item + "\n") h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  return h;
+}
+
+struct GraphCase {
+  OverlapMode mode;
+  bool views;
+  Compression compression;
+  std::string nodes;  // joined(listing.nodes)
+  std::size_t edges;
+  std::uint64_t edge_fingerprint;
+};
+
+class TrainStepGraph : public testing::TestWithParam<GraphCase> {};
+
+// The step's graph for a 3-layer model whose first bucket holds layers 2 and 1: the nodes, their
+// priorities and edges that TrainStep::compile produced when these lines were written.
+TEST_P(TrainStepGraph, KeepsItsNodesPrioritiesAndEdges) {
+  const GraphCase& c = GetParam();
+  TrainConfig config;
+  config.shape = {.input = 6, .width = 16, .output = 2, .depth = 3, .batch = 5, .seed = 3};
+  config.bucketing.cap_bytes = 256;
+  config.bucketing.first_bucket_bytes = 512;
+  config.bucketing.compression = c.compression;
+  config.mode = c.mode;
+  config.gradient_views = c.views;
+  auto backend = make_local_backend();
+  TrainStep step(*backend, config);
+  const GraphListing listing = listing_of(step.executor());
+  EXPECT_EQ(joined(listing.nodes), c.nodes);
+  EXPECT_EQ(listing.edges.size(), c.edges);
+  EXPECT_EQ(fingerprint(listing.edges), c.edge_fingerprint) << joined(listing.edges);
+  step.run();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Modes, TrainStepGraph,
+    testing::Values(
+        GraphCase{OverlapMode::sequential, true, Compression::none,
+                  "forward0 forward1 forward2 loss backward2.weights:1 backward2.input "
+                  "backward1.weights:1 backward1.input backward0.weights:1 bucket0.allreduce:2 "
+                  "bucket1.allreduce:1 backward.done pack.done allreduce.done bucket0.sgd:2 "
+                  "bucket1.sgd:2",
+                  27, 0x2095ca21872de653ull},
+        GraphCase{
+            OverlapMode::sequential, false, Compression::float16,
+            "forward0 forward1 forward2 loss backward2.weights:1 backward2.input "
+            "backward1.weights:1 backward1.input backward0.weights:1 bucket0.pack bucket0.unpack "
+            "bucket0.allreduce:2 bucket1.pack bucket1.unpack bucket1.allreduce:1 backward.done "
+            "pack.done allreduce.done bucket0.sgd:2 bucket1.sgd:2",
+            37, 0x831e6edfa7eb962cull},
+        GraphCase{OverlapMode::ddp, true, Compression::none,
+                  "forward0 forward1 forward2 loss backward2.weights:1 backward2.input "
+                  "backward1.weights:1 backward1.input backward0.weights:1 bucket0.allreduce:2 "
+                  "bucket1.allreduce:1 bucket0.sgd:2 bucket1.sgd:2",
+                  15, 0xd7bb8c7fe1774a87ull},
+        GraphCase{OverlapMode::ddp, false, Compression::none,
+                  "forward0 forward1 forward2 loss backward2.weights:1 backward2.input "
+                  "backward1.weights:1 backward1.input backward0.weights:1 bucket0.pack "
+                  "bucket0.unpack bucket0.allreduce:2 bucket1.pack bucket1.unpack "
+                  "bucket1.allreduce:1 bucket0.sgd:2 bucket1.sgd:2",
+                  19, 0x5e27c7d5369db4e7ull},
+        GraphCase{OverlapMode::loom, true, Compression::none,
+                  "backward2.weights:1 backward2.input backward1.weights:1 backward1.input "
+                  "backward0.weights:1 bucket0.allreduce:2 bucket1.allreduce:1 bucket0.sgd:2 "
+                  "bucket1.sgd:2 forward0.next forward1.next forward2.next loss.next",
+                  20, 0x3a04837eb4d3ab46ull},
+        GraphCase{OverlapMode::loom, false, Compression::bfloat16,
+                  "backward2.weights:1 backward2.input backward1.weights:1 backward1.input "
+                  "backward0.weights:1 bucket0.pack bucket0.unpack bucket0.allreduce:2 "
+                  "bucket1.pack bucket1.unpack bucket1.allreduce:1 bucket0.sgd:2 bucket1.sgd:2 "
+                  "forward0.next forward1.next forward2.next loss.next",
+                  24, 0xc68c10bd586cb538ull}),
+    [](const testing::TestParamInfo<GraphCase>& info) {
+      const GraphCase& c = info.param;
+      return std::string(to_string(c.mode)) + (c.views ? "_views_" : "_packed_") +
+             std::string(to_string(c.compression));
+    });
 
 TEST(TrainStep, BadInputIsAnError) {
   auto backend = make_local_backend();

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -383,6 +385,147 @@ INSTANTIATE_TEST_SUITE_P(Modes, BucketerRoundTrip,
                                           testing::Values(2, 3)),
                          mode_name);
 
+// Bit for bit: each mode's arithmetic on 3 ranks (1/3 is inexact). Rank 0 writes x and the
+// others 0, so the sum is exactly what rank 0 sent, in any order the backend adds; the rest is
+// the Bucketer's own arithmetic, computed here from its definition: a pack with compression
+// casts x * float(1/3) to the wire type, an unpack without compression multiplies the sum by
+// 1/3 (as a float, each product rounded once to the gradient type; float64 in double), a cast
+// back to float32 is exact.
+struct Exact {
+  DType dtype;
+  bool views;
+  Compression compression;
+  bool split;
+  bool average;
+};
+
+std::string exact_name(const testing::TestParamInfo<Exact>& info) {
+  const Exact& c = info.param;
+  return std::string(to_string(c.dtype)) + "_" + (c.views ? "views" : "packed") + "_" +
+         std::string(to_string(c.compression)) + (c.split ? "_split" : "") +
+         (c.average ? "_average" : "_sum");
+}
+
+// Values of every magnitude from 2^-20 to 2^12 and both signs, as the gradient dtype rounds them.
+double exact_input(std::size_t gradient, std::size_t j) {
+  std::uint32_t h = static_cast<std::uint32_t>(gradient * 7919 + j) * 2654435761u;
+  h ^= h >> 15;
+  const double mantissa = 1.0 + (h & 0xffff) / 65536.0;
+  const int exponent = static_cast<int>((h >> 16) % 33) - 20;
+  return ((h >> 31) != 0 ? -1.0 : 1.0) * std::ldexp(mantissa, exponent);
+}
+
+// x rounded to `dtype` and back (the value a gradient of that dtype holds).
+double rounded(double x, DType dtype) {
+  switch (dtype) {
+    case DType::float16:
+      return to_float(to_float16(static_cast<float>(x)));
+    case DType::bfloat16:
+      return to_float(to_bfloat16(static_cast<float>(x)));
+    case DType::float64:
+      return x;
+    default:
+      return static_cast<float>(x);
+  }
+}
+
+void store(const Buffer& b, std::size_t j, double x) {
+  switch (b.dtype()) {
+    case DType::float16:
+      b.as<float16_t>()[j] = to_float16(static_cast<float>(x));
+      return;
+    case DType::bfloat16:
+      b.as<bfloat16_t>()[j] = to_bfloat16(static_cast<float>(x));
+      return;
+    case DType::float64:
+      b.as<double>()[j] = x;
+      return;
+    default:
+      b.as<float>()[j] = static_cast<float>(x);
+  }
+}
+
+// What the Bucketer leaves in a gradient element that holds x on rank 0 and 0 elsewhere.
+double expected_after_step(double x, const Exact& c) {
+  const float third = c.average ? static_cast<float>(1.0 / 3) : 1.0f;
+  if (c.compression != Compression::none)
+    return rounded(static_cast<float>(x) * third,
+                   c.compression == Compression::float16 ? DType::float16 : DType::bfloat16);
+  if (c.dtype == DType::float64) return x * (c.average ? 1.0 / 3 : 1.0);
+  return rounded(static_cast<float>(x) * third, c.dtype);
+}
+
+class BucketerExact : public testing::TestWithParam<Exact> {};
+
+TEST_P(BucketerExact, EveryModeComputesWhatItDefines) {
+  const Exact c = GetParam();
+  const std::vector<std::size_t> counts{37, 5, 130, 64, 3, 91};
+  constexpr int ranks = 3;
+  std::mutex mutex;
+  std::vector<std::string> wrong;
+  LocalWorld::run(ranks, [&](Backend& backend) {
+    std::vector<std::vector<std::byte>> own(counts.size());
+    std::vector<GradientSpec> specs;
+    for (std::size_t i = 0; i < counts.size(); ++i) {
+      specs.push_back({"g" + std::to_string(i), counts[i], c.dtype});
+      if (!c.views) {
+        own[i].resize(counts[i] * dtype_size(c.dtype));
+        specs[i].storage = Buffer(own[i].data(), counts[i], c.dtype);
+      }
+    }
+    PinnedPool pool;
+    Bucketer bucketer(std::move(specs), {.cap_bytes = 256,
+                                         .first_bucket_bytes = 64,
+                                         .split_large = c.split,
+                                         .compression = c.compression,
+                                         .average = c.average,
+                                         .pool = &pool});
+    Graph g;
+    std::vector<Task> producers;
+    for (std::size_t i = 0; i < counts.size(); ++i) {
+      const Buffer grad = bucketer.gradient(i);
+      producers.push_back(g.compute("backward" + std::to_string(i),
+                                    [grad, i, r = backend.rank()] {
+                                      for (std::size_t j = 0; j < grad.count(); ++j)
+                                        store(grad, j, r == 0 ? exact_input(i, j) : 0.0);
+                                    },
+                                    {.writes = {grad}}));
+    }
+    bucketer.attach(g, producers, backend.world_size());
+    Executor(g, backend).run();
+    if (backend.rank() != 0) return;
+    for (std::size_t i = 0; i < counts.size(); ++i) {
+      const Buffer grad = bucketer.gradient(i);
+      for (std::size_t j = 0; j < grad.count(); ++j) {
+        std::vector<std::byte> want(dtype_size(c.dtype));
+        store(Buffer(want.data(), 1, c.dtype), 0,
+              expected_after_step(rounded(exact_input(i, j), c.dtype), c));
+        const auto* got = static_cast<const std::byte*>(grad.slice(j, 1).data());
+        if (std::memcmp(got, want.data(), want.size()) != 0) {
+          std::lock_guard lock(mutex);
+          wrong.push_back("g" + std::to_string(i) + "[" + std::to_string(j) + "]");
+        }
+      }
+    }
+  });
+  EXPECT_TRUE(wrong.empty()) << wrong.size() << " elements differ, first " << wrong.front();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Modes, BucketerExact,
+    testing::Values(Exact{DType::float32, false, Compression::none, false, true},
+                    Exact{DType::float32, false, Compression::none, true, true},
+                    Exact{DType::float32, false, Compression::none, false, false},
+                    Exact{DType::float64, false, Compression::none, true, true},
+                    Exact{DType::float16, false, Compression::none, false, true},
+                    Exact{DType::bfloat16, false, Compression::none, true, true},
+                    Exact{DType::float32, true, Compression::float16, false, true},
+                    Exact{DType::float32, false, Compression::float16, true, true},
+                    Exact{DType::float32, true, Compression::bfloat16, true, true},
+                    Exact{DType::float32, false, Compression::bfloat16, false, true},
+                    Exact{DType::float32, false, Compression::float16, false, false}),
+    exact_name);
+
 template <class F>
 void expect_error(ErrorCode code, const std::string& needle, F&& f) {
   try {
@@ -453,6 +596,14 @@ TEST(Bucketer, BadInputNamesWhatIsWrong) {
   expect_error(ErrorCode::invalid_argument, "world size 0 is below 1", [&] {
     const std::vector<Task> producers{pa, pa};
     bucketer.attach(g, producers, 0);
+  });
+  // Packing two gradients of one bucket that share memory would unpack into it twice.
+  std::vector<float> shared(4);
+  Bucketer aliased({{"x", 4, DType::float32, Device::cpu(), Buffer::of(std::span(shared))},
+                    {"y", 4, DType::float32, Device::cpu(), Buffer::of(std::span(shared))}});
+  expect_error(ErrorCode::invalid_argument, "bucket0: the storage of its gradients overlaps", [&] {
+    const std::vector<Task> producers{pa, pa};
+    aliased.attach(g, producers, 2);
   });
 }
 

@@ -65,6 +65,28 @@ TEST(Cast, SameTypeIsACopyAndInPlaceWorks) {
   EXPECT_EQ(h[1].bits, 0x4000);
 }
 
+// The scaled cast multiplies in float by (float)factor, then rounds to the target.
+TEST(Cast, ScaledMultipliesInFloatThenRounds) {
+  const std::vector<float> in{1.0f, -3.0f, 1e-3f, 6e4f, 0x1p-20f, 123.456f};
+  std::vector<float> f32(in.size());
+  std::vector<float16_t> f16(in.size());
+  std::vector<bfloat16_t> bf16(in.size());
+  cast(in.data(), DType::float32, f32.data(), DType::float32, in.size(), 0.1);
+  cast(in.data(), DType::float32, f16.data(), DType::float16, in.size(), 0.1);
+  cast(in.data(), DType::float32, bf16.data(), DType::bfloat16, in.size(), 0.1);
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    const float product = in[i] * 0.1f;
+    EXPECT_EQ(f32[i], product) << "index " << i;
+    EXPECT_EQ(f16[i].bits, to_float16(product).bits) << "index " << i;
+    EXPECT_EQ(bf16[i].bits, to_bfloat16(product).bits) << "index " << i;
+  }
+  // 91 * 2^-24 / 14 is 6.5 * 2^-24, a float16 tie; (float)(1/14) is above 1/14, so the float
+  // product is above the tie and rounds up to 7 * 2^-24 (a product in double would give 6).
+  float16_t h{0x005b};
+  cast(&h, DType::float16, &h, DType::float16, 1, 1.0 / 14);
+  EXPECT_EQ(h.bits, 0x0007);
+}
+
 TEST(Cast, RefusesOtherTypesAndNullBuffers) {
   std::vector<double> d(2);
   std::vector<float> f(2);

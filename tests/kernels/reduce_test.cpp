@@ -147,5 +147,26 @@ TEST(ReduceKernel, ScaleMultipliesFloats) {
   EXPECT_THROW(kernels::scale(&u, 1, DType::uint8, 2.0), Error);
 }
 
+TEST(ReduceKernel, ScaleOutOfPlaceLeavesItsInput) {
+  const std::vector<float> in{1.0f, -3.0f, 0.7f};
+  std::vector<float> out(in.size());
+  kernels::scale(in.data(), out.data(), in.size(), DType::float32, 1.0 / 3);
+  const float third = static_cast<float>(1.0 / 3);
+  EXPECT_EQ(out, (std::vector<float>{1.0f * third, -3.0f * third, 0.7f * third}));
+  EXPECT_EQ(in, (std::vector<float>{1.0f, -3.0f, 0.7f}));
+}
+
+// 16-bit floats multiply in float by (float)factor, as average() divides in float: 91 * 2^-24
+// / 14 is 6.5 * 2^-24, a float16 tie; (float)(1/14) is above 1/14, so the product rounds up to
+// 7 * 2^-24 (in double it would stay below the tie and give 6).
+TEST(ReduceKernel, ScaleOfHalvesMultipliesInFloat) {
+  float16_t h{0x005b};
+  kernels::scale(&h, 1, DType::float16, 1.0 / 14);
+  EXPECT_EQ(h.bits, 0x0007);
+  bfloat16_t b = to_bfloat16(3.0f);
+  kernels::scale(&b, 1, DType::bfloat16, 0.1);
+  EXPECT_EQ(b.bits, to_bfloat16(3.0f * 0.1f).bits);
+}
+
 }  // namespace
 }  // namespace loom

@@ -18,7 +18,12 @@ void reduce(void* out, const void* a, const void* b, std::size_t count, DType dt
 /// @brief data[i] /= divisor for floating dtypes (the last step of avg); loom::Error otherwise.
 void average(void* data, std::size_t count, DType dtype, int divisor);
 
-/// @brief data[i] *= factor for floating dtypes; loom::Error otherwise.
+/// @brief data[i] *= factor for floating dtypes; loom::Error otherwise. float64 multiplies in
+/// double; float32, float16 and bfloat16 in float by (float)factor (16-bit floats then round the
+/// product to their dtype, as average() does its quotient).
 void scale(void* data, std::size_t count, DType dtype, double factor);
+
+/// @brief out[i] = in[i] * factor, as the in-place scale(); out may alias in.
+void scale(const void* in, void* out, std::size_t count, DType dtype, double factor);
 
 }  // namespace loom::kernels

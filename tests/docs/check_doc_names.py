@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""Fails when a doc names a file, test binary, GoogleTest or ctest test that does not exist.
+
+usage: check_doc_names.py --root SOURCE_DIR [--ctest CTEST --build-dir BUILD_DIR] [--verbose] DOC...
+
+What a doc may name, and where it must exist:
+  file paths (`graph/src/executor.cpp`, `loom/backend.hpp`)  the source tree, or an include/ dir
+  `binary: Suite.Test`, `Suite.Test`, `Prefix/Suite.Test/param`  TEST/TEST_F/TEST_P in tests/**
+      (in the binary's own sources when a binary is named); bare `Test` names after a
+      `Suite.Test` in the same table cell or sentence are tests of that suite
+  bad_inputs `Row`                                      a row of tests/backends/bad_inputs.hpp
+  ctest names (`fault_mpi.np3`, `fuzz.timeout_env_fuzzer`)  tests/**/CMakeLists.txt, or the
+      tests registered in BUILD_DIR (ctest -N) when given
+A doc that does not exist is skipped. Every missing name is reported with its doc line.
+Standard library only.
+"""
+import argparse
+import pathlib
+import re
+import subprocess
+import sys
+
+FILE_EXTENSIONS = ("cpp", "hpp", "h", "cu", "cuh", "cc", "c", "py", "sh", "md", "txt", "cmake",
+                   "json", "in", "yml", "yaml", "clang-format")
+PATH = re.compile(r"(?<![\w./<>:-])((?:[\w.-]+/)+[\w.-]+\.(?:%s))(?![\w/])" %
+                  "|".join(re.escape(e) for e in FILE_EXTENSIONS))
+URL = re.compile(r"\w+://\S+")
+CODE_SPAN = re.compile(r"`([^`]+)`")
+GTEST = re.compile(r"^(?:(?P<binary>\w+):\s*)?(?:\w+/)?(?P<suite>[A-Z]\w*)\.(?P<test>[A-Z]\w*)"
+                   r"(?:/\S*)?$")
+BARE_TEST = re.compile(r"^[A-Z][A-Za-z0-9_]*$")
+CTEST = re.compile(r"^[a-z][\w-]*\.[\w-]+$")
+TEST_MACRO = re.compile(r"\b(?:TEST|TEST_F|TEST_P|TYPED_TEST|TYPED_TEST_P)\(\s*(\w+)\s*,\s*(\w+)\s*\)")
+ADD_TARGET = re.compile(r"\b(?:loom_add_test|loom_add_mpi_test|add_executable)\(\s*(\w+)([^)]*)\)")
+MPI_TEST = re.compile(r"\bloom_add_mpi_test\(\s*(\w+)[^)]*\bRANKS((?:\s+\d+)+)")
+
+
+class Tree:
+    """What exists in the source tree (and, optionally, in the build's ctest list)."""
+
+    def __init__(self, root, ctest=None, build_dir=None):
+        self.root = root
+        self.tests_dir = root / "tests"
+        self.tests_by_file = {}  # path -> {(suite, test)}
+        for path in sorted(self.tests_dir.rglob("*")):
+            if path.suffix in (".cpp", ".hpp", ".h", ".cc", ".cu") and path.is_file():
+                text = path.read_text(errors="replace")
+                self.tests_by_file[path] = set(TEST_MACRO.findall(text))
+        self.all_tests = set().union(*self.tests_by_file.values()) if self.tests_by_file else set()
+        self.cmake_files = {p: p.read_text(errors="replace")
+                            for p in sorted(self.tests_dir.rglob("CMakeLists.txt"))}
+        self.binaries = {}  # binary name -> its source files
+        for path, text in self.cmake_files.items():
+            for name, args in ADD_TARGET.findall(text):
+                if name.startswith("$"):
+                    continue
+                sources = {path.parent / a for a in args.split() if a.endswith((".cpp", ".cu"))}
+                self.binaries.setdefault(name, set()).update(sources)
+        for path in self.tests_by_file:  # loops like add_executable(${test} ${test}.cpp)
+            self.binaries.setdefault(path.stem, set()).add(path)
+        for name in self.binaries:
+            self.binaries[name].update(p for p in self.tests_by_file if p.stem == name)
+        self.mpi_ranks = {}
+        for text in self.cmake_files.values():
+            for name, ranks in MPI_TEST.findall(text):
+                self.mpi_ranks[name] = set(ranks.split())
+        self.registered = self._registered(ctest, build_dir)
+
+    @staticmethod
+    def _registered(ctest, build_dir):
+        if not ctest or not build_dir:
+            return set()
+        try:
+            out = subprocess.run([ctest, "-N"], cwd=build_dir, capture_output=True, text=True,
+                                 timeout=120).stdout
+        except (OSError, subprocess.SubprocessError):
+            return set()
+        return set(re.findall(r"^\s*Test\s+#\d+:\s+(\S+)", out, re.M))
+
+    def file_exists(self, path):
+        if (self.root / path).exists():
+            return True
+        # An include path (`loom/backend.hpp`): under some <folder>/include/.
+        return any((inc / path).exists() for inc in self.root.glob("*/include"))
+
+    def test_exists(self, suite, test, binary=None):
+        if binary is None:
+            return (suite, test) in self.all_tests
+        return any((suite, test) in self.tests_by_file.get(f, ())
+                   for f in self.binaries.get(binary, ()))
+
+    def row_exists(self, row):
+        table = self.tests_dir / "backends" / "bad_inputs.hpp"
+        return table.exists() and ('{"%s",' % row) in table.read_text(errors="replace")
+
+    def ctest_exists(self, name):
+        if name in self.registered:
+            return True
+        prefix, suffix = name.split(".", 1)
+        if prefix == "fuzz":  # tests/fuzz: each <what>_fuzzer.cpp is the ctest fuzz.<what>_fuzzer
+            return (self.tests_dir / "fuzz" / (suffix + ".cpp")).exists()
+        rank = re.fullmatch(r"np(\d+)", suffix)
+        if rank and prefix in self.mpi_ranks:
+            return rank.group(1) in self.mpi_ranks[prefix]
+        for text in self.cmake_files.values():
+            if name in text:
+                return True
+            # add_test(NAME prefix.${mode}) in a foreach over the suffixes
+            if re.search(r"\b%s\.\$\{" % re.escape(prefix), text) and \
+                    re.search(r"\bforeach\([^)]*\b%s\b" % re.escape(suffix), text):
+                return True
+        return False
+
+
+def names_on(tree, line):
+    """Every name on one doc line, as (what, exists)."""
+    found = []
+    text = URL.sub("", line)
+    for path in PATH.findall(text):
+        if not path.startswith(("build/", "/")) and "<" not in path:
+            found.append(("file %s" % path, tree.file_exists(path)))
+    # Table cells and sentences ("a; b") are where a suite carries over to bare test names.
+    for cell in text.split("|"):
+        for clause in re.split(r";|\. ", cell):
+            suite = binary = None
+            bad_inputs = clause.lstrip().startswith("bad_inputs")
+            for span in (s.strip() for s in CODE_SPAN.findall(clause)):
+                gtest = GTEST.match(span)
+                if gtest and (gtest["suite"], gtest["test"]) == ("Suite", "Test"):
+                    continue  # the doc explaining its own notation
+                if gtest:
+                    suite, binary = gtest["suite"], gtest["binary"]
+                    if binary and binary not in tree.binaries:
+                        found.append(("test binary %s" % binary, False))
+                    else:
+                        where = " in %s" % binary if binary else ""
+                        found.append(("test %s.%s%s" % (suite, gtest["test"], where),
+                                      tree.test_exists(suite, gtest["test"], binary)))
+                elif BARE_TEST.match(span) and bad_inputs and suite is None:
+                    found.append(("bad_inputs row %s" % span, tree.row_exists(span)))
+                elif BARE_TEST.match(span) and suite is not None:
+                    where = " in %s" % binary if binary else ""
+                    found.append(("test %s.%s%s" % (suite, span, where),
+                                  tree.test_exists(suite, span, binary)))
+                elif CTEST.match(span) and span.rsplit(".", 1)[1] not in FILE_EXTENSIONS:
+                    found.append(("ctest %s" % span, tree.ctest_exists(span)))
+    return found
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", required=True, type=pathlib.Path)
+    parser.add_argument("--ctest")
+    parser.add_argument("--build-dir", type=pathlib.Path)
+    parser.add_argument("--verbose", action="store_true", help="list every name checked")
+    parser.add_argument("docs", nargs="+", type=pathlib.Path)
+    args = parser.parse_args()
+    tree = Tree(args.root.resolve(), args.ctest, args.build_dir)
+    failures = 0
+    for doc in args.docs:
+        path = doc if doc.is_absolute() else args.root / doc
+        if not path.exists():
+            print("%s: absent, skipped" % doc)
+            continue
+        checked = 0
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            for what, exists in names_on(tree, line):
+                checked += 1
+                if args.verbose:
+                    print("%s:%d: %s %s" % (doc, number, what, "ok" if exists else "MISSING"))
+                if not exists:
+                    failures += 1
+                    print("%s:%d: %s does not exist\n    %s" % (doc, number, what, line.strip()))
+        print("%s: %d names checked" % (doc, checked))
+    if failures:
+        print("%d names in the docs do not exist" % failures)
+        return 1
+    print("every file and test the docs name exists")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
