@@ -16,9 +16,9 @@ import torch.distributed as dist
 
 from . import _C
 from ._C import ProcessGroupLoom
-from .hooks import LoomHookState, allreduce_hook, register_ddp_hook
+from .hooks import LoomHookState, register_ddp_hook
 
-__all__ = ["ProcessGroupLoom", "LoomHookState", "allreduce_hook", "register_ddp_hook",
+__all__ = ["ProcessGroupLoom", "LoomHookState", "register_ddp_hook",
            "setup_environment"]
 
 _LAUNCHER_RANK = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")

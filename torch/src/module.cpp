@@ -4,10 +4,12 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/python.h>
+#include <torch/csrc/distributed/c10d/reducer.hpp>
 
 #include <cstring>
 #include <string>
 
+#include "ddp_hook.hpp"
 #include "loom/backend.hpp"
 #include "loom/error.hpp"
 #include "process_group.hpp"
@@ -78,6 +80,15 @@ PYBIND11_MODULE(_C, m) {
       .def("timeout_seconds", &ProcessGroupLoom::timeout_seconds)
       .def("broken", &ProcessGroupLoom::broken);
 
+  m.def(
+      "register_ddp_hook",
+      [](c10d::Reducer& reducer, ProcessGroupLoom& group, const std::string& compression) {
+        reducer.register_comm_hook(std::make_unique<loom::torch::LoomCommHook>(
+            c10::intrusive_ptr<ProcessGroupLoom>::reclaim_copy(&group),
+            loom::parse_compression(compression)));
+      },
+      py::arg("reducer"), py::arg("group"), py::arg("compression") = "none",
+      "Registers loom's C++ comm hook on a DDP model's reducer (model.reducer)");
   m.def("any_broken", &loom::torch::any_broken,
         "Whether an operation of a loom group timed out in this process");
   m.def(

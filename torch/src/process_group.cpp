@@ -277,6 +277,14 @@ std::string ProcessGroupLoom::who_is_missing(const std::string& census_key) {
       if (missing.empty() || std::chrono::steady_clock::now() >= deadline) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
+    // Rank 0 hosts the store and may exit once it has its answer: every rank that took part
+    // says it is done, and waits (bounded) for the others, so no census is cut off by an exit.
+    _store->set(key(rank_) + "/done", std::vector<uint8_t>{1});
+    const auto done_deadline = std::chrono::steady_clock::now() + grace;
+    for (int r : present) {
+      while (!_store->check({key(r) + "/done"}) && std::chrono::steady_clock::now() < done_deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
     if (missing.empty())
       return "every rank reached this collective and timed out in it (no rank is missing: the "
              "transport did not complete it)";
@@ -289,7 +297,7 @@ std::string ProcessGroupLoom::who_is_missing(const std::string& census_key) {
     std::string what = e.what();
     what = what.substr(0, what.find('\n'));
     return "torch's store, hosted by rank 0, is unreachable (" + what +
-           "): rank 0 is missing (stopped)";
+           "): rank 0 is missing (stopped, or ended after its own error)";
   }
 }
 

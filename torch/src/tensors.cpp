@@ -9,8 +9,24 @@ namespace loom::torch {
 
 namespace {
 
+// The name Python users know ("torch.int8"), not c10's ("Char").
 std::string torch_name(at::ScalarType type) {
-  return std::string("torch.") + c10::toString(type);
+  switch (type) {
+    case at::kChar:
+      return "torch.int8";
+    case at::kShort:
+      return "torch.int16";
+    case at::kBool:
+      return "torch.bool";
+    case at::kComplexHalf:
+      return "torch.complex32";
+    case at::kComplexFloat:
+      return "torch.complex64";
+    case at::kComplexDouble:
+      return "torch.complex128";
+    default:
+      return std::string("torch.") + c10::toString(type);
+  }
 }
 
 std::string loom_dtypes() {
