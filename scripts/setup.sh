@@ -6,7 +6,8 @@ set -euo pipefail
 LOOM_PACKAGES=(build-essential cmake ninja-build pkg-config libtbb-dev libopenmpi-dev openmpi-bin
   libboost-graph-dev libboost-program-options-dev libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev graphviz clang-format python3 iproute2
-  clang libclang-rt-14-dev xz-utils)  # the last three: libFuzzer and oneTBB's source for TSan
+  clang libclang-rt-14-dev xz-utils  # these three: libFuzzer and oneTBB's source for TSan
+  libtorch-dev python3-torch pybind11-dev python3-dev python3-pytest)  # loom_torch (torch/)
 
 missing=()
 for pkg in "${LOOM_PACKAGES[@]}"; do

@@ -1,0 +1,53 @@
+# LOOM_WITH_TORCH=AUTO|ON|OFF: the loom_torch extension (torch/), as optional as CUDA.
+# Needs libtorch (TorchConfig.cmake, libtorch_python), pybind11 headers, the Python that has torch
+# (Debian's /usr/bin/python3: pass -DPython3_EXECUTABLE=/usr/bin/python3 when another python3
+# comes first on PATH) and loom's mpi backend. Sets LOOM_HAVE_TORCH and, when OFF, LOOM_TORCH_WHY.
+string(TOUPPER "${LOOM_WITH_TORCH}" _lt_mode)
+if(NOT _lt_mode MATCHES "^(AUTO|ON|OFF)$")
+  message(FATAL_ERROR "LOOM_WITH_TORCH=${_lt_mode}: expected AUTO, ON or OFF")
+endif()
+set(LOOM_HAVE_TORCH OFF)
+set(LOOM_TORCH_WHY "")
+if(_lt_mode STREQUAL "OFF")
+  set(LOOM_TORCH_WHY "LOOM_WITH_TORCH=OFF")
+elseif(LOOM_SANITIZE)
+  # A sanitizer runtime must be loaded first; python3 is not built with it.
+  set(LOOM_TORCH_WHY "a sanitizer build (LOOM_SANITIZE=${LOOM_SANITIZE})")
+elseif(NOT LOOM_HAVE_MPI)
+  set(LOOM_TORCH_WHY "loom_torch runs on the mpi backend, which this build lacks")
+else()
+  if(NOT Python3_EXECUTABLE AND EXISTS /usr/bin/python3)
+    set(Python3_EXECUTABLE /usr/bin/python3)  # Debian's, where python3-torch installs
+  endif()
+  find_package(Python3 QUIET COMPONENTS Interpreter Development.Module)
+  find_package(Torch QUIET)
+  if(NOT Python3_FOUND)
+    set(LOOM_TORCH_WHY "no Python 3 with development headers (apt-get install python3-dev)")
+  elseif(NOT Torch_FOUND)
+    set(LOOM_TORCH_WHY "libtorch not found (apt-get install libtorch-dev)")
+  else()
+    find_library(LOOM_TORCH_PYTHON_LIBRARY torch_python HINTS ${TORCH_INSTALL_PREFIX}/lib)
+    find_path(LOOM_PYBIND11_INCLUDE pybind11/pybind11.h HINTS ${Python3_INCLUDE_DIRS})
+    execute_process(COMMAND ${Python3_EXECUTABLE} -c "import torch, pytest; print(torch.__version__)"
+                    RESULT_VARIABLE _lt_rc OUTPUT_VARIABLE _lt_version ERROR_QUIET
+                    OUTPUT_STRIP_TRAILING_WHITESPACE)
+    if(NOT LOOM_TORCH_PYTHON_LIBRARY)
+      set(LOOM_TORCH_WHY "libtorch_python not found next to libtorch")
+    elseif(NOT LOOM_PYBIND11_INCLUDE)
+      set(LOOM_TORCH_WHY "pybind11 headers not found (apt-get install pybind11-dev)")
+    elseif(NOT _lt_rc EQUAL 0)
+      set(LOOM_TORCH_WHY "${Python3_EXECUTABLE} cannot import torch and pytest "
+                         "(apt-get install python3-torch python3-pytest)")
+    else()
+      set(LOOM_HAVE_TORCH ON)
+      message(STATUS "loom: torch ${_lt_version} for ${Python3_EXECUTABLE}")
+    endif()
+  endif()
+endif()
+if(NOT LOOM_HAVE_TORCH)
+  string(JOIN "" LOOM_TORCH_WHY ${LOOM_TORCH_WHY})
+  if(_lt_mode STREQUAL "ON")
+    message(FATAL_ERROR "LOOM_WITH_TORCH=ON but loom_torch cannot be built: ${LOOM_TORCH_WHY}")
+  endif()
+  message(STATUS "loom: no loom_torch: ${LOOM_TORCH_WHY}")
+endif()

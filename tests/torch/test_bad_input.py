@@ -1,0 +1,74 @@
+"""Bad input raises RuntimeError with loom's message on every rank, before anything is sent,
+and the group stays usable afterwards."""
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed import ReduceOp
+
+
+def raises(code, *fragments):
+    pattern = r"\[loom:%s\] .*" % code + ".*".join(fragments)
+    return pytest.raises(RuntimeError, match=pattern)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.bool])
+def test_unsupported_dtype_names_it(world, dtype):
+    with raises("unsupported", "allreduce on rank", r"dtype %s is not one loom moves" %
+                str(dtype).replace(".", r"\."), "float32, float64"):
+        dist.all_reduce(torch.zeros(4, dtype=dtype))
+
+
+def test_bitwise_reduce_ops_are_refused(world):
+    with raises("unsupported", r"ReduceOp\.BAND"):
+        dist.all_reduce(torch.zeros(4, dtype=torch.int32), op=ReduceOp.BAND)
+
+
+def test_avg_of_integers_is_refused(world):
+    with raises("unsupported", "avg"):
+        dist.all_reduce(torch.zeros(4, dtype=torch.int64), op=ReduceOp.AVG)
+
+
+def test_root_out_of_range(world):
+    rank, n, _ = world
+    with raises("invalid_argument", "broadcast on rank %d of %d" % (rank, n), "root"):
+        dist.broadcast(torch.zeros(4), src=n)
+    with raises("invalid_argument", "reduce on rank", "root"):
+        dist.reduce(torch.zeros(4), dst=-1)
+
+
+def test_peer_out_of_range(world):
+    rank, n, _ = world
+    with raises("invalid_argument", "send on rank %d of %d" % (rank, n)):
+        dist.send(torch.zeros(4), dst=n + 2)
+    with raises("invalid_argument", "recv on rank %d of %d" % (rank, n)):
+        dist.recv(torch.zeros(4), src=n)
+
+
+def test_mismatched_sizes(world):
+    rank, n, _ = world
+    with raises("invalid_argument", "allgather", "output list has %d tensors" % (n + 1)):
+        dist.all_gather([torch.zeros(4) for _ in range(n + 1)], torch.zeros(4))
+    with raises("invalid_argument", "allgather", "output 1 is float32\\[5\\]"):
+        dist.all_gather([torch.zeros(4), torch.zeros(5)] + [torch.zeros(4)] * (n - 2),
+                        torch.zeros(4))
+    with raises("invalid_argument", "allgather"):
+        dist.all_gather_into_tensor(torch.zeros(4 * n + 1), torch.zeros(4))
+    with raises("invalid_argument", "reduce_scatter"):
+        dist.reduce_scatter_tensor(torch.zeros(4), torch.zeros(4 * n + 1))
+    with raises("unsupported", "alltoall", "split sizes must be equal"):
+        dist.all_to_all_single(torch.zeros(4 * n), torch.zeros(4 * n), [4 * n] + [0] * (n - 1),
+                               [4 * n] + [0] * (n - 1))
+    with raises("invalid_argument", "alltoall"):
+        dist.all_to_all_single(torch.zeros(4 * n), torch.zeros(4 * n + 1))
+
+
+def test_non_contiguous_tensor(world):
+    with raises("invalid_argument", "not contiguous"):
+        dist.all_reduce(torch.zeros(4, 4).t())
+
+
+def test_the_group_works_after_the_errors(world):
+    rank, n, _ = world
+    t = torch.full((3,), float(rank))
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.full((3,), float(sum(range(n)))))

@@ -1,0 +1,84 @@
+"""loom's collectives as a torch.distributed backend.
+
+    import loom_torch                      # registers the backend "loom"
+    dist.init_process_group("loom")        # under mpirun: rank, size and rendezvous from it
+
+Importing loom_torch registers the backend "loom" with torch.distributed. Under mpirun, RANK,
+WORLD_SIZE and LOCAL_RANK are taken from the launcher when unset, and MASTER_ADDR/MASTER_PORT
+(for torch's store) are agreed over loom's mpi backend: rank 0's host name and a free port.
+"""
+import os
+import socket
+import sys
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from . import _C
+from ._C import ProcessGroupLoom
+from .hooks import LoomHookState, register_ddp_hook
+
+__all__ = ["ProcessGroupLoom", "LoomHookState", "register_ddp_hook",
+           "setup_environment"]
+
+_LAUNCHER_RANK = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
+_LAUNCHER_SIZE = ("OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE")
+_LAUNCHER_LOCAL_RANK = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
+
+
+def _first(names):
+    for name in names:
+        if os.environ.get(name):
+            return os.environ[name]
+    return None
+
+
+def _free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def setup_environment():
+    """Fills RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT from mpirun where unset.
+
+    Called on import; a no-op outside mpirun or when all five are set. Every rank must import
+    loom_torch (the address is broadcast from rank 0 over MPI).
+    """
+    rank, size = _first(_LAUNCHER_RANK), _first(_LAUNCHER_SIZE)
+    if rank is None or size is None:
+        return
+    os.environ.setdefault("RANK", rank)
+    os.environ.setdefault("WORLD_SIZE", size)
+    local = _first(_LAUNCHER_LOCAL_RANK)
+    if local is not None:
+        os.environ.setdefault("LOCAL_RANK", local)
+    if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
+        return
+    mine = "%s:%d" % (socket.gethostname(), _free_port()) if rank == "0" else ""
+    addr, port = _C.broadcast_from_rank0(mine).rsplit(":", 1)
+    os.environ.setdefault("MASTER_ADDR", addr)
+    os.environ.setdefault("MASTER_PORT", port)
+
+
+def _create(store, rank, size, timeout):
+    return ProcessGroupLoom(store, rank, size, timeout)
+
+
+def _exit_after_loom_timeout(previous):
+    # After a loom timeout the communicator has a dead or stuck peer: MPI_Finalize at exit could
+    # block forever. Print the error as usual, then end the process (non-zero) at once.
+    def hook(kind, value, traceback):
+        previous(kind, value, traceback)
+        if _C.any_broken():
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
+    return hook
+
+
+if "LOOM" not in dist.Backend._plugins:
+    dist.Backend.register_backend("loom", _create)
+    sys.excepthook = _exit_after_loom_timeout(sys.excepthook)
+if _C.launched_by_mpirun():
+    setup_environment()

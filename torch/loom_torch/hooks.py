@@ -1,0 +1,44 @@
+"""DDP communication hook that reduces DDP's buckets with loom.
+
+    model = DDP(model, process_group=group)          # group: a "loom" process group
+    loom_torch.register_ddp_hook(model, compression="float16")
+
+The hook is C++ on DDP's reducer (no Python runs per bucket). Each bucket is averaged in place
+by ProcessGroupLoom.allreduce_bucket: the algorithm loom's selector picks for its size, started
+asynchronously and completed by loom's progress engine, which completes DDP's future. With
+compression the bucket is cast to float16 or bfloat16 with the division by the world size folded
+into the cast, summed in 16 bits and cast back as it completes (what loom's Bucketer does).
+"""
+import torch.distributed as dist
+
+from . import _C
+
+_COMPRESSIONS = ("none", "float16", "bfloat16", "fp16", "bf16")
+
+
+class LoomHookState:
+    """What the hook needs: the loom group and the compression (none, float16, bfloat16)."""
+
+    def __init__(self, group, compression="none"):
+        if not isinstance(group, _C.ProcessGroupLoom):
+            raise ValueError("loom's DDP hook needs a loom process group, got %s"
+                             % type(group).__name__)
+        if compression not in _COMPRESSIONS:
+            raise ValueError("compression must be none, float16 or bfloat16, not %r"
+                             % (compression,))
+        self.group = group
+        self.compression = compression
+
+
+def register_ddp_hook(model, group=None, compression="none"):
+    """Registers loom's hook on a DistributedDataParallel model (group: DDP's by default).
+
+    As with DDP's register_comm_hook, call it once, before the first forward.
+    """
+    if group is None:
+        group = model.process_group
+    if group is None or group == dist.GroupMember.WORLD:
+        group = dist.distributed_c10d._get_default_group()
+    state = LoomHookState(group, compression)
+    _C.register_ddp_hook(model.reducer, state.group, state.compression)
+    model.logger._set_comm_hook_name("loom_torch.allreduce_hook(%s)" % state.compression)

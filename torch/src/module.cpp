@@ -1,0 +1,112 @@
+// The Python module loom_torch._C: ProcessGroupLoom as a torch.distributed.ProcessGroup, and the
+// helpers loom_torch/__init__.py needs (launcher rendezvous, failure state).
+#include <pybind11/chrono.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/python.h>
+#include <torch/csrc/distributed/c10d/reducer.hpp>
+
+#include <cstring>
+#include <string>
+
+#include "ddp_hook.hpp"
+#include "loom/backend.hpp"
+#include "loom/error.hpp"
+#include "process_group.hpp"
+
+namespace py = pybind11;
+
+namespace {
+
+/// The holder of Python's reference to a group: dropping it releases the GIL first, since the
+/// group's destructor joins the progress thread, which may be running a future's Python callback.
+template <class T>
+class NoGilHolder {
+ public:
+  NoGilHolder() = default;
+  explicit NoGilHolder(T* raw) : _impl(c10::intrusive_ptr<T>::unsafe_reclaim_from_nonowning(raw)) {}
+  explicit NoGilHolder(c10::intrusive_ptr<T> impl) : _impl(std::move(impl)) {}
+  NoGilHolder(const NoGilHolder&) = default;
+  NoGilHolder(NoGilHolder&&) noexcept = default;
+  NoGilHolder& operator=(const NoGilHolder&) = default;
+  NoGilHolder& operator=(NoGilHolder&&) noexcept = default;
+  ~NoGilHolder() {
+    if (_impl && PyGILState_Check()) {
+      py::gil_scoped_release no_gil;
+      _impl.reset();
+    }
+  }
+  T* get() const noexcept { return _impl.get(); }
+  T& operator*() const noexcept { return *_impl; }
+  T* operator->() const noexcept { return _impl.get(); }
+
+ private:
+  c10::intrusive_ptr<T> _impl;
+};
+
+}  // namespace
+
+PYBIND11_DECLARE_HOLDER_TYPE(T, NoGilHolder<T>, true);
+
+PYBIND11_MODULE(_C, m) {
+  using loom::torch::ProcessGroupLoom;
+  m.doc() = "loom's torch.distributed process group (backend \"loom\")";
+  // ProcessGroup and Store are registered by torch's own extension.
+  py::module_::import("torch.distributed");
+
+  py::class_<ProcessGroupLoom, c10d::ProcessGroup, NoGilHolder<ProcessGroupLoom>>(
+      m, "ProcessGroupLoom",
+      "torch.distributed's ProcessGroup over a loom Backend; made by "
+      "init_process_group(\"loom\")")
+      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                       std::chrono::duration<float> timeout) {
+             return NoGilHolder<ProcessGroupLoom>(c10::make_intrusive<ProcessGroupLoom>(
+                 store, rank, size, std::chrono::duration_cast<std::chrono::nanoseconds>(timeout)));
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
+           py::call_guard<py::gil_scoped_release>())
+      .def(
+          "allreduce_bucket",
+          [](ProcessGroupLoom& group, at::Tensor bucket, const std::string& compression) {
+            return group.allreduce_bucket(std::move(bucket), loom::parse_compression(compression));
+          },
+          py::arg("bucket"), py::arg("compression") = "none",
+          py::call_guard<py::gil_scoped_release>(),
+          "Averages a DDP bucket in place (compression none|float16|bfloat16); returns a Work "
+          "whose future completes with [bucket]")
+      .def("last_algorithm", &ProcessGroupLoom::last_algorithm,
+           "The algorithm the selector chose for the last collective, and why")
+      .def("backend_name", &ProcessGroupLoom::backend_name)
+      .def("timeout_seconds", &ProcessGroupLoom::timeout_seconds)
+      .def("broken", &ProcessGroupLoom::broken);
+
+  m.def(
+      "register_ddp_hook",
+      [](c10d::Reducer& reducer, ProcessGroupLoom& group, const std::string& compression) {
+        reducer.register_comm_hook(std::make_unique<loom::torch::LoomCommHook>(
+            c10::intrusive_ptr<ProcessGroupLoom>::reclaim_copy(&group),
+            loom::parse_compression(compression)));
+      },
+      py::arg("reducer"), py::arg("group"), py::arg("compression") = "none",
+      "Registers loom's C++ comm hook on a DDP model's reducer (model.reducer)");
+  m.def("any_broken", &loom::torch::any_broken,
+        "Whether an operation of a loom group timed out in this process");
+  m.def(
+      "broadcast_from_rank0",
+      [](const std::string& text) {
+        // Only for the rendezvous before torch has a store: a transient mpi backend.
+        auto backend = loom::create_backend("mpi");
+        std::string buffer(256, '\0');
+        if (backend->rank() == 0) {
+          if (text.size() >= buffer.size())
+            throw loom::Error(loom::ErrorCode::invalid_argument,
+                              "broadcast_from_rank0: text longer than 255 bytes");
+          std::memcpy(buffer.data(), text.data(), text.size());
+        }
+        backend->broadcast(loom::Buffer(buffer.data(), buffer.size(), loom::DType::uint8), 0);
+        return std::string(buffer.c_str());
+      },
+      py::arg("text"), py::call_guard<py::gil_scoped_release>(),
+      "Rank 0's text on every rank, over loom's mpi backend (under mpirun only)");
+  m.def("launched_by_mpirun", &loom::launched_by_mpirun);
+}

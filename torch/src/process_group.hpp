@@ -1,0 +1,143 @@
+// ProcessGroupLoom: a c10d::ProcessGroup over a loom Backend (torch.distributed backend "loom").
+#pragma once
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+
+#include "loom/algorithm_selector.hpp"
+#include "loom/backend.hpp"
+#include "loom/bucketer.hpp"
+#include "loom/progress_engine.hpp"
+#include "loom_work.hpp"
+
+namespace loom::torch {
+
+/// @brief torch.distributed's process group over a loom Backend.
+///
+/// Every collective is started through the algorithm the AlgorithmSelector picks (LOOM_TUNING_FILE,
+/// LOOM_<COLL> ranges) with loom::start_collective and handed to one ProgressEngine, which
+/// completes the returned LoomWork: no thread waits per operation. Bad input throws loom::Error
+/// (RuntimeError "[loom:<code>] ..." in Python) before anything is sent. An operation not done
+/// after LOOM_TIMEOUT_S (else the timeout given to init_process_group) fails with
+/// ErrorCode::timeout naming the ranks that never reached it (asked through torch's store), and
+/// every later operation of the group fails at once with ErrorCode::cancelled.
+class ProcessGroupLoom final : public c10d::ProcessGroup {
+ public:
+  /// @brief Makes the group for `rank` of `size`: the backend LOOM_BACKEND names, else mpi under
+  /// mpirun, else (one rank) local. Throws ErrorCode::mismatch when the launcher's rank or size
+  /// differs from torch's, and ErrorCode::unsupported for a group smaller than the job (loom's
+  /// mpi backend spans MPI_COMM_WORLD).
+  ProcessGroupLoom(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
+                   std::chrono::nanoseconds timeout);
+  ~ProcessGroupLoom() override;
+
+  /// @brief torch's creator signature: register_backend("loom", create).
+  static c10::intrusive_ptr<c10d::ProcessGroup> create(const c10::intrusive_ptr<c10d::Store>& store,
+                                                       int rank, int size,
+                                                       std::chrono::duration<float> timeout);
+
+  const std::string getBackendName() const override { return "loom"; }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_splits,
+                                               std::vector<int64_t>& input_splits,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+
+  /// @brief The DDP communication hook's collective: averages the float32 `bucket` in place,
+  /// reduced in float32 (ReduceOp::avg) or, compressed, cast to 16 bits with the division folded
+  /// into the cast, summed, and cast back when it completes (as Bucketer does). The future
+  /// completes with [bucket].
+  c10::intrusive_ptr<c10d::Work> allreduce_bucket(at::Tensor bucket, Compression compression);
+
+  /// @brief "ring (model)": the algorithm the selector chose for the last collective, and why.
+  std::string last_algorithm() const;
+  /// @brief "mpi", "local" or "nccl".
+  std::string backend_name() const { return std::string(_backend->name()); }
+  /// @brief The watchdog's timeout in seconds (0: none).
+  double timeout_seconds() const;
+  /// @brief Whether an operation of this group timed out (the communicator is then unusable).
+  bool broken() const noexcept { return _broken.load(std::memory_order_acquire); }
+
+ private:
+  using Keep = std::vector<at::Tensor>;
+  c10::intrusive_ptr<c10d::Work> collective(c10d::OpType type, const CollectiveArgs& args,
+                                            std::vector<at::Tensor> outputs,
+                                            std::chrono::milliseconds timeout,
+                                            std::function<void()> after = {}, Keep keep = {});
+  c10::intrusive_ptr<c10d::Work> watch(std::unique_ptr<Work> work,
+                                       c10::intrusive_ptr<LoomWork> result,
+                                       std::chrono::milliseconds timeout, std::string census_key,
+                                       std::function<void()> after, Keep keep);
+  void check_usable(std::string_view operation) const;
+  std::chrono::nanoseconds timeout_of(std::chrono::milliseconds requested) const;
+  void fail(const c10::intrusive_ptr<LoomWork>& result, std::exception_ptr error,
+            const std::string& census_key);
+  std::string who_is_missing(const std::string& census_key);
+  void run_reporter();
+
+  std::shared_ptr<Backend> _backend;
+  c10::intrusive_ptr<c10d::Store> _store;
+  AlgorithmSelector _selector;
+  std::chrono::nanoseconds _timeout;
+  std::uint64_t _collectives = 0;  // issued on the caller's thread, in the same order everywhere
+  std::atomic<bool> _broken{false};
+
+  mutable std::mutex _choice_mutex;
+  AlgorithmChoice _last_choice;
+
+  // Works in flight, so that a group destroyed early fails them instead of leaving waiters.
+  std::mutex _pending_mutex;
+  std::unordered_map<LoomWork*, c10::intrusive_ptr<LoomWork>> _pending;
+
+  // Failures are reported off the progress thread: naming the missing ranks asks the store.
+  struct Failure {
+    c10::intrusive_ptr<LoomWork> work;
+    std::exception_ptr error;
+    std::string census_key;
+  };
+  std::mutex _failure_mutex;
+  std::condition_variable _failure_ready;
+  std::deque<Failure> _failures;
+  bool _stopping = false;
+  std::thread _reporter;
+
+  std::unique_ptr<ProgressEngine> _engine;  // last: stopped first
+};
+
+/// @brief Whether an operation of any loom group of this process timed out: loom_torch then ends
+/// the process with os._exit after an uncaught exception (MPI cannot finalise with a dead peer).
+bool any_broken() noexcept;
+
+}  // namespace loom::torch

@@ -1,0 +1,118 @@
+// at::Tensor -> loom::Buffer and the dtype and reduce-op mappings, with loom's error messages.
+#include "tensors.hpp"
+
+#include <c10/util/Exception.h>
+
+#include "loom/error.hpp"
+
+namespace loom::torch {
+
+namespace {
+
+// The name Python users know ("torch.int8"), not c10's ("Char").
+std::string torch_name(at::ScalarType type) {
+  switch (type) {
+    case at::kChar:
+      return "torch.int8";
+    case at::kShort:
+      return "torch.int16";
+    case at::kBool:
+      return "torch.bool";
+    case at::kComplexHalf:
+      return "torch.complex32";
+    case at::kComplexFloat:
+      return "torch.complex64";
+    case at::kComplexDouble:
+      return "torch.complex128";
+    default:
+      return std::string("torch.") + c10::toString(type);
+  }
+}
+
+std::string loom_dtypes() {
+  std::string list;
+  for (DType d : all_dtypes) list += (list.empty() ? "" : ", ") + std::string(to_string(d));
+  return list;
+}
+
+}  // namespace
+
+DType to_loom(at::ScalarType type, std::string_view where) {
+  switch (type) {
+    case at::kFloat:
+      return DType::float32;
+    case at::kDouble:
+      return DType::float64;
+    case at::kHalf:
+      return DType::float16;
+    case at::kBFloat16:
+      return DType::bfloat16;
+    case at::kInt:
+      return DType::int32;
+    case at::kLong:
+      return DType::int64;
+    case at::kByte:
+      return DType::uint8;
+    default:
+      throw Error(ErrorCode::unsupported, std::string(where) + ": dtype " + torch_name(type) +
+                                              " is not one loom moves (" + loom_dtypes() + ")");
+  }
+}
+
+ReduceOp to_loom(const c10d::ReduceOp& op, std::string_view where) {
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM:
+      return ReduceOp::sum;
+    case c10d::ReduceOp::AVG:
+      return ReduceOp::avg;
+    case c10d::ReduceOp::PRODUCT:
+      return ReduceOp::prod;
+    case c10d::ReduceOp::MIN:
+      return ReduceOp::min;
+    case c10d::ReduceOp::MAX:
+      return ReduceOp::max;
+    default:
+      break;
+  }
+  const char* names[] = {"SUM",  "AVG", "PRODUCT", "MIN",       "MAX",
+                         "BAND", "BOR", "BXOR",    "PREMUL_SUM"};
+  const auto index = static_cast<std::size_t>(op.op_);
+  const std::string name = index < std::size(names) ? names[index] : std::to_string(index);
+  throw Error(ErrorCode::unsupported, std::string(where) + ": ReduceOp." + name +
+                                          " is not one loom reduces with (SUM, PRODUCT, MIN, "
+                                          "MAX, AVG)");
+}
+
+Buffer to_buffer(const at::Tensor& tensor, const Backend& backend, std::string_view where,
+                 std::string_view what) {
+  const std::string prefix = std::string(where) + ": " + std::string(what);
+  if (!tensor.defined()) throw Error(ErrorCode::invalid_argument, prefix + " is undefined");
+  if (tensor.layout() != at::kStrided)
+    throw Error(ErrorCode::unsupported, prefix + " is sparse; loom moves dense tensors");
+  if (!tensor.is_contiguous())
+    throw Error(ErrorCode::invalid_argument,
+                prefix + " is not contiguous (call .contiguous() first)");
+  const DType dtype = to_loom(tensor.scalar_type(), where);
+  Device device = Device::cpu();
+  if (tensor.is_cuda()) device = Device::cuda(tensor.device().index());
+  if (!backend.supports(device))
+    throw Error(ErrorCode::unsupported, prefix + " is on " + tensor.device().str() +
+                                            ", which the " + std::string(backend.name()) +
+                                            " backend cannot move");
+  if (device.kind != DeviceKind::cpu)
+    throw Error(ErrorCode::unsupported,
+                prefix + " is on " + tensor.device().str() +
+                    ": loom_torch passes CPU tensors only so far (no CUDA stream ordering)");
+  return Buffer(tensor.data_ptr(), static_cast<std::size_t>(tensor.numel()), dtype, device);
+}
+
+const at::Tensor& single(const std::vector<at::Tensor>& tensors, std::string_view where,
+                         std::string_view what) {
+  if (tensors.size() != 1)
+    throw Error(ErrorCode::invalid_argument,
+                std::string(where) + ": expected one tensor in " + std::string(what) + ", got " +
+                    std::to_string(tensors.size()) + " (loom drives one device per process)");
+  return tensors.front();
+}
+
+}  // namespace loom::torch
