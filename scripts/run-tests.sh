@@ -3,6 +3,7 @@
 # then the sanitizer and fuzz runs (scripts/run-sanitizers.sh). Each part prints its duration.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export LOOM_SETUP_TORCH=1  # the torch tests need PyTorch; the demo does not
 source scripts/setup.sh
 scripts/check-format.sh
 start=$SECONDS

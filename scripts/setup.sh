@@ -6,8 +6,12 @@ set -euo pipefail
 LOOM_PACKAGES=(build-essential cmake ninja-build pkg-config libtbb-dev libopenmpi-dev openmpi-bin
   libboost-graph-dev libboost-program-options-dev libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev graphviz clang-format python3 iproute2
-  clang libclang-rt-14-dev xz-utils  # these three: libFuzzer and oneTBB's source for TSan
-  libtorch-dev python3-torch pybind11-dev python3-dev python3-pytest)  # loom_torch (torch/)
+  clang libclang-rt-14-dev xz-utils)  # these three: libFuzzer and oneTBB's source for TSan
+# loom_torch (torch/) and its tests: only the test command (LOOM_SETUP_TORCH=1) installs them; the
+# library and the demo never need PyTorch.
+if [[ ${LOOM_SETUP_TORCH:-0} == 1 ]]; then
+  LOOM_PACKAGES+=(libtorch-dev python3-torch pybind11-dev python3-dev python3-pytest)
+fi
 
 missing=()
 for pkg in "${LOOM_PACKAGES[@]}"; do
