@@ -109,8 +109,10 @@ class Executor {
   const CommunicationProfiler& profiler() const noexcept;
 
   /// @brief DOT with issue indices, bytes and algorithms; after a profiled run also measured
-  /// durations and the critical path (red).
-  void dump_dot(std::ostream& out) const;
+  /// durations, the communication time no compute hid ("exposed") and the critical path (red).
+  /// Above DotOptions::summary_above nodes (or with DotDetail::summary) a summary: one cluster
+  /// per group, compute runs collapsed, edges bundled, communication kept.
+  void dump_dot(std::ostream& out, DotOptions options = {}) const;
   /// @brief Chrome trace-event JSON of the last profiled run: one lane per TBB worker, one per
   /// communicator; opens in Perfetto (ui.perfetto.dev) or chrome://tracing.
   void write_trace(std::ostream& out) const;
