@@ -44,7 +44,7 @@ void Executor::Impl::write_trace_file() const {
   }
   std::ofstream out(path);
   if (!out) throw Error(ErrorCode::invalid_argument, "cannot write the trace file '" + path + "'");
-  detail::write_chrome_trace(out, backend.rank(), spans());
+  detail::write_chrome_trace(out, profile.clock(backend.rank(), backend.world_size()), spans());
 }
 
 std::vector<NodeTiming> Executor::last_run() const {
@@ -120,7 +120,9 @@ void Executor::dump_dot(std::ostream& out, DotOptions options) const {
 }
 
 void Executor::write_trace(std::ostream& out) const {
-  detail::write_chrome_trace(out, _impl->backend.rank(), _impl->spans());
+  const Impl& m = *_impl;
+  detail::write_chrome_trace(out, m.profile.clock(m.backend.rank(), m.backend.world_size()),
+                             m.spans());
 }
 
 void Executor::write_trace(const std::string& path) const {

@@ -78,7 +78,7 @@ std::vector<Item> collapse(const GraphState& graph, const std::vector<std::uint3
                            std::vector<std::uint32_t>& item_of) {
   const std::size_t n = graph.nodes.size();
   std::vector<Item> items;
-  std::vector<std::int64_t> run_of_item;  // item -> run index, -1 for communication
+  std::vector<std::int64_t> run_of_item;             // item -> run index, -1 for communication
   std::vector<std::vector<std::uint64_t>> reach(n);  // node -> runs that reach it
   std::unordered_map<std::string, std::uint32_t> open_run;  // group -> item
   std::size_t runs = 0;
@@ -194,8 +194,7 @@ void write_summary_dot(std::ostream& out, const GraphState& graph, const DotAnno
       << " groups";
   if (measured)
     out << "; critical path " << human_time(notes->critical_path_us)
-        << " (red border); exposed communication " << human_time(exposed_total_us)
-        << " (red fill)";
+        << " (red border); exposed communication " << human_time(exposed_total_us) << " (red fill)";
   out << "\";\n  labelloc=t;\n";
 
   // Clusters in the order their first box appears, so the drawing follows the step.
@@ -222,9 +221,8 @@ void write_summary_dot(std::ostream& out, const GraphState& graph, const DotAnno
       const char* fill = style.fill;
       if (!item.run && measured && exposed_us[k] > 0)
         fill = exposed_us[k] > 0.5 * total_us[k] ? exposed_fill : partly_exposed_fill;
-      out << (cluster ? "    " : "  ") << "b" << k << " [shape=" << style.shape
-          << ", fillcolor=\"" << fill << "\", label=\""
-          << item_label(graph, notes, item, total_us[k]) << "\"";
+      out << (cluster ? "    " : "  ") << "b" << k << " [shape=" << style.shape << ", fillcolor=\""
+          << fill << "\", label=\"" << item_label(graph, notes, item, total_us[k]) << "\"";
       if (critical[k]) out << ", color=\"" << critical_colour << "\", penwidth=3";
       out << "];\n";
     }

@@ -21,8 +21,8 @@ namespace loom {
 namespace {
 
 struct Parsed {
-  std::map<std::string, std::string> label_of;  // box id -> label
-  std::vector<std::string> clusters;            // cluster labels
+  std::map<std::string, std::string> label_of;                       // box id -> label
+  std::vector<std::string> clusters;                                 // cluster labels
   std::map<std::pair<std::string, std::string>, std::string> edges;  // (from, to) -> attributes
 };
 
@@ -88,8 +88,8 @@ Graph two_layer_graph(std::vector<float>& g0, std::vector<float>& g1) {
     auto a = g.compute("l" + std::to_string(layer) + "a", noop, {.group = group});
     auto b = g.compute("l" + std::to_string(layer) + "b", noop, {.group = group});
     auto c = g.compute("l" + std::to_string(layer) + "c", noop, {.group = group});
-    auto ar = g.allreduce("l" + std::to_string(layer) + "grad", Buffer::of(std::span(*grads[layer])),
-                          ReduceOp::sum, {.group = group});
+    auto ar = g.allreduce("l" + std::to_string(layer) + "grad",
+                          Buffer::of(std::span(*grads[layer])), ReduceOp::sum, {.group = group});
     auto update = g.compute("l" + std::to_string(layer) + "update", noop, {.group = group});
     a.precede(b);
     b.precede(c);
@@ -129,8 +129,10 @@ TEST(DotSummary, EdgesBetweenTwoBoxesAreBundledWithTheirCount) {
   Graph g;
   auto noop = [] {};
   std::vector<Task> producers, consumers;
-  for (int k = 0; k < 4; ++k) producers.push_back(g.compute("p" + std::to_string(k), noop, {.group = "producers"}));
-  for (int k = 0; k < 3; ++k) consumers.push_back(g.compute("c" + std::to_string(k), noop, {.group = "consumers"}));
+  for (int k = 0; k < 4; ++k)
+    producers.push_back(g.compute("p" + std::to_string(k), noop, {.group = "producers"}));
+  for (int k = 0; k < 3; ++k)
+    consumers.push_back(g.compute("c" + std::to_string(k), noop, {.group = "consumers"}));
   for (auto& p : producers)
     for (auto& c : consumers) p.precede(c);
   const Parsed parsed = parse(summary_of(g));
