@@ -134,7 +134,7 @@ void write_chrome_trace(std::ostream& out, const TraceClock& clock,
       for (const Interval& gap : uncovered(s.start_ns, s.end_ns, busy)) {
         exposed_ns += gap.second - gap.first;
         any_exposed = true;
-        out << ",\n{\"name\":" << json_string("exposed " + s.name)
+        out << ",\n{\"name\":" << json_string("exposed (" + s.name + ")")
             << ",\"cat\":\"exposed\",\"ph\":\"X\",\"pid\":" << rank << ",\"tid\":" << exposed_lane
             << ",\"ts\":" << micros(gap.first) << ",\"dur\":" << micros(gap.second - gap.first)
             << ",\"args\":{\"node\":" << json_string(s.name) << "}}";
