@@ -9,6 +9,8 @@
 #include <fstream>
 #include <iostream>
 #include <mutex>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include <boost/program_options.hpp>
@@ -100,6 +102,11 @@ int train_on(Backend& backend, const Flags& flags) {
   if (root) {
     std::ofstream dot(flags.dot);
     step.executor().dump_dot(dot);
+    std::printf("# the last step on rank 0: why each collective was or wasn't hidden\n");
+    std::ostringstream report;
+    print_communication_report(
+        report, explain_communication(step.executor().last_run(), cores_per_rank(backend)));
+    std::fputs(report.str().c_str(), stdout);
     std::printf("median step %.3f ms, median overlap efficiency %.2f (steps 1..%d)\n",
                 median(step_ms), median(efficiency), flags.steps - 1);
     std::printf("weights %s on every rank (checksum %.9g)\n",

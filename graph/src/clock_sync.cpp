@@ -33,8 +33,8 @@ void Executor::Impl::measure_clock_offset() {
     std::int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
                            std::chrono::steady_clock::now().time_since_epoch())
                            .count();
-    finish(backend.allgather_async(Buffer::of(std::span(&now, 1)),
-                                   Buffer::of(std::span(readings))));
+    finish(
+        backend.allgather_async(Buffer::of(std::span(&now, 1)), Buffer::of(std::span(readings))));
     offsets.push_back(now - readings[0]);
   }
   std::nth_element(offsets.begin(), offsets.begin() + rounds / 2, offsets.end());

@@ -52,6 +52,9 @@ struct NodeTiming {
   /// @brief communication: why ("override", "measured", "model", or "fallback: ... cannot
   /// run (...)" when the preferred candidate could not run this case)
   std::string algorithm_reason;
+  /// @brief communication: when its predecessors were done (it may then wait for its turn in
+  /// the issue order until start_ns); -1 for compute
+  std::int64_t ready_ns = -1;
 };
 
 /// @brief Runs a compiled Graph on TBB workers, communication through a Backend.
