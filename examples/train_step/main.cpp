@@ -100,8 +100,14 @@ int train_on(Backend& backend, const Flags& flags) {
   const std::string trace = rank_path(flags.trace, backend.rank(), backend.world_size());
   step.executor().write_trace(trace);
   if (root) {
-    std::ofstream dot(flags.dot);
-    step.executor().dump_dot(dot);
+    const auto dot_start = std::chrono::steady_clock::now();
+    {
+      std::ofstream dot(flags.dot);
+      step.executor().dump_dot(dot);
+    }
+    const double dot_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - dot_start)
+            .count();
     std::printf("# the last step on rank 0: why each collective was or wasn't hidden\n");
     std::ostringstream report;
     print_communication_report(
@@ -111,8 +117,12 @@ int train_on(Backend& backend, const Flags& flags) {
                 median(step_ms), median(efficiency), flags.steps - 1);
     std::printf("weights %s on every rank (checksum %.9g)\n",
                 range[0] == -range[1] ? "identical" : "DIFFER", sum);
-    std::printf("wrote %s (dot -Tsvg %s -o step.svg) and %s (open in ui.perfetto.dev)\n",
-                flags.dot.c_str(), flags.dot.c_str(), trace.c_str());
+    std::printf(
+        "wrote %s (%zu nodes%s, %.1f ms; dot -Tpng %s -o step.png) and %s (open in "
+        "ui.perfetto.dev)\n",
+        flags.dot.c_str(), step.executor().size(),
+        step.executor().size() > DotOptions{}.summary_above ? ", summary" : "", dot_ms,
+        flags.dot.c_str(), trace.c_str());
     if (backend.world_size() > 1)
       std::printf("one timeline of every rank: loom-trace-merge -o job.json %s\n",
                   rank_path(flags.trace, -1, backend.world_size()).c_str());

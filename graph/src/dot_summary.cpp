@@ -20,11 +20,17 @@ constexpr const char* critical_colour = "#d62728";
 constexpr const char* exposed_fill = "#fb6a4a";
 constexpr const char* partly_exposed_fill = "#fcae91";
 
-// A box of the summary: one communication node, or a run of compute nodes of one group.
+// More communication boxes than this (a deep model with small buckets) are merged, in issue
+// order, into runs of consecutive operations of one kind, at most about this many boxes.
+constexpr std::size_t most_communication_boxes = 48;
+constexpr std::size_t communication_runs = 32;
+
+// A box of the summary: a run of compute nodes of one group, one communication node, or a run
+// of consecutive communication nodes of one group and kind.
 struct Item {
   std::string group;
   std::vector<std::uint32_t> members;  // in topological order
-  bool run = false;
+  bool run = false;                    // compute run
 };
 
 // Beyond this many groups dot's cluster layout gets slow and a person cannot follow them: groups
@@ -69,9 +75,9 @@ std::vector<std::uint32_t> topological_order(const GraphState& graph,
   return order;
 }
 
-// Puts every node in an item. A compute node joins the open run of its group unless one of its
-// predecessors lies outside that run and after it (reachable from the run), which would make the
-// boxes' graph cyclic; then it opens a new run. Reachability from runs is tracked as bitsets.
+// Puts every node in an item. A compute node joins the oldest run of its group that none of its
+// predecessors outside the run can be reached from (joining such a run would make the boxes'
+// graph cyclic), else it opens a new run. Reachability from runs is tracked as bitsets.
 std::vector<Item> collapse(const GraphState& graph, const std::vector<std::uint32_t>& order,
                            const std::vector<std::vector<std::uint32_t>>& pred,
                            const std::vector<std::string>& group_of_node,
@@ -80,7 +86,7 @@ std::vector<Item> collapse(const GraphState& graph, const std::vector<std::uint3
   std::vector<Item> items;
   std::vector<std::int64_t> run_of_item;             // item -> run index, -1 for communication
   std::vector<std::vector<std::uint64_t>> reach(n);  // node -> runs that reach it
-  std::unordered_map<std::string, std::uint32_t> open_run;  // group -> item
+  std::unordered_map<std::string, std::vector<std::uint32_t>> runs_of;  // group -> its runs
   std::size_t runs = 0;
   auto has = [](const std::vector<std::uint64_t>& bits, std::size_t k) {
     return k / 64 < bits.size() && (bits[k / 64] >> (k % 64) & 1) != 0;
@@ -90,6 +96,23 @@ std::vector<Item> collapse(const GraphState& graph, const std::vector<std::uint3
     bits[k / 64] |= std::uint64_t{1} << (k % 64);
   };
   item_of.assign(n, 0);
+  std::size_t communication = 0;
+  for (const NodeData& node : graph.nodes) communication += node.kind != NodeKind::compute;
+  const std::size_t per_run = communication > most_communication_boxes
+                                  ? (communication + communication_runs - 1) / communication_runs
+                                  : 1;
+  auto joinable = [&](std::uint32_t v, std::uint32_t item) {
+    const std::size_t run = static_cast<std::size_t>(run_of_item[item]);
+    for (std::uint32_t p : pred[v])
+      if (item_of[p] != item && has(reach[p], run)) return false;
+    return true;
+  };
+  auto new_run = [&](const std::string& group, bool compute) {
+    items.push_back({group, {}, compute});
+    run_of_item.push_back(static_cast<std::int64_t>(runs++));
+    return static_cast<std::uint32_t>(items.size() - 1);
+  };
+  std::unordered_map<std::string, std::uint32_t> open_communication;  // group + kind -> item
   for (std::uint32_t v : order) {
     const NodeData& node = graph.nodes[v];
     std::vector<std::uint64_t>& mine = reach[v];
@@ -99,27 +122,46 @@ std::vector<Item> collapse(const GraphState& graph, const std::vector<std::uint3
       for (std::size_t w = 0; w < theirs.size(); ++w) mine[w] |= theirs[w];
     }
     const std::string& group = group_of_node[v];
-    if (node.kind != NodeKind::compute) {
+    if (node.kind != NodeKind::compute && per_run == 1) {
       item_of[v] = static_cast<std::uint32_t>(items.size());
       items.push_back({group, {v}, false});
       run_of_item.push_back(-1);
       continue;
     }
-    auto open = open_run.find(group);
-    bool joins = open != open_run.end();
-    if (joins) {
-      const std::size_t run = static_cast<std::size_t>(run_of_item[open->second]);
-      for (std::uint32_t p : pred[v])
-        if (item_of[p] != open->second && has(reach[p], run)) joins = false;
+    if (node.kind != NodeKind::compute) {
+      // Consecutive operations only: the open run of its group and kind, while not full.
+      const std::string key = group + '\x1f' + std::string(to_string(node.kind));
+      auto open = open_communication.find(key);
+      std::uint32_t chosen;
+      if (open != open_communication.end() && items[open->second].members.size() < per_run &&
+          joinable(v, open->second)) {
+        chosen = open->second;
+      } else {
+        chosen = new_run(group, false);
+        open_communication[key] = chosen;
+      }
+      item_of[v] = chosen;
+      items[chosen].members.push_back(v);
+      set(mine, static_cast<std::size_t>(run_of_item[chosen]));
+      continue;
     }
-    if (!joins) {
-      open = open_run.insert_or_assign(group, static_cast<std::uint32_t>(items.size())).first;
-      items.push_back({group, {}, true});
-      run_of_item.push_back(static_cast<std::int64_t>(runs++));
+    // The oldest run of its group it can join without a cycle, else a new run.
+    auto& candidates = runs_of[group];
+    std::uint32_t chosen = 0;
+    bool found = false;
+    for (std::uint32_t item : candidates)
+      if (joinable(v, item)) {
+        chosen = item;
+        found = true;
+        break;
+      }
+    if (!found) {
+      chosen = new_run(group, true);
+      candidates.push_back(chosen);
     }
-    item_of[v] = open->second;
-    items[open->second].members.push_back(v);
-    set(mine, static_cast<std::size_t>(run_of_item[open->second]));
+    item_of[v] = chosen;
+    items[chosen].members.push_back(v);
+    set(mine, static_cast<std::size_t>(run_of_item[chosen]));
   }
   return items;
 }
@@ -128,10 +170,38 @@ std::string item_label(const GraphState& graph, const DotAnnotations* notes, con
                        double total_us) {
   if (item.members.size() == 1) return node_label(graph, notes, item.members.front());
   const bool measured = notes != nullptr && !notes->duration_us.empty();
+  if (!item.run) {
+    // A run of consecutive communication: what, which issue indices, how many bytes, how.
+    const NodeData& first = graph.nodes[item.members.front()];
+    std::size_t bytes = 0;
+    std::set<std::string> algorithms;
+    double exposed = 0;
+    for (std::uint32_t v : item.members) {
+      bytes += bytes_of(graph.nodes[v]);
+      if (notes != nullptr && !notes->algorithm[v].empty()) algorithms.insert(notes->algorithm[v]);
+      if (measured && !notes->exposed_us.empty()) exposed += notes->exposed_us[v];
+    }
+    std::string label =
+        std::to_string(item.members.size()) + " x " +
+        (first.kind == NodeKind::collective ? std::string(to_string(first.collective.op))
+                                            : std::string(to_string(first.kind))) +
+        "\\n" + dot_escaped(first.name) + " .. " +
+        dot_escaped(graph.nodes[item.members.back()].name) + "\\n" + human_bytes(bytes);
+    if (notes != nullptr && notes->issue_index[item.members.front()] >= 0)
+      label += "\\nissue #" + std::to_string(notes->issue_index[item.members.front()]) + " .. #" +
+               std::to_string(notes->issue_index[item.members.back()]);
+    if (!algorithms.empty()) {
+      label += "  algo";
+      for (const auto& a : algorithms) label += " " + dot_escaped(a);
+    }
+    if (measured)
+      label += "\\ntimes add up to " + human_time(total_us) + ", exposed " + human_time(exposed);
+    return label;
+  }
   std::string label = std::to_string(item.members.size()) + " compute nodes\\n" +
                       dot_escaped(graph.nodes[item.members.front()].name) + " .. " +
                       dot_escaped(graph.nodes[item.members.back()].name);
-  if (measured) label += "\\ntotal " + human_time(total_us);
+  if (measured) label += "\\ntimes add up to " + human_time(total_us);
   return label;
 }
 
@@ -209,11 +279,10 @@ void write_summary_dot(std::ostream& out, const GraphState& graph, const DotAnno
     const std::string& group = group_order[g];
     const bool cluster = !group.empty();
     if (cluster) {
-      double group_us = 0;
-      for (std::uint32_t k : boxes_of[group]) group_us += total_us[k];
-      out << "  subgraph cluster_" << g << " {\n    label=\"" << dot_escaped(group);
-      if (measured) out << " (" << human_time(group_us) << ")";
-      out << "\"; style=rounded; color=\"#888888\"; fontsize=11;\n";
+      std::size_t nodes = 0;
+      for (std::uint32_t k : boxes_of[group]) nodes += items[k].members.size();
+      out << "  subgraph cluster_" << g << " {\n    label=\"" << dot_escaped(group) << " (" << nodes
+          << " nodes)\"; style=rounded; color=\"#888888\"; fontsize=11;\n";
     }
     for (std::uint32_t k : boxes_of[group]) {
       const Item& item = items[k];

@@ -105,7 +105,7 @@ TEST(DotSummary, OneClusterPerGroupComputeRunsCollapsedCommunicationKept) {
   std::vector<float> g0(1000), g1(1000);
   const Graph g = two_layer_graph(g0, g1);
   const Parsed p = parse(summary_of(g));
-  EXPECT_EQ(p.clusters, (std::vector<std::string>{"layer 0", "layer 1"}));
+  EXPECT_EQ(p.clusters, (std::vector<std::string>{"layer 0 (5 nodes)", "layer 1 (5 nodes)"}));
   // Per layer: the run a..c (3 nodes), the allreduce, the update: 6 boxes for 10 nodes.
   ASSERT_EQ(p.label_of.size(), 6u) << summary_of(g);
   std::multiset<std::string> kinds;
@@ -169,9 +169,44 @@ TEST(DotSummary, GroupsDefaultToTheNamePrefixAndManyGroupsMergeIntoStages) {
     previous = t;
   }
   const Parsed p = parse(summary_of(g));
-  EXPECT_EQ(p.clusters, (std::vector<std::string>{"backward"}));
+  EXPECT_EQ(p.clusters, (std::vector<std::string>{"backward (40 nodes)"}));
   ASSERT_EQ(p.label_of.size(), 1u);
   EXPECT_EQ(p.label_of.begin()->second.rfind("40 compute nodes", 0), 0u);
+}
+
+TEST(DotSummary, ManyCollectivesMergeIntoRunsOfConsecutiveOperations) {
+  // 64 buckets: pack (compute) -> allreduce -> unpack (compute), as a deep model with small
+  // buckets has. 64 allreduces > 48: runs of 2 consecutive allreduces, every pack in one box,
+  // every unpack in another.
+  Graph g;
+  std::vector<std::vector<float>> grads(64, std::vector<float>(8));
+  for (int b = 0; b < 64; ++b) {
+    const std::string name = "bucket" + std::to_string(b);
+    auto pack = g.compute(name + ".pack", [] {});
+    auto reduce = g.allreduce(name + ".allreduce", Buffer::of(std::span(grads[b])));
+    auto unpack = g.compute(name + ".unpack", [] {});
+    pack.precede(reduce);
+    reduce.precede(unpack);
+  }
+  auto backend = make_local_backend();
+  Executor ex(g, *backend);
+  std::ostringstream out;
+  ex.dump_dot(out, {.detail = DotDetail::summary});
+  const Parsed p = parse(out.str());
+  std::size_t collective_boxes = 0, runs = 0;
+  for (const auto& [id, label] : p.label_of) {
+    if (label.rfind("2 x allreduce", 0) == 0) {
+      ++collective_boxes;
+      EXPECT_NE(label.find("issue #"), std::string::npos) << label;
+      EXPECT_NE(label.find("64 B"), std::string::npos) << label;  // 2 x 8 floats
+    }
+    if (label.rfind("64 compute nodes", 0) == 0) ++runs;
+  }
+  EXPECT_EQ(collective_boxes, 32u) << out.str();
+  EXPECT_EQ(runs, 2u) << out.str();  // all packs, all unpacks
+  EXPECT_EQ(p.label_of.size(), 34u);
+  EXPECT_NE(out.str().find("issue #0 .. #1"), std::string::npos);
+  EXPECT_FALSE(has_cycle(p));
 }
 
 TEST(DotSummary, AutomaticDetailSwitchesAboveTheThreshold) {
@@ -195,7 +230,7 @@ TEST(DotSummary, ProfiledRunShowsTimesExposedCommunicationAndTheCriticalPath) {
   const std::string dot = out.str();
   EXPECT_NE(dot.find("critical path"), std::string::npos);
   EXPECT_NE(dot.find("exposed communication"), std::string::npos);
-  EXPECT_NE(dot.find("total "), std::string::npos);  // a run's total time
+  EXPECT_NE(dot.find("times add up to "), std::string::npos);  // a run's total time
   EXPECT_NE(dot.find("issue #1"), std::string::npos);
   EXPECT_NE(dot.find("color=\"#d62728\""), std::string::npos);  // something on the path
   EXPECT_NE(dot.find("cluster_legend"), std::string::npos);
