@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <sstream>
 
 #include <oneapi/tbb/global_control.h>
 #include <boost/program_options.hpp>
@@ -68,6 +69,13 @@ void report(const std::vector<bench::ModeResult>& results, const Flags& flags,
                 std::string(examples::to_string(r.mode)).c_str(), r.step_ms, r.compute_ms,
                 r.comm_ms, r.hidden_ms, r.exposed_comm_ms, r.overlap_efficiency,
                 r.speedup_vs_sequential, r.step_ms / std::max(r.compute_ms, r.comm_ms));
+  for (const auto& r : results)
+    if (r.mode == examples::OverlapMode::loom && !r.communication.empty()) {
+      std::printf("# loom mode's last step on rank 0: why each collective was or wasn't hidden\n");
+      std::ostringstream report;
+      print_communication_report(report, r.communication);
+      std::fputs(report.str().c_str(), stdout);
+    }
   if (!flags.plan.trace_path.empty())
     std::printf("# loom mode's last step: trace %s (ui.perfetto.dev)\n",
                 flags.plan.trace_path.c_str());

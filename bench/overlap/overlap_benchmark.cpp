@@ -87,6 +87,8 @@ std::vector<ModeResult> run_modes(Backend& backend, std::vector<examples::TrainC
     r.exposed_comm_ms = median(in.exposed);
     r.overlap_efficiency = median(in.efficiency);
     r.final_loss = steps[k]->loss();
+    r.communication =
+        explain_communication(steps[k]->executor().last_run(), cores_per_rank(backend));
     results.push_back(r);
   }
   return results;

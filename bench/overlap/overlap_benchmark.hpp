@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "loom/backend.hpp"
+#include "loom/overlap_metrics.hpp"
 #include "train_step.hpp"
 
 namespace loom::bench {
@@ -22,6 +23,8 @@ struct ModeResult {
   double overlap_efficiency = 0;
   double speedup_vs_sequential = 0;  ///< filled by the caller
   float final_loss = 0;
+  /// @brief This rank's last timed step: why each communication node was or wasn't hidden.
+  std::vector<CommunicationReport> communication;
 };
 
 /// @brief What to measure and what to write for the mode that writes files.

@@ -9,6 +9,8 @@
 #include <fstream>
 #include <iostream>
 #include <mutex>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include <boost/program_options.hpp>
@@ -33,6 +35,16 @@ struct Flags {
   std::string trace = "train_step_trace.json";
   bool rebuild = false;
 };
+
+// "trace.json" -> "trace.rank1.json" with several ranks; rank -1: "trace.rank*.json".
+std::string rank_path(const std::string& path, int rank, int world) {
+  if (world == 1) return path;
+  const std::string suffix = ".rank" + (rank < 0 ? std::string("*") : std::to_string(rank));
+  const auto dot = path.rfind('.');
+  const auto slash = path.rfind('/');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) return path + suffix;
+  return path.substr(0, dot) + suffix + path.substr(dot);
+}
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -83,16 +95,37 @@ int train_on(Backend& backend, const Flags& flags) {
   for (float p : params) sum += p;
   double range[2] = {sum, -sum};
   backend.allreduce(Buffer(range, 2, DType::float64), ReduceOp::max);
+  // Every rank writes its trace (".rank<r>" before the extension with several ranks), so that
+  // tools/loom-trace-merge can put the whole job on one timeline.
+  const std::string trace = rank_path(flags.trace, backend.rank(), backend.world_size());
+  step.executor().write_trace(trace);
   if (root) {
-    std::ofstream dot(flags.dot);
-    step.executor().dump_dot(dot);
-    step.executor().write_trace(flags.trace);
+    const auto dot_start = std::chrono::steady_clock::now();
+    {
+      std::ofstream dot(flags.dot);
+      step.executor().dump_dot(dot);
+    }
+    const double dot_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - dot_start)
+            .count();
+    std::printf("# the last step on rank 0: why each collective was or wasn't hidden\n");
+    std::ostringstream report;
+    print_communication_report(
+        report, explain_communication(step.executor().last_run(), cores_per_rank(backend)));
+    std::fputs(report.str().c_str(), stdout);
     std::printf("median step %.3f ms, median overlap efficiency %.2f (steps 1..%d)\n",
                 median(step_ms), median(efficiency), flags.steps - 1);
     std::printf("weights %s on every rank (checksum %.9g)\n",
                 range[0] == -range[1] ? "identical" : "DIFFER", sum);
-    std::printf("wrote %s (dot -Tsvg %s -o step.svg) and %s (open in ui.perfetto.dev)\n",
-                flags.dot.c_str(), flags.dot.c_str(), flags.trace.c_str());
+    std::printf(
+        "wrote %s (%zu nodes%s, %.1f ms; dot -Tpng %s -o step.png) and %s (open in "
+        "ui.perfetto.dev)\n",
+        flags.dot.c_str(), step.executor().size(),
+        step.executor().size() > DotOptions{}.summary_above ? ", summary" : "", dot_ms,
+        flags.dot.c_str(), trace.c_str());
+    if (backend.world_size() > 1)
+      std::printf("one timeline of every rank: loom-trace-merge -o job.json %s\n",
+                  rank_path(flags.trace, -1, backend.world_size()).c_str());
   }
   return range[0] == -range[1] ? 0 : 1;
 }
@@ -111,7 +144,7 @@ int main(int argc, char** argv) {
       "rebuild buckets after step 0 from the observed ready order")(
       "dot", po::value(&flags.dot)->default_value(flags.dot), "DOT file of the step (rank 0)")(
       "trace", po::value(&flags.trace)->default_value(flags.trace),
-      "Chrome trace of the last step (rank 0)");
+      "Chrome trace of the last step (\".rank<r>\" inserted with several ranks)");
   add_train_options(options, flags.train);
   try {
     po::variables_map vm;

@@ -44,7 +44,7 @@ void Executor::Impl::write_trace_file() const {
   }
   std::ofstream out(path);
   if (!out) throw Error(ErrorCode::invalid_argument, "cannot write the trace file '" + path + "'");
-  detail::write_chrome_trace(out, backend.rank(), spans());
+  detail::write_chrome_trace(out, profile.clock(backend.rank(), backend.world_size()), spans());
 }
 
 std::vector<NodeTiming> Executor::last_run() const {
@@ -57,12 +57,48 @@ std::vector<NodeTiming> Executor::last_run() const {
     out.push_back({node.name, node.kind, r.start_ns, r.end_ns, r.lane, detail::bytes_of(node),
                    m.plan.issue_index[i],
                    m.plan.communicates(i) ? m.algorithms.algorithm_of[i] : "",
-                   m.algorithms.reason_of[i]});
+                   m.algorithms.reason_of[i], m.plan.communicates(i) ? r.ready_ns : -1});
   }
   return out;
 }
 
-void Executor::dump_dot(std::ostream& out) const {
+namespace {
+
+// Per communication node: how long of its [issue, completion] no compute of this rank ran.
+std::vector<double> exposed_us(const detail::GraphState& graph,
+                               const std::vector<NodeRecord>& records) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> busy;
+  for (std::uint32_t i = 0; i < graph.nodes.size(); ++i) {
+    const NodeKind kind = graph.nodes[i].kind;
+    if ((kind == NodeKind::compute || kind == NodeKind::copy) && records[i].end_ns > 0)
+      busy.emplace_back(records[i].start_ns, records[i].end_ns);
+  }
+  std::sort(busy.begin(), busy.end());
+  std::vector<std::pair<std::int64_t, std::int64_t>> merged;
+  for (const auto& interval : busy) {
+    if (!merged.empty() && interval.first <= merged.back().second)
+      merged.back().second = std::max(merged.back().second, interval.second);
+    else
+      merged.push_back(interval);
+  }
+  std::vector<double> out(graph.nodes.size(), 0);
+  for (std::uint32_t i = 0; i < graph.nodes.size(); ++i) {
+    const NodeKind kind = graph.nodes[i].kind;
+    if (kind == NodeKind::compute || kind == NodeKind::copy || records[i].end_ns <= 0) continue;
+    const std::int64_t start = records[i].start_ns, end = records[i].end_ns;
+    std::int64_t covered = 0;
+    auto it = std::lower_bound(merged.begin(), merged.end(), std::make_pair(start, start),
+                               [](const auto& a, const auto& b) { return a.second < b.first; });
+    for (; it != merged.end() && it->first < end; ++it)
+      covered += std::max<std::int64_t>(0, std::min(end, it->second) - std::max(start, it->first));
+    out[i] = std::max<std::int64_t>(end - start - covered, 0) / 1000.0;
+  }
+  return out;
+}
+
+}  // namespace
+
+void Executor::dump_dot(std::ostream& out, DotOptions options) const {
   const Impl& m = *_impl;
   const auto& g = m.graph;
   detail::DotAnnotations notes;
@@ -78,12 +114,15 @@ void Executor::dump_dot(std::ostream& out) const {
     }
     notes.critical_path = detail::critical_path(g, notes.duration_us);
     for (std::uint32_t v : notes.critical_path) notes.critical_path_us += notes.duration_us[v];
+    notes.exposed_us = exposed_us(g, m.profile.records);
   }
-  detail::write_dot(out, g, &notes);
+  detail::write_dot(out, g, &notes, options);
 }
 
 void Executor::write_trace(std::ostream& out) const {
-  detail::write_chrome_trace(out, _impl->backend.rank(), _impl->spans());
+  const Impl& m = *_impl;
+  detail::write_chrome_trace(out, m.profile.clock(m.backend.rank(), m.backend.world_size()),
+                             m.spans());
 }
 
 void Executor::write_trace(const std::string& path) const {

@@ -1,4 +1,5 @@
-// Graphviz DOT output shared by Graph::dump_dot and Executor::dump_dot.
+// Graphviz DOT output shared by Graph::dump_dot and Executor::dump_dot: the full graph, the
+// pieces the summary (dot_summary.cpp) shares, and the choice between the two.
 #include "dot_writer.hpp"
 
 #include <cstdio>
@@ -6,10 +7,9 @@
 #include <unordered_set>
 
 namespace loom::detail {
-namespace {
 
-// A DOT double-quoted string: escape quotes and backslashes, drop control characters.
-std::string escaped(const std::string& text) {
+std::string dot_escaped(const std::string& text) {
+  // A DOT double-quoted string: escape quotes and backslashes, drop control characters.
   std::string out;
   out.reserve(text.size() + 2);
   for (char c : text) {
@@ -45,15 +45,11 @@ std::string human_time(double us) {
   return text;
 }
 
-struct Style {
-  const char* shape;
-  const char* fill;
-};
-
-Style style_of(const NodeData& node) {
+DotStyle dot_style(const NodeData& node) {
   switch (node.kind) {
     case NodeKind::compute:
-      return node.placement == Placement::gpu ? Style{"box3d", "#c7e9c0"} : Style{"box", "#c6dbef"};
+      return node.placement == Placement::gpu ? DotStyle{"box3d", "#c7e9c0"}
+                                              : DotStyle{"box", "#c6dbef"};
     case NodeKind::collective:
       return {"hexagon", "#fdd0a2"};
     case NodeKind::send:
@@ -66,14 +62,35 @@ Style style_of(const NodeData& node) {
   return {"box", "white"};
 }
 
-}  // namespace
-
-void write_dot(std::ostream& out, const GraphState& graph, const DotAnnotations* notes) {
+std::string node_label(const GraphState& graph, const DotAnnotations* notes, std::uint32_t i) {
+  const NodeData& node = graph.nodes[i];
   const bool measured = notes != nullptr && !notes->duration_us.empty();
+  std::string label = dot_escaped(node.name) + "\\n" + dot_escaped(describe(node));
+  if (node.kind != NodeKind::compute) label += "\\n" + human_bytes(bytes_of(node));
+  if (notes != nullptr) {
+    if (notes->issue_index[i] >= 0) label += "\\nissue #" + std::to_string(notes->issue_index[i]);
+    if (!notes->algorithm[i].empty()) label += "  algo " + dot_escaped(notes->algorithm[i]);
+    if (measured) label += "\\n" + human_time(notes->duration_us[i]);
+    if (measured && !notes->exposed_us.empty() && notes->exposed_us[i] > 0)
+      label += ", exposed " + human_time(notes->exposed_us[i]);
+  }
+  if (node.priority != 0) label += "\\npriority " + std::to_string(node.priority);
+  return label;
+}
+
+void write_dot_header(std::ostream& out, const char* rankdir) {
+  // Straight edges and bounded crossing minimisation keep `dot` near-linear on large graphs;
+  // newrank lets clusters share ranks, so the time order still reads top to bottom.
   out << "digraph loom {\n"
-      << "  rankdir=TB;\n"
+      << "  rankdir=" << rankdir
+      << "; newrank=true; splines=line; nslimit=4; mclimit=0.3; remincross=false;\n"
       << "  node [style=filled, fontname=\"Helvetica\", fontsize=10];\n"
       << "  edge [color=\"#555555\"];\n";
+}
+
+void write_full_dot(std::ostream& out, const GraphState& graph, const DotAnnotations* notes) {
+  const bool measured = notes != nullptr && !notes->duration_us.empty();
+  write_dot_header(out, "TB");
   std::vector<char> critical(graph.nodes.size(), 0);
   std::unordered_set<std::uint64_t> critical_edges;
   if (measured) {
@@ -84,21 +101,12 @@ void write_dot(std::ostream& out, const GraphState& graph, const DotAnnotations*
     }
   }
   if (measured)
-    out << "  label=\"critical path " << escaped(human_time(notes->critical_path_us))
+    out << "  label=\"critical path " << dot_escaped(human_time(notes->critical_path_us))
         << " (red)\";\n  labelloc=t;\n";
-  for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
-    const NodeData& node = graph.nodes[i];
-    const Style style = style_of(node);
-    std::string label = escaped(node.name) + "\\n" + escaped(describe(node));
-    if (node.kind != NodeKind::compute) label += "\\n" + human_bytes(bytes_of(node));
-    if (notes != nullptr) {
-      if (notes->issue_index[i] >= 0) label += "\\nissue #" + std::to_string(notes->issue_index[i]);
-      if (!notes->algorithm[i].empty()) label += "  algo " + escaped(notes->algorithm[i]);
-      if (measured) label += "\\n" + human_time(notes->duration_us[i]);
-    }
-    if (node.priority != 0) label += "\\npriority " + std::to_string(node.priority);
+  for (std::uint32_t i = 0; i < graph.nodes.size(); ++i) {
+    const DotStyle style = dot_style(graph.nodes[i]);
     out << "  n" << i << " [shape=" << style.shape << ", fillcolor=\"" << style.fill
-        << "\", label=\"" << label << "\"";
+        << "\", label=\"" << node_label(graph, notes, i) << "\"";
     if (critical[i]) out << ", color=\"#d62728\", penwidth=3";
     out << "];\n";
   }
@@ -109,6 +117,17 @@ void write_dot(std::ostream& out, const GraphState& graph, const DotAnnotations*
     out << ";\n";
   }
   out << "}\n";
+}
+
+void write_dot(std::ostream& out, const GraphState& graph, const DotAnnotations* notes,
+               const DotOptions& options) {
+  const bool summary =
+      options.detail == DotDetail::summary ||
+      (options.detail == DotDetail::automatic && graph.nodes.size() > options.summary_above);
+  if (summary)
+    write_summary_dot(out, graph, notes);
+  else
+    write_full_dot(out, graph, notes);
 }
 
 }  // namespace loom::detail

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "graph_state.hpp"
+#include "loom/graph.hpp"
 
 namespace loom::detail {
 
@@ -17,9 +18,31 @@ struct DotAnnotations {
   std::vector<double> duration_us;           ///< per node; empty vector before a run
   std::vector<std::uint32_t> critical_path;  ///< nodes of the critical path, in order
   double critical_path_us = 0;
+  /// @brief Per communication node: the part of its time no compute of this rank ran beside
+  /// (empty vector before a run).
+  std::vector<double> exposed_us;
 };
 
-/// @brief Writes `graph` as DOT; compute and communication nodes differ by shape and colour.
-void write_dot(std::ostream& out, const GraphState& graph, const DotAnnotations* notes);
+/// @brief Writes `graph` as DOT, in full or as a summary (see DotOptions).
+void write_dot(std::ostream& out, const GraphState& graph, const DotAnnotations* notes,
+               const DotOptions& options);
+
+// Shared by the full and the summary writers (dot_writer.cpp, dot_summary.cpp).
+std::string dot_escaped(const std::string& text);
+std::string human_bytes(std::size_t bytes);
+std::string human_time(double us);
+/// @brief The label of a node as the full graph draws it (name, what it does, bytes, issue
+/// index, algorithm, measured time, exposed time, priority), DOT-escaped.
+std::string node_label(const GraphState& graph, const DotAnnotations* notes, std::uint32_t i);
+/// @brief Shape and fill colour of a node kind.
+struct DotStyle {
+  const char* shape;
+  const char* fill;
+};
+DotStyle dot_style(const NodeData& node);
+/// @brief Graph attributes that keep `dot` fast on large graphs; `rankdir` "TB" or "LR".
+void write_dot_header(std::ostream& out, const char* rankdir);
+void write_full_dot(std::ostream& out, const GraphState& graph, const DotAnnotations* notes);
+void write_summary_dot(std::ostream& out, const GraphState& graph, const DotAnnotations* notes);
 
 }  // namespace loom::detail

@@ -37,6 +37,7 @@ void Executor::Impl::compile() {
 
   plan_issue_order();
   check_ranks_agree();
+  measure_clock_offset();
   build_flow_graph();
   if (profile.enabled) profile.records.assign(graph.nodes.size(), detail::NodeRecord{});
   if (plan.sequencers.size() > 1 || !plan.collective_order.empty() || wiring.gpu)

@@ -1,7 +1,8 @@
 // Executor::Impl: the state of a compiled graph, grouped by the concern that owns it. The
 // concerns live in their own files: executor.cpp (compile, run, the public calls),
-// executor_options.cpp, agreement.cpp (the cross-rank check), wiring.cpp (the TBB flow graph
-// and GPU nodes), failure.cpp (failure and drain), annotation.cpp (trace, DOT, timings).
+// executor_options.cpp, agreement.cpp (the cross-rank check), clock_sync.cpp (trace clocks),
+// wiring.cpp (the TBB flow graph and GPU nodes), failure.cpp (failure and drain), annotation.cpp
+// (trace, DOT, timings).
 #pragma once
 
 #include <atomic>
@@ -91,6 +92,14 @@ struct RunProfile {
   std::vector<NodeRecord> records;
   bool has_run = false;  ///< records hold a finished run
   CommunicationProfiler profiler;
+  std::int64_t clock_offset_ns = 0;  ///< this rank's steady clock minus rank 0's
+
+  /// @brief Where the last run sits in time, for the trace.
+  TraceClock clock(int rank, int world) const {
+    const std::int64_t start =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(run_start.time_since_epoch()).count();
+    return {rank, world, start - clock_offset_ns, clock_offset_ns};
+  }
 
   std::int64_t now_ns() const {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
@@ -132,6 +141,8 @@ struct Executor::Impl {
 
   // agreement.cpp
   void check_ranks_agree();
+  // clock_sync.cpp
+  void measure_clock_offset();
   // wiring.cpp
   void build_flow_graph();
   void build_gpu_node(std::uint32_t i, tbb::flow::node_priority_t priority);

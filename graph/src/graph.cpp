@@ -93,6 +93,12 @@ std::string describe(const NodeData& node) {
   return "unknown";
 }
 
+std::string group_of(const NodeData& node) {
+  if (!node.group.empty()) return node.group;
+  const auto dot = node.name.find('.');
+  return dot == std::string::npos ? std::string() : node.name.substr(0, dot);
+}
+
 std::size_t bytes_of(const NodeData& node) {
   const CollectiveArgs& c = node.collective;
   switch (node.kind) {
@@ -115,6 +121,11 @@ const std::string& Task::name() const {
 NodeKind Task::kind() const {
   if (_graph == nullptr) throw Error(ErrorCode::invalid_argument, "kind() of an invalid Task");
   return _graph->nodes[_id].kind;
+}
+
+std::string Task::group() const {
+  if (_graph == nullptr) throw Error(ErrorCode::invalid_argument, "group() of an invalid Task");
+  return detail::group_of(_graph->nodes[_id]);
 }
 
 void Task::add_successor(Task other) {
@@ -155,6 +166,7 @@ int checked_priority(int priority, const std::string& name) {
 Task Graph::compute(std::string name, std::function<void()> body, ComputeOptions options) {
   detail::NodeData node;
   node.priority = checked_priority(options.priority, name);
+  node.group = std::move(options.group);
   node.name = std::move(name);
   node.kind = NodeKind::compute;
   node.body = std::move(body);
@@ -167,6 +179,7 @@ Task Graph::compute_gpu(std::string name, std::function<void(StreamRef)> body,
                         ComputeOptions options) {
   detail::NodeData node;
   node.priority = checked_priority(options.priority, name);
+  node.group = std::move(options.group);
   node.name = std::move(name);
   node.kind = NodeKind::compute;
   node.placement = Placement::gpu;
@@ -179,6 +192,7 @@ Task Graph::compute_gpu(std::string name, std::function<void(StreamRef)> body,
 Task Graph::collective(std::string name, const CollectiveArgs& spec, CommOptions options) {
   detail::NodeData node;
   node.priority = checked_priority(options.priority, name);
+  node.group = std::move(options.group);
   node.name = std::move(name);
   node.kind = NodeKind::collective;
   node.collective = spec;
@@ -228,6 +242,7 @@ Task Graph::barrier(std::string name, CommOptions options) {
 Task Graph::send(std::string name, Buffer buffer, int peer, int tag, CommOptions options) {
   detail::NodeData node;
   node.priority = checked_priority(options.priority, name);
+  node.group = std::move(options.group);
   node.name = std::move(name);
   node.kind = NodeKind::send;
   node.collective.send = buffer;
@@ -239,6 +254,7 @@ Task Graph::send(std::string name, Buffer buffer, int peer, int tag, CommOptions
 Task Graph::recv(std::string name, Buffer buffer, int peer, int tag, CommOptions options) {
   detail::NodeData node;
   node.priority = checked_priority(options.priority, name);
+  node.group = std::move(options.group);
   node.name = std::move(name);
   node.kind = NodeKind::recv;
   node.collective.send = buffer;
@@ -250,6 +266,7 @@ Task Graph::recv(std::string name, Buffer buffer, int peer, int tag, CommOptions
 Task Graph::copy(std::string name, Buffer src, Buffer dst, CommOptions options) {
   detail::NodeData node;
   node.priority = checked_priority(options.priority, name);
+  node.group = std::move(options.group);
   node.name = std::move(name);
   node.kind = NodeKind::copy;
   node.collective.send = src;
@@ -296,8 +313,15 @@ void Graph::validate(int world_size) const {
   detail::validate_graph(*_state, world_size);
 }
 
-void Graph::dump_dot(std::ostream& out) const {
-  detail::write_dot(out, *_state, nullptr);
+void Graph::set_group(Task task, std::string group) {
+  if (!task.valid() || task._graph != _state.get())
+    throw Error(ErrorCode::invalid_argument,
+                "Graph::set_group: the task is not a node of this graph (group '" + group + "')");
+  _state->nodes[task._id].group = std::move(group);
+}
+
+void Graph::dump_dot(std::ostream& out, DotOptions options) const {
+  detail::write_dot(out, *_state, nullptr, options);
 }
 
 }  // namespace loom

@@ -14,6 +14,7 @@ namespace loom::detail {
 /// @brief One node as the user declared it.
 struct NodeData {
   std::string name;
+  std::string group;  ///< as declared; group_of() applies the default
   NodeKind kind = NodeKind::compute;
   Placement placement = Placement::cpu;
   int priority = 0;
@@ -51,6 +52,9 @@ void accesses_of(const NodeData& node, std::vector<Access>& out);
 
 /// @brief "allreduce float32[1024] sum", "send float32[8] to 1 tag 0", "compute".
 std::string describe(const NodeData& node);
+
+/// @brief The node's group: as declared, else its name up to the first '.', else "".
+std::string group_of(const NodeData& node);
 
 /// @brief Bytes the node moves (0 for compute).
 std::size_t bytes_of(const NodeData& node);

@@ -45,10 +45,47 @@ std::string micros(std::int64_t ns) {
 }
 
 constexpr int communicator_lane_base = 1000;
+constexpr int exposed_lane = 3000;
+
+using Interval = std::pair<std::int64_t, std::int64_t>;
+
+// The union of the compute spans, as sorted disjoint intervals.
+std::vector<Interval> compute_union(const std::vector<TraceSpan>& spans) {
+  std::vector<Interval> busy;
+  for (const TraceSpan& s : spans)
+    if (s.worker >= 0) busy.emplace_back(s.start_ns, s.end_ns);
+  std::sort(busy.begin(), busy.end());
+  std::vector<Interval> merged;
+  for (const Interval& b : busy) {
+    if (!merged.empty() && b.first <= merged.back().second)
+      merged.back().second = std::max(merged.back().second, b.second);
+    else
+      merged.push_back(b);
+  }
+  return merged;
+}
+
+// The parts of [start, end) that no interval of `busy` covers.
+std::vector<Interval> uncovered(std::int64_t start, std::int64_t end,
+                                const std::vector<Interval>& busy) {
+  std::vector<Interval> out;
+  std::int64_t at = start;
+  for (const Interval& b : busy) {
+    if (b.second <= at) continue;
+    if (b.first >= end) break;
+    if (b.first > at) out.emplace_back(at, b.first);
+    at = std::max(at, b.second);
+    if (at >= end) break;
+  }
+  if (at < end) out.emplace_back(at, end);
+  return out;
+}
 
 }  // namespace
 
-void write_chrome_trace(std::ostream& out, int rank, const std::vector<TraceSpan>& spans) {
+void write_chrome_trace(std::ostream& out, const TraceClock& clock,
+                        const std::vector<TraceSpan>& spans) {
+  const int rank = clock.rank;
   // Communication spans of one communicator may overlap without nesting: give each the first
   // sub-lane free at its start (greedy interval colouring, by start time).
   std::vector<std::size_t> by_start(spans.size());
@@ -76,7 +113,9 @@ void write_chrome_trace(std::ostream& out, int rank, const std::vector<TraceSpan
     lane_names[tid[i]] = "comm " + s.communicator + (sub == 0 ? "" : " #" + std::to_string(sub));
   }
 
-  out << "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n";
+  out << "{\"displayTimeUnit\":\"ns\",\"otherData\":{\"loom_rank\":" << rank
+      << ",\"loom_world\":" << clock.world << ",\"loom_run_start_ns\":" << clock.run_start_ns
+      << ",\"loom_clock_offset_ns\":" << clock.clock_offset_ns << "},\"traceEvents\":[\n";
   out << "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" << rank
       << ",\"tid\":0,\"args\":{\"name\":\"loom rank " << rank << "\"}}";
   for (const auto& [lane, name] : lane_names) {
@@ -85,8 +124,24 @@ void write_chrome_trace(std::ostream& out, int rank, const std::vector<TraceSpan
     out << ",\n{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":" << rank << ",\"tid\":" << lane
         << ",\"args\":{\"sort_index\":" << lane << "}}";
   }
+  const std::vector<Interval> busy = compute_union(spans);
+  bool any_exposed = false;
+  std::vector<std::pair<std::int64_t, std::int64_t>> bytes_changes;  // (time, +/- bytes)
   for (std::size_t i : by_start) {
     const TraceSpan& s = spans[i];
+    std::int64_t exposed_ns = 0;
+    if (s.worker < 0) {
+      for (const Interval& gap : uncovered(s.start_ns, s.end_ns, busy)) {
+        exposed_ns += gap.second - gap.first;
+        any_exposed = true;
+        out << ",\n{\"name\":" << json_string("exposed (" + s.name + ")")
+            << ",\"cat\":\"exposed\",\"ph\":\"X\",\"pid\":" << rank << ",\"tid\":" << exposed_lane
+            << ",\"ts\":" << micros(gap.first) << ",\"dur\":" << micros(gap.second - gap.first)
+            << ",\"args\":{\"node\":" << json_string(s.name) << "}}";
+      }
+      bytes_changes.emplace_back(s.start_ns, static_cast<std::int64_t>(s.bytes));
+      bytes_changes.emplace_back(s.end_ns, -static_cast<std::int64_t>(s.bytes));
+    }
     out << ",\n{\"name\":" << json_string(s.name) << ",\"cat\":" << json_string(s.category)
         << ",\"ph\":\"X\",\"pid\":" << rank << ",\"tid\":" << tid[i]
         << ",\"ts\":" << micros(s.start_ns)
@@ -97,7 +152,22 @@ void write_chrome_trace(std::ostream& out, int rank, const std::vector<TraceSpan
     if (s.worker < 0 && s.ready_ns >= 0)
       out << ",\"waited_for_turn_us\":"
           << micros(std::max<std::int64_t>(s.start_ns - s.ready_ns, 0));
+    if (s.worker < 0) out << ",\"exposed_us\":" << micros(exposed_ns);
     out << "}}";
+  }
+  if (any_exposed)
+    out << ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" << rank
+        << ",\"tid\":" << exposed_lane << ",\"args\":{\"name\":\"exposed communication\"}}";
+  // Ends before starts at the same time, so the counter never counts one operation twice.
+  std::sort(bytes_changes.begin(), bytes_changes.end());
+  std::int64_t in_flight = 0;
+  for (std::size_t k = 0; k < bytes_changes.size(); ++k) {
+    in_flight += bytes_changes[k].second;
+    if (k + 1 < bytes_changes.size() && bytes_changes[k + 1].first == bytes_changes[k].first)
+      continue;  // one sample per time stamp
+    out << ",\n{\"name\":\"bytes in flight\",\"ph\":\"C\",\"pid\":" << rank
+        << ",\"ts\":" << micros(bytes_changes[k].first) << ",\"args\":{\"bytes\":" << in_flight
+        << "}}";
   }
   out << "\n]}\n";
 }

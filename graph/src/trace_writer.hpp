@@ -24,8 +24,23 @@ struct TraceSpan {
   std::int64_t ready_ns;     ///< communication: when it became ready (waiting for its turn)
 };
 
-/// @brief Writes the spans of rank `rank`: one lane per worker, one per communicator (split
-/// into sub-lanes where operations overlap, since trace viewers need nested spans per lane).
-void write_chrome_trace(std::ostream& out, int rank, const std::vector<TraceSpan>& spans);
+/// @brief Where a rank's run sits in time, so tools can merge every rank's trace into one
+/// timeline (tools/loom-trace-merge).
+struct TraceClock {
+  int rank = 0;
+  int world = 1;
+  /// @brief The run's start on rank 0's steady clock (ns): this rank's start minus
+  /// clock_offset_ns.
+  std::int64_t run_start_ns = 0;
+  /// @brief This rank's steady clock minus rank 0's, measured at compile.
+  std::int64_t clock_offset_ns = 0;
+};
+
+/// @brief Writes the spans of one rank: one lane per worker, one per communicator (split
+/// into sub-lanes where operations overlap, since trace viewers need nested spans per lane),
+/// a lane "exposed communication" with the parts of communication no compute ran beside, a
+/// counter "bytes in flight", and the clock in "otherData".
+void write_chrome_trace(std::ostream& out, const TraceClock& clock,
+                        const std::vector<TraceSpan>& spans);
 
 }  // namespace loom::detail

@@ -129,6 +129,10 @@ std::optional<int> launcher_local_rank() {
   return first_integer({"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "LOCAL_RANK"});
 }
 
+std::optional<int> launcher_local_size() {
+  return first_integer({"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "LOCAL_WORLD_SIZE"});
+}
+
 std::optional<int> launcher_rank() {
   return first_integer({"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"});
 }

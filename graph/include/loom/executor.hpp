@@ -52,6 +52,9 @@ struct NodeTiming {
   /// @brief communication: why ("override", "measured", "model", or "fallback: ... cannot
   /// run (...)" when the preferred candidate could not run this case)
   std::string algorithm_reason;
+  /// @brief communication: when its predecessors were done (it may then wait for its turn in
+  /// the issue order until start_ns); -1 for compute
+  std::int64_t ready_ns = -1;
 };
 
 /// @brief Runs a compiled Graph on TBB workers, communication through a Backend.
@@ -109,8 +112,10 @@ class Executor {
   const CommunicationProfiler& profiler() const noexcept;
 
   /// @brief DOT with issue indices, bytes and algorithms; after a profiled run also measured
-  /// durations and the critical path (red).
-  void dump_dot(std::ostream& out) const;
+  /// durations, the communication time no compute hid ("exposed") and the critical path (red).
+  /// Above DotOptions::summary_above nodes (or with DotDetail::summary) a summary: one cluster
+  /// per group, compute runs collapsed, edges bundled, communication kept.
+  void dump_dot(std::ostream& out, DotOptions options = {}) const;
   /// @brief Chrome trace-event JSON of the last profiled run: one lane per TBB worker, one per
   /// communicator; opens in Perfetto (ui.perfetto.dev) or chrome://tracing.
   void write_trace(std::ostream& out) const;

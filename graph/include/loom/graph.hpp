@@ -45,6 +45,9 @@ struct ComputeOptions {
   int priority = 0;
   std::vector<Buffer> reads;
   std::vector<Buffer> writes;
+  /// @brief What the node belongs to ("layer 3", "bucket 2", "optimizer"): the summary DOT
+  /// draws one cluster per group. Empty: the part of the name before its first '.', if any.
+  std::string group;
 };
 
 /// @brief Options of a communication or copy node.
@@ -52,6 +55,21 @@ struct CommOptions {
   /// @brief Higher is issued earlier among collectives that are unordered by edges. It shapes
   /// the issue order fixed at compile time, identically on every rank.
   int priority = 0;
+  /// @brief As ComputeOptions::group.
+  std::string group;
+};
+
+/// @brief How much of the graph Graph::dump_dot and Executor::dump_dot draw.
+enum class DotDetail : unsigned char {
+  automatic,  ///< full up to DotOptions::summary_above nodes, summary above
+  full,       ///< every node and edge
+  summary,    ///< clusters per group, compute runs collapsed, edges bundled, collectives kept
+};
+
+/// @brief Options of the DOT output.
+struct DotOptions {
+  DotDetail detail = DotDetail::automatic;
+  std::size_t summary_above = 300;
 };
 
 /// @brief A cheap, copyable handle of one node of a Graph.
@@ -79,6 +97,9 @@ class Task {
   std::size_t id() const noexcept { return _id; }
   const std::string& name() const;
   NodeKind kind() const;
+  /// @brief The node's group: as given in its options, else the part of its name before the
+  /// first '.', else "".
+  std::string group() const;
 
   friend bool operator==(const Task& a, const Task& b) noexcept {
     return a._graph == b._graph && a._id == b._id;
@@ -151,8 +172,11 @@ class Graph {
   /// @brief Also checks collectives against `world_size` (counts, roots, peers).
   void validate(int world_size) const;
 
+  /// @brief Puts `task` in `group` (see ComputeOptions::group).
+  void set_group(Task task, std::string group);
+
   /// @brief Graphviz DOT of the graph as built (no issue indices: see Executor::dump_dot).
-  void dump_dot(std::ostream& out) const;
+  void dump_dot(std::ostream& out, DotOptions options = {}) const;
 
  private:
   friend class Executor;

@@ -55,6 +55,10 @@ std::string seconds_text(double seconds);
 /// (OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID, LOCAL_RANK); std::nullopt without one.
 std::optional<int> launcher_local_rank();
 
+/// @brief How many processes of the job run on this host, from the launcher's variables
+/// (OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS, LOCAL_WORLD_SIZE); std::nullopt without one.
+std::optional<int> launcher_local_size();
+
 /// @brief This process's rank in the job from the launcher's variables (OMPI_COMM_WORLD_RANK,
 /// PMIX_RANK, PMI_RANK); std::nullopt when not launched by one.
 std::optional<int> launcher_rank();
