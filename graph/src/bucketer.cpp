@@ -95,14 +95,14 @@ void add_pack_and_unpack(Graph& graph, const std::string& name, const std::vecto
   for (const Copy& c : copies) full.push_back(c.full);
   if (compression != Compression::none) {
     tasks.pack = graph.compute(name + ".pack", [copies, factor] { compress(copies, factor); },
-                               {.reads = full, .writes = {wire}});
+                               {.reads = full, .writes = {wire}, .group = name});
     tasks.unpack = graph.compute(name + ".unpack", [copies] { decompress(copies); },
-                                 {.reads = {wire}, .writes = full});
+                                 {.reads = {wire}, .writes = full, .group = name});
     return;
   }
   const kernels::PackPlan plan = pack_plan(copies, name);
   tasks.pack = graph.compute(name + ".pack", [plan, wire] { kernels::pack(plan, bytes_of(wire)); },
-                             {.reads = full, .writes = {wire}});
+                             {.reads = full, .writes = {wire}, .group = name});
   tasks.unpack = graph.compute(name + ".unpack",
                                [plan, copies, wire, factor] {
                                  if (factor == 1.0) {
@@ -113,7 +113,7 @@ void add_pack_and_unpack(Graph& graph, const std::string& name, const std::vecto
                                    kernels::scale(c.wire.data(), c.full.data(), c.full.count(),
                                                   c.full.dtype(), factor);
                                },
-                               {.reads = {wire}, .writes = full});
+                               {.reads = {wire}, .writes = full, .group = name});
 }
 
 void check_permutation(std::span<const std::size_t> order, std::size_t n, const char* what) {
@@ -433,7 +433,8 @@ std::vector<BucketTasks> Bucketer::attach(Graph& graph, std::span<const Task> pr
       add_pack_and_unpack(graph, name, s.copies(b), wire, compression, factor, tasks);
     else if (average)
       op = ReduceOp::avg;  // views, no pack/unpack: the reduction divides
-    tasks.reduce = graph.allreduce(name + ".allreduce", wire, op, {.priority = priority[b]});
+    tasks.reduce =
+        graph.allreduce(name + ".allreduce", wire, op, {.priority = priority[b], .group = name});
     if (tasks.pack.valid()) tasks.pack.precede(tasks.reduce);
     if (tasks.unpack.valid()) tasks.reduce.precede(tasks.unpack);
     std::set<std::size_t> linked;
