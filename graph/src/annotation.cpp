@@ -7,6 +7,7 @@
 #include "analysis.hpp"
 #include "dot_writer.hpp"
 #include "executor_impl.hpp"
+#include "intervals.hpp"
 #include "loom/error.hpp"
 
 namespace loom {
@@ -67,32 +68,20 @@ namespace {
 // Per communication node: how long of its [issue, completion] no compute of this rank ran.
 std::vector<double> exposed_us(const detail::GraphState& graph,
                                const std::vector<NodeRecord>& records) {
-  std::vector<std::pair<std::int64_t, std::int64_t>> busy;
-  for (std::uint32_t i = 0; i < graph.nodes.size(); ++i) {
+  std::vector<detail::Interval> busy;
+  auto computes = [&](std::uint32_t i) {
     const NodeKind kind = graph.nodes[i].kind;
-    if ((kind == NodeKind::compute || kind == NodeKind::copy) && records[i].end_ns > 0)
+    return kind == NodeKind::compute || kind == NodeKind::copy;
+  };
+  for (std::uint32_t i = 0; i < graph.nodes.size(); ++i)
+    if (computes(i) && records[i].end_ns > 0)
       busy.emplace_back(records[i].start_ns, records[i].end_ns);
-  }
-  std::sort(busy.begin(), busy.end());
-  std::vector<std::pair<std::int64_t, std::int64_t>> merged;
-  for (const auto& interval : busy) {
-    if (!merged.empty() && interval.first <= merged.back().second)
-      merged.back().second = std::max(merged.back().second, interval.second);
-    else
-      merged.push_back(interval);
-  }
+  busy = detail::merged(std::move(busy));
   std::vector<double> out(graph.nodes.size(), 0);
-  for (std::uint32_t i = 0; i < graph.nodes.size(); ++i) {
-    const NodeKind kind = graph.nodes[i].kind;
-    if (kind == NodeKind::compute || kind == NodeKind::copy || records[i].end_ns <= 0) continue;
-    const std::int64_t start = records[i].start_ns, end = records[i].end_ns;
-    std::int64_t covered = 0;
-    auto it = std::lower_bound(merged.begin(), merged.end(), std::make_pair(start, start),
-                               [](const auto& a, const auto& b) { return a.second < b.first; });
-    for (; it != merged.end() && it->first < end; ++it)
-      covered += std::max<std::int64_t>(0, std::min(end, it->second) - std::max(start, it->first));
-    out[i] = std::max<std::int64_t>(end - start - covered, 0) / 1000.0;
-  }
+  for (std::uint32_t i = 0; i < graph.nodes.size(); ++i)
+    if (!computes(i) && records[i].end_ns > 0)
+      out[i] =
+          detail::length(detail::uncovered(records[i].start_ns, records[i].end_ns, busy)) / 1000.0;
   return out;
 }
 

@@ -10,30 +10,17 @@
 #include <utility>
 #include <vector>
 
+#include "intervals.hpp"
 #include "loom/environment.hpp"
 
 namespace loom {
 
 namespace {
 
-using Interval = std::pair<std::int64_t, std::int64_t>;
+using detail::Interval;
 
 std::int64_t union_length(std::vector<Interval> intervals) {
-  std::sort(intervals.begin(), intervals.end());
-  std::int64_t total = 0, start = 0, end = 0;
-  bool open = false;
-  for (const auto& [s, e] : intervals) {
-    if (open && s <= end) {
-      end = std::max(end, e);
-      continue;
-    }
-    if (open) total += end - start;
-    start = s;
-    end = e;
-    open = true;
-  }
-  if (open) total += end - start;
-  return total;
+  return detail::length(detail::merged(std::move(intervals)));
 }
 
 }  // namespace

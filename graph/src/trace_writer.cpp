@@ -6,6 +6,8 @@
 #include <map>
 #include <ostream>
 
+#include "intervals.hpp"
+
 namespace loom::detail {
 namespace {
 
@@ -47,38 +49,12 @@ std::string micros(std::int64_t ns) {
 constexpr int communicator_lane_base = 1000;
 constexpr int exposed_lane = 3000;
 
-using Interval = std::pair<std::int64_t, std::int64_t>;
-
 // The union of the compute spans, as sorted disjoint intervals.
 std::vector<Interval> compute_union(const std::vector<TraceSpan>& spans) {
   std::vector<Interval> busy;
   for (const TraceSpan& s : spans)
     if (s.worker >= 0) busy.emplace_back(s.start_ns, s.end_ns);
-  std::sort(busy.begin(), busy.end());
-  std::vector<Interval> merged;
-  for (const Interval& b : busy) {
-    if (!merged.empty() && b.first <= merged.back().second)
-      merged.back().second = std::max(merged.back().second, b.second);
-    else
-      merged.push_back(b);
-  }
-  return merged;
-}
-
-// The parts of [start, end) that no interval of `busy` covers.
-std::vector<Interval> uncovered(std::int64_t start, std::int64_t end,
-                                const std::vector<Interval>& busy) {
-  std::vector<Interval> out;
-  std::int64_t at = start;
-  for (const Interval& b : busy) {
-    if (b.second <= at) continue;
-    if (b.first >= end) break;
-    if (b.first > at) out.emplace_back(at, b.first);
-    at = std::max(at, b.second);
-    if (at >= end) break;
-  }
-  if (at < end) out.emplace_back(at, end);
-  return out;
+  return merged(std::move(busy));
 }
 
 }  // namespace
