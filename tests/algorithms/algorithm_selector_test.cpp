@@ -67,6 +67,25 @@ TEST(AlgorithmSelector, WithoutAFitNativeWinsTies) {
   EXPECT_TRUE(s.using_defaults());
 }
 
+TEST(AlgorithmSelector, WithoutAFitALargeAllreduceGoesToABandwidthOptimalAlgorithm) {
+  // Untuned, native allreduce is modelled as the latency-optimal forms (the whole buffer per
+  // step), which is what Open MPI 4.1 measured like from 4 MiB up: a large allreduce must not
+  // go to native by winning a tie with ring or Rabenseifner.
+  const AlgorithmSelector s;
+  for (int ranks : {2, 4}) {
+    LocalWorld world(ranks);
+    std::vector<float> large(std::size_t{8} << 20);  // 32 MiB
+    const auto c = s.choose(allreduce_of(large), world.backend(0));
+    EXPECT_TRUE(c.algorithm == Algorithm::rabenseifner || c.algorithm == Algorithm::ring)
+        << ranks << " ranks: " << to_string(c.algorithm) << " (" << c.reason << ")";
+    const std::size_t bytes = large.size() * sizeof(float);
+    EXPECT_DOUBLE_EQ(
+        s.predict(Algorithm::native, Collective::allreduce, bytes, ranks),
+        std::min(s.predict(Algorithm::recursive_doubling, Collective::allreduce, bytes, ranks),
+                 s.predict(Algorithm::binomial_tree, Collective::allreduce, bytes, ranks)));
+  }
+}
+
 TEST(AlgorithmSelector, MeasurementsBeatTheModelNearTheirSize) {
   TuningParameters t = simple_model();
   t.measured.push_back({Collective::allreduce, 4, 4096, Algorithm::native, 50e-6});
