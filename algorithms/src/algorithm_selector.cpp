@@ -131,17 +131,35 @@ double AlgorithmSelector::predict(Algorithm algorithm, Collective collective, st
     for (const NativeFit& f : _tuning.native)
       if (f.collective == collective && f.world == world) return f.alpha_s + n * f.beta_s_per_byte;
     // No fit: the library is assumed to run the best of the same algorithms, minus loom's
-    // per-message overhead, which alpha includes.
+    // per-message overhead, which alpha includes; for allreduce, the best of the latency-optimal
+    // ones only (recursive doubling, binomial tree). Measured (Open MPI 4.1, vader, 2 ranks, see
+    // bench/RESULTS.md "loom from PyTorch"): MPI_Allreduce and MPI_Iallreduce take 2-3x loom's
+    // ring and Rabenseifner from 4 MiB up, as a library moving the whole buffer per step does,
+    // so an untuned model that let native tie with the bandwidth-optimal algorithms (and win the
+    // tie) chose the slowest candidate for every large allreduce. loom-tune's fit replaces this.
     double best = std::numeric_limits<double>::infinity();
-    for (Algorithm c : candidates(collective))
-      if (c != Algorithm::native) best = std::min(best, predict(c, collective, bytes, world));
+    for (Algorithm c : candidates(collective)) {
+      if (c == Algorithm::native) continue;
+      if (collective == Collective::allreduce &&
+          (c == Algorithm::ring || c == Algorithm::rabenseifner))
+        continue;
+      best = std::min(best, predict(c, collective, bytes, world));
+    }
     return std::isfinite(best) ? best : lg * a + n * b;
   }
   switch (collective) {
     case Collective::allreduce:
       switch (algorithm) {
-        case Algorithm::ring:
-          return 2 * (p - 1) * a + 2 * share * n * b + share * n * g;
+        case Algorithm::ring: {
+          // Each of the 2(p - 1) steps is cut into chunks (ring_allreduce.cpp: about 8 per
+          // block, 64 KiB to 4 MiB each), each a message of its own: alpha per chunk. Without
+          // it ring tied with Rabenseifner on 2 ranks and won the tie, though on Open MPI's
+          // shared memory its many rendezvous messages made it measurably slower.
+          const double block = std::ceil(n / p);
+          const double chunk = std::clamp(std::ceil(block / 8), 64.0 * 1024, 4.0 * 1024 * 1024);
+          const double chunks = std::max(1.0, std::ceil(block / chunk));
+          return 2 * (p - 1) * chunks * a + 2 * share * n * b + share * n * g;
+        }
         case Algorithm::recursive_doubling:
           return lg2 * (a + n * b + n * g) + (fold ? 2 * (a + n * b) + n * g : 0);
         case Algorithm::rabenseifner:

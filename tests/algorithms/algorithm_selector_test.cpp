@@ -27,9 +27,12 @@ CollectiveArgs allreduce_of(std::vector<float>& v) {
 TEST(AlgorithmSelector, FormulasMatchHandComputedValues) {
   const AlgorithmSelector s(simple_model());
   const double n = 1 << 20, a = 1e-6, g = 1e-9;
-  // p = 4: ring 2(p-1)a + 2(p-1)/p n b + (p-1)/p n g.
+  // p = 4: ring 2(p-1) C a + 2(p-1)/p n b + (p-1)/p n g, C = 4 chunks of 64 KiB per 256 KiB
+  // block (the implementation's chunking: about 8 per block, at least 64 KiB each).
   EXPECT_DOUBLE_EQ(s.predict(Algorithm::ring, Collective::allreduce, n, 4),
-                   6 * a + 1.5 * n * g + 0.75 * n * g);
+                   6 * 4 * a + 1.5 * n * g + 0.75 * n * g);
+  EXPECT_DOUBLE_EQ(s.predict(Algorithm::ring, Collective::allreduce, 4096, 4),
+                   6 * a + 1.5 * 4096 * g + 0.75 * 4096 * g);
   // rd: log p (a + n b + n g).
   EXPECT_DOUBLE_EQ(s.predict(Algorithm::recursive_doubling, Collective::allreduce, n, 4),
                    2 * (a + 2 * n * g));
@@ -65,6 +68,26 @@ TEST(AlgorithmSelector, WithoutAFitNativeWinsTies) {
   std::vector<float> v(1000);
   EXPECT_EQ(s.choose(allreduce_of(v), world.backend(0)).algorithm, Algorithm::native);
   EXPECT_TRUE(s.using_defaults());
+}
+
+TEST(AlgorithmSelector, WithoutAFitALargeAllreduceGoesToABandwidthOptimalAlgorithm) {
+  // Untuned, native allreduce is modelled as the latency-optimal forms (the whole buffer per
+  // step), which is what Open MPI 4.1 measured like from 4 MiB up: a large allreduce must not
+  // go to native by winning a tie with ring or Rabenseifner.
+  const AlgorithmSelector s;
+  for (int ranks : {2, 4}) {
+    LocalWorld world(ranks);
+    std::vector<float> large(std::size_t{8} << 20);  // 32 MiB
+    const auto c = s.choose(allreduce_of(large), world.backend(0));
+    // Rabenseifner: the same bytes as ring in far fewer messages (ring's chunks).
+    EXPECT_EQ(c.algorithm, Algorithm::rabenseifner)
+        << ranks << " ranks: " << to_string(c.algorithm) << " (" << c.reason << ")";
+    const std::size_t bytes = large.size() * sizeof(float);
+    EXPECT_DOUBLE_EQ(
+        s.predict(Algorithm::native, Collective::allreduce, bytes, ranks),
+        std::min(s.predict(Algorithm::recursive_doubling, Collective::allreduce, bytes, ranks),
+                 s.predict(Algorithm::binomial_tree, Collective::allreduce, bytes, ranks)));
+  }
 }
 
 TEST(AlgorithmSelector, MeasurementsBeatTheModelNearTheirSize) {

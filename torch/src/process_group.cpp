@@ -490,29 +490,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_bucket(at::Tensor buc
   const bool half = compression == Compression::float16;
   at::Tensor wire = at::empty({static_cast<int64_t>(buffer.count())},
                               bucket.options().dtype(half ? at::kHalf : at::kBFloat16));
-  const float scale = 1.0f / static_cast<float>(size_);
-  const float* grads = buffer.as<float>();
-  const std::size_t count = buffer.count();
-  // The division by the world size is folded into the cast, as the Bucketer does.
-  if (half) {
-    auto* out = static_cast<float16_t*>(wire.data_ptr());
-    for (std::size_t i = 0; i < count; ++i) out[i] = to_float16(grads[i] * scale);
-  } else {
-    auto* out = static_cast<bfloat16_t*>(wire.data_ptr());
-    for (std::size_t i = 0; i < count; ++i) out[i] = to_bfloat16(grads[i] * scale);
-  }
+  // The division by the world size is folded into the cast, as the Bucketer does: each element
+  // is multiplied in float and rounded once (mul_out computes in float, the output's dtype is
+  // the cast). torch's vectorised kernels do both casts, as DDP's fp16_compress_hook does.
+  at::mul_out(wire, bucket, at::Scalar(1.0 / static_cast<double>(size_)));
   const Buffer wire_buffer = to_buffer(wire, *_backend, where, "compressed bucket");
   CollectiveArgs args{Collective::allreduce, wire_buffer, wire_buffer, ReduceOp::sum};
-  auto decompress = [bucket, wire, half, count] {
-    auto* out = static_cast<float*>(bucket.data_ptr());
-    if (half) {
-      const auto* in = static_cast<const float16_t*>(wire.data_ptr());
-      for (std::size_t i = 0; i < count; ++i) out[i] = to_float(in[i]);
-    } else {
-      const auto* in = static_cast<const bfloat16_t*>(wire.data_ptr());
-      for (std::size_t i = 0; i < count; ++i) out[i] = to_float(in[i]);
-    }
-  };
+  auto decompress = [bucket, wire]() mutable { bucket.copy_(wire); };
   return collective(c10d::OpType::ALLREDUCE, args, {bucket}, c10d::kUnsetTimeout, decompress,
                     {wire});
 }
