@@ -24,8 +24,7 @@ class Reader {
 
  private:
   [[noreturn]] void fail(const std::string& what) const {
-    throw Error(ErrorCode::invalid_argument,
-                "JSON: " + what + " at offset " + std::to_string(_at));
+    throw Error(ErrorCode::invalid_argument, "JSON: " + what + " at offset " + std::to_string(_at));
   }
   void skip_space() {
     while (_at < _text.size() && std::isspace(static_cast<unsigned char>(_text[_at]))) ++_at;
@@ -115,7 +114,8 @@ class Reader {
             break;
           case 'u':  // only what quote_json writes: control characters
             if (_at + 4 > _text.size()) fail("bad \\u escape");
-            c = static_cast<char>(std::strtol(std::string(_text.substr(_at, 4)).c_str(), nullptr, 16));
+            c = static_cast<char>(
+                std::strtol(std::string(_text.substr(_at, 4)).c_str(), nullptr, 16));
             _at += 4;
             break;
           default:

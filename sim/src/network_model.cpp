@@ -15,7 +15,8 @@ namespace loom {
 namespace {
 
 // A number followed by a unit from `units` (lower case, with its factor); the whole text.
-double number_with_unit(std::string_view text, std::initializer_list<std::pair<const char*, double>> units,
+double number_with_unit(std::string_view text,
+                        std::initializer_list<std::pair<const char*, double>> units,
                         const char* what) {
   const std::string s(text);
   char* end = nullptr;
@@ -45,7 +46,8 @@ double parse_link_rate(std::string_view text) {
                                         {"mbps", 8e6},
                                         {"gbps", 8e9}},
                                        "link rate");
-  if (rate <= 0) throw Error(ErrorCode::invalid_argument, "link rate '" + std::string(text) + "' is 0");
+  if (rate <= 0)
+    throw Error(ErrorCode::invalid_argument, "link rate '" + std::string(text) + "' is 0");
   return rate;
 }
 
@@ -107,9 +109,8 @@ CollectiveCost NetworkModel::collective(Collective op, std::size_t bytes, int ra
   const double native = _selector.predict(Algorithm::native, op, bytes, ranks);
   if (native < best.seconds) best = {Algorithm::native, native};
   if (!std::isfinite(best.seconds))
-    throw Error(ErrorCode::unsupported,
-                "no cost model for " + std::string(to_string(op)) + " at " +
-                    std::to_string(ranks) + " ranks");
+    throw Error(ErrorCode::unsupported, "no cost model for " + std::string(to_string(op)) + " at " +
+                                            std::to_string(ranks) + " ranks");
   return best;
 }
 

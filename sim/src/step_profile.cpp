@@ -25,8 +25,8 @@ bool communicates(NodeKind kind) {
 }
 
 NodeKind parse_node_kind(const std::string& text) {
-  for (NodeKind k : {NodeKind::compute, NodeKind::collective, NodeKind::send, NodeKind::recv,
-                     NodeKind::copy})
+  for (NodeKind k :
+       {NodeKind::compute, NodeKind::collective, NodeKind::send, NodeKind::recv, NodeKind::copy})
     if (to_string(k) == text) return k;
   throw Error(ErrorCode::invalid_argument, "step profile: unknown node kind '" + text + "'");
 }
@@ -89,7 +89,8 @@ void write_step_profile(const StepProfile& p, std::ostream& out) {
 
 void save_step_profile(const StepProfile& profile, const std::string& path) {
   std::ofstream out(path);
-  if (!out) throw Error(ErrorCode::invalid_argument, "cannot write the step profile '" + path + "'");
+  if (!out)
+    throw Error(ErrorCode::invalid_argument, "cannot write the step profile '" + path + "'");
   write_step_profile(profile, out);
 }
 
@@ -122,9 +123,11 @@ StepProfile read_step_profile(std::istream& in) {
     ProfiledNode node;
     node.name = n.at("name").as_string("name");
     node.kind = parse_node_kind(n.at("kind").as_string("kind"));
-    if (const sim::Json* v = n.find("priority")) node.priority = static_cast<int>(v->as_number("priority"));
+    if (const sim::Json* v = n.find("priority"))
+      node.priority = static_cast<int>(v->as_number("priority"));
     if (const sim::Json* v = n.find("op")) node.op = parse_collective(v->as_string("op"));
-    if (const sim::Json* v = n.find("bytes")) node.bytes = static_cast<std::size_t>(v->as_number("bytes"));
+    if (const sim::Json* v = n.find("bytes"))
+      node.bytes = static_cast<std::size_t>(v->as_number("bytes"));
     node.duration_s = n.at("duration_s").as_number("duration_s");
     if (const sim::Json* v = n.find("issue_index"))
       node.issue_index = static_cast<std::int64_t>(v->as_number("issue_index"));

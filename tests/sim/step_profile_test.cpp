@@ -24,8 +24,12 @@ TEST(StepProfile, FromAGraphAndRunsTakesMeans) {
   auto run = [](std::int64_t backward_ns, std::int64_t reduce_ns) {
     return std::vector<NodeTiming>{
         {.name = "backward", .kind = NodeKind::compute, .start_ns = 0, .end_ns = backward_ns},
-        {.name = "reduce", .kind = NodeKind::collective, .start_ns = backward_ns,
-         .end_ns = backward_ns + reduce_ns, .bytes = 1024, .issue_index = 0},
+        {.name = "reduce",
+         .kind = NodeKind::collective,
+         .start_ns = backward_ns,
+         .end_ns = backward_ns + reduce_ns,
+         .bytes = 1024,
+         .issue_index = 0},
         {.name = "update", .kind = NodeKind::compute, .start_ns = 0, .end_ns = 0}};
   };
   const std::vector<std::vector<NodeTiming>> runs{run(1000, 5000), run(3000, 6000),
@@ -54,8 +58,12 @@ TEST(StepProfile, JsonRoundTrip) {
   p.measured_step_s = 0.0125;
   p.measured_comm_s = 0.004;
   p.nodes = {{.name = "f", .kind = NodeKind::compute, .priority = 2, .duration_s = 1.5e-3},
-             {.name = "g", .kind = NodeKind::collective, .op = Collective::reduce_scatter,
-              .bytes = 4096, .duration_s = 2e-3, .issue_index = 0}};
+             {.name = "g",
+              .kind = NodeKind::collective,
+              .op = Collective::reduce_scatter,
+              .bytes = 4096,
+              .duration_s = 2e-3,
+              .issue_index = 0}};
   p.edges = {{0, 1}};
   std::stringstream text;
   write_step_profile(p, text);

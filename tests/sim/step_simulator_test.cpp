@@ -19,14 +19,14 @@ NetworkModel model(double alpha_s, double beta_s_per_byte, double gamma_s_per_by
 }
 
 std::size_t add_compute(StepProfile& p, const std::string& name, double seconds, int priority = 0) {
-  p.nodes.push_back({.name = name, .kind = NodeKind::compute, .priority = priority,
-                     .duration_s = seconds});
+  p.nodes.push_back(
+      {.name = name, .kind = NodeKind::compute, .priority = priority, .duration_s = seconds});
   return p.nodes.size() - 1;
 }
 
 std::size_t add_allreduce(StepProfile& p, const std::string& name, std::size_t bytes) {
-  p.nodes.push_back({.name = name, .kind = NodeKind::collective, .op = Collective::allreduce,
-                     .bytes = bytes});
+  p.nodes.push_back(
+      {.name = name, .kind = NodeKind::collective, .op = Collective::allreduce, .bytes = bytes});
   return p.nodes.size() - 1;
 }
 
@@ -94,8 +94,8 @@ TEST(StepSimulator, OneInFlightHandsTheWireToWhatIsNeededFirst) {
   EXPECT_NEAR(one.step_s, 2 * ms, 1e-12);
   EXPECT_NEAR(one.hidden_s, 1 * ms, 1e-12);
   EXPECT_NEAR(one.exposed_s, 1 * ms, 1e-12);
-  const Prediction reversed = simulate(
-      p, net, {.ranks = 2, .collectives_in_flight = 1, .issue_order = {c2, c1}});
+  const Prediction reversed =
+      simulate(p, net, {.ranks = 2, .collectives_in_flight = 1, .issue_order = {c2, c1}});
   EXPECT_NEAR(reversed.step_s, 3 * ms, 1e-12);
   // The search finds 2 ms from the reversed, unlimited start.
   const Schedule best = best_schedule(p, net, {.ranks = 2, .issue_order = {c2, c1}});

@@ -1,4 +1,5 @@
-// NetworkModel: what a collective costs at a rank count, from the selector's alpha-beta-gamma model.
+// NetworkModel: what a collective costs at a rank count, from the selector's alpha-beta-gamma
+// model.
 #pragma once
 
 #include <cstddef>
