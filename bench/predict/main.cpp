@@ -32,6 +32,7 @@ struct Flags {
   int in_flight = -1;
   double cores = 0;
   double comm_cpu = 0;
+  double compute_scale = 1;
   bool best = true;
   bool json = false;
 };
@@ -70,13 +71,14 @@ std::string main_algorithm(const StepProfile& p, const Prediction& r) {
 int main(int argc, char** argv) {
   Flags flags;
   po::options_description options("loom-predict options");
-  options.add_options()("help,h", "this help")(
-      "profile", po::value(&flags.profile), "the step profile (loom-overlap --profile-json)")(
+  options.add_options()("help,h", "this help")("profile", po::value(&flags.profile),
+                                               "the step profile (loom-overlap --profile-json)")(
       "ranks", po::value(&flags.ranks), "comma-separated rank counts (default: the profile's)")(
       "link", po::value(&flags.link), "the wire: a rate (2gbit, 100gbit, 10gbps)")(
       "latency", po::value(&flags.latency)->default_value(flags.latency),
-      "alpha, per message (20us, 1.5ms)")("tuning", po::value(&flags.tuning),
-                                          "the wire from a tuning file (loom-tune's alpha/beta/gamma)")(
+      "alpha, per message (20us, 1.5ms)")(
+      "tuning", po::value(&flags.tuning),
+      "the wire from a tuning file (loom-tune's alpha/beta/gamma)")(
       "fit", po::bool_switch(&flags.fit),
       "the wire fitted to the profile's measured communication time (with --latency)")(
       "fit-from", po::value(&flags.fit_from),
@@ -91,6 +93,8 @@ int main(int argc, char** argv) {
       "comm-cpu", po::value(&flags.comm_cpu)->default_value(0),
       "cores the transport needs while on the wire; compute and the wire slow when the demand "
       "exceeds --cores (0: no contention)")(
+      "compute-scale", po::value(&flags.compute_scale)->default_value(1),
+      "multiply every compute and copy duration (what if compute were 10x faster: 0.1)")(
       "no-best", "skip the search for the best schedule")("json", po::bool_switch(&flags.json),
                                                           "one JSON object per rank count");
   po::positional_options_description positional;
@@ -109,13 +113,19 @@ int main(int argc, char** argv) {
     po::notify(vm);
     flags.best = vm.count("no-best") == 0;
     if (flags.profile.empty()) throw Error(ErrorCode::invalid_argument, "no profile given");
-    const int wires = !flags.link.empty() + !flags.tuning.empty() + flags.fit +
-                      !flags.fit_from.empty();
+    const int wires =
+        !flags.link.empty() + !flags.tuning.empty() + flags.fit + !flags.fit_from.empty();
     if (wires != 1)
-      throw Error(ErrorCode::invalid_argument, "give the wire with exactly one of --link, "
-                                               "--tuning, --fit and --fit-from");
+      throw Error(ErrorCode::invalid_argument,
+                  "give the wire with exactly one of --link, "
+                  "--tuning, --fit and --fit-from");
     profile = load_step_profile(flags.profile);
     ranks = parse_ranks(flags.ranks, profile.ranks);
+    if (!(flags.compute_scale > 0))
+      throw Error(ErrorCode::invalid_argument, "--compute-scale must be > 0");
+    for (ProfiledNode& node : profile.nodes)
+      if (node.kind == NodeKind::compute || node.kind == NodeKind::copy)
+        node.duration_s *= flags.compute_scale;
     const double latency = parse_duration(flags.latency);
     if (!flags.link.empty())
       network = NetworkModel::from_link(parse_link_rate(flags.link), latency);
@@ -132,12 +142,13 @@ int main(int argc, char** argv) {
   try {
     const double beta = network->tuning().cost.beta_s_per_byte;
     if (!flags.json)
-      std::printf("# loom-predict: %s (%s, measured at %d ranks: step %.3f ms); wire alpha %.2f "
-                  "us, %.3f Gbit/s, gamma %.3f ns/B; %d workers\n",
-                  profile.label.c_str(), flags.profile.c_str(), profile.ranks,
-                  profile.measured_step_s * 1e3, network->tuning().cost.alpha_s * 1e6,
-                  beta > 0 ? 8e-9 / beta : 0.0, network->tuning().cost.gamma_s_per_byte * 1e9,
-                  flags.workers > 0 ? flags.workers : profile.workers);
+      std::printf(
+          "# loom-predict: %s (%s, measured at %d ranks: step %.3f ms); wire alpha %.2f "
+          "us, %.3f Gbit/s, gamma %.3f ns/B; %d workers; compute x %g\n",
+          profile.label.c_str(), flags.profile.c_str(), profile.ranks,
+          profile.measured_step_s * 1e3, network->tuning().cost.alpha_s * 1e6,
+          beta > 0 ? 8e-9 / beta : 0.0, network->tuning().cost.gamma_s_per_byte * 1e9,
+          flags.workers > 0 ? flags.workers : profile.workers, flags.compute_scale);
     if (!flags.json)
       std::printf("# %6s %-12s %9s %10s %9s %9s %10s %9s %9s %8s %10s %s\n", "ranks", "algorithm",
                   "step_ms", "compute_ms", "comm_ms", "hidden_ms", "exposed_ms", "overlap",
@@ -162,14 +173,15 @@ int main(int argc, char** argv) {
       }
       const double overlap = p.comm_s > 0 ? p.hidden_s / p.comm_s : 0;
       if (flags.json) {
-        std::printf("{\"ranks\": %d, \"algorithm\": \"%s\", \"step_ms\": %.6f, \"compute_ms\": "
-                    "%.6f, \"comm_ms\": %.6f, \"hidden_ms\": %.6f, \"exposed_ms\": %.6f, "
-                    "\"critical_path_ms\": %.6f, \"best_ms\": %.6f, \"best_in_flight\": %zu, "
-                    "\"measured_ms\": %.6f}\n",
-                    r, main_algorithm(profile, p).c_str(), p.step_s * 1e3, p.compute_s * 1e3,
-                    p.comm_s * 1e3, p.hidden_s * 1e3, p.exposed_s * 1e3, p.critical_path_s * 1e3,
-                    b.step_s * 1e3, best ? best->options.collectives_in_flight : 0,
-                    r == profile.ranks ? profile.measured_step_s * 1e3 : 0.0);
+        std::printf(
+            "{\"ranks\": %d, \"algorithm\": \"%s\", \"step_ms\": %.6f, \"compute_ms\": "
+            "%.6f, \"comm_ms\": %.6f, \"hidden_ms\": %.6f, \"exposed_ms\": %.6f, "
+            "\"critical_path_ms\": %.6f, \"best_ms\": %.6f, \"best_in_flight\": %zu, "
+            "\"measured_ms\": %.6f}\n",
+            r, main_algorithm(profile, p).c_str(), p.step_s * 1e3, p.compute_s * 1e3,
+            p.comm_s * 1e3, p.hidden_s * 1e3, p.exposed_s * 1e3, p.critical_path_s * 1e3,
+            b.step_s * 1e3, best ? best->options.collectives_in_flight : 0,
+            r == profile.ranks ? profile.measured_step_s * 1e3 : 0.0);
       } else {
         std::printf("  %6d %-12s %9.3f %10.3f %9.3f %9.3f %10.3f %9.3f %9.3f %8.3f %10.3f %s\n", r,
                     main_algorithm(profile, p).c_str(), p.step_s * 1e3, p.compute_s * 1e3,
