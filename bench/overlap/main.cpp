@@ -3,6 +3,7 @@
 // communication compute hid (medians).
 //   loom-overlap --ranks 2 --depth 8 --width 512 --json overlap.json
 //   bench/netem.sh 2gbit -- mpirun -np 2 build/bin/loom-overlap --trace t.json --dot step.dot
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <fstream>
@@ -13,6 +14,7 @@
 #include <sstream>
 
 #include <oneapi/tbb/global_control.h>
+#include <oneapi/tbb/task_arena.h>
 #include <boost/program_options.hpp>
 
 #include "loom/error.hpp"
@@ -125,7 +127,10 @@ int main(int argc, char** argv) {
       "rebuild buckets from rank 0's ready order after the first warm-up (DDP's rebuild)")(
       "json", po::value(&flags.json), "write one JSON object per mode to this file")(
       "trace", po::value(&flags.plan.trace_path), "Chrome trace of loom mode's last step")(
-      "dot", po::value(&flags.plan.dot_path), "DOT graph of loom mode's step");
+      "dot", po::value(&flags.plan.dot_path), "DOT graph of loom mode's step")(
+      "profile-json", po::value(&flags.plan.profile_prefix),
+      "write each mode's step profile (graph and median node durations, for loom-predict) to "
+      "PREFIX.<mode>.json");
   examples::add_train_options(options, flags.train);
   try {
     po::variables_map vm;
@@ -152,6 +157,9 @@ int main(int argc, char** argv) {
   std::optional<tbb::global_control> threads;
   if (flags.threads > 0)
     threads.emplace(tbb::global_control::max_allowed_parallelism, flags.threads);
+  flags.plan.workers = static_cast<int>(std::min<std::size_t>(
+      tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism),
+      static_cast<std::size_t>(tbb::this_task_arena::max_concurrency())));
   try {
     std::vector<bench::ModeResult> results;
     std::string backend_name;

@@ -8,6 +8,7 @@
 
 #include "loom/error.hpp"
 #include "loom/overlap_metrics.hpp"
+#include "loom/step_profile.hpp"
 
 namespace loom::bench {
 
@@ -26,6 +27,7 @@ std::vector<ModeResult> run_modes(Backend& backend, std::vector<examples::TrainC
                                   const RunPlan& plan) {
   struct Samples {
     std::vector<double> step_ms, compute, comm, hidden, exposed, efficiency;
+    std::vector<std::vector<NodeTiming>> runs;  // for the step profile
   };
   std::vector<std::unique_ptr<examples::TrainStep>> steps;
   for (auto& config : configs) {
@@ -60,6 +62,7 @@ std::vector<ModeResult> run_modes(Backend& backend, std::vector<examples::TrainC
       out.hidden.push_back(m.hidden_ms);
       out.exposed.push_back(m.exposed_comm_ms);
       out.efficiency.push_back(m.overlap_efficiency);
+      if (!plan.profile_prefix.empty()) out.runs.push_back(steps[k]->executor().last_run());
     }
   }
   if (backend.rank() == 0 && plan.files_from < steps.size()) {
@@ -90,6 +93,25 @@ std::vector<ModeResult> run_modes(Backend& backend, std::vector<examples::TrainC
     r.communication =
         explain_communication(steps[k]->executor().last_run(), cores_per_rank(backend));
     results.push_back(r);
+    if (!plan.profile_prefix.empty() && backend.rank() == 0) {
+      StepProfile profile = profile_step(steps[k]->graph(), in.runs);
+      const auto& shape = configs[k].shape;
+      profile.label = "loom-overlap " + std::string(examples::to_string(r.mode)) + " mode, MLP " +
+                      std::to_string(shape.input) + " -> " + std::to_string(shape.depth) + " x " +
+                      std::to_string(shape.width) + " -> " + std::to_string(shape.output) +
+                      ", batch " + std::to_string(shape.batch);
+      profile.backend = std::string(backend.name());
+      profile.ranks = backend.world_size();
+      profile.workers = plan.workers;
+      // A planned order runs one collective at a time (TrainStep::schedule_from_last_run).
+      const std::size_t in_flight = configs[k].executor.collectives_in_flight;
+      profile.collectives_in_flight =
+          in_flight == 0 && !steps[k]->issue_order().empty() ? 1 : in_flight;
+      profile.measured_step_s = r.step_ms * 1e-3;
+      profile.measured_comm_s = r.comm_ms * 1e-3;
+      save_step_profile(
+          profile, plan.profile_prefix + "." + std::string(examples::to_string(r.mode)) + ".json");
+    }
   }
   return results;
 }

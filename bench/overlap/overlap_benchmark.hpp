@@ -38,6 +38,10 @@ struct RunPlan {
   std::string trace_path;      ///< written by rank 0 after the last step ("" = none)
   std::string dot_path;        ///< likewise
   std::size_t files_from = 0;  ///< index of the configuration whose step writes the files
+  /// @brief Rank 0 writes each mode's step profile (its graph, each node's median duration
+  /// over the measured steps: what loom-predict reads) to "<prefix>.<mode>.json" ("" = none).
+  std::string profile_prefix;
+  int workers = 1;  ///< compute workers per rank, recorded in the profiles
 };
 
 /// @brief Trains every configuration of `configs` (each with its own model; its mode decides

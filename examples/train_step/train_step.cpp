@@ -176,6 +176,7 @@ void TrainStep::compile() {
   std::vector<Update> updates = add_updates(g, nodes, buckets, reduce_done);
   if (pipelined) add_next_forward(g, nodes, updates);
   _executor = Executor::compile(g, _backend, executor_options());
+  _graph = std::move(g);
 }
 
 // A CPU node, or a GPU node enqueueing on the stream the executor gives it.

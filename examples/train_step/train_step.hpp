@@ -99,6 +99,9 @@ class TrainStep {
   const std::vector<std::size_t>& issue_order() const noexcept { return _issue_order; }
 
   Executor& executor() noexcept { return *_executor; }
+  /// @brief The graph the step's executor was compiled from (loom mode: without the first
+  /// step's forward, which a separate prologue runs once).
+  const Graph& graph() const noexcept { return _graph; }
   const Bucketer& bucketer() const noexcept { return *_bucketer; }
   /// @brief The host model (its initial state only, when the step runs on a CUDA device).
   const Mlp& model() const noexcept { return _model; }
@@ -150,6 +153,7 @@ class TrainStep {
   Memory _memory;                      // where nodes read and write the model
   std::vector<Parameter> _parameters;  // registration order
   std::unique_ptr<Bucketer> _bucketer;
+  Graph _graph;  // what _executor was compiled from, for the step simulator's profile
   std::unique_ptr<Executor> _executor;
   std::unique_ptr<Executor> _prologue;  // loom mode: the first step's forward
   bool _primed = false;

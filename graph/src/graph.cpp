@@ -128,6 +128,17 @@ std::string Task::group() const {
   return detail::group_of(_graph->nodes[_id]);
 }
 
+int Task::priority() const {
+  if (_graph == nullptr) throw Error(ErrorCode::invalid_argument, "priority() of an invalid Task");
+  return _graph->nodes[_id].priority;
+}
+
+const CollectiveArgs& Task::collective() const {
+  if (_graph == nullptr)
+    throw Error(ErrorCode::invalid_argument, "collective() of an invalid Task");
+  return _graph->nodes[_id].collective;
+}
+
 void Task::add_successor(Task other) {
   if (_graph == nullptr) {
     std::string message = "precede() on a default-constructed Task";
@@ -292,6 +303,17 @@ void Graph::add_edge(Task from, Task to) {
 std::size_t Graph::size() const noexcept {
   return _state->nodes.size();
 }
+Task Graph::task(std::size_t id) const {
+  if (id >= _state->nodes.size())
+    throw Error(ErrorCode::invalid_argument, "task(" + std::to_string(id) + ") of a graph of " +
+                                                 std::to_string(_state->nodes.size()) + " nodes");
+  return Task(_state.get(), static_cast<std::uint32_t>(id));
+}
+
+std::vector<std::pair<std::size_t, std::size_t>> Graph::edges() const {
+  return {_state->edges.begin(), _state->edges.end()};
+}
+
 std::size_t Graph::num_edges() const noexcept {
   return _state->edges.size();
 }

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "loom/buffer.hpp"
@@ -100,6 +101,11 @@ class Task {
   /// @brief The node's group: as given in its options, else the part of its name before the
   /// first '.', else "".
   std::string group() const;
+  /// @brief The priority it was added with (ComputeOptions or CommOptions).
+  int priority() const;
+  /// @brief Communication and copy nodes: their arguments (copy: send = src, recv = dst;
+  /// send/recv: send is the buffer). Compute nodes: default arguments.
+  const CollectiveArgs& collective() const;
 
   friend bool operator==(const Task& a, const Task& b) noexcept {
     return a._graph == b._graph && a._id == b._id;
@@ -165,6 +171,10 @@ class Graph {
   std::size_t num_edges() const noexcept;
   /// @brief The task named `name`, or an invalid Task.
   Task find(std::string_view name) const;
+  /// @brief The task with id `id` (insertion order); ErrorCode::invalid_argument past size().
+  Task task(std::size_t id) const;
+  /// @brief The edges (from id, to id) in the order they were added.
+  std::vector<std::pair<std::size_t, std::size_t>> edges() const;
 
   /// @brief Checks everything that does not depend on the world size; throws
   /// ErrorCode::graph_invalid naming the offending nodes.

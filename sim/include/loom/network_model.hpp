@@ -1,0 +1,51 @@
+// NetworkModel: what a collective costs at a rank count, from the selector's alpha-beta-gamma
+// model.
+#pragma once
+
+#include <cstddef>
+#include <string_view>
+
+#include "loom/algorithm.hpp"
+#include "loom/algorithm_selector.hpp"
+#include "loom/tuning.hpp"
+
+namespace loom {
+
+struct StepProfile;
+
+/// @brief An algorithm and its modelled time.
+struct CollectiveCost {
+  Algorithm algorithm = Algorithm::native;
+  double seconds = 0;
+};
+
+/// @brief The cost of each communication node alone on the wire: the cheapest candidate by
+/// AlgorithmSelector::predict (the choice the selector's model makes without measurements).
+class NetworkModel {
+ public:
+  explicit NetworkModel(TuningParameters tuning);
+  /// @brief A link of `bits_per_s` with `latency_s` per message: alpha = latency, beta =
+  /// 8 / rate; gamma (the reduction) default_tuning()'s.
+  static NetworkModel from_link(double bits_per_s, double latency_s);
+  /// @brief A link whose beta makes the profile's collectives, one after another, take the
+  /// wire time the profile measured (measured_comm_s): a wire calibrated on the run itself,
+  /// for transports no nominal rate describes (shared memory). Needs measured_comm_s > 0.
+  static NetworkModel fitted(const StepProfile& profile, double latency_s);
+
+  /// @brief `op` on `bytes` over `ranks` (0 at one rank).
+  CollectiveCost collective(Collective op, std::size_t bytes, int ranks) const;
+  /// @brief A send or receive of `bytes`: alpha + bytes beta.
+  double point_to_point(std::size_t bytes) const;
+  const TuningParameters& tuning() const noexcept { return _selector.tuning(); }
+
+ private:
+  AlgorithmSelector _selector;
+};
+
+/// @brief "2gbit", "100Gbit", "500mbit", "10gbps" (bytes), "1e9" (bits) to bits per second;
+/// ErrorCode::invalid_argument naming the text otherwise.
+double parse_link_rate(std::string_view text);
+/// @brief "20us", "1.5ms", "0", "3e-6s" to seconds; ErrorCode::invalid_argument otherwise.
+double parse_duration(std::string_view text);
+
+}  // namespace loom

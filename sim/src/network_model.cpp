@@ -1,0 +1,121 @@
+// NetworkModel: collective costs from the selector's formulas; link rates and durations parsed.
+#include "loom/network_model.hpp"
+
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <string>
+
+#include "loom/error.hpp"
+#include "loom/step_profile.hpp"
+
+namespace loom {
+
+namespace {
+
+// A number followed by a unit from `units` (lower case, with its factor); the whole text.
+double number_with_unit(std::string_view text,
+                        std::initializer_list<std::pair<const char*, double>> units,
+                        const char* what) {
+  const std::string s(text);
+  char* end = nullptr;
+  const double value = std::strtod(s.c_str(), &end);
+  if (end == s.c_str() || !std::isfinite(value) || value < 0)
+    throw Error(ErrorCode::invalid_argument, std::string("bad ") + what + " '" + s + "'");
+  std::string unit(end);
+  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (const auto& [name, factor] : units)
+    if (unit == name) return value * factor;
+  throw Error(ErrorCode::invalid_argument,
+              std::string("bad ") + what + " '" + s + "': unknown unit '" + unit + "'");
+}
+
+}  // namespace
+
+double parse_link_rate(std::string_view text) {
+  const double rate = number_with_unit(text,
+                                       {{"", 1},
+                                        {"bit", 1},
+                                        {"kbit", 1e3},
+                                        {"mbit", 1e6},
+                                        {"gbit", 1e9},
+                                        {"tbit", 1e12},
+                                        {"bps", 8},
+                                        {"kbps", 8e3},
+                                        {"mbps", 8e6},
+                                        {"gbps", 8e9}},
+                                       "link rate");
+  if (rate <= 0)
+    throw Error(ErrorCode::invalid_argument, "link rate '" + std::string(text) + "' is 0");
+  return rate;
+}
+
+double parse_duration(std::string_view text) {
+  return number_with_unit(text, {{"", 1}, {"s", 1}, {"ms", 1e-3}, {"us", 1e-6}, {"ns", 1e-9}},
+                          "duration");
+}
+
+NetworkModel::NetworkModel(TuningParameters tuning) : _selector(std::move(tuning)) {}
+
+NetworkModel NetworkModel::from_link(double bits_per_s, double latency_s) {
+  if (!(bits_per_s > 0) || latency_s < 0)
+    throw Error(ErrorCode::invalid_argument, "a link needs a rate > 0 and a latency >= 0");
+  TuningParameters t = default_tuning();
+  t.cost.alpha_s = latency_s;
+  t.cost.beta_s_per_byte = 8.0 / bits_per_s;
+  t.native.clear();
+  t.measured.clear();
+  return NetworkModel(std::move(t));
+}
+
+NetworkModel NetworkModel::fitted(const StepProfile& profile, double latency_s) {
+  if (!(profile.measured_comm_s > 0))
+    throw Error(ErrorCode::invalid_argument,
+                "fitting the wire needs the profile's measured_comm_s (a profiled run with "
+                "communication)");
+  // The wire time of the profile's communication at a trial beta; it grows with beta.
+  auto wire = [&](double beta) {
+    TuningParameters t = default_tuning();
+    t.cost.alpha_s = latency_s;
+    t.cost.beta_s_per_byte = beta;
+    NetworkModel m(std::move(t));
+    double total = 0;
+    for (const ProfiledNode& n : profile.nodes) {
+      if (n.kind == NodeKind::collective)
+        total += m.collective(n.op, n.bytes, profile.ranks).seconds;
+      else if (n.kind == NodeKind::send || n.kind == NodeKind::recv)
+        total += m.point_to_point(n.bytes);
+    }
+    return total;
+  };
+  double lo = 1e-15, hi = 1e-5;  // 8e15 .. 8e5 bit/s
+  for (int i = 0; i < 200 && hi / lo > 1.000001; ++i) {
+    const double mid = std::sqrt(lo * hi);
+    (wire(mid) < profile.measured_comm_s ? lo : hi) = mid;
+  }
+  return from_link(8.0 / std::sqrt(lo * hi), latency_s);
+}
+
+CollectiveCost NetworkModel::collective(Collective op, std::size_t bytes, int ranks) const {
+  if (ranks <= 1) return {Algorithm::native, 0};
+  CollectiveCost best{Algorithm::native, std::numeric_limits<double>::infinity()};
+  for (Algorithm a : candidates(op)) {
+    if (a == Algorithm::native) continue;
+    const double s = _selector.predict(a, op, bytes, ranks);
+    if (s < best.seconds) best = {a, s};
+  }
+  // Without a fit native is modelled as the best formula: name that formula instead.
+  const double native = _selector.predict(Algorithm::native, op, bytes, ranks);
+  if (native < best.seconds) best = {Algorithm::native, native};
+  if (!std::isfinite(best.seconds))
+    throw Error(ErrorCode::unsupported, "no cost model for " + std::string(to_string(op)) + " at " +
+                                            std::to_string(ranks) + " ranks");
+  return best;
+}
+
+double NetworkModel::point_to_point(std::size_t bytes) const {
+  return tuning().cost.alpha_s + static_cast<double>(bytes) * tuning().cost.beta_s_per_byte;
+}
+
+}  // namespace loom
