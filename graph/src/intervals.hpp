@@ -29,8 +29,9 @@ inline std::vector<Interval> uncovered(std::int64_t start, std::int64_t end,
                                        const std::vector<Interval>& busy) {
   std::vector<Interval> out;
   std::int64_t at = start;
-  auto it = std::lower_bound(busy.begin(), busy.end(), Interval{start, start},
-                             [](const Interval& a, const Interval& b) { return a.second <= b.first; });
+  auto it =
+      std::lower_bound(busy.begin(), busy.end(), Interval{start, start},
+                       [](const Interval& a, const Interval& b) { return a.second <= b.first; });
   for (; it != busy.end() && it->first < end && at < end; ++it) {
     if (it->first > at) out.emplace_back(at, it->first);
     at = std::max(at, it->second);
