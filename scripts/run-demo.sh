@@ -2,7 +2,8 @@
 # Sets up a fresh machine, builds Release and runs loom's training-step demo on 2 ranks (an MLP,
 # data-parallel, gradients bucketed and all-reduced while backward runs): under mpirun when
 # Open MPI is there, on the local (threads-as-ranks) backend otherwise. Prints the loss, step
-# time and overlap efficiency, and where the DOT graph and the Chrome trace went.
+# time, overlap efficiency and why each bucket was or wasn't hidden, where the DOT graph and
+# every rank's Chrome trace went, and merges the traces into one timeline (JSON and SVG).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
@@ -22,4 +23,7 @@ else
   echo "== loom train step: 2 ranks as threads (local backend) =="
   "$LOOM_BUILD_DIR/bin/loom-train-step" --ranks 2 "${args[@]}"
 fi
+echo "== both ranks on one timeline =="
+"$LOOM_BUILD_DIR/bin/loom-trace-merge" -o "$demo_dir/job_trace.json" --svg "$demo_dir/job_trace.svg" \
+  "$demo_dir"/train_step_trace.rank*.json
 echo "== the same step in sequential, ddp and loom modes: build/bin/loom-overlap --help =="
