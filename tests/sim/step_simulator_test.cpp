@@ -157,13 +157,14 @@ TEST(StepSimulator, IssueOrderAgainstTheEdgesIsRefused) {
 
 TEST(NetworkModel, CostsAtRankCountsThatAreNotPowersOfTwo) {
   const NetworkModel net = model(10e-6, 1e-9);
-  // 3 ranks, 3 MB: ring 2(p-1) alpha + 2 (p-1)/p n beta = 40 us + 4 ms; recursive doubling
-  // and Rabenseifner fold (3 n beta and more), binomial tree 4 (alpha + n beta).
+  // 3 ranks, 3 MB: ring 2(p-1) C alpha + 2 (p-1)/p n beta, its 1 MB blocks sent as C = 8
+  // chunks of 125 kB (ring_allreduce.cpp) = 320 us + 4 ms; recursive doubling and Rabenseifner
+  // fold (3 n beta and more), binomial tree 4 (alpha + n beta).
   const CollectiveCost three = net.collective(Collective::allreduce, 3'000'000, 3);
   EXPECT_EQ(three.algorithm, Algorithm::ring);
-  EXPECT_NEAR(three.seconds, 4.04e-3, 1e-12);
-  // 5 ranks, 1 MB: ring 80 us + 1.6 ms.
-  EXPECT_NEAR(net.collective(Collective::allreduce, 1'000'000, 5).seconds, 1.68e-3, 1e-12);
+  EXPECT_NEAR(three.seconds, 4.32e-3, 1e-12);
+  // 5 ranks, 1 MB: 200 kB blocks in 4 chunks of 64 KiB (the smallest chunk): 320 us + 1.6 ms.
+  EXPECT_NEAR(net.collective(Collective::allreduce, 1'000'000, 5).seconds, 1.92e-3, 1e-12);
   // 2 ranks, 8 bytes: recursive doubling's alpha + n beta beats ring's 2 alpha.
   const CollectiveCost tiny = net.collective(Collective::allreduce, 8, 2);
   EXPECT_EQ(tiny.algorithm, Algorithm::recursive_doubling);
