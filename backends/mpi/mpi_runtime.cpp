@@ -7,9 +7,14 @@
 #endif
 
 #include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 
+#include "loom/call_watchdog.hpp"
 #include "loom/error.hpp"
 #include "loom/kernels/reduce.hpp"
+#include "loom/work.hpp"
 
 namespace loom::mpi {
 
@@ -153,6 +158,19 @@ void MpiRuntime::create_ops() {
 MpiRuntime::~MpiRuntime() {
   // The program may have finalised MPI itself (when it initialised it); then nothing is left.
   if (finalized()) return;
+  // MPI_Finalize waits for every pending operation and synchronises with the other ranks, so
+  // over abandoned operations (a peer stopped or dead) it would never return. loom ends the
+  // process instead, without finalising, and never with success: whatever main returned, a
+  // run that abandoned communication did not succeed. mpirun then reports the rank as having
+  // exited without MPI_Finalize and ends the job.
+  if (const std::uint64_t abandoned = abandoned_operations(); abandoned != 0) {
+    std::fprintf(stderr,
+                 "loom: %llu MPI operation(s) were abandoned after a timeout or failure; "
+                 "MPI_Finalize skipped (it would wait for them); exiting with status %d\n",
+                 static_cast<unsigned long long>(abandoned), fatal_exit_status);
+    std::fflush(nullptr);
+    std::_Exit(fatal_exit_status);
+  }
   for (auto& row : _user_ops)
     for (MPI_Op& op : row)
       if (op != MPI_OP_NULL) MPI_Op_free(&op);

@@ -81,7 +81,8 @@ FaultPlan draw_plan(std::mt19937& random, const std::vector<std::string>& comput
 
 TEST(Faults, SameExecutorRunsCorrectlyAfterHundredInjectedFailures) {
   constexpr int world = 3, iterations = 100;
-  std::atomic<long> wrong_errors{0}, failed_runs{0}, wrong_values{0}, checked_values{0};
+  std::atomic<long> wrong_errors{0}, failed_runs{0}, wrong_values{0}, checked_values{0},
+      peer_failed_runs{0};
   std::mutex log_mutex;
   std::string first_problem;
   auto problem = [&](const std::string& text) {
@@ -117,23 +118,39 @@ TEST(Faults, SameExecutorRunsCorrectlyAfterHundredInjectedFailures) {
         expected_node = order[plan.collective];
         expected_code = ErrorCode::backend_failure;
       }
-      // Ranks without the fault finish the run: the failing rank drains its communication.
+      // Ranks without the fault finish the run (the failing rank drains its communication)
+      // and check every value: a run that returns must be right; one whose collectives
+      // completed with a failed rank's stale data must end in peer_failed naming the fault.
+      const std::string fault_node = plan.kind == FaultPlan::compute
+                                         ? plan.compute_node
+                                         : order[static_cast<std::size_t>(plan.collective)];
       step.step = 2 * it;
-      step.check = false;
+      step.check = !here;
+      const long wrong_before = step.wrong.load(), checked_before = step.checked.load();
       const std::string where =
           "iteration " + std::to_string(it) + " rank " + std::to_string(backend.rank()) + ": ";
       try {
         ex.run();
         if (here) problem(where + "run() did not report the fault at '" + expected_node + "'");
+        if (!here && step.wrong.load() != wrong_before)
+          problem(where + "run() succeeded with " +
+                  std::to_string(step.wrong.load() - wrong_before) +
+                  " wrong values (a failed peer's stale data)");
       } catch (const Error& e) {
         ++failed_runs;
-        if (!here)
-          problem(where + "no fault here, yet: " + e.what());
-        else if (e.code() != expected_code || !contains(e.message(), "'" + expected_node + "'") ||
-                 !contains(e.message(), "rank " + std::to_string(backend.rank())))
+        if (!here) {
+          ++peer_failed_runs;
+          if (e.code() != ErrorCode::peer_failed || !contains(e.message(), "'" + fault_node + "'"))
+            problem(where + "expected peer_failed naming '" + fault_node + "', got: " + e.what());
+        } else if (e.code() != expected_code || !contains(e.message(), "'" + expected_node + "'") ||
+                   !contains(e.message(), "rank " + std::to_string(backend.rank()))) {
           problem(where + "expected " + std::string(to_string(expected_code)) + " naming '" +
                   expected_node + "', got: " + e.what());
+        }
       }
+      // The faulty run's values are discarded: the checked run below counts.
+      step.wrong = wrong_before;
+      step.checked = checked_before;
       inject_at.clear();
       backend.disarm();
       // The same executor, next run: every value checked.
@@ -146,15 +163,18 @@ TEST(Faults, SameExecutorRunsCorrectlyAfterHundredInjectedFailures) {
   });
   EXPECT_EQ(wrong_errors.load(), 0) << first_problem;
   EXPECT_GE(failed_runs.load(), iterations);  // at least one rank fails in every faulty run
+  EXPECT_GT(peer_failed_runs.load(), 0);      // and the peers' runs did fail with it
   EXPECT_EQ(wrong_values.load(), 0);
   long per_run = 0;
   for (auto c : bucket_counts) per_run += static_cast<long>(c);
   EXPECT_EQ(checked_values.load(), per_run * world * iterations);
 }
 
-// Rank 1 throws in a compute node at step 5, reports it and leaves (as a program would);
-// LocalWorld then aborts the world, so the other ranks' next collective fails with cancelled,
-// naming the collective node and rank 1's failure. Nobody hangs.
+// Rank 1 throws in a compute node at step 5, reports it and leaves (as a program would). The
+// other ranks' step 5 fails with peer_failed naming rank 1 and its node when rank 1 drained
+// collectives of that step (their data is stale), else LocalWorld's abort makes their next
+// collective fail with cancelled, naming the collective node and rank 1's failure. Nobody hangs,
+// nobody returns success over stale data.
 TEST(Faults, ComputeNodeThrowingOnOneRankIsReportedThereAndAbortsThePeers) {
   constexpr int world = 3, failing_rank = 1, failing_step = 5, max_steps = 100000;
   std::vector<ErrorCode> codes(world);
@@ -195,11 +215,16 @@ TEST(Faults, ComputeNodeThrowingOnOneRankIsReportedThereAndAbortsThePeers) {
   for (int r = 0; r < world; ++r) {
     EXPECT_EQ(wrong_values[r], 0) << "rank " << r;
     if (r == failing_rank) continue;
-    EXPECT_EQ(codes[r], ErrorCode::cancelled) << messages[r];
-    EXPECT_TRUE(contains(messages[r], "collective node 'allreduce")) << messages[r];
     EXPECT_TRUE(contains(messages[r], "rank 1 failed")) << messages[r];
-    EXPECT_GE(last_step[r], failing_step);
-    EXPECT_LE(last_step[r], failing_step + 1);
+    if (codes[r] == ErrorCode::peer_failed) {
+      EXPECT_TRUE(contains(messages[r], "compute node 'backward2' on rank 1 of 3")) << messages[r];
+      EXPECT_EQ(last_step[r], failing_step);
+    } else {
+      EXPECT_EQ(codes[r], ErrorCode::cancelled) << messages[r];
+      EXPECT_TRUE(contains(messages[r], "collective node 'allreduce")) << messages[r];
+      EXPECT_GE(last_step[r], failing_step);
+      EXPECT_LE(last_step[r], failing_step + 1);
+    }
   }
 }
 

@@ -78,7 +78,8 @@ TEST(Environment, IntegersNameTheirRange) {
   for (const char* bad : {"-1", "1025", "3.5", "x"}) {
     ScopedVariable v("LOOM_TEST_INT", bad);
     EXPECT_EQ(error_of([] { environment::integer("LOOM_TEST_INT", 0, 1024); }),
-              std::string("LOOM_TEST_INT='") + bad + "' is not valid (expected an integer from 0 to 1024)");
+              std::string("LOOM_TEST_INT='") + bad +
+                  "' is not valid (expected an integer from 0 to 1024)");
   }
 }
 
