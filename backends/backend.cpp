@@ -56,8 +56,9 @@ class Backend::BlockingCall {
   bool _done = false;
 };
 
-void Backend::publish_failure(std::string_view message, bool drained) noexcept {
-  if (_board) _board->publish_failure(message, _recorder->next_collective_seq(), drained);
+void Backend::publish_failure(std::string_view message, bool drained, bool consequence) noexcept {
+  if (_board)
+    _board->publish_failure(message, _recorder->next_collective_seq(), drained, consequence);
 }
 
 std::string Backend::who_is_missing(std::int64_t seq, int* failed_rank) const {
@@ -85,6 +86,7 @@ void Backend::wait_or_abandon(Work& work, const std::string& what, std::int64_t 
   int failed_rank = -1;
   std::string message = what + " did not complete within " + seconds_of(limit);
   if (seq >= 0) message += ": " + who_is_missing(seq, &failed_rank);
+  publish_failure(message, false, true);  // peers waiting for this rank learn it gave up
   const std::string path = dump_flight_record(message);
   if (!path.empty()) message += " (flight record: " + path + ")";
   throw Error(failed_rank >= 0 ? ErrorCode::peer_failed : ErrorCode::timeout, message);

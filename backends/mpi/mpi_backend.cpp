@@ -192,12 +192,11 @@ class SharedBoard {
         _slots[static_cast<std::size_t>(world_ranks[k])] = static_cast<RankSlot*>(slot);
     }
   }
-  // Freeing the window is collective: after abandoned operations (a peer may be stopped) it
-  // is left to the end of the process, like the communicators.
+  // Freeing the window is collective, and a peer may be stopped or dead: it is freed just
+  // before MPI_Finalize (MpiRuntime::free_at_finalize), never here.
   ~SharedBoard() {
-    if (mpi::finalized() || abandoned_operations() != 0) return;
-    if (_window != MPI_WIN_NULL) MPI_Win_free(&_window);
-    if (_host != MPI_COMM_NULL) MPI_Comm_free(&_host);
+    if (mpi::finalized()) return;
+    mpi::MpiRuntime::instance().free_at_finalize(_window, _host);
   }
   SharedBoard(const SharedBoard&) = delete;
   SharedBoard& operator=(const SharedBoard&) = delete;

@@ -157,7 +157,7 @@ void Executor::Impl::check_ranks_agree() {
         "collectives (collective #" + std::to_string(seq) + ") did not complete within " +
         environment::seconds_text(options.timeout->count()) + "; " +
         backend.who_is_missing(seq, &failed_rank);
-    backend.publish_failure(message, false);
+    backend.publish_failure(message, false, true);
     const std::string path = backend.dump_flight_record(message);
     if (!path.empty()) message += " (flight record: " + path + ")";
     throw Error(failed_rank >= 0 ? ErrorCode::peer_failed : ErrorCode::timeout, message);

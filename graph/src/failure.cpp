@@ -66,7 +66,15 @@ void Executor::Impl::fail(std::uint32_t i, std::exception_ptr error) {
   // why at its timeout. No issue is in flight once the sequencers are closed.
   const bool drains = !failure.timed_out && !plan.sequencers.empty() &&
                       plan.sequencers[0]->next() < plan.sequencers[0]->size();
-  backend.publish_failure(failure.message, drains);
+  ErrorCode code = ErrorCode::internal;
+  try {
+    std::rethrow_exception(failure.error);
+  } catch (const Error& e) {
+    code = e.code();
+  }
+  const bool consequence =
+      code == ErrorCode::timeout || code == ErrorCode::peer_failed || code == ErrorCode::cancelled;
+  backend.publish_failure(failure.message, drains, consequence);
 }
 
 // A run that completed here may hold stale data from a peer whose run failed and drained

@@ -28,8 +28,8 @@ void CallWatchdog::start() noexcept {
 
 void CallWatchdog::monitor() {
   using Clock = std::chrono::steady_clock;
-  const auto period = std::clamp<std::chrono::nanoseconds>(_timeout / 20, std::chrono::milliseconds(1),
-                                                           std::chrono::milliseconds(100));
+  const auto period = std::clamp<std::chrono::nanoseconds>(
+      _timeout / 20, std::chrono::milliseconds(1), std::chrono::milliseconds(100));
   std::uint64_t seen = 0;
   Clock::time_point since{};
   bool reported = false;

@@ -239,9 +239,9 @@ std::string FlightRecorder::to_json(int rank, int world, std::string_view backen
   }
   char host[256] = "unknown";
   ::gethostname(host, sizeof host - 1);
-  std::string out = "{\n  \"version\": \"loom-flight-recorder 1\",\n  \"rank\": " +
-                    std::to_string(rank) + ",\n  \"world_size\": " + std::to_string(world) +
-                    ",\n  \"backend\": ";
+  std::string out =
+      "{\n  \"version\": \"loom-flight-recorder 1\",\n  \"rank\": " + std::to_string(rank) +
+      ",\n  \"world_size\": " + std::to_string(world) + ",\n  \"backend\": ";
   json_string(out, backend);
   out += ",\n  \"host\": ";
   json_string(out, host);
@@ -265,13 +265,13 @@ std::string FlightRecorder::to_json(int rank, int world, std::string_view backen
     out += ", \"input_dtypes\": [\"" + std::string(to_string(r.dtype)) + "\"]";
     out += ", \"input_sizes\": [[" + std::to_string(r.count) + "]], \"algorithm\": ";
     json_string(out, r.algorithm);
-    out += ", \"peer\": " + std::to_string(r.peer) + ", \"is_p2p\": " +
-           (r.p2p_seq_id >= 0 ? "true" : "false") + ", \"state\": \"" +
+    out += ", \"peer\": " + std::to_string(r.peer) +
+           ", \"is_p2p\": " + (r.p2p_seq_id >= 0 ? "true" : "false") + ", \"state\": \"" +
            std::string(to_string(r.state)) +
            "\", \"time_created_ns\": " + std::to_string(r.time_created_ns) +
            ", \"time_discovered_started_ns\": " + std::to_string(r.time_discovered_started_ns) +
-           ", \"time_discovered_completed_ns\": " +
-           std::to_string(r.time_discovered_completed_ns) + "}";
+           ", \"time_discovered_completed_ns\": " + std::to_string(r.time_discovered_completed_ns) +
+           "}";
   }
   out += all.empty() ? "]\n}\n" : "\n  ]\n}\n";
   return out;

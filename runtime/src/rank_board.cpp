@@ -25,8 +25,8 @@ void RankBoard::completed(std::int64_t seq) noexcept {
     _mine->completed.store(value, std::memory_order_release);
 }
 
-void RankBoard::publish_failure(std::string_view message, std::int64_t next_seq,
-                                bool drained) noexcept {
+void RankBoard::publish_failure(std::string_view message, std::int64_t next_seq, bool drained,
+                                bool consequence) noexcept {
   if (!_mine) return;
   char text[sizeof _mine->text]{};
   std::memcpy(text, message.data(), std::min(message.size(), sizeof text - 1));
@@ -36,7 +36,7 @@ void RankBoard::publish_failure(std::string_view message, std::int64_t next_seq,
     _mine->text[w].store(word, std::memory_order_relaxed);
   }
   _mine->failed_seq.store(next_seq, std::memory_order_relaxed);
-  _mine->drained.store(drained ? 1 : 0, std::memory_order_relaxed);
+  _mine->drained.store((drained ? 1u : 0u) | (consequence ? 2u : 0u), std::memory_order_relaxed);
   // Last, with release: a reader that sees the new count sees the fields above.
   _mine->failures.fetch_add(1, std::memory_order_release);
 }
@@ -51,7 +51,9 @@ RankBoard::Peer RankBoard::read(int r) const {
   p.last_completed = static_cast<std::int64_t>(s.completed.load(std::memory_order_acquire)) - 1;
   if (p.failures != 0) {
     p.failed_seq = s.failed_seq.load(std::memory_order_relaxed);
-    p.drained = s.drained.load(std::memory_order_relaxed) != 0;
+    const std::uint64_t flags = s.drained.load(std::memory_order_relaxed);
+    p.drained = (flags & 1u) != 0;
+    p.consequence = (flags & 2u) != 0;
     char text[sizeof s.text + 1]{};
     for (std::size_t w = 0; w < std::size(s.text); ++w) {
       const std::uint64_t word = s.text[w].load(std::memory_order_relaxed);
@@ -104,14 +106,19 @@ std::string RankBoard::who_is_missing(std::int64_t seq, const FlightRecorder& re
     missing += "rank " + std::to_string(r) + " did not arrive (last started " +
                named(p.last_started) + ")";
     if (p.failures != 0 && p.failed_seq <= seq) {
-      missing += ": it failed: " + p.failure;
-      if (failed_rank && *failed_rank < 0) *failed_rank = r;
+      if (p.consequence) {
+        missing += ": it gave up waiting too";
+      } else {
+        missing += ": it failed: " + p.failure;
+        if (failed_rank && *failed_rank < 0) *failed_rank = r;
+      }
     }
   }
   std::string text = missing;
   if (text.empty())
-    text = "every rank this process can see started it" +
-           (late.empty() ? std::string() : " (not yet completed on rank " + late + ")");
+    text = late.empty() ? std::string("every rank this process can see started it")
+                        : "rank " + late +
+                              " started it but has not completed it (stopped or stuck inside it)";
   if (!unknown.empty())
     text += "; rank " + unknown +
             " on another host: not visible from here (their own errors or flight records say "

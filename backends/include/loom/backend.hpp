@@ -142,7 +142,7 @@ class Backend {
   RankBoard* rank_board() noexcept { return _board.get(); }
   const RankBoard* rank_board() const noexcept { return _board.get(); }
   /// @brief Publishes a failure of this rank on rank_board() (see RankBoard::publish_failure).
-  void publish_failure(std::string_view message, bool drained) noexcept;
+  void publish_failure(std::string_view message, bool drained, bool consequence = false) noexcept;
   /// @brief Why collective `seq` did not complete: the ranks that did not arrive, from
   /// rank_board() ("the <backend> backend cannot tell which ranks did not arrive" without one).
   std::string who_is_missing(std::int64_t seq, int* failed_rank = nullptr) const;

@@ -92,8 +92,7 @@ class FlightRecorder {
   std::vector<FlightRecord> entries() const;
 
   /// @brief JSON of the ring ({"version", "rank", ..., "entries": [...]}).
-  std::string to_json(int rank, int world, std::string_view backend,
-                      std::string_view reason) const;
+  std::string to_json(int rank, int world, std::string_view backend, std::string_view reason) const;
   /// @brief Writes to_json() to `<directory>/loom_flight_recorder_rank<rank>.json` (directory:
   /// LOOM_FLIGHT_RECORDER_DIR when empty); returns the path written, or empty when no
   /// directory is set or writing failed (never throws: it runs while reporting another error).

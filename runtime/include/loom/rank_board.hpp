@@ -23,7 +23,8 @@ struct RankSlot {
   std::atomic<std::uint64_t> completed;  ///< 1 + collective_seq_id last completed (0: none)
   std::atomic<std::uint64_t> failures;   ///< how many failures this rank published
   std::atomic<std::int64_t> failed_seq;  ///< the first collective it had not issued then
-  std::atomic<std::uint64_t> drained;    ///< 1: it issued the rest of that run's collectives
+  std::atomic<std::uint64_t> drained;    ///< bit 0: it issued the rest of that run's collectives;
+                                         ///< bit 1: the failure is a consequence (a timeout)
   std::atomic<std::uint64_t> text[32];   ///< the failure's message (255 characters)
 };
 
@@ -46,7 +47,10 @@ class RankBoard {
   /// @brief Publishes a failure of this rank: its message, the first collective it had not
   /// issued (`next_seq`), and whether it will issue the rest of the run (drain) so that its
   /// peers' collectives complete with its stale data.
-  void publish_failure(std::string_view message, std::int64_t next_seq, bool drained) noexcept;
+  /// `consequence`: the failure only follows another rank's (a timeout waiting for it, a
+  /// peer_failed): peers then do not report this rank as the cause.
+  void publish_failure(std::string_view message, std::int64_t next_seq, bool drained,
+                       bool consequence = false) noexcept;
 
   /// @brief What rank `r` published.
   struct Peer {
@@ -56,7 +60,8 @@ class RankBoard {
     std::uint64_t failures = 0;
     std::int64_t failed_seq = -1;
     bool drained = false;
-    std::string failure;  ///< the latest failure's message
+    bool consequence = false;  ///< the failure follows another rank's (it timed out too)
+    std::string failure;       ///< the latest failure's message
   };
   Peer read(int r) const;
 
