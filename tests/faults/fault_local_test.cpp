@@ -14,11 +14,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <set>
+#include <span>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "faults/fault_injecting_backend.hpp"
@@ -224,6 +227,159 @@ TEST(Faults, ComputeNodeThrowingOnOneRankIsReportedThereAndAbortsThePeers) {
       EXPECT_TRUE(contains(messages[r], "collective node 'allreduce")) << messages[r];
       EXPECT_GE(last_step[r], failing_step);
       EXPECT_LE(last_step[r], failing_step + 1);
+    }
+  }
+}
+
+// Issue 12 on the local backend: a rank that does not arrive, a rank whose call fails
+// validation alone, a rank whose graph is ordered differently; teardown after a timeout.
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+TEST(FaultMatrixLocal, BlockingCallTimesOutNamingTheRankThatDidNotArrive) {
+  constexpr int world = 3;
+  std::vector<std::string> messages(world);
+  std::vector<ErrorCode> codes(world, ErrorCode::internal);
+  std::vector<double> elapsed(world);
+  std::atomic<int> gave_up{0};
+  LocalWorld::run(world, [&](Backend& backend) {
+    const int r = backend.rank();
+    backend.set_timeout(std::chrono::milliseconds(300));
+    float x = 1;
+    backend.allreduce(Buffer(&x, 1, DType::float32), ReduceOp::sum);  // collective #0: all
+    const auto start = Clock::now();
+    try {
+      if (r == 2) {
+        while (gave_up.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      backend.allreduce(Buffer(&x, 1, DType::float32), ReduceOp::sum);  // #1: rank 2 is late
+      ADD_FAILURE() << "rank " << r << ": the allreduce completed";
+    } catch (const Error& e) {
+      codes[r] = e.code();
+      messages[r] = e.message();
+      elapsed[r] = seconds_since(start);
+      ++gave_up;
+    }
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(codes[r], ErrorCode::timeout) << messages[r];
+    EXPECT_TRUE(contains(messages[r], "allreduce on rank " + std::to_string(r) + " of 3 (local)"))
+        << messages[r];
+    EXPECT_TRUE(contains(messages[r], "rank 2 did not arrive (last started #0 'allreduce')"))
+        << messages[r];
+    EXPECT_LT(elapsed[r], 0.3 + 5);
+  }
+  // The late rank finds the collective abandoned (its peers' buffers may be gone), not a hang.
+  EXPECT_EQ(codes[2], ErrorCode::cancelled) << messages[2];
+  EXPECT_TRUE(contains(messages[2], "gave up on it")) << messages[2];
+}
+
+TEST(FaultMatrixLocal, ExecutorTimeoutNamesTheMissingRankAndTeardownIsQuick) {
+  constexpr int world = 3;
+  std::vector<std::string> messages(world);
+  std::vector<double> teardown_s(world);
+  std::atomic<int> done{0};
+  LocalWorld::run(world, [&](Backend& backend) {
+    const int r = backend.rank();
+    std::vector<float> grad(64, 1.0f);
+    Graph g;
+    auto fill = g.compute("fill", [] {});
+    auto reduce = g.allreduce("bucket0.allreduce", Buffer::of(std::span(grad)));
+    fill.precede(reduce);
+    auto ex = std::make_unique<Executor>(g, backend, timeout_s(0.3));
+    if (r == 2) {  // compiles, then never runs: its peers' collective cannot complete
+      while (done.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      return;
+    }
+    try {
+      ex->run();
+      ADD_FAILURE() << "rank " << r << ": run() completed";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::timeout) << e.what();
+      messages[r] = e.message();
+    }
+    const auto start = Clock::now();
+    ex.reset();  // abandons the collective still in flight: never waits for rank 2
+    teardown_s[r] = seconds_since(start);
+    ++done;
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(contains(messages[r], "collective node 'bucket0.allreduce'")) << messages[r];
+    EXPECT_TRUE(contains(messages[r], "rank 2 did not arrive")) << messages[r];
+    EXPECT_LT(teardown_s[r], 1.0);
+  }
+}
+
+TEST(FaultMatrixLocal, CallFailingValidationOnOneRankIsPeerFailedOnTheOthers) {
+  constexpr int world = 3;
+  std::vector<std::string> messages(world);
+  std::vector<ErrorCode> codes(world, ErrorCode::internal);
+  std::atomic<int> finished{0};
+  LocalWorld::run(world, [&](Backend& backend) {
+    const int r = backend.rank();
+    backend.set_timeout(std::chrono::milliseconds(300));
+    float x[2] = {1, 1}, y[1] = {0};
+    try {
+      if (r == 2)
+        backend.allreduce(Buffer(x, 2, DType::float32), Buffer(y, 1, DType::float32),
+                          ReduceOp::sum);  // a bad count on this rank only
+      else
+        backend.allreduce(Buffer(x, 1, DType::float32), ReduceOp::sum);
+    } catch (const Error& e) {
+      codes[r] = e.code();
+      messages[r] = e.message();
+    }
+    ++finished;
+    // Stay until the others are done, so that no abort of the world mixes in.
+    while (finished.load() < world) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  });
+  EXPECT_EQ(codes[2], ErrorCode::invalid_argument) << messages[2];
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(codes[r], ErrorCode::peer_failed) << messages[r];
+    EXPECT_TRUE(contains(messages[r], "rank 2 did not arrive")) << messages[r];
+    EXPECT_TRUE(
+        contains(messages[r], "it failed: [loom:invalid_argument] allreduce on rank 2 of 3"))
+        << messages[r];
+  }
+}
+
+TEST(FaultMatrixLocal, TwoSameShapedCollectivesInAnotherOrderAreAMismatchNamingThem) {
+  constexpr int world = 3;
+  for (const bool by_priority : {false, true}) {
+    std::vector<std::string> messages(world);
+    LocalWorld::run(world, [&](Backend& backend) {
+      const bool odd = backend.rank() == 2;
+      std::vector<float> a(16), b(16);
+      Graph g;
+      auto fill = g.compute("fill", [] {});
+      CommOptions later;
+      if (odd && by_priority) later.priority = 5;
+      auto ra = g.allreduce("grad.a", Buffer::of(std::span(a)));
+      auto rb = g.allreduce("grad.b", Buffer::of(std::span(b)), ReduceOp::sum, later);
+      fill.precede(ra);
+      fill.precede(rb);
+      if (odd && !by_priority) rb.precede(ra);  // one extra edge on one rank
+      try {
+        Executor ex(g, backend, timeout_s(10));
+        ADD_FAILURE() << "compiled";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::mismatch) << e.what();
+        messages[backend.rank()] = e.message();
+      }
+    });
+    for (int r = 0; r < world; ++r) {
+      EXPECT_TRUE(contains(messages[r], "first difference is collective #0")) << messages[r];
+      EXPECT_TRUE(contains(messages[r],
+                           "rank 0 issues allreduce float32[16] sum by native (node "
+                           "'grad.a')"))
+          << messages[r];
+      EXPECT_TRUE(contains(messages[r],
+                           "rank 2 issues allreduce float32[16] sum by native (node "
+                           "'grad.b')"))
+          << messages[r];
     }
   }
 }

@@ -48,11 +48,12 @@ TEST(Soak, ProfiledRunsWithTraceKeepMemoryFlat) {
   const auto end = test::sample_process();
   const double growth_mib =
       (static_cast<double>(end.rss_bytes) - static_cast<double>(warm.rss_bytes)) / (1 << 20);
-  std::printf("profiled runs: %ld, resident %.1f -> %.1f MiB (%+.2f MiB), profiler keeps %zu of "
-              "%zu records\n",
-              runs, static_cast<double>(warm.rss_bytes) / (1 << 20),
-              static_cast<double>(end.rss_bytes) / (1 << 20), growth_mib,
-              ex.profiler().records().size(), ex.profiler().total_recorded());
+  std::printf(
+      "profiled runs: %ld, resident %.1f -> %.1f MiB (%+.2f MiB), profiler keeps %zu of "
+      "%zu records\n",
+      runs, static_cast<double>(warm.rss_bytes) / (1 << 20),
+      static_cast<double>(end.rss_bytes) / (1 << 20), growth_mib, ex.profiler().records().size(),
+      ex.profiler().total_recorded());
   EXPECT_EQ(ex.profiler().total_recorded(), static_cast<std::size_t>(runs));
   EXPECT_EQ(ex.profiler().records().size(), CommunicationProfiler::default_window);
   ASSERT_EQ(ex.profiler().stats().size(), 1u);
