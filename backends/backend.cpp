@@ -23,9 +23,9 @@ Backend::~Backend() = default;
 class Backend::BlockingCall {
  public:
   BlockingCall(Backend& backend, const CollectiveArgs& args) : _backend(backend) {
-    _record = backend._recorder->record({to_string(args.op), to_string(args.op), args.send.dtype(),
-                                         args.send.count(), "native", -1, true},
-                                        OperationState::started, &_seq);
+    _record = backend._recorder->record(
+        {{}, to_string(args.op), args.send.dtype(), args.send.count(), "native", -1, true},
+        OperationState::started, &_seq);
     if (backend._board) backend._board->started(_seq);
     backend._blocking_record.store(_record, std::memory_order_relaxed);
     backend._blocking_seq.store(_seq, std::memory_order_relaxed);
@@ -44,7 +44,7 @@ class Backend::BlockingCall {
 
   void completed() noexcept {
     _done = true;
-    _backend._recorder->update(_record, OperationState::completed);
+    _backend._recorder->update(_record, OperationState::completed, false);
     if (_seq >= 0 && _backend._board) _backend._board->completed(_seq);
   }
   std::int64_t seq() const noexcept { return _seq; }

@@ -66,28 +66,35 @@ def main():
             for r in sorted(table):
                 print("  rank %d: %s" % (r, describe(table[r][seq])))
             return 0
-    # 2. The ranks behind: the last collective each started and completed.
-    def last(t, states):
-        done = [s for s, e in t.items() if e["state"] in states]
+    # 2. The ranks behind: the last collective each started, and the first it has not completed
+    # (where it waits).
+    def last_started(t):
+        done = [s for s, e in t.items() if e["state"] != "scheduled"]
         return max(done) if done else -1
-    started = {r: last(t, ("started", "completed", "failed")) for r, t in table.items()}
-    completed = {r: last(t, ("completed",)) for r, t in table.items()}
+
+    def first_open(t):
+        open_ = [s for s, e in t.items() if e["state"] != "completed"]
+        return min(open_) if open_ else None
+
+    started = {r: last_started(t) for r, t in table.items()}
+    waiting = {r: first_open(t) for r, t in table.items()}
     front = max(started.values())
     print("no divergence in the %d collectives every record holds" % len(common))
     for r in sorted(table):
         t = table[r]
-        line = "  rank %d: last started %s; last completed %s" % (
-            r, describe(t.get(started[r])), describe(t.get(completed[r])))
+        line = "  rank %d: last started %s" % (r, describe(t.get(started[r])))
+        if waiting[r] is not None:
+            line += "; first not completed %s" % describe(t[waiting[r]])
         if started[r] < front:
             line += "  <- behind: never started #%d" % front
         print(line)
-    stuck = [r for r in table if started[r] == front and completed[r] < front]
-    behind = [r for r in table if started[r] < front] + missing
+    stuck = sorted(r for r in table if waiting[r] is not None)
     if stuck:
-        any_rank = table[stuck[0]]
+        at = min(waiting[r] for r in stuck)
+        behind = sorted(set(missing) | {r for r in table if started[r] < at})
         print("ranks %s wait in %s; %s" % (
-            ", ".join(map(str, sorted(stuck))), describe(any_rank[front]),
-            ("rank %s never reached it" % ", ".join(map(str, sorted(behind)))) if behind
+            ", ".join(map(str, stuck)), describe(table[stuck[0]].get(at)),
+            ("rank %s never reached it" % ", ".join(map(str, behind))) if behind
             else "every recorded rank started it"))
     return 0
 

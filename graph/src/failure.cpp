@@ -44,7 +44,8 @@ void Executor::Impl::fail(std::uint32_t i, std::exception_ptr error) {
         // Who is missing, from the rank board (which does not depend on the stuck operation).
         int failed_rank = -1;
         if (flight.seq_of[i] >= 0) {
-          message += "; " + backend.who_is_missing(flight.seq_of[i], &failed_rank);
+          message += "; collective #" + std::to_string(flight.seq_of[i]) + ": " +
+                     backend.who_is_missing(flight.seq_of[i], &failed_rank);
         } else {
           message += "; the peer did not take part";
         }

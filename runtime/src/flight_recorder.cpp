@@ -131,9 +131,14 @@ std::uint64_t FlightRecorder::record(const OperationInfo& info, OperationState s
   std::atomic_thread_fence(std::memory_order_release);
   s.collective_seq.store(collective_seq, std::memory_order_relaxed);
   s.p2p_seq.store(p2p_seq, std::memory_order_relaxed);
-  std::uint64_t words[name_words]{};
-  std::memcpy(words, info.name.data(), std::min(info.name.size(), sizeof words - 1));
-  for (std::size_t w = 0; w < name_words; ++w) s.name[w].store(words[w], std::memory_order_relaxed);
+  if (info.name.empty()) {
+    s.name[0].store(0, std::memory_order_relaxed);
+  } else {
+    std::uint64_t words[name_words]{};
+    std::memcpy(words, info.name.data(), std::min(info.name.size(), sizeof words - 1));
+    for (std::size_t w = 0; w < name_words; ++w)
+      s.name[w].store(words[w], std::memory_order_relaxed);
+  }
   s.op.store(info.op.data(), std::memory_order_relaxed);
   s.op_length.store(static_cast<std::uint32_t>(info.op.size()), std::memory_order_relaxed);
   s.algorithm.store(info.algorithm.data(), std::memory_order_relaxed);
@@ -151,10 +156,14 @@ std::uint64_t FlightRecorder::record(const OperationInfo& info, OperationState s
   return id;
 }
 
-void FlightRecorder::update(std::uint64_t id, OperationState state) noexcept {
+void FlightRecorder::update(std::uint64_t id, OperationState state, bool stamp) noexcept {
   if (_capacity == 0) return;
   Slot& s = _slots[id % _capacity];
   if (s.id.load(std::memory_order_relaxed) != id) return;
+  if (!stamp) {
+    s.state.store(static_cast<std::uint8_t>(state), std::memory_order_release);
+    return;
+  }
   const std::int64_t now = ticks();
   if (state == OperationState::started)
     s.started.store(now, std::memory_order_relaxed);
@@ -198,9 +207,9 @@ std::vector<FlightRecord> FlightRecorder::entries() const {
       const std::uint64_t word = s.name[w].load(std::memory_order_relaxed);
       std::memcpy(name + 8 * w, &word, 8);
     }
-    r.profiling_name = name;
     if (const char* op = s.op.load(std::memory_order_relaxed))
       r.op.assign(op, s.op_length.load(std::memory_order_relaxed));
+    r.profiling_name = name[0] != '\0' ? std::string(name) : r.op;
     if (const char* a = s.algorithm.load(std::memory_order_relaxed))
       r.algorithm.assign(a, s.algorithm_length.load(std::memory_order_relaxed));
     r.count = s.count.load(std::memory_order_relaxed);

@@ -31,9 +31,8 @@ TEST(FlightRecorder, KeepsTheLastEntriesWithStatesAndSequences) {
   std::int64_t seqs[6];
   for (int k = 0; k < 6; ++k)
     ids[k] = recorder.record(collective(names[k], 100 + k), OperationState::scheduled, &seqs[k]);
-  const std::uint64_t p2p = recorder.record({"halo.send", "send", DType::int32, 3, "native", 1,
-                                             false},
-                                            OperationState::started);
+  const std::uint64_t p2p = recorder.record(
+      {"halo.send", "send", DType::int32, 3, "native", 1, false}, OperationState::started);
   recorder.update(ids[4], OperationState::started);
   recorder.update(ids[5], OperationState::completed);
   recorder.update(ids[0], OperationState::completed);  // overwritten slot: ignored
@@ -86,10 +85,11 @@ TEST(FlightRecorder, DumpsJsonWithPyTorchLikeFields) {
   std::stringstream text;
   text << file.rdbuf();
   for (const char* field :
-       {"\"rank\": 2", "\"world_size\": 4", "\"backend\": \"mpi\"", "\"reason\": \"timeout in 'x'\"",
-        "\"record_id\": 0", "\"collective_seq_id\": 0", "\"profiling_name\": \"grad \\\"quoted\\\"\"",
-        "\"state\": \"failed\"", "\"input_dtypes\": [\"float32\"]", "\"input_sizes\": [[8]]",
-        "\"algorithm\": \"ring\"", "\"time_created_ns\": ", "\"is_p2p\": false"})
+       {"\"rank\": 2", "\"world_size\": 4", "\"backend\": \"mpi\"",
+        "\"reason\": \"timeout in 'x'\"", "\"record_id\": 0", "\"collective_seq_id\": 0",
+        "\"profiling_name\": \"grad \\\"quoted\\\"\"", "\"state\": \"failed\"",
+        "\"input_dtypes\": [\"float32\"]", "\"input_sizes\": [[8]]", "\"algorithm\": \"ring\"",
+        "\"time_created_ns\": ", "\"is_p2p\": false"})
     EXPECT_NE(text.str().find(field), std::string::npos) << field << "\n" << text.str();
   EXPECT_EQ(recorder.dump(2, 4, "mpi", "no directory", ""), "");  // LOOM_FLIGHT_RECORDER_DIR unset
   std::filesystem::remove_all(dir);

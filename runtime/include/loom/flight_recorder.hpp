@@ -41,7 +41,7 @@ struct FlightRecord {
 /// @brief What an operation is, for FlightRecorder::record. `op` and `algorithm` must be
 /// strings of static storage (to_string() results): the ring keeps the pointers.
 struct OperationInfo {
-  std::string_view name;  ///< copied (up to 63 characters)
+  std::string_view name;  ///< copied (up to 63 characters); empty: the op names it
   std::string_view op;
   DType dtype = DType::uint8;
   std::size_t count = 0;
@@ -76,8 +76,10 @@ class FlightRecorder {
   /// collective_seq_id in `*collective_seq` when given (-1 for point-to-point).
   std::uint64_t record(const OperationInfo& info, OperationState state = OperationState::scheduled,
                        std::int64_t* collective_seq = nullptr) noexcept;
-  /// @brief Moves record `id` to `state` (ignored once its slot was reused).
-  void update(std::uint64_t id, OperationState state) noexcept;
+  /// @brief Moves record `id` to `state` (ignored once its slot was reused); `stamp` false
+  /// leaves its times alone (a blocking call's completion: the time-stamp read is most of the
+  /// cost of recording a sub-microsecond call).
+  void update(std::uint64_t id, OperationState state, bool stamp = true) noexcept;
   /// @brief The collective_seq_id of record `id`, or -1 (not a collective, or overwritten).
   std::int64_t collective_seq_of(std::uint64_t id) const noexcept;
 
