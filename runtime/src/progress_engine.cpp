@@ -67,6 +67,7 @@ void ProgressEngine::State::loop() {
         // engine's destructor forever): abandon it, then let it go.
         for (auto& w : active) w.work->abandon();
         for (auto& w : abandoned) w.work->abandon();
+        for (auto& w : incoming) w.work->abandon();  // watched just before the stop
         return;
       }
       for (auto& w : incoming) active.push_back(std::move(w));

@@ -384,6 +384,32 @@ TEST(FaultMatrixLocal, TwoSameShapedCollectivesInAnotherOrderAreAMismatchNamingT
   }
 }
 
+TEST(FaultMatrixLocal, PointToPointThatDoesNotPairUpIsAMismatchNamingTheNode) {
+  std::vector<std::string> messages(2);
+  LocalWorld::run(2, [&](Backend& backend) {
+    std::vector<float> data(backend.rank() == 0 ? 16 : 8);  // rank 1 expects half of it
+    Graph g;
+    if (backend.rank() == 0)
+      g.send("halo.send", Buffer::of(std::span(data)), 1, 7);
+    else
+      g.recv("halo.recv", Buffer::of(std::span(data)), 0, 7);
+    try {
+      Executor ex(g, backend, timeout_s(10));
+      ADD_FAILURE() << "compiled";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::mismatch) << e.what();
+      messages[backend.rank()] = e.message();
+    }
+  });
+  for (int r = 0; r < 2; ++r)
+    EXPECT_TRUE(contains(messages[r],
+                         "message #0 from rank 0 to rank 1 with tag 7: rank 0 sends "
+                         "64 bytes, rank 1 receives 32 bytes"))
+        << messages[r];
+  EXPECT_TRUE(contains(messages[0], "node 'halo.send'")) << messages[0];
+  EXPECT_TRUE(contains(messages[1], "node 'halo.recv'")) << messages[1];
+}
+
 constexpr std::size_t KiB = 1024;
 
 TEST(Faults, PinnedPoolCapReachedIsAClearErrorAndNothingLeaks) {
