@@ -1,13 +1,135 @@
 // Backend: argument validation shared by every transport, then dispatch to its start_* calls.
 #include "loom/backend.hpp"
 
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
+#include "loom/environment.hpp"
 #include "loom/error.hpp"
 
 namespace loom {
 
+Backend::Backend()
+    : _recorder(std::make_shared<FlightRecorder>(FlightRecorder::default_capacity())) {
+  _watchdog.set_timeout(environment::timeout());
+  _watchdog.on_expiry([this](std::uint64_t record) { expire_blocking_call(record); });
+}
+
 Backend::~Backend() = default;
+
+// One blocking call: written to the flight recorder and, for collectives, published on the
+// board as started; completed (or failed) when it returns. A handful of relaxed stores.
+class Backend::BlockingCall {
+ public:
+  BlockingCall(Backend& backend, const CollectiveArgs& args) : _backend(backend) {
+    _record = backend._recorder->record(
+        {{}, to_string(args.op), args.send.dtype(), args.send.count(), "native", -1, true},
+        OperationState::started, &_seq);
+    if (backend._board) backend._board->started(_seq);
+    backend._blocking_record.store(_record, std::memory_order_relaxed);
+    backend._blocking_seq.store(_seq, std::memory_order_relaxed);
+  }
+  BlockingCall(Backend& backend, std::string_view op, Buffer buffer, int peer) : _backend(backend) {
+    _record = backend._recorder->record(
+        {op, op, buffer.dtype(), buffer.count(), "native", peer, false}, OperationState::started);
+    backend._blocking_record.store(_record, std::memory_order_relaxed);
+    backend._blocking_seq.store(-1, std::memory_order_relaxed);
+  }
+  ~BlockingCall() {
+    if (!_done) _backend._recorder->update(_record, OperationState::failed);
+  }
+  BlockingCall(const BlockingCall&) = delete;
+  BlockingCall& operator=(const BlockingCall&) = delete;
+
+  void completed() noexcept {
+    _done = true;
+    _backend._recorder->update(_record, OperationState::completed, false);
+    if (_seq >= 0 && _backend._board) _backend._board->completed(_seq);
+  }
+  std::int64_t seq() const noexcept { return _seq; }
+
+ private:
+  Backend& _backend;
+  std::uint64_t _record = 0;
+  std::int64_t _seq = -1;
+  bool _done = false;
+};
+
+void Backend::publish_failure(std::string_view message, bool drained, bool consequence) noexcept {
+  if (_board)
+    _board->publish_failure(message, _recorder->next_collective_seq(), drained, consequence);
+}
+
+std::string Backend::who_is_missing(std::int64_t seq, int* failed_rank) const {
+  if (failed_rank) *failed_rank = -1;
+  if (!_board)
+    return "the " + std::string(name()) + " backend cannot tell which ranks did not arrive";
+  return _board->who_is_missing(seq, *_recorder, failed_rank);
+}
+
+std::string Backend::dump_flight_record(std::string_view reason) const noexcept {
+  return _recorder->dump(rank(), world_size(), name(), reason);
+}
+
+namespace {
+std::string seconds_of(std::chrono::nanoseconds t) {
+  return environment::seconds_text(std::chrono::duration<double>(t).count());
+}
+}  // namespace
+
+void Backend::wait_or_abandon(Work& work, const std::string& what, std::int64_t seq) {
+  const auto limit = timeout();
+  if (limit.count() <= 0) return work.wait();
+  if (work.wait_for(limit)) return;
+  work.abandon();
+  int failed_rank = -1;
+  std::string message = what + " did not complete within " + seconds_of(limit);
+  if (seq >= 0) message += ": " + who_is_missing(seq, &failed_rank);
+  publish_failure(message, false, true);  // peers waiting for this rank learn it gave up
+  const std::string path = dump_flight_record(message);
+  if (!path.empty()) message += " (flight record: " + path + ")";
+  throw Error(failed_rank >= 0 ? ErrorCode::peer_failed : ErrorCode::timeout, message);
+}
+
+void Backend::expire_blocking_call(std::uint64_t record) noexcept {
+  std::string what = "a blocking call";
+  std::int64_t seq = -1;
+  for (const FlightRecord& r : _recorder->entries()) {
+    if (r.record_id != record) continue;
+    seq = r.collective_seq_id;
+    what = r.op + " " + std::string(to_string(r.dtype)) + "[" + std::to_string(r.count) + "]" +
+           (seq >= 0 ? " (collective #" + std::to_string(seq) + ")"
+                     : " (peer " + std::to_string(r.peer) + ")");
+  }
+  int failed_rank = -1;
+  std::string message;
+  try {
+    message = what + " on rank " + std::to_string(rank()) + " of " + std::to_string(world_size()) +
+              " (" + std::string(name()) + ") did not complete within " + seconds_of(timeout());
+    if (seq >= 0) message += ": " + who_is_missing(seq, &failed_rank);
+    message += "; a blocking " + std::string(name()) +
+               " call cannot be abandoned, so loom ends this process (status " +
+               std::to_string(fatal_exit_status) + ")";
+    const std::string path = dump_flight_record(message);
+    if (!path.empty()) message += " (flight record: " + path + ")";
+  } catch (...) {
+  }
+  const ErrorCode code = failed_rank >= 0 ? ErrorCode::peer_failed : ErrorCode::timeout;
+  std::fprintf(stderr, "[loom:%s] %s\n", std::string(to_string(code)).c_str(), message.c_str());
+  std::fflush(nullptr);
+  std::_Exit(fatal_exit_status);
+}
+
+void Backend::validate_or_publish(const CollectiveArgs& args) {
+  try {
+    validate(args);
+  } catch (const Error& e) {
+    // The other ranks may be waiting in this collective: tell them why this rank is not.
+    publish_failure(e.what(), false);
+    throw;
+  }
+}
 
 std::string Backend::where(std::string_view operation) const {
   return std::string(operation) + " on rank " + std::to_string(rank()) + " of " +
@@ -108,6 +230,14 @@ class Check {
 
 std::string count_text(Buffer b) {
   return std::to_string(b.count());
+}
+
+std::string peer_text(int peer) {
+  return peer == any_source ? std::string("any rank") : "rank " + std::to_string(peer);
+}
+
+std::string tag_text(int tag) {
+  return tag == any_tag ? std::string("any") : std::to_string(tag);
 }
 
 }  // namespace
@@ -245,86 +375,121 @@ std::unique_ptr<Work> Backend::barrier_async() {
 }
 
 void Backend::collective(const CollectiveArgs& args) {
-  validate(args);
+  validate_or_publish(args);
+  BlockingCall call(*this, args);
   switch (args.op) {
     case Collective::broadcast:
-      return run_broadcast(args.send, args.root);
+      run_broadcast(args.send, args.root);
+      break;
     case Collective::reduce:
-      return run_reduce(args.send, args.recv, args.reduce_op, args.root);
+      run_reduce(args.send, args.recv, args.reduce_op, args.root);
+      break;
     case Collective::allreduce:
-      return run_allreduce(args.send, args.recv, args.reduce_op);
+      run_allreduce(args.send, args.recv, args.reduce_op);
+      break;
     case Collective::allgather:
-      return run_allgather(args.send, args.recv);
+      run_allgather(args.send, args.recv);
+      break;
     case Collective::reduce_scatter:
-      return run_reduce_scatter(args.send, args.recv, args.reduce_op);
+      run_reduce_scatter(args.send, args.recv, args.reduce_op);
+      break;
     case Collective::alltoall:
-      return run_alltoall(args.send, args.recv);
+      run_alltoall(args.send, args.recv);
+      break;
     case Collective::barrier:
-      return run_barrier();
+      run_barrier();
+      break;
   }
-  throw Error(ErrorCode::invalid_argument, where("collective") + ": unknown collective");
+  call.completed();
 }
 
 void Backend::broadcast(Buffer buffer, int root) {
-  validate({Collective::broadcast, buffer, buffer, ReduceOp::sum, root});
-  run_broadcast(buffer, root);
+  collective({Collective::broadcast, buffer, buffer, ReduceOp::sum, root});
 }
 
 void Backend::reduce(Buffer send, Buffer recv, ReduceOp op, int root) {
-  validate({Collective::reduce, send, recv, op, root});
-  run_reduce(send, recv, op, root);
+  collective({Collective::reduce, send, recv, op, root});
 }
 
 void Backend::allreduce(Buffer send, Buffer recv, ReduceOp op) {
-  validate({Collective::allreduce, send, recv, op, 0});
+  const CollectiveArgs args{Collective::allreduce, send, recv, op, 0};
+  validate_or_publish(args);
+  BlockingCall call(*this, args);
   run_allreduce(send, recv, op);
+  call.completed();
 }
 
 void Backend::allgather(Buffer send, Buffer recv) {
-  validate({Collective::allgather, send, recv, ReduceOp::sum, 0});
-  run_allgather(send, recv);
+  collective({Collective::allgather, send, recv, ReduceOp::sum, 0});
 }
 
 void Backend::reduce_scatter(Buffer send, Buffer recv, ReduceOp op) {
-  validate({Collective::reduce_scatter, send, recv, op, 0});
-  run_reduce_scatter(send, recv, op);
+  collective({Collective::reduce_scatter, send, recv, op, 0});
 }
 
 void Backend::alltoall(Buffer send, Buffer recv) {
-  validate({Collective::alltoall, send, recv, ReduceOp::sum, 0});
-  run_alltoall(send, recv);
+  collective({Collective::alltoall, send, recv, ReduceOp::sum, 0});
 }
 
 void Backend::barrier() {
-  run_barrier();
+  collective({Collective::barrier, {}, {}, ReduceOp::sum, 0});
 }
 
+// The defaults start the asynchronous form and wait for it, at most timeout(): such a work
+// can be abandoned, so an absent peer is an error, not a hang.
 void Backend::run_broadcast(Buffer buffer, int root) {
-  start_broadcast(buffer, root)->wait();
+  wait_or_abandon(*start_broadcast(buffer, root), where("broadcast"),
+                  _blocking_seq.load(std::memory_order_relaxed));
 }
 
 void Backend::run_reduce(Buffer send, Buffer recv, ReduceOp op, int root) {
-  start_reduce(send, recv, op, root)->wait();
+  wait_or_abandon(*start_reduce(send, recv, op, root), where("reduce"),
+                  _blocking_seq.load(std::memory_order_relaxed));
 }
 
 void Backend::run_allreduce(Buffer send, Buffer recv, ReduceOp op) {
-  start_allreduce(send, recv, op)->wait();
+  wait_or_abandon(*start_allreduce(send, recv, op), where("allreduce"),
+                  _blocking_seq.load(std::memory_order_relaxed));
 }
 
 void Backend::run_allgather(Buffer send, Buffer recv) {
-  start_allgather(send, recv)->wait();
+  wait_or_abandon(*start_allgather(send, recv), where("allgather"),
+                  _blocking_seq.load(std::memory_order_relaxed));
 }
 
 void Backend::run_reduce_scatter(Buffer send, Buffer recv, ReduceOp op) {
-  start_reduce_scatter(send, recv, op)->wait();
+  wait_or_abandon(*start_reduce_scatter(send, recv, op), where("reduce_scatter"),
+                  _blocking_seq.load(std::memory_order_relaxed));
 }
 
 void Backend::run_alltoall(Buffer send, Buffer recv) {
-  start_alltoall(send, recv)->wait();
+  wait_or_abandon(*start_alltoall(send, recv), where("alltoall"),
+                  _blocking_seq.load(std::memory_order_relaxed));
 }
 
 void Backend::run_barrier() {
-  start_barrier()->wait();
+  wait_or_abandon(*start_barrier(), where("barrier"),
+                  _blocking_seq.load(std::memory_order_relaxed));
+}
+
+void Backend::send(Buffer buffer, int peer, int tag) {
+  auto work = send_async(buffer, peer, tag);
+  BlockingCall call(*this, "send", buffer, peer);
+  wait_or_abandon(*work,
+                  where("send") + ": " + buffer.describe() + " to rank " + std::to_string(peer) +
+                      " tag " + std::to_string(tag),
+                  -1);
+  call.completed();
+}
+
+void Backend::recv(Buffer buffer, int peer, int tag) {
+  auto work = recv_async(buffer, peer, tag);
+  BlockingCall call(*this, "recv", buffer, peer);
+  wait_or_abandon(*work,
+                  where("recv") + ": " + buffer.describe() + " from rank " + std::to_string(peer) +
+                      " tag " + std::to_string(tag),
+                  -1);
+  call.completed();
 }
 
 std::unique_ptr<Work> Backend::send_async(Buffer buffer, int peer, int tag) {
@@ -396,7 +561,9 @@ Status Backend::probe(int peer, int tag) {
     int peer, tag;
     std::optional<Status> result;
   } work(*this, peer, tag);
-  work.wait();
+  BlockingCall call(*this, "probe", Buffer(), peer);
+  wait_or_abandon(work, where("probe") + " from " + peer_text(peer) + " tag " + tag_text(tag), -1);
+  call.completed();
   return *work.result;
 }
 
@@ -404,7 +571,19 @@ Message Backend::recv_message(int peer, int tag) {
   Check check(*this, "recv_message");
   check.peer(peer, true);
   check.tag(tag, max_tag(), true);
-  return receive_message(peer, tag);
+  BlockingCall call(*this, "recv_message", Buffer(), peer);
+  Message message = receive_message(peer, tag);
+  call.completed();
+  return message;
+}
+
+void Backend::receive_deadline_passed(int peer, int tag) const {
+  const std::string message = where("recv_message") + " from " + peer_text(peer) + " tag " +
+                              tag_text(tag) + ": no message arrived within " +
+                              seconds_of(timeout());
+  const std::string path = dump_flight_record(message);
+  throw Error(ErrorCode::timeout,
+              path.empty() ? message : message + " (flight record: " + path + ")");
 }
 
 }  // namespace loom

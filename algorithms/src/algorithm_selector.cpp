@@ -81,6 +81,26 @@ AlgorithmSelector AlgorithmSelector::from_environment() {
   return selector;
 }
 
+std::uint64_t AlgorithmSelector::digest() const {
+  // FNV-1a over a canonical text of the configuration.
+  std::string text = _defaults ? std::string("defaults") : format_tuning_file(_tuning);
+  for (std::size_t c = 0; c < _overrides.size(); ++c)
+    for (const AlgorithmRange& r : _overrides[c])
+      text += "\noverride " + std::to_string(c) + " " + std::string(to_string(r.algorithm)) + " " +
+              std::to_string(r.min_bytes) + " " + std::to_string(r.max_bytes);
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char ch : text) h = (h ^ ch) * 0x100000001b3ull;
+  return h;
+}
+
+std::string AlgorithmSelector::origin() const {
+  std::string text =
+      _defaults ? "built-in defaults" : "a tuning file (backend " + _tuning.backend + ")";
+  for (std::size_t c = 0; c < _overrides.size(); ++c)
+    if (!_overrides[c].empty()) text += ", " + override_variable(static_cast<Collective>(c));
+  return text;
+}
+
 void AlgorithmSelector::set_override(Collective collective, std::vector<AlgorithmRange> ranges) {
   for (const AlgorithmRange& r : ranges) {
     bool implements = false;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 
 #include "loom/error.hpp"
 #include "loom/kernels/reduce.hpp"
@@ -44,12 +45,55 @@ ChannelWork::ChannelWork(Backend& backend, std::string description)
       _world(backend.world_size()),
       _tag(backend.next_algorithm_tag()) {}
 
+namespace {
+// A transfer of an algorithm: polls the real one, and abandons it before destroying it once
+// the algorithm was abandoned (the algorithm owns its transfers through this handle).
+class Transfer final : public Work {
+ public:
+  Transfer(std::unique_ptr<Work> inner, std::shared_ptr<std::atomic<bool>> abandon)
+      : _inner(std::move(inner)), _abandon(std::move(abandon)) {}
+  ~Transfer() override {
+    if (_abandon->load(std::memory_order_acquire)) _inner->abandon();
+  }
+
+ protected:
+  std::string describe() const override { return _inner->description(); }
+  bool poll() override {
+    if (!_inner->test()) return false;
+    if (_inner->failed()) std::rethrow_exception(_inner->error());
+    return true;
+  }
+  void on_abandon() noexcept override { _inner->abandon(); }
+
+ private:
+  std::unique_ptr<Work> _inner;
+  std::shared_ptr<std::atomic<bool>> _abandon;
+};
+
+// Scratch of abandoned algorithms: reachable (not a leak to LeakSanitizer), never reused.
+std::mutex abandoned_scratch_mutex;
+std::vector<PinnedBlock>& abandoned_scratch() {
+  static auto* blocks = new std::vector<PinnedBlock>();
+  return *blocks;
+}
+}  // namespace
+
+ChannelWork::~ChannelWork() {
+  if (!abandoned() || _scratch.empty()) return;
+  std::lock_guard lock(abandoned_scratch_mutex);
+  for (auto& block : _scratch) abandoned_scratch().push_back(std::move(block));
+}
+
+void ChannelWork::on_abandon() noexcept {
+  _abandon->store(true, std::memory_order_release);
+}
+
 std::unique_ptr<Work> ChannelWork::start_send(Buffer buffer, int peer) {
-  return _backend.algorithm_send_async(buffer, peer, _tag);
+  return std::make_unique<Transfer>(_backend.algorithm_send_async(buffer, peer, _tag), _abandon);
 }
 
 std::unique_ptr<Work> ChannelWork::start_recv(Buffer buffer, int peer) {
-  return _backend.algorithm_recv_async(buffer, peer, _tag);
+  return std::make_unique<Transfer>(_backend.algorithm_recv_async(buffer, peer, _tag), _abandon);
 }
 
 Buffer ChannelWork::scratch(std::size_t count, DType dtype) {

@@ -2,6 +2,7 @@
 // algorithm channel, finish the step when they complete, go on), and the helpers they share.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -38,6 +39,9 @@ void copy(Buffer dst, Buffer src);
 class ChannelWork : public Work {
  public:
   ChannelWork(Backend& backend, std::string description);
+  /// @brief When abandoned, the scratch memory is never handed back (the transport may still
+  /// write into it): it is kept, unused, until the process ends.
+  ~ChannelWork() override;
 
   /// @brief Advances once so that the first transfers are in flight when the caller returns.
   void start() { test(); }
@@ -65,12 +69,17 @@ class ChannelWork : public Work {
   /// @brief Divides by the world size when op is avg (the last step of avg: sum, then divide).
   void finish_average(Buffer result, ReduceOp op) const;
 
+  /// @brief Abandoning the algorithm abandons its transfers still alive (they check the
+  /// shared flag when destroyed), so that destroying it never waits for a peer.
+  void on_abandon() noexcept override;
+
  private:
   Backend& _backend;
   int _rank;
   int _world;
   int _tag;
   std::vector<PinnedBlock> _scratch;
+  std::shared_ptr<std::atomic<bool>> _abandon = std::make_shared<std::atomic<bool>>(false);
 };
 
 /// @brief An algorithm as a sequence of steps: each posts transfers, and runs its local work

@@ -24,6 +24,8 @@ class ProfiledWork final : public Work {
     return true;
   }
 
+  void on_abandon() noexcept override { _inner->abandon(); }
+
  private:
   std::unique_ptr<Work> _inner;
   CommunicationProfiler& _profiler;

@@ -57,6 +57,8 @@ struct Rendezvous {
   std::vector<Buffer> send, recv;
   std::vector<std::optional<Signature>> signatures;
   int arrived = 0;
+  bool executing = false;  // guarded by State::mutex: the last rank is moving the data
+  int abandoned_by = -1;   // guarded by State::mutex: a rank gave up on it (its buffers are gone)
   std::atomic<bool> done{false};
   std::exception_ptr error;
 };
@@ -93,13 +95,15 @@ struct Mailbox {
 }  // namespace
 
 struct LocalWorld::State {
-  explicit State(int n) : size(n), mailboxes{Mailbox(n), Mailbox(n)} {}
+  explicit State(int n)
+      : size(n), mailboxes{Mailbox(n), Mailbox(n)}, slots(std::make_unique<RankSlot[]>(n)) {}
   int size;
   std::mutex mutex;
   std::map<std::uint64_t, std::shared_ptr<Rendezvous>> rendezvous;
   Mailbox mailboxes[2];  // [user_channel], [algorithm_channel]
   std::atomic<bool> aborted{false};
-  std::string abort_reason;  // written once, before aborted is set
+  std::string abort_reason;           // written once, before aborted is set
+  std::unique_ptr<RankSlot[]> slots;  // the ranks' board (progress and failures)
 
   void check_alive(const std::string& what) const {
     if (aborted.load(std::memory_order_acquire))
@@ -143,12 +147,29 @@ class ReadyWork final : public Work {
 class CollectiveWork final : public Work {
  public:
   CollectiveWork(std::string description, std::shared_ptr<State> state,
-                 std::shared_ptr<Rendezvous> rendezvous)
+                 std::shared_ptr<Rendezvous> rendezvous, int rank)
       : Work(std::move(description)),
         _state(std::move(state)),
-        _rendezvous(std::move(rendezvous)) {}
+        _rendezvous(std::move(rendezvous)),
+        _rank(rank) {}
 
  protected:
+  // The caller's buffers may go once this returns: the rank still to arrive must not move
+  // data into them, and a rank moving it now finishes first (a copy, microseconds).
+  void on_abandon() noexcept override {
+    for (;;) {
+      {
+        std::lock_guard lock(_state->mutex);
+        if (_rendezvous->done.load(std::memory_order_acquire)) return;
+        if (!_rendezvous->executing) {
+          if (_rendezvous->abandoned_by < 0) _rendezvous->abandoned_by = _rank;
+          return;
+        }
+      }
+      std::this_thread::yield();
+    }
+  }
+
   bool poll() override {
     if (_rendezvous->done.load(std::memory_order_acquire)) {
       if (_rendezvous->error) std::rethrow_exception(_rendezvous->error);
@@ -161,6 +182,7 @@ class CollectiveWork final : public Work {
  private:
   std::shared_ptr<State> _state;
   std::shared_ptr<Rendezvous> _rendezvous;
+  int _rank;
 };
 
 class RecvWork final : public Work {
@@ -170,6 +192,14 @@ class RecvWork final : public Work {
       : Work(std::move(description)), _state(std::move(state)), _posted(std::move(posted)) {}
 
  protected:
+  // An unmatched receive leaves the posted queue, so no later send writes into its buffer.
+  void on_abandon() noexcept override {
+    std::lock_guard lock(_state->mutex);
+    if (_posted->matched.load(std::memory_order_acquire)) return;
+    for (Mailbox& mailbox : _state->mailboxes)
+      for (auto& queue : mailbox.posted) queue.remove(_posted);
+  }
+
   bool poll() override {
     if (_posted->matched.load(std::memory_order_acquire)) {
       if (_posted->error) std::rethrow_exception(_posted->error);
@@ -245,7 +275,11 @@ void execute(const Signature& sig, Rendezvous& rv, int n) {
 
 class LocalBackend final : public Backend {
  public:
-  LocalBackend(std::shared_ptr<State> state, int rank) : _state(std::move(state)), _rank(rank) {}
+  LocalBackend(std::shared_ptr<State> state, int rank) : _state(std::move(state)), _rank(rank) {
+    std::vector<RankSlot*> slots;
+    for (int r = 0; r < _state->size; ++r) slots.push_back(&_state->slots[r]);
+    set_rank_board(std::make_unique<RankBoard>(rank, std::move(slots)));
+  }
 
   int rank() const noexcept override { return _rank; }
   int world_size() const noexcept override { return _state->size; }
@@ -340,8 +374,11 @@ class LocalBackend final : public Backend {
   }
 
   Message receive_message(int peer, int tag) override {
+    const auto deadline = std::chrono::steady_clock::now() + timeout();
     for (auto sleep = std::chrono::microseconds(1);;
          sleep = std::min(sleep * 2, std::chrono::microseconds(200))) {
+      if (timeout().count() > 0 && std::chrono::steady_clock::now() >= deadline)
+        receive_deadline_passed(peer, tag);
       {
         std::lock_guard lock(_state->mutex);
         _state->check_alive(where("recv_message"));
@@ -374,14 +411,25 @@ class LocalBackend final : public Backend {
       rv->recv[_rank] = recv;
       rv->signatures[_rank] = sig;
       last = ++rv->arrived == _state->size;
-      if (last) _state->rendezvous.erase(sequence);
+      if (last) {
+        _state->rendezvous.erase(sequence);
+        rv->executing = rv->abandoned_by < 0;
+      }
     }
     if (last) complete(*rv);
-    return std::make_unique<CollectiveWork>(what, _state, std::move(rv));
+    return std::make_unique<CollectiveWork>(what, _state, std::move(rv), _rank);
   }
 
   void complete(Rendezvous& rv) {
     const int n = _state->size;
+    if (!rv.executing) {
+      rv.error = std::make_exception_ptr(
+          Error(ErrorCode::cancelled, "collective #" + std::to_string(rv.sequence) + ": rank " +
+                                          std::to_string(rv.abandoned_by) +
+                                          " gave up on it (timeout) before every rank arrived"));
+      rv.done.store(true, std::memory_order_release);
+      return;
+    }
     const Signature& first = *rv.signatures[0];
     for (int r = 1; r < n; ++r) {
       if (*rv.signatures[r] == first) continue;
@@ -463,7 +511,8 @@ void LocalWorld::run(int size, const std::function<void(Backend&)>& fn) {
     try {
       std::rethrow_exception(e);
     } catch (const Error& error) {
-      if (error.code() != ErrorCode::cancelled) throw;
+      // Cancellations and peer failures are consequences: the original error goes first.
+      if (error.code() != ErrorCode::cancelled && error.code() != ErrorCode::peer_failed) throw;
       if (!first_cancelled) first_cancelled = e;
     } catch (...) {
       throw;

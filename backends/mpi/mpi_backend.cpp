@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <new>
 #include <optional>
 #include <string>
 #include <thread>
@@ -71,7 +72,10 @@ class Communicator {
   }
   ~Communicator() {
     // MPI_Comm_free after MPI_Finalize is illegal; a backend kept in a static may die that late.
-    if (_comm != MPI_COMM_NULL && !mpi::finalized()) MPI_Comm_free(&_comm);
+    // With abandoned requests on it, leave it to the end of the process (which loom then ends
+    // without MPI_Finalize): freeing it is collective in the standard's sense.
+    if (_comm != MPI_COMM_NULL && !mpi::finalized() && abandoned_operations() == 0)
+      MPI_Comm_free(&_comm);
   }
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
@@ -104,9 +108,19 @@ class RequestWork final : public Work {
   // The caller may free the buffers as soon as this handle is gone, so a request still in
   // flight must end first: a receive is cancelled (MPI_Cancel is legal for receives, and the
   // message then stays for a later receive), any other request is waited for, which blocks
-  // until the peers take part. After MPI_Finalize nothing can be done (or is needed).
+  // until the peers take part. An abandoned work (a timeout, a failure) is never waited for:
+  // a request still open is left to MPI and counted (abandoned_operations()), after which loom
+  // will not finalise MPI. After MPI_Finalize nothing can be done (or is needed).
   ~RequestWork() override {
     if (_request == MPI_REQUEST_NULL || mpi::finalized()) return;
+    if (abandoned()) {
+      int done = 0;
+      if (MPI_Test(&_request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+        release();
+      else if (done == 0)
+        note_abandoned_operation();
+      return;
+    }
     if (_cancellable) MPI_Cancel(&_request);
     if (MPI_Wait(&_request, MPI_STATUS_IGNORE) != MPI_SUCCESS) release();
   }
@@ -135,13 +149,75 @@ class RequestWork final : public Work {
   bool _cancellable;
 };
 
+// The ranks' board in a shared-memory window over the ranks of this host
+// (MPI_Win_allocate_shared on an MPI_COMM_TYPE_SHARED split): each rank's RankSlot is written
+// with plain atomic stores and read by its host peers with plain loads, so a peer that is
+// stopped, dead or stuck in a call still says how far it got. Ranks on other hosts are not
+// visible (their slots are null): a timeout message names them as such.
+class SharedBoard {
+ public:
+  explicit SharedBoard(MPI_Comm world) {
+    int world_size = 1, world_rank = 0;
+    MPI_Comm_size(world, &world_size);
+    MPI_Comm_rank(world, &world_rank);
+    _slots.assign(static_cast<std::size_t>(world_size), nullptr);
+    if (MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &_host) != MPI_SUCCESS)
+      return;
+    MPI_Comm_set_errhandler(_host, MPI_ERRORS_RETURN);
+    void* base = nullptr;
+    if (MPI_Win_allocate_shared(sizeof(RankSlot), 1, MPI_INFO_NULL, _host, &base, &_window) !=
+        MPI_SUCCESS) {
+      _window = MPI_WIN_NULL;
+      return;
+    }
+    new (base) RankSlot();  // zero: nothing started, completed or failed
+    MPI_Barrier(_host);     // every slot constructed before anyone reads one
+    int host_size = 1;
+    MPI_Comm_size(_host, &host_size);
+    MPI_Group host_group, world_group;
+    MPI_Comm_group(_host, &host_group);
+    MPI_Comm_group(world, &world_group);
+    std::vector<int> host_ranks(host_size), world_ranks(host_size);
+    for (int k = 0; k < host_size; ++k) host_ranks[k] = k;
+    MPI_Group_translate_ranks(host_group, host_size, host_ranks.data(), world_group,
+                              world_ranks.data());
+    MPI_Group_free(&host_group);
+    MPI_Group_free(&world_group);
+    for (int k = 0; k < host_size; ++k) {
+      MPI_Aint size = 0;
+      int unit = 0;
+      void* slot = nullptr;
+      if (MPI_Win_shared_query(_window, k, &size, &unit, &slot) == MPI_SUCCESS &&
+          world_ranks[k] >= 0 && world_ranks[k] < world_size)
+        _slots[static_cast<std::size_t>(world_ranks[k])] = static_cast<RankSlot*>(slot);
+    }
+  }
+  // Freeing the window is collective, and a peer may be stopped or dead: it is freed just
+  // before MPI_Finalize (MpiRuntime::free_at_finalize), never here.
+  ~SharedBoard() {
+    if (mpi::finalized()) return;
+    mpi::MpiRuntime::instance().free_at_finalize(_window, _host);
+  }
+  SharedBoard(const SharedBoard&) = delete;
+  SharedBoard& operator=(const SharedBoard&) = delete;
+
+  const std::vector<RankSlot*>& slots() const noexcept { return _slots; }
+
+ private:
+  MPI_Comm _host = MPI_COMM_NULL;
+  MPI_Win _window = MPI_WIN_NULL;
+  std::vector<RankSlot*> _slots;
+};
+
 class MpiBackend final : public Backend {
  public:
   MpiBackend(const MpiConfig& config, const mpi::MpiRuntime& runtime)
       : _config(config),
         _runtime(runtime),
         _communicator(std::make_shared<Communicator>()),
-        _algorithm_communicator(std::make_shared<Communicator>()) {
+        _algorithm_communicator(std::make_shared<Communicator>()),
+        _shared_board(std::make_unique<SharedBoard>(_communicator->get())) {
+    set_rank_board(std::make_unique<RankBoard>(_communicator->rank(), _shared_board->slots()));
 #if LOOM_HAVE_CUDA
     _staging = std::make_unique<mpi::DeviceStaging>(
         config.staging_chunk_bytes, static_cast<cuda::NativeStream>(config.staging_input_stream));
@@ -303,8 +379,9 @@ class MpiBackend final : public Backend {
   void run_broadcast(Buffer buffer, int root) override {
     if (on_device(buffer)) return Backend::run_broadcast(buffer, root);
     const int count = count_of("broadcast", "count", buffer.count());
-    succeed("broadcast", "MPI_Bcast",
-            MPI_Bcast(buffer.data(), count, mpi::datatype(buffer.dtype()), root, comm()));
+    succeed("broadcast", "MPI_Bcast", [&] {
+      return MPI_Bcast(buffer.data(), count, mpi::datatype(buffer.dtype()), root, comm());
+    });
   }
 
   void run_reduce(Buffer send, Buffer recv, ReduceOp op, int root) override {
@@ -313,9 +390,10 @@ class MpiBackend final : public Backend {
       return Backend::run_reduce(send, recv, op, root);
     const int count = count_of("reduce", "count", send.count());
     const void* sendbuf = is_root && send.data() == recv.data() ? MPI_IN_PLACE : send.data();
-    succeed("reduce", "MPI_Reduce",
-            MPI_Reduce(sendbuf, is_root ? recv.data() : nullptr, count, mpi::datatype(send.dtype()),
-                       _runtime.op(op, send.dtype()), root, comm()));
+    succeed("reduce", "MPI_Reduce", [&] {
+      return MPI_Reduce(sendbuf, is_root ? recv.data() : nullptr, count,
+                        mpi::datatype(send.dtype()), _runtime.op(op, send.dtype()), root, comm());
+    });
     if (is_root && op == ReduceOp::avg) average(recv);
   }
 
@@ -323,9 +401,10 @@ class MpiBackend final : public Backend {
     if (on_device(send) || on_device(recv)) return Backend::run_allreduce(send, recv, op);
     const int count = count_of("allreduce", "count", send.count());
     const void* sendbuf = send.data() == recv.data() ? MPI_IN_PLACE : send.data();
-    succeed("allreduce", "MPI_Allreduce",
-            MPI_Allreduce(sendbuf, recv.data(), count, mpi::datatype(send.dtype()),
-                          _runtime.op(op, send.dtype()), comm()));
+    succeed("allreduce", "MPI_Allreduce", [&] {
+      return MPI_Allreduce(sendbuf, recv.data(), count, mpi::datatype(send.dtype()),
+                           _runtime.op(op, send.dtype()), comm());
+    });
     if (op == ReduceOp::avg) average(recv);
   }
 
@@ -336,18 +415,20 @@ class MpiBackend final : public Backend {
     const bool in_place =
         send.count() != 0 && send.data() == recv.slice(rank() * send.count(), send.count()).data();
     const MPI_Datatype type = mpi::datatype(send.dtype());
-    succeed("allgather", "MPI_Allgather",
-            MPI_Allgather(in_place ? MPI_IN_PLACE : send.data(), count, type, recv.data(), count,
-                          type, comm()));
+    succeed("allgather", "MPI_Allgather", [&] {
+      return MPI_Allgather(in_place ? MPI_IN_PLACE : send.data(), count, type, recv.data(), count,
+                           type, comm());
+    });
   }
 
   void run_reduce_scatter(Buffer send, Buffer recv, ReduceOp op) override {
     if (on_device(send) || on_device(recv)) return Backend::run_reduce_scatter(send, recv, op);
     count_of("reduce_scatter", "send count", send.count());
     const int count = count_of("reduce_scatter", "recv count", recv.count());
-    succeed("reduce_scatter", "MPI_Reduce_scatter_block",
-            MPI_Reduce_scatter_block(send.data(), recv.data(), count, mpi::datatype(send.dtype()),
-                                     _runtime.op(op, send.dtype()), comm()));
+    succeed("reduce_scatter", "MPI_Reduce_scatter_block", [&] {
+      return MPI_Reduce_scatter_block(send.data(), recv.data(), count, mpi::datatype(send.dtype()),
+                                      _runtime.op(op, send.dtype()), comm());
+    });
     if (op == ReduceOp::avg) average(recv);
   }
 
@@ -356,12 +437,13 @@ class MpiBackend final : public Backend {
     count_of("alltoall", "count", send.count());
     const int block = static_cast<int>(send.count() / static_cast<std::size_t>(world_size()));
     const MPI_Datatype type = mpi::datatype(send.dtype());
-    succeed("alltoall", "MPI_Alltoall",
-            MPI_Alltoall(send.data(), block, type, recv.data(), block, type, comm()));
+    succeed("alltoall", "MPI_Alltoall", [&] {
+      return MPI_Alltoall(send.data(), block, type, recv.data(), block, type, comm());
+    });
   }
 
   void run_barrier() override {
-    succeed("barrier", "MPI_Barrier", MPI_Barrier(comm()));
+    succeed("barrier", "MPI_Barrier", [&] { return MPI_Barrier(comm()); });
   }
 
   std::unique_ptr<Work> start_send(Buffer buffer, int peer, int tag) override {
@@ -467,12 +549,15 @@ class MpiBackend final : public Backend {
     const std::string at = where("recv_message");
     MPI_Message message = MPI_MESSAGE_NULL;
     MPI_Status status{};
+    const auto deadline = std::chrono::steady_clock::now() + timeout();
     for (auto sleep = std::chrono::microseconds(1);;
          sleep = std::min(sleep * 2, std::chrono::microseconds(200))) {
       int found = 0;
       check(at, "MPI_Improbe",
             MPI_Improbe(source(peer), mpi_tag(tag), comm(), &found, &message, &status));
       if (found != 0) break;
+      if (timeout().count() > 0 && std::chrono::steady_clock::now() >= deadline)
+        receive_deadline_passed(peer, tag);
       std::this_thread::sleep_for(sleep);
     }
     const std::size_t bytes = message_bytes(status);
@@ -529,8 +614,16 @@ class MpiBackend final : public Backend {
     return static_cast<int>(count);
   }
 
-  void succeed(const char* operation, const char* call, int rc) const {
-    if (rc != MPI_SUCCESS) throw failure(where(operation), call, rc);
+  // A blocking MPI call cannot be abandoned: the call watchdog ends the process if it has not
+  // returned within the timeout (two relaxed stores around the call on the fast path).
+  template <class Call>
+  void succeed(const char* operation, const char* name, Call call) {
+    int rc;
+    {
+      WatchedCall watched(call_watchdog(), blocking_record());
+      rc = call();
+    }
+    if (rc != MPI_SUCCESS) throw failure(where(operation), name, rc);
   }
 
   void average(Buffer result) const {
@@ -591,6 +684,7 @@ class MpiBackend final : public Backend {
 #endif
   std::shared_ptr<const Communicator> _communicator;
   std::shared_ptr<const Communicator> _algorithm_communicator;
+  std::unique_ptr<SharedBoard> _shared_board;
 };
 
 }  // namespace

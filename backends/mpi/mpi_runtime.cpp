@@ -6,10 +6,17 @@
 #include <mpi-ext.h>
 #endif
 
+#include <chrono>
 #include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 
+#include "loom/call_watchdog.hpp"
+#include "loom/environment.hpp"
 #include "loom/error.hpp"
 #include "loom/kernels/reduce.hpp"
+#include "loom/work.hpp"
 
 namespace loom::mpi {
 
@@ -153,10 +160,57 @@ void MpiRuntime::create_ops() {
 MpiRuntime::~MpiRuntime() {
   // The program may have finalised MPI itself (when it initialised it); then nothing is left.
   if (finalized()) return;
+  // MPI_Finalize waits for every pending operation and synchronises with the other ranks, so
+  // over abandoned operations (a peer stopped or dead) it would never return. loom ends the
+  // process instead, without finalising, and never with success: whatever main returned, a
+  // run that abandoned communication did not succeed. mpirun then reports the rank as having
+  // exited without MPI_Finalize and ends the job.
+  if (const std::uint64_t abandoned = abandoned_operations(); abandoned != 0) {
+    std::fprintf(stderr,
+                 "loom: %llu MPI operation(s) were abandoned after a timeout or failure; "
+                 "MPI_Finalize skipped (it would wait for them); exiting with status %d\n",
+                 static_cast<unsigned long long>(abandoned), fatal_exit_status);
+    std::fflush(nullptr);
+    std::_Exit(fatal_exit_status);
+  }
+  // Finalising (and freeing the windows) synchronises with the other ranks: a peer that is
+  // stopped, or died without finalising, would make it wait forever. A watchdog ends the
+  // process after LOOM_TIMEOUT_S instead.
+  std::chrono::nanoseconds limit{0};
+  try {
+    limit = environment::timeout();
+  } catch (const Error&) {
+    limit = std::chrono::seconds(static_cast<long>(environment::default_timeout_s));
+  }
+  CallWatchdog watchdog;
+  watchdog.set_timeout(limit);
+  watchdog.on_expiry([limit](std::uint64_t) {
+    std::fprintf(stderr,
+                 "[loom:timeout] MPI_Finalize did not return within %s (another rank is stopped, "
+                 "or ended without finalising); loom ends this process (status %d)\n",
+                 environment::seconds_text(std::chrono::duration<double>(limit).count()).c_str(),
+                 fatal_exit_status);
+    std::fflush(nullptr);
+    std::_Exit(fatal_exit_status);
+  });
+  WatchedCall watched(watchdog, 0);
+  {
+    std::lock_guard lock(_deferred_mutex);
+    for (auto& [window, comm] : _deferred) {
+      if (window != MPI_WIN_NULL) MPI_Win_free(&window);
+      if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+    }
+    _deferred.clear();
+  }
   for (auto& row : _user_ops)
     for (MPI_Op& op : row)
       if (op != MPI_OP_NULL) MPI_Op_free(&op);
   if (_initialised_by_loom) MPI_Finalize();
+}
+
+void MpiRuntime::free_at_finalize(MPI_Win window, MPI_Comm comm) const {
+  std::lock_guard lock(_deferred_mutex);
+  _deferred.emplace_back(window, comm);
 }
 
 MPI_Op MpiRuntime::op(ReduceOp op, DType dtype) const noexcept {

@@ -12,7 +12,10 @@
 #include <mpi.h>
 
 #include <array>
+#include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "loom/dtype.hpp"
 
@@ -68,6 +71,11 @@ class MpiRuntime {
   /// @brief The MPI_Op computing `op` on `dtype`; avg maps to sum (the caller divides).
   MPI_Op op(ReduceOp op, DType dtype) const noexcept;
 
+  /// @brief Frees `window` and `comm` just before MPI_Finalize instead of now: freeing a window
+  /// is collective, and a backend destroyed while a peer is stopped or dead (after a failure)
+  /// must not block; at finalize every rank is there, or the finalize watchdog ends the wait.
+  void free_at_finalize(MPI_Win window, MPI_Comm comm) const;
+
  private:
   MpiRuntime();
   template <DType D, ReduceOp... Ops>
@@ -77,6 +85,8 @@ class MpiRuntime {
   int _thread_level = MPI_THREAD_SINGLE;
   bool _cuda_aware = false;
   int _tag_ub = 32767;
+  mutable std::mutex _deferred_mutex;
+  mutable std::vector<std::pair<MPI_Win, MPI_Comm>> _deferred;  // freed before MPI_Finalize
   // Indexed [dtype][op]; MPI_OP_NULL where a predefined MPI op is used.
   std::array<std::array<MPI_Op, 5>, 7> _user_ops{};
 };

@@ -13,6 +13,7 @@
 #include "loom/algorithm.hpp"
 #include "loom/environment.hpp"
 #include "loom/error.hpp"
+#include "loom/flight_recorder.hpp"
 
 namespace loom {
 
@@ -36,6 +37,8 @@ void Executor::Impl::compile() {
   wiring.gpu = detail::GpuNodes::create(graph, plan.order);
 
   plan_issue_order();
+  flight.record_of.assign(graph.nodes.size(), 0);
+  flight.seq_of.assign(graph.nodes.size(), -1);
   check_ranks_agree();
   measure_clock_offset();
   build_flow_graph();
@@ -114,25 +117,38 @@ void Executor::Impl::arrive(std::uint32_t i, AsyncNode::gateway_type& gateway) {
   if (!plan.sequencers[plan.sequencer_of[i]]->ready(plan.slot_of[i])) gateway.release_wait();
 }
 
+// Every communication node goes into the backend's flight recorder (scheduled, then started
+// once the transport took it) and, for a collective, onto the rank board as started: its
+// collective_seq_id counts this backend's collectives, the same on every rank.
 std::unique_ptr<Work> Executor::Impl::start_operation(std::uint32_t i) {
   const NodeData& node = graph.nodes[i];
   const CollectiveArgs& c = node.collective;
-  switch (node.kind) {
-    case NodeKind::send:
-      return backend.send_async(c.send, node.peer, node.tag);
-    case NodeKind::recv:
-      return backend.recv_async(c.send, node.peer, node.tag);
-    case NodeKind::collective:
-      break;
-    default:
-      throw Error(ErrorCode::internal, "start_operation on a compute node");
+  FlightRecorder& recorder = backend.flight_recorder();
+  if (node.kind == NodeKind::send || node.kind == NodeKind::recv) {
+    flight.seq_of[i] = -1;
+    flight.record_of[i] = recorder.record({node.name, to_string(node.kind), c.send.dtype(),
+                                           c.send.count(), "native", node.peer, false});
+    auto work = node.kind == NodeKind::send ? backend.send_async(c.send, node.peer, node.tag)
+                                            : backend.recv_async(c.send, node.peer, node.tag);
+    recorder.update(flight.record_of[i], OperationState::started);
+    return work;
   }
+  if (node.kind != NodeKind::collective)
+    throw Error(ErrorCode::internal, "start_operation on a compute node");
   // The selector decides now, at execution: every rank decides alike (same sizes, world,
-  // tuning file and overrides), so every rank runs the same algorithm.
+  // tuning file and overrides; compile checked that they agree), so every rank runs the same
+  // algorithm.
   const AlgorithmChoice choice = algorithms.selector.choose(c, backend);
   algorithms.algorithm_of[i] = to_string(choice.algorithm);
   algorithms.reason_of[i] = choice.reason;
-  return start_collective(backend, choice.algorithm, c);
+  const std::uint64_t id = recorder.record({node.name, to_string(c.op), c.send.dtype(),
+                                            c.send.count(), to_string(choice.algorithm), -1, true},
+                                           OperationState::scheduled, &flight.seq_of[i]);
+  flight.record_of[i] = id;
+  if (RankBoard* board = backend.rank_board()) board->started(flight.seq_of[i]);
+  auto work = start_collective(backend, choice.algorithm, c);
+  recorder.update(id, OperationState::started);
+  return work;
 }
 
 // Runs under the node's sequencer lock, on the thread that made the node's turn come.
@@ -154,6 +170,10 @@ void Executor::Impl::issue(std::uint32_t i) {
 // Runs on the progress engine's thread.
 void Executor::Impl::complete(std::uint32_t i, std::exception_ptr error) {
   const NodeData& node = graph.nodes[i];
+  backend.flight_recorder().update(flight.record_of[i],
+                                   error ? OperationState::failed : OperationState::completed);
+  if (!error && flight.seq_of[i] >= 0)
+    if (RankBoard* board = backend.rank_board()) board->completed(flight.seq_of[i]);
   if (profile.enabled) {
     detail::NodeRecord& record = profile.records[i];
     record.end_ns = profile.now_ns();
@@ -187,22 +207,36 @@ void Executor::Impl::run() {
   failure.failed.store(false);
   failure.error = nullptr;
   failure.timed_out = false;
+  failure.message.clear();
+  failure.peer_only = false;
+  failure.dumped = false;
   for (auto& sequencer : plan.sequencers) sequencer->reset();
   if (profile.enabled)
     std::fill(profile.records.begin(), profile.records.end(), detail::NodeRecord{});
   profile.run_start = std::chrono::steady_clock::now();
+  flight.first_seq = backend.flight_recorder().next_collective_seq();
   wiring.start.try_put(flow::continue_msg());
   wiring.flow_graph.wait_for_all();
   profile.has_run = profile.enabled;
+  check_peers_after_run();
   const bool failed = failure.failed.load();
   if (failed) end_failed_run();
   if (options.trace_path) write_trace_file();
   if (failed) std::rethrow_exception(failure.error);
 }
 
-Executor::Executor(const Graph& graph, Backend& backend, ExecutorOptions options)
-    : _impl(std::make_unique<Impl>(graph, backend, std::move(options))) {
-  _impl->compile();
+Executor::Executor(const Graph& graph, Backend& backend, ExecutorOptions options) {
+  try {
+    _impl = std::make_unique<Impl>(graph, backend, std::move(options));
+    _impl->compile();
+  } catch (const Error& e) {
+    // The other ranks may be waiting for this one in compile's cross-rank check: tell them
+    // why it will not come (a graph that fails validation here only, say).
+    if (e.code() != ErrorCode::mismatch && e.code() != ErrorCode::timeout &&
+        e.code() != ErrorCode::peer_failed)
+      backend.publish_failure(e.what(), false);
+    throw;
+  }
 }
 
 Executor::~Executor() = default;

@@ -74,7 +74,17 @@ struct FailureState {
   std::mutex mutex;  ///< guards error and timed_out
   std::exception_ptr error;
   bool timed_out = false;
-  std::string poisoned;  ///< why later runs are refused (after a watchdog timeout)
+  std::string message;     ///< the first failure's message (published, dumped)
+  bool peer_only = false;  ///< the run completed; a peer's failure made its data stale
+  bool dumped = false;     ///< the flight record of this run was written
+  std::string poisoned;    ///< why later runs are refused (after a watchdog timeout)
+};
+
+/// @brief What the flight recorder and the rank board know of this run's communication.
+struct RunRecord {
+  std::vector<std::uint64_t> record_of;  ///< per node: its flight-record id in this run
+  std::vector<std::int64_t> seq_of;      ///< per node: collective_seq_id in this run, else -1
+  std::int64_t first_seq = 0;            ///< the backend's next collective at run start
 };
 
 /// @brief One node's times in the last profiled run (ns since the run started).
@@ -124,6 +134,7 @@ struct Executor::Impl {
   detail::AlgorithmPlan algorithms;
   detail::RunProfile profile;
   detail::FailureState failure;
+  detail::RunRecord flight;
   std::mutex run_mutex;
   detail::Wiring wiring;
   // Last: destroyed first, so no completion callback runs into a half-destroyed executor.
@@ -151,6 +162,7 @@ struct Executor::Impl {
   void drain();
   void end_failed_run();
   std::string where(std::uint32_t i) const;
+  void check_peers_after_run();
   // annotation.cpp
   std::vector<detail::TraceSpan> spans() const;
   void write_trace_file() const;

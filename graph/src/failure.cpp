@@ -21,6 +21,7 @@ std::string Executor::Impl::where(std::uint32_t i) const {
 }
 
 void Executor::Impl::fail(std::uint32_t i, std::exception_ptr error) {
+  bool first = false;
   {
     std::lock_guard lock(failure.mutex);
     if (!failure.error) {
@@ -40,10 +41,19 @@ void Executor::Impl::fail(std::uint32_t i, std::exception_ptr error) {
       std::string message = where(i) + " failed: " + what;
       if (code == ErrorCode::timeout) {
         failure.timed_out = true;
-        message += "; the " + std::string(backend.name()) +
-                   " backend cannot tell which ranks did not arrive";
+        // Who is missing, from the rank board (which does not depend on the stuck operation).
+        int failed_rank = -1;
+        if (flight.seq_of[i] >= 0) {
+          message += "; collective #" + std::to_string(flight.seq_of[i]) + ": " +
+                     backend.who_is_missing(flight.seq_of[i], &failed_rank);
+        } else {
+          message += "; the peer did not take part";
+        }
+        if (failed_rank >= 0) code = ErrorCode::peer_failed;
       }
+      first = true;
       failure.error = std::make_exception_ptr(Error(code, message));
+      failure.message = message;
     }
   }
   failure.failed.store(true, std::memory_order_release);
@@ -51,6 +61,46 @@ void Executor::Impl::fail(std::uint32_t i, std::exception_ptr error) {
   for (auto& sequencer : plan.sequencers)
     for (std::uint32_t slot : sequencer->close())
       wiring.async_of[sequencer->node(slot)]->gateway().release_wait();
+  if (!first) return;
+  // Tell the other ranks before draining: a peer whose collective completes with this rank's
+  // stale data (the drain) learns it when its run ends, and one waiting for this rank learns
+  // why at its timeout. No issue is in flight once the sequencers are closed.
+  const bool drains = !failure.timed_out && !plan.sequencers.empty() &&
+                      plan.sequencers[0]->next() < plan.sequencers[0]->size();
+  ErrorCode code = ErrorCode::internal;
+  try {
+    std::rethrow_exception(failure.error);
+  } catch (const Error& e) {
+    code = e.code();
+  }
+  const bool consequence =
+      code == ErrorCode::timeout || code == ErrorCode::peer_failed || code == ErrorCode::cancelled;
+  backend.publish_failure(failure.message, drains, consequence);
+}
+
+// A run that completed here may hold stale data from a peer whose run failed and drained
+// (issued the rest of the run's collectives without its data): fail it, naming that peer.
+void Executor::Impl::check_peers_after_run() {
+  RankBoard* board = backend.rank_board();
+  if (!board || backend.world_size() == 1) return;
+  // Consumed even after a failed run, so that a later run does not report it again.
+  const auto stale = board->take_stale_run_failure(flight.first_seq,
+                                                   backend.flight_recorder().next_collective_seq());
+  if (!stale || failure.failed.load()) return;
+  std::string name = backend.flight_recorder().name_of_collective(stale->seq);
+  std::string message = "Executor::run on rank " + std::to_string(backend.rank()) + " of " +
+                        std::to_string(backend.world_size()) + " (" + std::string(backend.name()) +
+                        "): rank " + std::to_string(stale->rank) +
+                        " failed in this run before issuing collective #" +
+                        std::to_string(stale->seq) + (name.empty() ? "" : " '" + name + "'") +
+                        " and issued the rest for it, so this run's results hold its stale "
+                        "data (discard them): " +
+                        stale->message;
+  std::lock_guard lock(failure.mutex);
+  failure.error = std::make_exception_ptr(Error(ErrorCode::peer_failed, message));
+  failure.message = message;
+  failure.failed.store(true, std::memory_order_release);
+  failure.peer_only = true;
 }
 
 // After a failed run: issue what this run had not issued yet, so every rank ends the run at
@@ -61,9 +111,21 @@ void Executor::Impl::drain() {
       const std::uint32_t i = sequencer->node(slot);
       try {
         auto work = start_operation(i);
-        if (timeout.count() > 0 ? !work->wait_for(timeout) : (work->wait(), false))
-          throw Error(ErrorCode::timeout, "did not complete within " +
-                                              environment::seconds_text(options.timeout->count()));
+        const bool done = timeout.count() > 0 ? work->wait_for(timeout) : (work->wait(), true);
+        backend.flight_recorder().update(flight.record_of[i],
+                                         done ? OperationState::completed : OperationState::failed);
+        if (done && flight.seq_of[i] >= 0)
+          if (RankBoard* board = backend.rank_board()) board->completed(flight.seq_of[i]);
+        if (!done) {
+          // Never wait for it again (its destructor would): it is abandoned with the run.
+          work->abandon();
+          failure.timed_out = true;
+          throw Error(ErrorCode::timeout,
+                      "did not complete within " +
+                          environment::seconds_text(options.timeout->count()) + "; " +
+                          (flight.seq_of[i] >= 0 ? backend.who_is_missing(flight.seq_of[i])
+                                                 : std::string("the peer did not take part")));
+        }
       } catch (const std::exception& e) {
         failure.poisoned = "an earlier run failed and draining its communication failed too at " +
                            where(i) + ": " + e.what();
@@ -77,6 +139,11 @@ void Executor::Impl::drain() {
 // timeout left the communicator in an unknown state) or drain.
 void Executor::Impl::end_failed_run() {
   wiring.flow_graph.reset();
+  if (!failure.message.empty() && !failure.dumped) {
+    failure.dumped = true;
+    backend.dump_flight_record(failure.message);
+  }
+  if (failure.peer_only) return;  // every collective of the run completed: nothing to drain
   if (!failure.timed_out) {
     drain();
     return;

@@ -5,18 +5,29 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <deque>
 #include <mutex>
 #include <ostream>
 
 namespace loom {
 
 struct CommunicationProfiler::State {
+  // Per (operation, algorithm): totals over every record, latencies of the last `window`.
+  struct Aggregate {
+    OperationStats stats;
+    std::vector<double> latencies;  // a ring of at most `window`
+    std::size_t next = 0;
+  };
+  explicit State(std::size_t w) : window(std::max<std::size_t>(w, 1)) {}
+  std::size_t window;
   mutable std::mutex mutex;
-  std::vector<OperationRecord> records;
+  std::deque<OperationRecord> recent;  // at most `window`
+  std::vector<Aggregate> aggregates;
+  std::size_t total = 0;
 };
 
-CommunicationProfiler::CommunicationProfiler(bool enabled)
-    : _enabled(enabled), _state(std::make_unique<State>()) {}
+CommunicationProfiler::CommunicationProfiler(bool enabled, std::size_t window)
+    : _enabled(enabled), _state(std::make_unique<State>(window)) {}
 
 CommunicationProfiler::~CommunicationProfiler() = default;
 
@@ -28,17 +39,48 @@ std::int64_t CommunicationProfiler::now_ns() noexcept {
 
 void CommunicationProfiler::append(OperationRecord record) {
   std::lock_guard lock(_state->mutex);
-  _state->records.push_back(std::move(record));
+  ++_state->total;
+  auto& aggregates = _state->aggregates;
+  auto it = std::find_if(aggregates.begin(), aggregates.end(), [&](const State::Aggregate& a) {
+    return a.stats.operation == record.operation && a.stats.algorithm == record.algorithm;
+  });
+  if (it == aggregates.end()) {
+    aggregates.push_back({OperationStats{record.operation, record.algorithm}, {}, 0});
+    it = aggregates.end() - 1;
+    it->stats.min_gbps = record.bandwidth_gbps();
+    it->stats.max_gbps = record.bandwidth_gbps();
+  }
+  OperationStats& s = it->stats;
+  ++s.count;
+  s.total_bytes += record.bytes;
+  s.total_s += record.seconds();
+  s.min_gbps = std::min(s.min_gbps, record.bandwidth_gbps());
+  s.max_gbps = std::max(s.max_gbps, record.bandwidth_gbps());
+  if (it->latencies.size() < _state->window) {
+    it->latencies.push_back(record.seconds());
+  } else {
+    it->latencies[it->next] = record.seconds();
+    it->next = (it->next + 1) % _state->window;
+  }
+  if (_state->recent.size() == _state->window) _state->recent.pop_front();
+  _state->recent.push_back(std::move(record));
 }
 
 std::vector<OperationRecord> CommunicationProfiler::records() const {
   std::lock_guard lock(_state->mutex);
-  return _state->records;
+  return {_state->recent.begin(), _state->recent.end()};
+}
+
+std::size_t CommunicationProfiler::total_recorded() const {
+  std::lock_guard lock(_state->mutex);
+  return _state->total;
 }
 
 void CommunicationProfiler::clear() {
   std::lock_guard lock(_state->mutex);
-  _state->records.clear();
+  _state->recent.clear();
+  _state->aggregates.clear();
+  _state->total = 0;
 }
 
 namespace {
@@ -51,27 +93,14 @@ double percentile(const std::vector<double>& sorted, double q) {
 }  // namespace
 
 std::vector<OperationStats> CommunicationProfiler::stats() const {
-  const auto all = records();
   std::vector<OperationStats> out;
   std::vector<std::vector<double>> latencies;
-  for (const OperationRecord& r : all) {
-    auto it = std::find_if(out.begin(), out.end(), [&](const OperationStats& s) {
-      return s.operation == r.operation && s.algorithm == r.algorithm;
-    });
-    if (it == out.end()) {
-      out.push_back({r.operation, r.algorithm});
-      latencies.emplace_back();
-      it = out.end() - 1;
-      it->min_gbps = r.bandwidth_gbps();
-      it->max_gbps = r.bandwidth_gbps();
+  {
+    std::lock_guard lock(_state->mutex);
+    for (const auto& a : _state->aggregates) {
+      out.push_back(a.stats);
+      latencies.push_back(a.latencies);
     }
-    OperationStats& s = *it;
-    ++s.count;
-    s.total_bytes += r.bytes;
-    s.total_s += r.seconds();
-    s.min_gbps = std::min(s.min_gbps, r.bandwidth_gbps());
-    s.max_gbps = std::max(s.max_gbps, r.bandwidth_gbps());
-    latencies[static_cast<std::size_t>(it - out.begin())].push_back(r.seconds());
   }
   for (std::size_t i = 0; i < out.size(); ++i) {
     OperationStats& s = out[i];

@@ -12,12 +12,15 @@
 namespace loom::environment {
 namespace {
 
-constexpr std::array<Variable, 11> all_variables{{
+constexpr std::array<Variable, 13> all_variables{{
     {"LOOM_BACKEND", "the backend create_backend() makes", "mpi under mpirun, else local",
      "local, mpi, nccl"},
     {"LOOM_TIMEOUT_S",
-     "watchdog of every wait on another rank (executor, nccl backend): an operation not done "
-     "after this many seconds fails with ErrorCode::timeout",
+     "watchdog of every wait on another rank (executor, every blocking backend call, compile's "
+     "cross-rank check, nccl backend): an operation not done after this many seconds fails with "
+     "ErrorCode::timeout naming the ranks that did not arrive; a blocking MPI call, which cannot "
+     "be abandoned, prints that error and ends the process with status 124 "
+     "(Backend::set_timeout per backend)",
      "300", "decimal seconds >= 0; 0 disables"},
     {"LOOM_TRACE",
      "file the executor writes its Chrome-trace JSON timeline to after every run "
@@ -36,6 +39,14 @@ constexpr std::array<Variable, 11> all_variables{{
     {"LOOM_MPI_CUDA_AWARE",
      "pass device buffers to MPI when it is CUDA-aware; 0 stages them through pinned memory", "1",
      "0, 1"},
+    {"LOOM_FLIGHT_RECORDER_SIZE",
+     "operations each rank's flight recorder keeps (a fixed-size ring, dumped on a timeout, "
+     "mismatch or failure)",
+     "2048", "0 to 1048576; 0 keeps none"},
+    {"LOOM_FLIGHT_RECORDER_DIR",
+     "directory where each rank writes loom_flight_recorder_rank<r>.json on a timeout, mismatch "
+     "or failure (read them with scripts/loom-flight-recorder.py)",
+     "unset: no dump", "a writable directory (created if missing)"},
     {"LOOM_NCCL_DEVICE", "the GPU of this rank for the nccl backend", "local rank % visible GPUs",
      "0 to 1024"},
 }};

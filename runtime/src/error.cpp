@@ -25,6 +25,8 @@ std::string_view to_string(ErrorCode code) noexcept {
       return "graph_invalid";
     case ErrorCode::node_failed:
       return "node_failed";
+    case ErrorCode::peer_failed:
+      return "peer_failed";
     case ErrorCode::internal:
       return "internal";
   }

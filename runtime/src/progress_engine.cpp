@@ -62,7 +62,14 @@ void ProgressEngine::State::loop() {
       std::unique_lock lock(mutex);
       if (active.empty() && abandoned.empty())
         wake.wait(lock, [&] { return stopping || !incoming.empty(); });
-      if (stopping) return;
+      if (stopping) {
+        // What is still in flight cannot be waited for here (a dead peer would block the
+        // engine's destructor forever): abandon it, then let it go.
+        for (auto& w : active) w.work->abandon();
+        for (auto& w : abandoned) w.work->abandon();
+        for (auto& w : incoming) w.work->abandon();  // watched just before the stop
+        return;
+      }
       for (auto& w : incoming) active.push_back(std::move(w));
       incoming.clear();
     }
@@ -75,6 +82,10 @@ void ProgressEngine::State::loop() {
       if (w.work->test()) {
         in_flight.fetch_sub(1, std::memory_order_acq_rel);
         report(w, w.work->error());
+        // A failed work may have left parts in flight (an algorithm's other transfers):
+        // destroying it must not wait for them on this thread, which every completion and
+        // every timeout needs.
+        if (w.work->failed()) w.work->abandon();
         active[i] = std::move(active.back());
         active.pop_back();
         progressed = true;
@@ -91,7 +102,11 @@ void ProgressEngine::State::loop() {
         ++i;
       }
     }
-    std::erase_if(abandoned, [](Watched& w) { return w.work->test(); });
+    std::erase_if(abandoned, [](Watched& w) {
+      if (!w.work->test()) return false;
+      if (w.work->failed()) w.work->abandon();
+      return true;
+    });
     if (progressed) {
       idle_rounds = 0;
       sleep = std::chrono::microseconds(1);

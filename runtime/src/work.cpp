@@ -11,6 +11,25 @@ Work::Work(std::string description) : _description(std::move(description)) {}
 
 Work::~Work() = default;
 
+namespace {
+std::atomic<std::uint64_t> abandoned_count{0};
+}  // namespace
+
+std::uint64_t abandoned_operations() noexcept {
+  return abandoned_count.load(std::memory_order_acquire);
+}
+
+void note_abandoned_operation() noexcept {
+  abandoned_count.fetch_add(1, std::memory_order_acq_rel);
+}
+
+void Work::abandon() noexcept {
+  if (_abandoned.exchange(true, std::memory_order_acq_rel)) return;
+  // Serialised with poll(): a composite work's transfers are not touched while it runs.
+  std::lock_guard lock(_mutex);
+  on_abandon();
+}
+
 const std::string& Work::description() const noexcept {
   std::call_once(_described, [this] {
     if (_description.empty()) _description = describe();

@@ -14,11 +14,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <set>
+#include <span>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "faults/fault_injecting_backend.hpp"
@@ -81,7 +84,8 @@ FaultPlan draw_plan(std::mt19937& random, const std::vector<std::string>& comput
 
 TEST(Faults, SameExecutorRunsCorrectlyAfterHundredInjectedFailures) {
   constexpr int world = 3, iterations = 100;
-  std::atomic<long> wrong_errors{0}, failed_runs{0}, wrong_values{0}, checked_values{0};
+  std::atomic<long> wrong_errors{0}, failed_runs{0}, wrong_values{0}, checked_values{0},
+      peer_failed_runs{0};
   std::mutex log_mutex;
   std::string first_problem;
   auto problem = [&](const std::string& text) {
@@ -117,23 +121,39 @@ TEST(Faults, SameExecutorRunsCorrectlyAfterHundredInjectedFailures) {
         expected_node = order[plan.collective];
         expected_code = ErrorCode::backend_failure;
       }
-      // Ranks without the fault finish the run: the failing rank drains its communication.
+      // Ranks without the fault finish the run (the failing rank drains its communication)
+      // and check every value: a run that returns must be right; one whose collectives
+      // completed with a failed rank's stale data must end in peer_failed naming the fault.
+      const std::string fault_node = plan.kind == FaultPlan::compute
+                                         ? plan.compute_node
+                                         : order[static_cast<std::size_t>(plan.collective)];
       step.step = 2 * it;
-      step.check = false;
+      step.check = !here;
+      const long wrong_before = step.wrong.load(), checked_before = step.checked.load();
       const std::string where =
           "iteration " + std::to_string(it) + " rank " + std::to_string(backend.rank()) + ": ";
       try {
         ex.run();
         if (here) problem(where + "run() did not report the fault at '" + expected_node + "'");
+        if (!here && step.wrong.load() != wrong_before)
+          problem(where + "run() succeeded with " +
+                  std::to_string(step.wrong.load() - wrong_before) +
+                  " wrong values (a failed peer's stale data)");
       } catch (const Error& e) {
         ++failed_runs;
-        if (!here)
-          problem(where + "no fault here, yet: " + e.what());
-        else if (e.code() != expected_code || !contains(e.message(), "'" + expected_node + "'") ||
-                 !contains(e.message(), "rank " + std::to_string(backend.rank())))
+        if (!here) {
+          ++peer_failed_runs;
+          if (e.code() != ErrorCode::peer_failed || !contains(e.message(), "'" + fault_node + "'"))
+            problem(where + "expected peer_failed naming '" + fault_node + "', got: " + e.what());
+        } else if (e.code() != expected_code || !contains(e.message(), "'" + expected_node + "'") ||
+                   !contains(e.message(), "rank " + std::to_string(backend.rank()))) {
           problem(where + "expected " + std::string(to_string(expected_code)) + " naming '" +
                   expected_node + "', got: " + e.what());
+        }
       }
+      // The faulty run's values are discarded: the checked run below counts.
+      step.wrong = wrong_before;
+      step.checked = checked_before;
       inject_at.clear();
       backend.disarm();
       // The same executor, next run: every value checked.
@@ -146,15 +166,18 @@ TEST(Faults, SameExecutorRunsCorrectlyAfterHundredInjectedFailures) {
   });
   EXPECT_EQ(wrong_errors.load(), 0) << first_problem;
   EXPECT_GE(failed_runs.load(), iterations);  // at least one rank fails in every faulty run
+  EXPECT_GT(peer_failed_runs.load(), 0);      // and the peers' runs did fail with it
   EXPECT_EQ(wrong_values.load(), 0);
   long per_run = 0;
   for (auto c : bucket_counts) per_run += static_cast<long>(c);
   EXPECT_EQ(checked_values.load(), per_run * world * iterations);
 }
 
-// Rank 1 throws in a compute node at step 5, reports it and leaves (as a program would);
-// LocalWorld then aborts the world, so the other ranks' next collective fails with cancelled,
-// naming the collective node and rank 1's failure. Nobody hangs.
+// Rank 1 throws in a compute node at step 5, reports it and leaves (as a program would). The
+// other ranks' step 5 fails with peer_failed naming rank 1 and its node when rank 1 drained
+// collectives of that step (their data is stale), else LocalWorld's abort makes their next
+// collective fail with cancelled, naming the collective node and rank 1's failure. Nobody hangs,
+// nobody returns success over stale data.
 TEST(Faults, ComputeNodeThrowingOnOneRankIsReportedThereAndAbortsThePeers) {
   constexpr int world = 3, failing_rank = 1, failing_step = 5, max_steps = 100000;
   std::vector<ErrorCode> codes(world);
@@ -195,12 +218,196 @@ TEST(Faults, ComputeNodeThrowingOnOneRankIsReportedThereAndAbortsThePeers) {
   for (int r = 0; r < world; ++r) {
     EXPECT_EQ(wrong_values[r], 0) << "rank " << r;
     if (r == failing_rank) continue;
-    EXPECT_EQ(codes[r], ErrorCode::cancelled) << messages[r];
-    EXPECT_TRUE(contains(messages[r], "collective node 'allreduce")) << messages[r];
     EXPECT_TRUE(contains(messages[r], "rank 1 failed")) << messages[r];
-    EXPECT_GE(last_step[r], failing_step);
-    EXPECT_LE(last_step[r], failing_step + 1);
+    if (codes[r] == ErrorCode::peer_failed) {
+      EXPECT_TRUE(contains(messages[r], "compute node 'backward2' on rank 1 of 3")) << messages[r];
+      EXPECT_EQ(last_step[r], failing_step);
+    } else {
+      EXPECT_EQ(codes[r], ErrorCode::cancelled) << messages[r];
+      EXPECT_TRUE(contains(messages[r], "collective node 'allreduce")) << messages[r];
+      EXPECT_GE(last_step[r], failing_step);
+      EXPECT_LE(last_step[r], failing_step + 1);
+    }
   }
+}
+
+// Issue 12 on the local backend: a rank that does not arrive, a rank whose call fails
+// validation alone, a rank whose graph is ordered differently; teardown after a timeout.
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+TEST(FaultMatrixLocal, BlockingCallTimesOutNamingTheRankThatDidNotArrive) {
+  constexpr int world = 3;
+  std::vector<std::string> messages(world);
+  std::vector<ErrorCode> codes(world, ErrorCode::internal);
+  std::vector<double> elapsed(world);
+  std::atomic<int> gave_up{0};
+  LocalWorld::run(world, [&](Backend& backend) {
+    const int r = backend.rank();
+    backend.set_timeout(std::chrono::milliseconds(300));
+    float x = 1;
+    backend.allreduce(Buffer(&x, 1, DType::float32), ReduceOp::sum);  // collective #0: all
+    const auto start = Clock::now();
+    try {
+      if (r == 2) {
+        while (gave_up.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      backend.allreduce(Buffer(&x, 1, DType::float32), ReduceOp::sum);  // #1: rank 2 is late
+      ADD_FAILURE() << "rank " << r << ": the allreduce completed";
+    } catch (const Error& e) {
+      codes[r] = e.code();
+      messages[r] = e.message();
+      elapsed[r] = seconds_since(start);
+      ++gave_up;
+    }
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(codes[r], ErrorCode::timeout) << messages[r];
+    EXPECT_TRUE(contains(messages[r], "allreduce on rank " + std::to_string(r) + " of 3 (local)"))
+        << messages[r];
+    EXPECT_TRUE(contains(messages[r], "rank 2 did not arrive (last started #0 'allreduce')"))
+        << messages[r];
+    EXPECT_LT(elapsed[r], 0.3 + 5);
+  }
+  // The late rank finds the collective abandoned (its peers' buffers may be gone), not a hang.
+  EXPECT_EQ(codes[2], ErrorCode::cancelled) << messages[2];
+  EXPECT_TRUE(contains(messages[2], "gave up on it")) << messages[2];
+}
+
+TEST(FaultMatrixLocal, ExecutorTimeoutNamesTheMissingRankAndTeardownIsQuick) {
+  constexpr int world = 3;
+  std::vector<std::string> messages(world);
+  std::vector<double> teardown_s(world);
+  std::atomic<int> done{0};
+  LocalWorld::run(world, [&](Backend& backend) {
+    const int r = backend.rank();
+    std::vector<float> grad(64, 1.0f);
+    Graph g;
+    auto fill = g.compute("fill", [] {});
+    auto reduce = g.allreduce("bucket0.allreduce", Buffer::of(std::span(grad)));
+    fill.precede(reduce);
+    auto ex = std::make_unique<Executor>(g, backend, timeout_s(0.3));
+    if (r == 2) {  // compiles, then never runs: its peers' collective cannot complete
+      while (done.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      return;
+    }
+    try {
+      ex->run();
+      ADD_FAILURE() << "rank " << r << ": run() completed";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::timeout) << e.what();
+      messages[r] = e.message();
+    }
+    const auto start = Clock::now();
+    ex.reset();  // abandons the collective still in flight: never waits for rank 2
+    teardown_s[r] = seconds_since(start);
+    ++done;
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(contains(messages[r], "collective node 'bucket0.allreduce'")) << messages[r];
+    EXPECT_TRUE(contains(messages[r], "rank 2 did not arrive")) << messages[r];
+    EXPECT_LT(teardown_s[r], 1.0);
+  }
+}
+
+TEST(FaultMatrixLocal, CallFailingValidationOnOneRankIsPeerFailedOnTheOthers) {
+  constexpr int world = 3;
+  std::vector<std::string> messages(world);
+  std::vector<ErrorCode> codes(world, ErrorCode::internal);
+  std::atomic<int> finished{0};
+  LocalWorld::run(world, [&](Backend& backend) {
+    const int r = backend.rank();
+    backend.set_timeout(std::chrono::milliseconds(300));
+    float x[2] = {1, 1}, y[1] = {0};
+    try {
+      if (r == 2)
+        backend.allreduce(Buffer(x, 2, DType::float32), Buffer(y, 1, DType::float32),
+                          ReduceOp::sum);  // a bad count on this rank only
+      else
+        backend.allreduce(Buffer(x, 1, DType::float32), ReduceOp::sum);
+    } catch (const Error& e) {
+      codes[r] = e.code();
+      messages[r] = e.message();
+    }
+    ++finished;
+    // Stay until the others are done, so that no abort of the world mixes in.
+    while (finished.load() < world) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  });
+  EXPECT_EQ(codes[2], ErrorCode::invalid_argument) << messages[2];
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(codes[r], ErrorCode::peer_failed) << messages[r];
+    EXPECT_TRUE(contains(messages[r], "rank 2 did not arrive")) << messages[r];
+    EXPECT_TRUE(
+        contains(messages[r], "it failed: [loom:invalid_argument] allreduce on rank 2 of 3"))
+        << messages[r];
+  }
+}
+
+TEST(FaultMatrixLocal, TwoSameShapedCollectivesInAnotherOrderAreAMismatchNamingThem) {
+  constexpr int world = 3;
+  for (const bool by_priority : {false, true}) {
+    std::vector<std::string> messages(world);
+    LocalWorld::run(world, [&](Backend& backend) {
+      const bool odd = backend.rank() == 2;
+      std::vector<float> a(16), b(16);
+      Graph g;
+      auto fill = g.compute("fill", [] {});
+      CommOptions later;
+      if (odd && by_priority) later.priority = 5;
+      auto ra = g.allreduce("grad.a", Buffer::of(std::span(a)));
+      auto rb = g.allreduce("grad.b", Buffer::of(std::span(b)), ReduceOp::sum, later);
+      fill.precede(ra);
+      fill.precede(rb);
+      if (odd && !by_priority) rb.precede(ra);  // one extra edge on one rank
+      try {
+        Executor ex(g, backend, timeout_s(10));
+        ADD_FAILURE() << "compiled";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::mismatch) << e.what();
+        messages[backend.rank()] = e.message();
+      }
+    });
+    for (int r = 0; r < world; ++r) {
+      EXPECT_TRUE(contains(messages[r], "first difference is collective #0")) << messages[r];
+      EXPECT_TRUE(contains(messages[r],
+                           "rank 0 issues allreduce float32[16] sum by native (node "
+                           "'grad.a')"))
+          << messages[r];
+      EXPECT_TRUE(contains(messages[r],
+                           "rank 2 issues allreduce float32[16] sum by native (node "
+                           "'grad.b')"))
+          << messages[r];
+    }
+  }
+}
+
+TEST(FaultMatrixLocal, PointToPointThatDoesNotPairUpIsAMismatchNamingTheNode) {
+  std::vector<std::string> messages(2);
+  LocalWorld::run(2, [&](Backend& backend) {
+    std::vector<float> data(backend.rank() == 0 ? 16 : 8);  // rank 1 expects half of it
+    Graph g;
+    if (backend.rank() == 0)
+      g.send("halo.send", Buffer::of(std::span(data)), 1, 7);
+    else
+      g.recv("halo.recv", Buffer::of(std::span(data)), 0, 7);
+    try {
+      Executor ex(g, backend, timeout_s(10));
+      ADD_FAILURE() << "compiled";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::mismatch) << e.what();
+      messages[backend.rank()] = e.message();
+    }
+  });
+  for (int r = 0; r < 2; ++r)
+    EXPECT_TRUE(contains(messages[r],
+                         "message #0 from rank 0 to rank 1 with tag 7: rank 0 sends "
+                         "64 bytes, rank 1 receives 32 bytes"))
+        << messages[r];
+  EXPECT_TRUE(contains(messages[0], "node 'halo.send'")) << messages[0];
+  EXPECT_TRUE(contains(messages[1], "node 'halo.recv'")) << messages[1];
 }
 
 constexpr std::size_t KiB = 1024;

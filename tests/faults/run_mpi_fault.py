@@ -1,24 +1,81 @@
 #!/usr/bin/env python3
-"""Runs fault_mpi under mpirun and checks how every rank's run ended (see fault_mpi.cpp).
+"""The fault matrix: runs one case under mpirun (3 ranks) and checks, by the text of the errors,
+that every surviving rank exits non-zero with the named error within LOOM_TIMEOUT_S + 5 s of
+the fault.
 
-kill:  the last rank SIGKILLs itself mid-step; every survivor must leave Executor::run() with a
-       loom::Error naming a collective node within LOOM_TIMEOUT_S + SLACK_S seconds.
-throw: a compute node throws on the last rank only; that rank reports node_failed naming the
-       node, then exits; the others fail by the watchdog timeout in their next collective.
-mpirun runs with orte_enable_recovery and without orte_abort_on_non_zero_status, so the
-survivors are not killed by mpirun and can report. The whole job has a hard timeout: a hang
-fails the test instead of blocking ctest.
+Cases (the last rank is the victim; see fault_mpi.cpp):
+  stop-graph       SIGSTOP inside a compute node of a graph run    -> timeout, who is missing
+  stop-blocking    SIGSTOP before a blocking allreduce             -> timeout (watchdog), exit 124
+  stop-compile     SIGSTOP before compile's cross-rank check       -> timeout, who is missing
+  kill             SIGKILL inside a compute node                   -> timeout / backend_failure
+  skip             the victim's graph lacks a collective           -> mismatch on every rank
+  reorder          one extra edge reorders two same-shaped ones    -> mismatch naming both
+  priority         another CommOptions::priority on the victim     -> mismatch naming both
+  tuning           another LOOM_ALLREDUCE on the victim            -> mismatch (selector digest)
+  throw            a compute node throws on the victim             -> peer_failed naming it
+  bad-count        a blocking allreduce with a bad count           -> peer_failed (watchdog)
+  bad-count-graph  a graph node with a bad count (compile)         -> peer_failed naming it
+  demo             loom-train-step, the driver SIGSTOPs rank 2     -> timeout, who is missing
+mpirun runs with --tag-output (each line says its rank), orte_enable_recovery and without
+orte_abort_on_non_zero_status, so survivors are not killed by mpirun and can report; each rank
+runs under `sh -c` that prints its exit status and time. The job has a hard timeout: a hang
+fails the test instead of blocking ctest. Prints one line per rank with the measured time.
 """
 import argparse
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
+import time
 
-SLACK_S = 30  # generous: a loaded 2-core machine, sanitizer builds
-LINE = re.compile(r"^loom-fault: rank (\d+) step (\d+): (.*)$")
-ERROR = re.compile(r"^error code=(\w+) elapsed_s=([\d.]+) wrong=(\d+): (.*)$")
+SLACK_S = 5.0  # the issue's bound: timeout + 5 s
+TAG = re.compile(r"^\[\d+,(\d+)\]<(stdout|stderr)>:(.*)$")
+ERROR = re.compile(r"\[loom:(\w+)\] (.*)$")
+FAULT_AT = re.compile(r"loom-fault: rank \d+ step -?\d+: fault at ([\d.]+)")
+EXIT = re.compile(r"^loom-exit: status (\d+) at ([\d.]+)$")
+
+VICTIM_STOPPED = {"stop-graph", "stop-blocking", "stop-compile", "demo"}
+
+# case -> (codes accepted from a survivor, texts its error must contain, victim's code or None)
+EXPECT = {
+    "stop-graph": (("timeout",), ["collective node 'allreduce", "rank 2 did not arrive (last started #"],
+                   None),
+    "stop-blocking": (("timeout",), ["allreduce float32[1] (collective #", "rank 2 did not arrive (last started #", "cannot be abandoned"], None),
+    "stop-compile": (("timeout",), ["Executor::compile", "rank 2 did not arrive"], None),
+    "kill": (("timeout", "backend_failure"), ["collective node 'allreduce"], None),
+    "skip": (("mismatch",), ["rank 2 has no collective #1"], "mismatch"),
+    "reorder": (("mismatch",), ["collective #0", "'grad.a'", "'grad.b'"], "mismatch"),
+    "priority": (("mismatch",), ["collective #0", "'grad.a'", "'grad.b'"], "mismatch"),
+    "tuning": (("mismatch",), ["configured the algorithm selector differently"], "mismatch"),
+    "throw": (("peer_failed",), ["rank 2 failed", "compute node 'backward1' on rank 2 of 3"], "node_failed"),
+    "bad-count": (("peer_failed",), ["rank 2 did not arrive", "it failed: [loom:invalid_argument] allreduce on rank 2 of 3 (mpi)"], "invalid_argument"),
+    "bad-count-graph": (("peer_failed",), ["Executor::compile", "rank 2 did not arrive", "[loom:graph_invalid]", "'bad.allreduce'"], "graph_invalid"),
+    "demo": (("timeout",), ["re:rank 2 (did not arrive|started it but has not completed it)"],
+             None),
+}
+
+
+def rank_pid(session, program, rank):
+    """The pid of `program` running as MPI rank `rank` in process session `session`."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % pid) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[3]) != session:  # field 6 of stat: the session id
+                continue
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                if os.path.basename(program).encode() not in f.read().split(b"\0")[0]:
+                    continue
+            with open("/proc/%s/environ" % pid, "rb") as f:
+                if b"OMPI_COMM_WORLD_RANK=%d\0" % rank in f.read():
+                    return int(pid)
+        except (OSError, IndexError, ValueError):
+            continue
+    return None
 
 
 def main():
@@ -26,77 +83,120 @@ def main():
     ap.add_argument("--mpiexec", required=True)
     ap.add_argument("--ranks", type=int, default=3)
     ap.add_argument("--timeout-s", type=float, default=4)
-    ap.add_argument("--mode", choices=["kill", "throw"], required=True)
+    ap.add_argument("--mode", choices=sorted(EXPECT), required=True)
     ap.add_argument("--program", required=True)
     args = ap.parse_args()
+    victim = args.ranks - 1
 
-    cmd = [args.mpiexec, "-np", str(args.ranks), "--oversubscribe"]
+    cmd = [args.mpiexec, "-np", str(args.ranks), "--oversubscribe", "--tag-output"]
     if os.geteuid() == 0:
         cmd.append("--allow-run-as-root")
     cmd += ["--mca", "btl", "self,vader,tcp", "--mca", "orte_enable_recovery", "1",
             "--mca", "orte_abort_on_non_zero_status", "0",
-            "-x", "LOOM_TIMEOUT_S=%g" % args.timeout_s, args.program, args.mode]
-    hard_timeout = args.timeout_s * 3 + 90
+            "-x", "LOOM_TIMEOUT_S=%g" % args.timeout_s]
+    if os.environ.get("LOOM_FLIGHT_RECORDER_DIR"):
+        cmd += ["-x", "LOOM_FLIGHT_RECORDER_DIR"]
+    program = [args.program]
+    if args.mode == "demo":
+        program += ["--steps", "100000", "--depth", "2", "--width", "64", "--batch", "32",
+                    "--dot", os.devnull, "--trace", os.devnull]
+    else:
+        program += [args.mode]
+    cmd += ["sh", "-c", '"$@"; rc=$?; echo "loom-exit: status $rc at $(date +%s.%N)"; exit $rc',
+            "loom-fault-rank"] + program
+    hard_timeout = args.timeout_s * 3 + 60
     print("running:", " ".join(cmd), flush=True)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
+    started = time.time()
+    fault_at = None
+    errors, exits, lines = {}, {}, []
+    expect_exits = set(range(args.ranks)) - ({victim} if args.mode in VICTIM_STOPPED else set())
+    buffered = b""
+    stopped = False
+    while time.time() - started < hard_timeout:
+        if expect_exits <= set(exits):
+            break
+        ready, _, _ = select.select([proc.stdout], [], [], 0.2)
+        if ready:
+            chunk = os.read(proc.stdout.fileno(), 65536)
+            if not chunk:
+                break
+            buffered += chunk
+            *complete, buffered = buffered.split(b"\n")
+            for raw in complete:
+                line = raw.decode(errors="replace")
+                lines.append(line)
+                m = TAG.match(line)
+                if not m:
+                    continue
+                rank, text = int(m.group(1)), m.group(3)
+                f = FAULT_AT.search(text)
+                if f and fault_at is None:
+                    fault_at = float(f.group(1))
+                e = ERROR.search(text)
+                if e and rank not in errors:
+                    errors[rank] = (e.group(1), e.group(2))
+                x = EXIT.match(text)
+                if x:
+                    exits[rank] = (int(x.group(1)), float(x.group(2)))
+                if args.mode == "demo" and not stopped and rank == 0 and "step   3 " in text:
+                    pid = rank_pid(os.getpgid(proc.pid), args.program, victim)
+                    if pid:
+                        os.kill(pid, signal.SIGSTOP)
+                        fault_at = time.time()
+                        stopped = True
+                        lines.append("driver: SIGSTOP to rank %d (pid %d)" % (victim, pid))
+    hung = not expect_exits <= set(exits)
     try:
-        out, _ = proc.communicate(timeout=hard_timeout)
-    except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        print(out)
-        print("FAIL: the job hung: still running after %g s" % hard_timeout)
-        return 1
-    print(out, flush=True)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+    print("\n".join(lines), flush=True)
 
-    victim = args.ranks - 1
-    outcome = {}
-    for line in out.splitlines():
-        m = LINE.match(line.strip())
-        if m:
-            outcome[int(m.group(1))] = (int(m.group(2)), m.group(3))
     problems = []
 
     def expect(cond, text):
         if not cond:
             problems.append(text)
 
+    if hung:
+        problems.append("ranks %s did not exit within %g s (a hang)"
+                        % (sorted(expect_exits - set(exits)), hard_timeout))
+    expect(fault_at is not None, "no fault was injected (no 'fault at' line)")
+    codes, texts, victim_code = EXPECT[args.mode]
     for rank in range(args.ranks):
-        if rank not in outcome:
-            problems.append("rank %d reported nothing" % rank)
-            continue
-        step, what = outcome[rank]
         if rank == victim:
-            expect(step == 3, "rank %d failed at step %d, not 3" % (rank, step))
-            if args.mode == "kill":
-                expect(what.startswith("SIGKILL to myself"), "victim: %s" % what)
-            else:
-                m = ERROR.match(what)
-                expect(m and m.group(1) == "node_failed", "victim: expected node_failed: " + what)
-                expect("compute node 'backward1'" in what and "rank %d of %d" % (rank, args.ranks)
-                       in what, "victim: the error does not name the node and rank: " + what)
+            if victim_code:
+                got = errors.get(rank, ("none", ""))[0]
+                expect(got == victim_code, "victim: expected %s, got %s" % (victim_code, got))
+                expect(exits.get(rank, (0,))[0] != 0, "victim: exited with status 0")
             continue
-        m = ERROR.match(what)
-        if not m:
-            problems.append("rank %d did not leave run() with a loom::Error: %s" % (rank, what))
+        if rank not in errors:
+            problems.append("rank %d printed no loom error" % rank)
             continue
-        code, elapsed, wrong, message = m.group(1), float(m.group(2)), int(m.group(3)), m.group(4)
-        expect(code in ("timeout", "backend_failure"),
-               "rank %d: expected timeout or backend_failure, got %s" % (rank, code))
-        expect("collective node 'allreduce" in message,
-               "rank %d: the error does not name the collective: %s" % (rank, message))
-        expect(elapsed <= args.timeout_s + SLACK_S,
-               "rank %d: left run() after %.1f s (LOOM_TIMEOUT_S=%g)" % (rank, elapsed,
-                                                                          args.timeout_s))
-        expect(wrong == 0, "rank %d: %d wrong values before the fault" % (rank, wrong))
-        expected_steps = (3,) if args.mode == "kill" else (3, 4)
-        expect(step in expected_steps, "rank %d failed at step %d" % (rank, step))
-        print("rank %d: %s after %.2f s at step %d" % (rank, code, elapsed, step))
+        code, message = errors[rank]
+        expect(code in codes, "rank %d: expected %s, got %s: %s" % (rank, "/".join(codes), code,
+                                                                    message))
+        for text in texts:
+            found = re.search(text[3:], message) if text.startswith("re:") else text in message
+            expect(found, "rank %d: the error does not say %r: %s" % (rank, text, message))
+        if rank not in exits:
+            continue
+        status, exit_at = exits[rank]
+        expect(status != 0, "rank %d exited with status 0" % rank)
+        if fault_at is not None:
+            elapsed = exit_at - fault_at
+            expect(elapsed <= args.timeout_s + SLACK_S,
+                   "rank %d exited %.2f s after the fault (LOOM_TIMEOUT_S=%g + %g)"
+                   % (rank, elapsed, args.timeout_s, SLACK_S))
+            print("fault-matrix %s: rank %d %s, exit status %d, %.2f s after the fault"
+                  % (args.mode, rank, code, status, elapsed))
     if problems:
         print("FAIL:\n  " + "\n  ".join(problems))
         return 1
-    print("OK: every surviving rank left run() with a loom::Error naming the collective")
+    print("OK: every surviving rank exited non-zero with the named error in time")
     return 0
 
 

@@ -291,7 +291,7 @@ TEST(Executor, NodeExceptionCancelsTheRunAndTheExecutorRunsAgain) {
 
 // fill -> allreduce "first" -> middle (throws on run 0 on `failing` ranks) -> allreduce
 // "second" -> check. The failed run drains "second", so the ranks stay in step and the next
-// runs produce correct sums everywhere.
+// runs produce correct sums everywhere; the run that failed fails on every rank.
 void failure_then_rerun(bool every_rank_fails) {
   constexpr int world = 2, n = 64;
   std::atomic<int> wrong{0}, failures{0};
@@ -327,19 +327,26 @@ void failure_then_rerun(bool every_rank_fails) {
       } catch (const Error& e) {
         ++failures;
         EXPECT_EQ(run, 0);
-        EXPECT_EQ(e.code(), ErrorCode::node_failed);
+        // The failing rank names its node; a peer whose "second" completed with the failed
+        // rank's stale data is told so (peer_failed) naming that rank and node, never success.
+        EXPECT_EQ(e.code(), fails_here ? ErrorCode::node_failed : ErrorCode::peer_failed)
+            << e.what();
         EXPECT_NE(e.message().find("'middle'"), std::string::npos) << e.what();
+        if (!fails_here)
+          EXPECT_NE(e.message().find("rank 0 failed in this run before issuing collective #"),
+                    std::string::npos)
+              << e.what();
       }
     }
   });
-  EXPECT_EQ(failures.load(), every_rank_fails ? world : 1);
+  EXPECT_EQ(failures.load(), world);
   EXPECT_EQ(wrong.load(), 0);
 }
 
 TEST(Executor, FailureOnEveryRankDrainsAndRerunsCorrectly) {
   failure_then_rerun(true);
 }
-TEST(Executor, FailureOnOneRankDoesNotHangThePeersAndRerunsCorrectly) {
+TEST(Executor, FailureOnOneRankFailsThePeersRunAndRerunsCorrectly) {
   failure_then_rerun(false);
 }
 

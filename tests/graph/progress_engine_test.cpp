@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <memory>
 #include <stdexcept>
 #include <thread>
 
@@ -105,6 +106,59 @@ TEST(ProgressEngine, ManyWorksFromManyThreads) {
   while (done.load() < 1000 && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(1ms);
   EXPECT_EQ(done.load(), 1000);
+}
+
+// A transfer stuck on a peer that never comes: its destructor would wait for it (as an MPI
+// request's does) unless it was abandoned; waiting is bounded here so a regression fails the
+// test instead of hanging it.
+class StuckWork final : public Work {
+ public:
+  explicit StuckWork(bool fails, std::atomic<int>& blocked)
+      : Work("stuck"), _fails(fails), _blocked(blocked) {}
+  ~StuckWork() override {
+    if (abandoned()) return;
+    ++_blocked;
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+  }
+
+ protected:
+  bool poll() override {
+    if (_fails) throw Error(ErrorCode::backend_failure, "one transfer of the algorithm failed");
+    return false;
+  }
+
+ private:
+  bool _fails;
+  std::atomic<int>& _blocked;
+};
+
+// Issue 12, item 3: failed work is abandoned before it is destroyed on the engine's thread, so
+// the next completion is not held up; the engine's destructor abandons what is still in flight
+// (a timed-out work included) and returns at once.
+TEST(ProgressEngine, FailedAndUnfinishedWorkIsAbandonedNeverWaitedFor) {
+  std::atomic<int> blocked{0};
+  const auto start = std::chrono::steady_clock::now();
+  {
+    ProgressEngine engine;
+    std::promise<std::exception_ptr> failed;
+    engine.watch(std::make_unique<StuckWork>(true, blocked),
+                 [&](std::exception_ptr e) { failed.set_value(e); });
+    EXPECT_NE(failed.get_future().get(), nullptr);
+    std::promise<void> next;
+    engine.watch(std::make_unique<CompletedWork>("next"),
+                 [&](std::exception_ptr) { next.set_value(); });
+    EXPECT_EQ(next.get_future().wait_for(std::chrono::seconds(1)), std::future_status::ready);
+    std::promise<std::exception_ptr> timed_out;
+    engine.watch(
+        std::make_unique<StuckWork>(false, blocked),
+        [&](std::exception_ptr e) { timed_out.set_value(e); }, std::chrono::milliseconds(50));
+    EXPECT_NE(timed_out.get_future().get(), nullptr);
+    engine.watch(std::make_unique<StuckWork>(false, blocked), [](std::exception_ptr) {});
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(blocked.load(), 0);
+  EXPECT_LT(seconds, 1.0);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -60,6 +61,14 @@ class AlgorithmSelector {
   /// size of the buffer the *_async call gets as send; allgather: the gathered buffer) over
   /// `world` ranks.
   double predict(Algorithm algorithm, Collective collective, std::size_t bytes, int world) const;
+
+  /// @brief A digest of the whole configuration (the tuning file's parameters and
+  /// measurements, every override): equal digests choose alike. Compile compares it across
+  /// ranks.
+  std::uint64_t digest() const;
+  /// @brief Where the configuration came from, for messages: "tuning file (...) and
+  /// LOOM_ALLREDUCE" or "defaults".
+  std::string origin() const;
 
   const TuningParameters& tuning() const noexcept { return _tuning; }
   /// @brief Whether no tuning file was loaded (the parameters are default_tuning()'s).

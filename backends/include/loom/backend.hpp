@@ -2,6 +2,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -11,8 +12,11 @@
 #include <vector>
 
 #include "loom/buffer.hpp"
+#include "loom/call_watchdog.hpp"
 #include "loom/collective.hpp"
 #include "loom/dtype.hpp"
+#include "loom/flight_recorder.hpp"
+#include "loom/rank_board.hpp"
 #include "loom/work.hpp"
 
 namespace loom {
@@ -47,8 +51,17 @@ struct Message {
 ///    divide by world is an invalid_argument error); rank r gets block r.
 ///  - alltoall(send, recv): equal counts divisible by world; block j of send goes to rank j.
 ///  - avg divides the sum by world size; it is defined for floating dtypes only.
+///
+/// Reliability (docs/ERRORS.md): every blocking call (collectives, barrier, send, recv, probe,
+/// recv_message) honours timeout() (LOOM_TIMEOUT_S unless set_timeout): one that can be
+/// abandoned fails with ErrorCode::timeout naming the ranks that did not arrive; a blocking
+/// transport call that cannot (a blocking MPI collective) is watched by a monitor thread that
+/// prints that error and the flight record and ends the process with fatal_exit_status. Each
+/// blocking call is written to flight_recorder(), and collectives are published on
+/// rank_board() so that peers can say who is missing.
 class Backend {
  public:
+  Backend();
   virtual ~Backend();
 
   virtual int rank() const noexcept = 0;
@@ -88,8 +101,8 @@ class Backend {
   void reduce_scatter(Buffer send, Buffer recv, ReduceOp op);
   void alltoall(Buffer send, Buffer recv);
   void barrier();
-  void send(Buffer buffer, int peer, int tag = 0) { send_async(buffer, peer, tag)->wait(); }
-  void recv(Buffer buffer, int peer, int tag = 0) { recv_async(buffer, peer, tag)->wait(); }
+  void send(Buffer buffer, int peer, int tag = 0);
+  void recv(Buffer buffer, int peer, int tag = 0);
 
   /// @brief Blocks until a message from `peer`/`tag` (wildcards allowed) can be received.
   Status probe(int peer = any_source, int tag = any_tag);
@@ -115,7 +128,49 @@ class Backend {
   int next_algorithm_tag() noexcept;
   int algorithm_max_tag() const noexcept { return max_tag(); }
 
+  /// @brief How long a blocking call may wait for the other ranks (0: forever). Default
+  /// LOOM_TIMEOUT_S (300 s).
+  std::chrono::nanoseconds timeout() const noexcept { return _watchdog.timeout(); }
+  /// @brief Sets timeout() for this backend; call before its first blocking call.
+  void set_timeout(std::chrono::nanoseconds timeout) noexcept { _watchdog.set_timeout(timeout); }
+  /// @brief This rank's last operations (LOOM_FLIGHT_RECORDER_SIZE); the executor records
+  /// its nodes here too, so that collective_seq_id counts every collective of this backend.
+  FlightRecorder& flight_recorder() noexcept { return *_recorder; }
+  const FlightRecorder& flight_recorder() const noexcept { return *_recorder; }
+  /// @brief Where the ranks publish their progress and failures; nullptr where the
+  /// transport has none (nccl).
+  RankBoard* rank_board() noexcept { return _board.get(); }
+  const RankBoard* rank_board() const noexcept { return _board.get(); }
+  /// @brief Publishes a failure of this rank on rank_board() (see RankBoard::publish_failure).
+  void publish_failure(std::string_view message, bool drained, bool consequence = false) noexcept;
+  /// @brief Why collective `seq` did not complete: the ranks that did not arrive, from
+  /// rank_board() ("the <backend> backend cannot tell which ranks did not arrive" without one).
+  std::string who_is_missing(std::int64_t seq, int* failed_rank = nullptr) const;
+  /// @brief Writes flight_recorder() to LOOM_FLIGHT_RECORDER_DIR; the path, or empty.
+  std::string dump_flight_record(std::string_view reason) const noexcept;
+  /// @brief Waits for `work` at most timeout(). On expiry the work is abandoned (its
+  /// destructor will not wait) and ErrorCode::timeout is thrown ("<what> did not complete
+  /// within <t>: <who_is_missing(seq)>"; peer_failed when a missing rank published a
+  /// failure), after dumping the flight record. seq < 0: not a collective.
+  void wait_or_abandon(Work& work, const std::string& what, std::int64_t seq);
+
  protected:
+  /// @brief Installs the board (derived constructors: MPI's shared window, local state).
+  void set_rank_board(std::unique_ptr<RankBoard> board) noexcept { _board = std::move(board); }
+  /// @brief For a backend that wraps another (a decorator): use its flight recorder and board,
+  /// so that both count one sequence of collectives.
+  void share_records_of(Backend& inner) noexcept {
+    _recorder = inner._recorder;
+    _board = inner._board;
+  }
+  /// @brief For a blocking transport call that cannot be abandoned: bracket it with
+  /// `WatchedCall watched(call_watchdog(), blocking_record());`.
+  CallWatchdog& call_watchdog() noexcept { return _watchdog; }
+  /// @brief The flight-record id of the blocking call in progress on this thread's rank.
+  std::uint64_t blocking_record() const noexcept {
+    return _blocking_record.load(std::memory_order_relaxed);
+  }
+
   virtual std::unique_ptr<Work> start_broadcast(Buffer buffer, int root) = 0;
   virtual std::unique_ptr<Work> start_reduce(Buffer send, Buffer recv, ReduceOp op, int root) = 0;
   virtual std::unique_ptr<Work> start_allreduce(Buffer send, Buffer recv, ReduceOp op) = 0;
@@ -137,8 +192,11 @@ class Backend {
   virtual void run_alltoall(Buffer send, Buffer recv);
   virtual void run_barrier();
   virtual std::optional<Status> poll_probe(int peer, int tag) = 0;
-  /// @brief Blocks until a matching message arrives and receives it whole.
+  /// @brief Blocks until a matching message arrives and receives it whole; gives up after
+  /// timeout() by calling receive_deadline_passed (nothing is posted while it waits).
   virtual Message receive_message(int peer, int tag) = 0;
+  /// @brief Throws the ErrorCode::timeout of a receive_message that waited timeout().
+  [[noreturn]] void receive_deadline_passed(int peer, int tag) const;
   /// @brief Largest tag the transport accepts.
   virtual int max_tag() const noexcept { return 32767; }
   /// @brief The algorithm channel (see has_algorithm_channel); the defaults throw unsupported.
@@ -146,7 +204,20 @@ class Backend {
   virtual std::unique_ptr<Work> start_algorithm_recv(Buffer buffer, int peer, int tag);
 
  private:
+  class BlockingCall;
+  void validate_or_publish(const CollectiveArgs& args);
+  /// @brief Runs on the watchdog's thread when a watched call is overdue: reports and exits.
+  [[noreturn]] void expire_blocking_call(std::uint64_t record) noexcept;
+
   std::atomic<std::uint64_t> _algorithm_instances{0};
+  std::shared_ptr<FlightRecorder> _recorder;
+  std::shared_ptr<RankBoard> _board;
+  // The blocking call in progress (a rank's blocking calls are sequential; atomics so that
+  // a program calling from several threads at once is wrong only in what it reports).
+  std::atomic<std::uint64_t> _blocking_record{0};
+  std::atomic<std::int64_t> _blocking_seq{-1};
+  // Last: its monitor thread reads the members above until it is joined.
+  CallWatchdog _watchdog;
 };
 
 /// @brief Names of the backends built into this library ("local", "mpi", ...).

@@ -61,8 +61,10 @@ struct NodeTiming {
 ///
 /// compile() validates the graph, fixes the collective issue order (a topological order, ties
 /// broken by priority then insertion order: the same on every rank), checks with the other
-/// ranks that they compiled the same collective sequence (ErrorCode::mismatch on every rank,
-/// naming the first differing collective, otherwise) and builds the tbb::flow::graph once.
+/// ranks that they compiled the same collective sequence (node names, ops, dtypes, counts,
+/// reduce ops, roots, planned algorithms), configured the algorithm selector alike and posted
+/// matching point-to-point nodes (ErrorCode::mismatch on every rank, naming the first
+/// difference, otherwise) and builds the tbb::flow::graph once.
 ///
 /// run() never lets a TBB worker wait on communication: collective and point-to-point nodes
 /// are started through the backend's asynchronous calls, in the fixed order, and completed by
@@ -71,16 +73,19 @@ struct NodeTiming {
 /// last_run(), the trace and dump_dot() name it. An exception in any node cancels the run; the
 /// communication of that run is then drained (the collectives not yet issued are issued, so that
 /// every rank stays at the same point of the sequence) and run() throws loom::Error naming the
-/// node. The executor can run again afterwards. A failure on one rank does not fail the other
-/// ranks' runs (their collectives complete with this rank's stale data): treat a node error as
-/// fatal for the step.
+/// node. The executor can run again afterwards. The failing rank publishes its failure on the
+/// backend's RankBoard before it drains, so a peer whose run completed with those drained
+/// collectives (this rank's stale data) fails its run with ErrorCode::peer_failed naming the
+/// rank and node, never success.
 ///
 /// Watchdog: a communication node that does not complete within the timeout fails run() with
-/// ErrorCode::timeout naming the node and its issue index. The communicator is then in an
-/// unknown state (a started MPI or NCCL operation cannot be revoked), so later runs throw
-/// ErrorCode::cancelled. loom does not end the job itself: under MPI every rank whose
-/// collective times out gets that error from run(); print it and exit non-zero, which makes
-/// mpirun end the job (a rank stuck on a dead peer never completes otherwise).
+/// ErrorCode::timeout naming the node, its issue index, its collective sequence number and the
+/// ranks that did not arrive (from the RankBoard). The communicator is then in an unknown state
+/// (a started MPI or NCCL operation cannot be revoked), so later runs throw
+/// ErrorCode::cancelled. Print the error and exit non-zero: destroying the executor abandons
+/// what is in flight without waiting, and at exit loom skips MPI_Finalize over abandoned
+/// operations and ends the process with status 124. Every communication node is written to the
+/// backend's FlightRecorder, dumped (LOOM_FLIGHT_RECORDER_DIR) when a run fails.
 class Executor {
  public:
   /// @brief Compiles `graph` for `backend`. The graph is copied (it may change or go away

@@ -47,9 +47,16 @@ struct OperationStats {
 
 /// @brief Collects OperationRecords; thread-safe. When disabled, record() returns after one
 /// relaxed atomic load, and callers test enabled() before building a record at all.
+///
+/// Memory is bounded however long it runs: it keeps per (operation, algorithm) aggregates
+/// (count, bytes, time, min/max bandwidth: over every record) plus the latencies of the last
+/// `window` records of each for the percentiles, and the last `window` records themselves.
 class CommunicationProfiler {
  public:
-  explicit CommunicationProfiler(bool enabled = false);
+  /// @brief Records kept by records(), and latencies per operation for the percentiles.
+  static constexpr std::size_t default_window = 4096;
+
+  explicit CommunicationProfiler(bool enabled = false, std::size_t window = default_window);
   ~CommunicationProfiler();
   CommunicationProfiler(const CommunicationProfiler&) = delete;
   CommunicationProfiler& operator=(const CommunicationProfiler&) = delete;
@@ -66,8 +73,12 @@ class CommunicationProfiler {
     append(std::move(record));
   }
 
+  /// @brief The most recent records (at most the window), oldest first.
   std::vector<OperationRecord> records() const;
-  /// @brief One entry per (operation, algorithm), in order of first appearance.
+  /// @brief Every record since construction or clear(), including those out of the window.
+  std::size_t total_recorded() const;
+  /// @brief One entry per (operation, algorithm), in order of first appearance: count, bytes,
+  /// time and bandwidth over every record; p50/p95/p99 over the window's latencies.
   std::vector<OperationStats> stats() const;
   void clear();
   /// @brief A table of stats() for people.

@@ -19,6 +19,8 @@ enum class ErrorCode {
   out_of_memory,     ///< a pool or allocator could not satisfy a request
   graph_invalid,     ///< a task graph failed validation (cycle, race, dangling edge)
   node_failed,       ///< a node of a task graph threw during a run
+  peer_failed,       ///< another rank failed (its node threw, its call was refused), so this
+                     ///< rank's operation or run cannot be trusted or cannot complete
   internal,          ///< a loom bug: please report it
 };
 

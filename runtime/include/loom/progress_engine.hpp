@@ -24,7 +24,9 @@ class ProgressEngine {
   using Completion = std::function<void(std::exception_ptr error)>;
 
   ProgressEngine();
-  /// @brief Stops the thread. Work still in flight is dropped without calling its callback.
+  /// @brief Stops the thread. Work still in flight is abandoned (Work::abandon) and dropped
+  /// without calling its callback: the destructor never waits for a peer. Failed work is
+  /// abandoned before it is destroyed, so its destruction never blocks the engine's thread.
   ~ProgressEngine();
   ProgressEngine(const ProgressEngine&) = delete;
   ProgressEngine& operator=(const ProgressEngine&) = delete;

@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <exception>
 #include <mutex>
 #include <string>
@@ -36,6 +37,13 @@ class Work {
   /// use for handles made with the lazy constructor.
   const std::string& description() const noexcept;
 
+  /// @brief Gives up on the operation: its destructor will not wait for it (nor for anything
+  /// it started), and what it holds of the transport is left behind (counted by
+  /// abandoned_operations()). For operations a failure or a timeout left unfinishable: the
+  /// process should end soon after, since the transport may still write into the buffers.
+  void abandon() noexcept;
+  bool abandoned() const noexcept { return _abandoned.load(std::memory_order_acquire); }
+
  protected:
   /// @brief For handles on a hot path: the description is made by describe() when first asked
   /// for (an error, a tool), so issuing the operation builds no strings.
@@ -47,13 +55,24 @@ class Work {
   /// Called with the work's lock held, never after it returned true.
   virtual bool poll() = 0;
 
+  /// @brief Called once by abandon(): a work made of other works abandons them here.
+  virtual void on_abandon() noexcept {}
+
  private:
   mutable std::once_flag _described;
   mutable std::string _description;
   std::mutex _mutex;
   std::atomic<bool> _finished{false};
+  std::atomic<bool> _abandoned{false};
   std::exception_ptr _error;
 };
+
+/// @brief Transport operations this process left unfinished (abandoned works that were still
+/// in flight). Once non-zero, loom does not finalise MPI (it would wait for them) and ends the
+/// process with fatal_exit_status at exit (see loom/call_watchdog.hpp).
+std::uint64_t abandoned_operations() noexcept;
+/// @brief Counts one abandoned transport operation (for backends' works).
+void note_abandoned_operation() noexcept;
 
 /// @brief A Work that finished when it was made (an eager send, an empty collective).
 class CompletedWork final : public Work {

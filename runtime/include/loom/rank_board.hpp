@@ -1,0 +1,94 @@
+// RankBoard: where every rank publishes the collective it last started and completed, and its
+// failures, in memory its peers read without any progress from the rank itself (a shared-memory
+// window under MPI, shared state on the local backend). It says who is missing on a timeout.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace loom {
+
+class FlightRecorder;
+
+/// @brief One rank's entry on the board. Lives in memory shared by the ranks of a host (lock-free
+/// atomics are address-free, so they work across processes); plain data, no constructor needed
+/// beyond zero-initialisation.
+struct RankSlot {
+  std::atomic<std::uint64_t> started;    ///< 1 + collective_seq_id last started (0: none)
+  std::atomic<std::uint64_t> completed;  ///< 1 + collective_seq_id last completed (0: none)
+  std::atomic<std::uint64_t> failures;   ///< how many failures this rank published
+  std::atomic<std::int64_t> failed_seq;  ///< the first collective it had not issued then
+  std::atomic<std::uint64_t> drained;    ///< bit 0: it issued the rest of that run's collectives;
+                                         ///< bit 1: the failure is a consequence (a timeout)
+  std::atomic<std::uint64_t> text[32];   ///< the failure's message (255 characters)
+};
+
+/// @brief This rank's view of the board.
+class RankBoard {
+ public:
+  /// @brief `slots[r]` is rank r's slot, or nullptr for a rank whose slot this process cannot
+  /// see (another host).
+  RankBoard(int rank, std::vector<RankSlot*> slots);
+
+  int rank() const noexcept { return _rank; }
+  int world_size() const noexcept { return static_cast<int>(_slots.size()); }
+
+  /// @brief This rank started / completed collective `seq` (two relaxed-cost stores).
+  void started(std::int64_t seq) noexcept {
+    if (_mine) _mine->started.store(static_cast<std::uint64_t>(seq + 1), std::memory_order_release);
+  }
+  void completed(std::int64_t seq) noexcept;
+
+  /// @brief Publishes a failure of this rank: its message, the first collective it had not
+  /// issued (`next_seq`), and whether it will issue the rest of the run (drain) so that its
+  /// peers' collectives complete with its stale data.
+  /// `consequence`: the failure only follows another rank's (a timeout waiting for it, a
+  /// peer_failed): peers then do not report this rank as the cause.
+  void publish_failure(std::string_view message, std::int64_t next_seq, bool drained,
+                       bool consequence = false) noexcept;
+
+  /// @brief What rank `r` published.
+  struct Peer {
+    bool visible = false;  ///< false: on another host (nothing known)
+    std::int64_t last_started = -1;
+    std::int64_t last_completed = -1;
+    std::uint64_t failures = 0;
+    std::int64_t failed_seq = -1;
+    bool drained = false;
+    bool consequence = false;  ///< the failure follows another rank's (it timed out too)
+    std::string failure;       ///< the latest failure's message
+  };
+  Peer read(int r) const;
+
+  /// @brief A peer failure that makes this rank's run stale: a peer that failed before
+  /// issuing a collective in [first_seq, end_seq) and drained it (so the collective completed
+  /// here with its stale data). Failures already reported, and those of earlier collectives,
+  /// are consumed; later ones are kept for the run they belong to.
+  struct Failure {
+    int rank = -1;
+    std::int64_t seq = -1;
+    std::string message;
+  };
+  std::optional<Failure> take_stale_run_failure(std::int64_t first_seq, std::int64_t end_seq);
+
+  /// @brief Why collective `seq` has not completed here, for a timeout message: "rank 2 did
+  /// not arrive (last started #56 'bucket2.allreduce')", the failure of a missing rank that
+  /// published one, or that every rank started it. `failed_rank` gets a missing rank that
+  /// published a failure (else -1).
+  std::string who_is_missing(std::int64_t seq, const FlightRecorder& recorder,
+                             int* failed_rank = nullptr) const;
+
+ private:
+  int _rank;
+  std::vector<RankSlot*> _slots;
+  RankSlot* _mine;
+  std::mutex _mutex;                 // guards _seen
+  std::vector<std::uint64_t> _seen;  // failures of each peer already consumed
+};
+
+}  // namespace loom

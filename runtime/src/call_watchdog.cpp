@@ -1,0 +1,55 @@
+// CallWatchdog: the monitor thread.
+#include "loom/call_watchdog.hpp"
+
+#include <algorithm>
+
+namespace loom {
+
+CallWatchdog::~CallWatchdog() {
+  {
+    std::lock_guard lock(_mutex);
+    _stopping = true;
+  }
+  _wake.notify_all();
+  if (_thread.joinable()) _thread.join();
+}
+
+void CallWatchdog::start() noexcept {
+  if (_timeout.count() <= 0 || !_expiry) return;
+  std::lock_guard lock(_mutex);
+  if (_started.load(std::memory_order_relaxed)) return;
+  try {
+    _thread = std::thread([this] { monitor(); });
+    _started.store(true, std::memory_order_relaxed);
+  } catch (...) {
+    // No thread, no watchdog: the call proceeds unwatched rather than failing.
+  }
+}
+
+void CallWatchdog::monitor() {
+  using Clock = std::chrono::steady_clock;
+  const auto period = std::clamp<std::chrono::nanoseconds>(
+      _timeout / 20, std::chrono::milliseconds(1), std::chrono::milliseconds(100));
+  std::uint64_t seen = 0;
+  Clock::time_point since{};
+  bool reported = false;
+  std::unique_lock lock(_mutex);
+  while (!_wake.wait_for(lock, period, [&] { return _stopping; })) {
+    const std::uint64_t inside = _inside.load(std::memory_order_relaxed);
+    const auto now = Clock::now();
+    if (inside == 0 || inside != seen) {
+      seen = inside;
+      since = now;
+      reported = false;
+      continue;
+    }
+    if (!reported && now - since >= _timeout) {
+      reported = true;
+      lock.unlock();
+      _expiry(inside - 1);
+      lock.lock();
+    }
+  }
+}
+
+}  // namespace loom

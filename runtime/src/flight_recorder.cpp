@@ -1,0 +1,310 @@
+// FlightRecorder: the lock-free ring, its JSON form and the dump file.
+#include "loom/flight_recorder.hpp"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "loom/environment.hpp"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <x86intrin.h>
+#endif
+
+namespace loom {
+
+namespace {
+
+constexpr std::uint64_t writing = ~std::uint64_t{0};
+constexpr std::size_t name_words = 8;  // 63 characters and a terminator
+
+// A time stamp cheap enough for every collective: the TSC where there is one (a few ns, no
+// system call, never trapped by a hypervisor on the machines loom targets), else steady_clock.
+std::int64_t ticks() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  return static_cast<std::int64_t>(__rdtsc());
+#else
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+#endif
+}
+
+std::int64_t steady_ns() noexcept {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+std::int64_t wall_ns() noexcept {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+void json_string(std::string& out, std::string_view s) {
+  out += '"';
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned char>(c));
+      out += escaped;
+    } else {
+      out += c;
+    }
+  }
+  out += '"';
+}
+
+}  // namespace
+
+std::string_view to_string(OperationState state) noexcept {
+  switch (state) {
+    case OperationState::scheduled:
+      return "scheduled";
+    case OperationState::started:
+      return "started";
+    case OperationState::completed:
+      return "completed";
+    case OperationState::failed:
+      return "failed";
+  }
+  return "unknown";
+}
+
+// Every field an atomic, so that a reader copying a slot while its writer fills it is a benign
+// (and detected) race rather than undefined behaviour; relaxed stores are plain moves on x86.
+struct FlightRecorder::Slot {
+  std::atomic<std::uint64_t> id{writing};
+  std::atomic<std::int64_t> collective_seq{-1};
+  std::atomic<std::int64_t> p2p_seq{-1};
+  std::atomic<std::uint64_t> name[name_words]{};
+  std::atomic<const char*> op{nullptr};
+  std::atomic<std::uint32_t> op_length{0};
+  std::atomic<const char*> algorithm{nullptr};
+  std::atomic<std::uint32_t> algorithm_length{0};
+  std::atomic<std::uint64_t> count{0};
+  std::atomic<std::int32_t> peer{-1};
+  std::atomic<std::uint8_t> dtype{0};
+  std::atomic<std::uint8_t> state{0};
+  std::atomic<std::int64_t> created{0};
+  std::atomic<std::int64_t> started{0};
+  std::atomic<std::int64_t> completed{0};
+};
+
+FlightRecorder::FlightRecorder(std::size_t capacity)
+    : _capacity(capacity),
+      _slots(capacity ? std::make_unique<Slot[]>(capacity) : nullptr),
+      _ticks0(ticks()),
+      _wall0_ns(wall_ns()),
+      _steady0_ns(steady_ns()) {}
+
+FlightRecorder::~FlightRecorder() = default;
+
+std::size_t FlightRecorder::default_capacity() {
+  return static_cast<std::size_t>(
+      environment::integer("LOOM_FLIGHT_RECORDER_SIZE", 0, 1 << 20).value_or(2048));
+}
+
+std::string FlightRecorder::default_directory() {
+  return environment::text("LOOM_FLIGHT_RECORDER_DIR").value_or("");
+}
+
+std::uint64_t FlightRecorder::record(const OperationInfo& info, OperationState state,
+                                     std::int64_t* seq_out) noexcept {
+  const std::uint64_t id = _next_record.fetch_add(1, std::memory_order_relaxed);
+  const std::int64_t collective_seq =
+      info.collective ? _next_collective.fetch_add(1, std::memory_order_acq_rel) : -1;
+  if (seq_out) *seq_out = collective_seq;
+  const std::int64_t p2p_seq =
+      info.collective ? -1 : _next_p2p.fetch_add(1, std::memory_order_relaxed);
+  if (_capacity == 0) return id;
+  Slot& s = _slots[id % _capacity];
+  s.id.store(writing, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  s.collective_seq.store(collective_seq, std::memory_order_relaxed);
+  s.p2p_seq.store(p2p_seq, std::memory_order_relaxed);
+  if (info.name.empty()) {
+    s.name[0].store(0, std::memory_order_relaxed);
+  } else {
+    std::uint64_t words[name_words]{};
+    std::memcpy(words, info.name.data(), std::min(info.name.size(), sizeof words - 1));
+    for (std::size_t w = 0; w < name_words; ++w)
+      s.name[w].store(words[w], std::memory_order_relaxed);
+  }
+  s.op.store(info.op.data(), std::memory_order_relaxed);
+  s.op_length.store(static_cast<std::uint32_t>(info.op.size()), std::memory_order_relaxed);
+  s.algorithm.store(info.algorithm.data(), std::memory_order_relaxed);
+  s.algorithm_length.store(static_cast<std::uint32_t>(info.algorithm.size()),
+                           std::memory_order_relaxed);
+  s.count.store(info.count, std::memory_order_relaxed);
+  s.peer.store(info.peer, std::memory_order_relaxed);
+  s.dtype.store(static_cast<std::uint8_t>(info.dtype), std::memory_order_relaxed);
+  s.state.store(static_cast<std::uint8_t>(state), std::memory_order_relaxed);
+  const std::int64_t now = ticks();
+  s.created.store(now, std::memory_order_relaxed);
+  s.started.store(state == OperationState::scheduled ? 0 : now, std::memory_order_relaxed);
+  s.completed.store(0, std::memory_order_relaxed);
+  s.id.store(id, std::memory_order_release);
+  return id;
+}
+
+void FlightRecorder::update(std::uint64_t id, OperationState state, bool stamp) noexcept {
+  if (_capacity == 0) return;
+  Slot& s = _slots[id % _capacity];
+  if (s.id.load(std::memory_order_relaxed) != id) return;
+  if (!stamp) {
+    s.state.store(static_cast<std::uint8_t>(state), std::memory_order_release);
+    return;
+  }
+  const std::int64_t now = ticks();
+  if (state == OperationState::started)
+    s.started.store(now, std::memory_order_relaxed);
+  else if (state == OperationState::completed || state == OperationState::failed)
+    s.completed.store(now, std::memory_order_relaxed);
+  s.state.store(static_cast<std::uint8_t>(state), std::memory_order_release);
+}
+
+std::int64_t FlightRecorder::collective_seq_of(std::uint64_t id) const noexcept {
+  if (_capacity == 0) return -1;
+  const Slot& s = _slots[id % _capacity];
+  if (s.id.load(std::memory_order_acquire) != id) return -1;
+  const std::int64_t seq = s.collective_seq.load(std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return s.id.load(std::memory_order_relaxed) == id ? seq : -1;
+}
+
+std::vector<FlightRecord> FlightRecorder::entries() const {
+  std::vector<FlightRecord> out;
+  if (_capacity == 0) return out;
+  const std::uint64_t end = _next_record.load(std::memory_order_acquire);
+  const std::uint64_t begin = end > _capacity ? end - _capacity : 0;
+  // Ticks to wall-clock ns, by the rate measured since construction.
+  const std::int64_t ticks_now = ticks(), steady_now = steady_ns();
+  const double ns_per_tick = ticks_now > _ticks0 ? static_cast<double>(steady_now - _steady0_ns) /
+                                                       static_cast<double>(ticks_now - _ticks0)
+                                                 : 1.0;
+  auto to_wall = [&](std::int64_t t) -> std::int64_t {
+    if (t == 0) return 0;
+    return _wall0_ns + static_cast<std::int64_t>(static_cast<double>(t - _ticks0) * ns_per_tick);
+  };
+  for (std::uint64_t id = begin; id < end; ++id) {
+    const Slot& s = _slots[id % _capacity];
+    if (s.id.load(std::memory_order_acquire) != id) continue;
+    FlightRecord r;
+    r.record_id = id;
+    r.collective_seq_id = s.collective_seq.load(std::memory_order_relaxed);
+    r.p2p_seq_id = s.p2p_seq.load(std::memory_order_relaxed);
+    char name[name_words * 8 + 1]{};
+    for (std::size_t w = 0; w < name_words; ++w) {
+      const std::uint64_t word = s.name[w].load(std::memory_order_relaxed);
+      std::memcpy(name + 8 * w, &word, 8);
+    }
+    if (const char* op = s.op.load(std::memory_order_relaxed))
+      r.op.assign(op, s.op_length.load(std::memory_order_relaxed));
+    r.profiling_name = name[0] != '\0' ? std::string(name) : r.op;
+    if (const char* a = s.algorithm.load(std::memory_order_relaxed))
+      r.algorithm.assign(a, s.algorithm_length.load(std::memory_order_relaxed));
+    r.count = s.count.load(std::memory_order_relaxed);
+    r.peer = s.peer.load(std::memory_order_relaxed);
+    r.dtype = static_cast<DType>(s.dtype.load(std::memory_order_relaxed));
+    r.state = static_cast<OperationState>(s.state.load(std::memory_order_acquire));
+    r.time_created_ns = to_wall(s.created.load(std::memory_order_relaxed));
+    r.time_discovered_started_ns = to_wall(s.started.load(std::memory_order_relaxed));
+    r.time_discovered_completed_ns = to_wall(s.completed.load(std::memory_order_relaxed));
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (s.id.load(std::memory_order_relaxed) != id) continue;  // rewritten while copied
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::string FlightRecorder::name_of_collective(std::int64_t seq) const {
+  if (seq < 0 || _capacity == 0) return {};
+  // Collectives are most of the traffic; scan back from the newest.
+  const auto all = entries();
+  for (auto it = all.rbegin(); it != all.rend(); ++it)
+    if (it->collective_seq_id == seq) return it->profiling_name;
+  return {};
+}
+
+std::string FlightRecorder::to_json(int rank, int world, std::string_view backend,
+                                    std::string_view reason) const {
+  const auto all = entries();
+  std::int64_t last_started = -1, last_completed = -1;
+  for (const FlightRecord& r : all) {
+    if (r.collective_seq_id < 0) continue;
+    if (r.state != OperationState::scheduled)
+      last_started = std::max(last_started, r.collective_seq_id);
+    if (r.state == OperationState::completed)
+      last_completed = std::max(last_completed, r.collective_seq_id);
+  }
+  char host[256] = "unknown";
+  ::gethostname(host, sizeof host - 1);
+  std::string out =
+      "{\n  \"version\": \"loom-flight-recorder 1\",\n  \"rank\": " + std::to_string(rank) +
+      ",\n  \"world_size\": " + std::to_string(world) + ",\n  \"backend\": ";
+  json_string(out, backend);
+  out += ",\n  \"host\": ";
+  json_string(out, host);
+  out += ",\n  \"pid\": " + std::to_string(::getpid()) + ",\n  \"reason\": ";
+  json_string(out, reason);
+  out += ",\n  \"dumped_ns\": " + std::to_string(wall_ns()) +
+         ",\n  \"capacity\": " + std::to_string(_capacity) +
+         ",\n  \"next_collective_seq_id\": " + std::to_string(next_collective_seq()) +
+         ",\n  \"last_started_collective_seq_id\": " + std::to_string(last_started) +
+         ",\n  \"last_completed_collective_seq_id\": " + std::to_string(last_completed) +
+         ",\n  \"entries\": [";
+  for (std::size_t k = 0; k < all.size(); ++k) {
+    const FlightRecord& r = all[k];
+    out += k ? ",\n    {" : "\n    {";
+    out += "\"record_id\": " + std::to_string(r.record_id) +
+           ", \"collective_seq_id\": " + std::to_string(r.collective_seq_id) +
+           ", \"p2p_seq_id\": " + std::to_string(r.p2p_seq_id) + ", \"profiling_name\": ";
+    json_string(out, r.profiling_name);
+    out += ", \"op\": ";
+    json_string(out, r.op);
+    out += ", \"input_dtypes\": [\"" + std::string(to_string(r.dtype)) + "\"]";
+    out += ", \"input_sizes\": [[" + std::to_string(r.count) + "]], \"algorithm\": ";
+    json_string(out, r.algorithm);
+    out += ", \"peer\": " + std::to_string(r.peer) +
+           ", \"is_p2p\": " + (r.p2p_seq_id >= 0 ? "true" : "false") + ", \"state\": \"" +
+           std::string(to_string(r.state)) +
+           "\", \"time_created_ns\": " + std::to_string(r.time_created_ns) +
+           ", \"time_discovered_started_ns\": " + std::to_string(r.time_discovered_started_ns) +
+           ", \"time_discovered_completed_ns\": " + std::to_string(r.time_discovered_completed_ns) +
+           "}";
+  }
+  out += all.empty() ? "]\n}\n" : "\n  ]\n}\n";
+  return out;
+}
+
+std::string FlightRecorder::dump(int rank, int world, std::string_view backend,
+                                 std::string_view reason, std::string directory) const noexcept {
+  try {
+    if (directory.empty()) directory = default_directory();
+    if (directory.empty()) return {};
+    std::filesystem::create_directories(directory);
+    const std::string path =
+        directory + "/loom_flight_recorder_rank" + std::to_string(rank) + ".json";
+    const std::string temporary = path + ".tmp" + std::to_string(::getpid());
+    {
+      std::ofstream file(temporary, std::ios::trunc);
+      file << to_json(rank, world, backend, reason);
+      if (!file) return {};
+    }
+    std::filesystem::rename(temporary, path);
+    return path;
+  } catch (...) {
+    return {};
+  }
+}
+
+}  // namespace loom

@@ -1,0 +1,167 @@
+// Tests runtime/flight_recorder, rank_board and call_watchdog: the ring keeps the last N
+// operations with their states and sequence numbers, its JSON has PyTorch-like fields, the
+// board says who is missing and which peer failure makes a run stale, and the watchdog fires.
+#include "loom/flight_recorder.hpp"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "loom/call_watchdog.hpp"
+#include "loom/rank_board.hpp"
+
+namespace loom {
+namespace {
+
+OperationInfo collective(std::string_view name, std::size_t count = 8) {
+  return {name, "allreduce", DType::float32, count, "ring", -1, true};
+}
+
+TEST(FlightRecorder, KeepsTheLastEntriesWithStatesAndSequences) {
+  FlightRecorder recorder(4);
+  std::vector<std::string> names;
+  for (int k = 0; k < 6; ++k) names.push_back("bucket" + std::to_string(k) + ".allreduce");
+  std::uint64_t ids[6];
+  std::int64_t seqs[6];
+  for (int k = 0; k < 6; ++k)
+    ids[k] = recorder.record(collective(names[k], 100 + k), OperationState::scheduled, &seqs[k]);
+  const std::uint64_t p2p = recorder.record(
+      {"halo.send", "send", DType::int32, 3, "native", 1, false}, OperationState::started);
+  recorder.update(ids[4], OperationState::started);
+  recorder.update(ids[5], OperationState::completed);
+  recorder.update(ids[0], OperationState::completed);  // overwritten slot: ignored
+  EXPECT_EQ(seqs[5], 5);
+  EXPECT_EQ(recorder.next_collective_seq(), 6);
+  const auto entries = recorder.entries();
+  ASSERT_EQ(entries.size(), 4u);  // ids 3..6: the ring holds 4
+  EXPECT_EQ(entries[0].record_id, 3u);
+  EXPECT_EQ(entries[0].profiling_name, "bucket3.allreduce");
+  EXPECT_EQ(entries[0].count, 103u);
+  EXPECT_EQ(entries[0].state, OperationState::scheduled);
+  EXPECT_EQ(entries[1].state, OperationState::started);
+  EXPECT_GT(entries[1].time_discovered_started_ns, 0);
+  EXPECT_EQ(entries[2].state, OperationState::completed);
+  EXPECT_GE(entries[2].time_discovered_completed_ns, entries[2].time_created_ns);
+  EXPECT_EQ(entries[2].collective_seq_id, 5);
+  EXPECT_EQ(entries[3].record_id, p2p);
+  EXPECT_EQ(entries[3].collective_seq_id, -1);
+  EXPECT_EQ(entries[3].p2p_seq_id, 0);
+  EXPECT_EQ(entries[3].peer, 1);
+  EXPECT_EQ(recorder.name_of_collective(4), "bucket4.allreduce");
+  EXPECT_EQ(recorder.name_of_collective(0), "");  // gone from the ring
+  // Wall-clock times: within a minute of now.
+  const auto now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                       std::chrono::system_clock::now().time_since_epoch())
+                       .count();
+  EXPECT_LT(std::abs(now - entries[0].time_created_ns), std::int64_t{60'000'000'000});
+}
+
+TEST(FlightRecorder, LongNamesAreCutAndZeroCapacityStillCounts) {
+  FlightRecorder none(0);
+  none.record(collective("a"));
+  none.record(collective("b"));
+  EXPECT_EQ(none.next_collective_seq(), 2);
+  EXPECT_TRUE(none.entries().empty());
+  FlightRecorder one(1);
+  one.record(collective(std::string(100, 'x')));
+  EXPECT_EQ(one.entries().at(0).profiling_name, std::string(63, 'x'));
+}
+
+TEST(FlightRecorder, DumpsJsonWithPyTorchLikeFields) {
+  FlightRecorder recorder(8);
+  const auto id = recorder.record(collective("grad \"quoted\""), OperationState::started);
+  recorder.update(id, OperationState::failed);
+  const std::string dir = testing::TempDir() + "loom_fr_test";
+  std::filesystem::remove_all(dir);
+  const std::string path = recorder.dump(2, 4, "mpi", "timeout in 'x'", dir);
+  ASSERT_EQ(path, dir + "/loom_flight_recorder_rank2.json");
+  std::ifstream file(path);
+  std::stringstream text;
+  text << file.rdbuf();
+  for (const char* field :
+       {"\"rank\": 2", "\"world_size\": 4", "\"backend\": \"mpi\"",
+        "\"reason\": \"timeout in 'x'\"", "\"record_id\": 0", "\"collective_seq_id\": 0",
+        "\"profiling_name\": \"grad \\\"quoted\\\"\"", "\"state\": \"failed\"",
+        "\"input_dtypes\": [\"float32\"]", "\"input_sizes\": [[8]]", "\"algorithm\": \"ring\"",
+        "\"time_created_ns\": ", "\"is_p2p\": false"})
+    EXPECT_NE(text.str().find(field), std::string::npos) << field << "\n" << text.str();
+  EXPECT_EQ(recorder.dump(2, 4, "mpi", "no directory", ""), "");  // LOOM_FLIGHT_RECORDER_DIR unset
+  std::filesystem::remove_all(dir);
+}
+
+TEST(RankBoard, SaysWhoDidNotArriveAndWhoFailed) {
+  std::vector<RankSlot> slots(4);
+  std::vector<RankSlot*> pointers{&slots[0], &slots[1], &slots[2], nullptr};  // rank 3: elsewhere
+  RankBoard r0(0, pointers), r1(1, pointers), r2(2, pointers);
+  FlightRecorder recorder(16);
+  for (int k = 0; k < 58; ++k) recorder.record(collective("bucket" + std::to_string(k)));
+  r0.started(57);
+  r1.started(57);
+  r2.started(56);
+  r2.completed(56);
+  std::string text = r0.who_is_missing(57, recorder);
+  EXPECT_NE(text.find("rank 2 did not arrive (last started #56 'bucket56')"), std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("rank 1 did not arrive"), std::string::npos) << text;
+  EXPECT_NE(text.find("rank 3 on another host: not visible"), std::string::npos) << text;
+  int failed = -1;
+  r2.publish_failure("compute node 'backward1' on rank 2 of 4 failed: NaN", 57, false);
+  text = r0.who_is_missing(57, recorder, &failed);
+  EXPECT_EQ(failed, 2);
+  EXPECT_NE(text.find("it failed: compute node 'backward1'"), std::string::npos) << text;
+  // Every visible rank started it: the one that has not completed it is named.
+  r2.started(57);
+  r0.completed(57);
+  r2.completed(57);
+  text = r0.who_is_missing(57, recorder);
+  EXPECT_NE(text.find("rank 1 started it but has not completed it"), std::string::npos) << text;
+}
+
+TEST(RankBoard, ARunIsStaleOnlyWhenAPeerDrainedOneOfItsCollectives) {
+  std::vector<RankSlot> slots(2);
+  std::vector<RankSlot*> pointers{&slots[0], &slots[1]};
+  RankBoard r0(0, pointers), r1(1, pointers);
+  r1.publish_failure("after everything was issued", 10, false);  // not drained: data fine
+  EXPECT_FALSE(r0.take_stale_run_failure(0, 10).has_value());
+  r1.publish_failure("drained from #12", 12, true);  // a later run's
+  EXPECT_FALSE(r0.take_stale_run_failure(0, 10).has_value());
+  const auto stale = r0.take_stale_run_failure(10, 20);
+  ASSERT_TRUE(stale.has_value());
+  EXPECT_EQ(stale->rank, 1);
+  EXPECT_EQ(stale->seq, 12);
+  EXPECT_EQ(stale->message, "drained from #12");
+  EXPECT_FALSE(r0.take_stale_run_failure(10, 20).has_value());  // reported once
+}
+
+TEST(CallWatchdog, FiresOnceForACallInsideTooLongAndNeverForShortOnes) {
+  std::atomic<int> fired{0};
+  std::atomic<std::uint64_t> token{0};
+  {
+    CallWatchdog watchdog;
+    watchdog.set_timeout(std::chrono::milliseconds(100));
+    watchdog.on_expiry([&](std::uint64_t t) {
+      token = t;
+      ++fired;
+    });
+    for (int k = 0; k < 20; ++k) {
+      WatchedCall call(watchdog, 1000 + k);
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    EXPECT_EQ(fired.load(), 0);
+    {
+      WatchedCall call(watchdog, 77);
+      std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    }
+  }
+  EXPECT_EQ(fired.load(), 1);
+  EXPECT_EQ(token.load(), 77u);
+}
+
+}  // namespace
+}  // namespace loom
