@@ -45,7 +45,7 @@ constexpr std::array<Variable, 13> all_variables{{
      "2048", "0 to 1048576; 0 keeps none"},
     {"LOOM_FLIGHT_RECORDER_DIR",
      "directory where each rank writes loom_flight_recorder_rank<r>.json on a timeout, mismatch "
-     "or failure (read them with scripts/loom-flight-recorder.py)",
+     "or failure (read them with loom-flight-recorder)",
      "unset: no dump", "a writable directory (created if missing)"},
     {"LOOM_NCCL_DEVICE", "the GPU of this rank for the nccl backend", "local rank % visible GPUs",
      "0 to 1024"},
