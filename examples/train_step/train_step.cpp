@@ -430,9 +430,9 @@ void TrainStep::schedule_from_last_run() {
       return lowest[a] != lowest[b] ? lowest[a] < lowest[b] : ready[a] < ready[b];
     });
   }
-  std::vector<std::int64_t> plan(order.begin(), order.end());
-  // Rank 0's plan on every rank: the issue order must be the same everywhere.
-  _backend.broadcast(Buffer::of(std::span(plan)), 0);
+  // Rank 0's plan on every rank: the issue order must be the same everywhere. The lengths are
+  // agreed first, so ranks with other bucket counts fail alike with a mismatch, not a hang.
+  const std::vector<std::size_t> plan = Bucketer::agreed_ready_order(order, _backend);
   _issue_order.assign(plan.begin(), plan.end());
   compile();
 }
