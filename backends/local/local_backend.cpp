@@ -171,12 +171,22 @@ class CollectiveWork final : public Work {
   }
 
   bool poll() override {
-    if (_rendezvous->done.load(std::memory_order_acquire)) {
-      if (_rendezvous->error) std::rethrow_exception(_rendezvous->error);
-      return true;
+    if (finished_rendezvous()) return true;
+    try {
+      _state->check_alive(description());
+    } catch (const Error&) {
+      // A peer that failed after completing this rendezvous (a mismatch it found as the last
+      // to arrive) aborts the world after setting `done`: report the rendezvous' own outcome.
+      if (finished_rendezvous()) return true;
+      throw;
     }
-    _state->check_alive(description());
     return false;
+  }
+
+  bool finished_rendezvous() const {
+    if (!_rendezvous->done.load(std::memory_order_acquire)) return false;
+    if (_rendezvous->error) std::rethrow_exception(_rendezvous->error);
+    return true;
   }
 
  private:

@@ -117,8 +117,10 @@ std::string RankBoard::who_is_missing(std::int64_t seq, const FlightRecorder& re
   std::string text = missing;
   if (text.empty())
     text = late.empty() ? std::string("every rank this process can see started it")
-                        : "rank " + late +
-                              " started it but has not completed it (stopped or stuck inside it)";
+                        : (late.find(',') == std::string::npos
+                               ? "rank " + late + " started it but has not completed it"
+                               : "ranks " + late + " started it but have not completed it") +
+                              " (stopped or stuck inside it)";
   if (!unknown.empty())
     text += "; rank " + unknown +
             " on another host: not visible from here (their own errors or flight records say "
