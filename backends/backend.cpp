@@ -78,10 +78,8 @@ std::string seconds_of(std::chrono::nanoseconds t) {
 }
 }  // namespace
 
-void Backend::wait_or_abandon(Work& work, const std::string& what, std::int64_t seq) {
+void Backend::give_up(Work& work, const std::string& what, std::int64_t seq) {
   const auto limit = timeout();
-  if (limit.count() <= 0) return work.wait();
-  if (work.wait_for(limit)) return;
   work.abandon();
   int failed_rank = -1;
   std::string message = what + " did not complete within " + seconds_of(limit);
@@ -438,57 +436,70 @@ void Backend::barrier() {
 // The defaults start the asynchronous form and wait for it, at most timeout(): such a work
 // can be abandoned, so an absent peer is an error, not a hang.
 void Backend::run_broadcast(Buffer buffer, int root) {
-  wait_or_abandon(*start_broadcast(buffer, root), where("broadcast"),
-                  _blocking_seq.load(std::memory_order_relaxed));
+  wait_or_abandon(
+      *start_broadcast(buffer, root), [&] { return where("broadcast"); },
+      _blocking_seq.load(std::memory_order_relaxed));
 }
 
 void Backend::run_reduce(Buffer send, Buffer recv, ReduceOp op, int root) {
-  wait_or_abandon(*start_reduce(send, recv, op, root), where("reduce"),
-                  _blocking_seq.load(std::memory_order_relaxed));
+  wait_or_abandon(
+      *start_reduce(send, recv, op, root), [&] { return where("reduce"); },
+      _blocking_seq.load(std::memory_order_relaxed));
 }
 
 void Backend::run_allreduce(Buffer send, Buffer recv, ReduceOp op) {
-  wait_or_abandon(*start_allreduce(send, recv, op), where("allreduce"),
-                  _blocking_seq.load(std::memory_order_relaxed));
+  wait_or_abandon(
+      *start_allreduce(send, recv, op), [&] { return where("allreduce"); },
+      _blocking_seq.load(std::memory_order_relaxed));
 }
 
 void Backend::run_allgather(Buffer send, Buffer recv) {
-  wait_or_abandon(*start_allgather(send, recv), where("allgather"),
-                  _blocking_seq.load(std::memory_order_relaxed));
+  wait_or_abandon(
+      *start_allgather(send, recv), [&] { return where("allgather"); },
+      _blocking_seq.load(std::memory_order_relaxed));
 }
 
 void Backend::run_reduce_scatter(Buffer send, Buffer recv, ReduceOp op) {
-  wait_or_abandon(*start_reduce_scatter(send, recv, op), where("reduce_scatter"),
-                  _blocking_seq.load(std::memory_order_relaxed));
+  wait_or_abandon(
+      *start_reduce_scatter(send, recv, op), [&] { return where("reduce_scatter"); },
+      _blocking_seq.load(std::memory_order_relaxed));
 }
 
 void Backend::run_alltoall(Buffer send, Buffer recv) {
-  wait_or_abandon(*start_alltoall(send, recv), where("alltoall"),
-                  _blocking_seq.load(std::memory_order_relaxed));
+  wait_or_abandon(
+      *start_alltoall(send, recv), [&] { return where("alltoall"); },
+      _blocking_seq.load(std::memory_order_relaxed));
 }
 
 void Backend::run_barrier() {
-  wait_or_abandon(*start_barrier(), where("barrier"),
-                  _blocking_seq.load(std::memory_order_relaxed));
+  wait_or_abandon(
+      *start_barrier(), [&] { return where("barrier"); },
+      _blocking_seq.load(std::memory_order_relaxed));
 }
 
 void Backend::send(Buffer buffer, int peer, int tag) {
   auto work = send_async(buffer, peer, tag);
   BlockingCall call(*this, "send", buffer, peer);
-  wait_or_abandon(*work,
-                  where("send") + ": " + buffer.describe() + " to rank " + std::to_string(peer) +
-                      " tag " + std::to_string(tag),
-                  -1);
+  wait_or_abandon(
+      *work,
+      [&] {
+        return where("send") + ": " + buffer.describe() + " to rank " + std::to_string(peer) +
+               " tag " + std::to_string(tag);
+      },
+      -1);
   call.completed();
 }
 
 void Backend::recv(Buffer buffer, int peer, int tag) {
   auto work = recv_async(buffer, peer, tag);
   BlockingCall call(*this, "recv", buffer, peer);
-  wait_or_abandon(*work,
-                  where("recv") + ": " + buffer.describe() + " from rank " + std::to_string(peer) +
-                      " tag " + std::to_string(tag),
-                  -1);
+  wait_or_abandon(
+      *work,
+      [&] {
+        return where("recv") + ": " + buffer.describe() + " from rank " + std::to_string(peer) +
+               " tag " + std::to_string(tag);
+      },
+      -1);
   call.completed();
 }
 
@@ -562,7 +573,9 @@ Status Backend::probe(int peer, int tag) {
     std::optional<Status> result;
   } work(*this, peer, tag);
   BlockingCall call(*this, "probe", Buffer(), peer);
-  wait_or_abandon(work, where("probe") + " from " + peer_text(peer) + " tag " + tag_text(tag), -1);
+  wait_or_abandon(
+      work, [&] { return where("probe") + " from " + peer_text(peer) + " tag " + tag_text(tag); },
+      -1);
   call.completed();
   return *work.result;
 }

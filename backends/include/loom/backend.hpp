@@ -151,10 +151,19 @@ class Backend {
   /// @brief Waits for `work` at most timeout(). On expiry the work is abandoned (its
   /// destructor will not wait) and ErrorCode::timeout is thrown ("<what> did not complete
   /// within <t>: <who_is_missing(seq)>"; peer_failed when a missing rank published a
-  /// failure), after dumping the flight record. seq < 0: not a collective.
-  void wait_or_abandon(Work& work, const std::string& what, std::int64_t seq);
+  /// failure), after dumping the flight record. seq < 0: not a collective. `what()` gives the
+  /// "<what>" text; it is called only on expiry, so a call that completes builds no strings.
+  template <class Describe>
+  void wait_or_abandon(Work& work, Describe&& what, std::int64_t seq) {
+    const auto limit = timeout();
+    if (limit.count() <= 0) return work.wait();
+    if (work.wait_for(limit)) return;
+    give_up(work, what(), seq);
+  }
 
  protected:
+  /// @brief wait_or_abandon's expiry: abandons `work`, publishes, dumps, throws.
+  [[noreturn]] void give_up(Work& work, const std::string& what, std::int64_t seq);
   /// @brief Installs the board (derived constructors: MPI's shared window, local state).
   void set_rank_board(std::unique_ptr<RankBoard> board) noexcept { _board = std::move(board); }
   /// @brief For a backend that wraps another (a decorator): use its flight recorder and board,
