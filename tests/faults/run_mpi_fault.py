@@ -31,7 +31,15 @@ import sys
 import time
 
 SLACK_S = 5.0  # the issue's bound: timeout + 5 s
-TAG = re.compile(r"^\[\d+,(\d+)\]<(stdout|stderr)>:(.*)$")
+# mpirun's --tag-output sometimes writes one rank's tag before another rank's line has ended
+# ("...step 3: start[1,2]<stdout>:..."): lines are split on the tags, not only on newlines.
+TAG = re.compile(r"\[\d+,(\d+)\]<(?:stdout|stderr)>:")
+
+
+def tagged(line):
+    """(rank, text) for every tagged piece of one line of mpirun's output."""
+    pieces = TAG.split(line)
+    return [(int(r), text) for r, text in zip(pieces[1::2], pieces[2::2])]
 ERROR = re.compile(r"\[loom:(\w+)\] (.*)$")
 FAULT_AT = re.compile(r"loom-fault: rank \d+ step -?\d+: fault at ([\d.]+)")
 EXIT = re.compile(r"^loom-exit: status (\d+) at ([\d.]+)$")
@@ -130,26 +138,23 @@ def main():
             for raw in complete:
                 line = raw.decode(errors="replace")
                 lines.append(line)
-                m = TAG.match(line)
-                if not m:
-                    continue
-                rank, text = int(m.group(1)), m.group(3)
-                f = FAULT_AT.search(text)
-                if f and fault_at is None:
-                    fault_at = float(f.group(1))
-                e = ERROR.search(text)
-                if e and rank not in errors:
-                    errors[rank] = (e.group(1), e.group(2))
-                x = EXIT.match(text)
-                if x:
-                    exits[rank] = (int(x.group(1)), float(x.group(2)))
-                if args.mode == "demo" and not stopped and rank == 0 and "step   3 " in text:
-                    pid = rank_pid(os.getpgid(proc.pid), args.program, victim)
-                    if pid:
-                        os.kill(pid, signal.SIGSTOP)
-                        fault_at = time.time()
-                        stopped = True
-                        lines.append("driver: SIGSTOP to rank %d (pid %d)" % (victim, pid))
+                for rank, text in tagged(line):
+                    f = FAULT_AT.search(text)
+                    if f and fault_at is None:
+                        fault_at = float(f.group(1))
+                    e = ERROR.search(text)
+                    if e and rank not in errors:
+                        errors[rank] = (e.group(1), e.group(2))
+                    x = EXIT.match(text)
+                    if x:
+                        exits[rank] = (int(x.group(1)), float(x.group(2)))
+                    if args.mode == "demo" and not stopped and rank == 0 and "step   3 " in text:
+                        pid = rank_pid(os.getpgid(proc.pid), args.program, victim)
+                        if pid:
+                            os.kill(pid, signal.SIGSTOP)
+                            fault_at = time.time()
+                            stopped = True
+                            lines.append("driver: SIGSTOP to rank %d (pid %d)" % (victim, pid))
     hung = not expect_exits <= set(exits)
     try:
         os.killpg(proc.pid, signal.SIGKILL)

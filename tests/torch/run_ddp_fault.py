@@ -50,9 +50,14 @@ def main():
     elapsed = time.monotonic() - start
     print(out, flush=True)
     problems = []
+    # mpirun's --tag-output sometimes writes one rank's tag before another's line has ended
+    # ("...step 3: start[1,2]<stdout>:..."): split on the tags, not on lines.
+    pieces = re.split(r"\[1,(\d+)\]<std(?:out|err)>:", out)
+    tagged = []
+    for r, text in zip(pieces[1::2], pieces[2::2]):
+        tagged += [(int(r), line) for line in text.splitlines() if line.strip()]
     for rank in range(args.ranks):
-        mine = [line.split(":", 1)[1] if ":" in line else line for line in out.splitlines()
-                if line.startswith("[1,%d]<" % rank)]
+        mine = [text for r, text in tagged if r == rank]
         text = "\n".join(mine)
         if rank == victim:
             if "SIGKILL to myself" not in text:

@@ -277,22 +277,33 @@ std::string ProcessGroupLoom::who_is_missing(const std::string& census_key) {
       if (missing.empty() || std::chrono::steady_clock::now() >= deadline) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
+    std::string answer;
+    if (missing.empty()) {
+      answer =
+          "every rank reached this collective and timed out in it (no rank is missing: the "
+          "transport did not complete it)";
+    } else {
+      std::sort(present.begin(), present.end());
+      answer = std::string(missing.size() == 1 ? "rank " : "ranks ") + rank_list(missing) +
+               (missing.size() == 1 ? " is" : " are") +
+               " missing: never reached this collective (stopped, or stuck before it); rank" +
+               (present.size() == 1 ? " " : "s ") + rank_list(present) + " timed out in it";
+    }
     // Rank 0 hosts the store and may exit once it has its answer: every rank that took part
     // says it is done, and waits (bounded) for the others, so no census is cut off by an exit.
-    _store->set(key(rank_) + "/done", std::vector<uint8_t>{1});
-    const auto done_deadline = std::chrono::steady_clock::now() + grace;
-    for (int r : present) {
-      while (!_store->check({key(r) + "/done"}) && std::chrono::steady_clock::now() < done_deadline)
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    // The answer is settled by now: a store that goes away during this handshake (rank 0 saw
+    // every done and exited) changes nothing, so its errors are not this census's.
+    try {
+      _store->set(key(rank_) + "/done", std::vector<uint8_t>{1});
+      const auto done_deadline = std::chrono::steady_clock::now() + 2 * grace;
+      for (int r : present) {
+        while (!_store->check({key(r) + "/done"}) &&
+               std::chrono::steady_clock::now() < done_deadline)
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    } catch (const std::exception&) {
     }
-    if (missing.empty())
-      return "every rank reached this collective and timed out in it (no rank is missing: the "
-             "transport did not complete it)";
-    std::sort(present.begin(), present.end());
-    return std::string(missing.size() == 1 ? "rank " : "ranks ") + rank_list(missing) +
-           (missing.size() == 1 ? " is" : " are") +
-           " missing: never reached this collective (stopped, or stuck before it); rank" +
-           (present.size() == 1 ? " " : "s ") + rank_list(present) + " timed out in it";
+    return answer;
   } catch (const std::exception& e) {
     std::string what = e.what();
     what = what.substr(0, what.find('\n'));
