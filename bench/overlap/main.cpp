@@ -34,19 +34,49 @@ struct Flags {
   int threads = 0;
   bench::RunPlan plan;
   bool schedule = false;
+  bool auto_plan = false;
+  bool sweep = false;
   std::string json;
 };
+
+// --sweep: loom mode at every cap x collectives in flight, beside the automatic plan.
+constexpr std::size_t sweep_caps_kb[] = {256, 512, 1024, 2048, 4096, 8192, 25600};
+constexpr std::size_t sweep_in_flight[] = {0, 1, 2};
+
+std::string in_flight_text(std::size_t n) {
+  return n == 0 ? "unlimited" : std::to_string(n);
+}
 
 constexpr OverlapMode modes[] = {OverlapMode::sequential, OverlapMode::ddp, OverlapMode::loom};
 
 std::vector<bench::ModeResult> run_all(Backend& backend, const Flags& flags) {
   std::vector<examples::TrainConfig> configs;
-  for (OverlapMode mode : modes) {
-    configs.push_back(flags.train.config);
-    configs.back().mode = mode;
-  }
   bench::RunPlan plan = flags.plan;
-  plan.files_from = configs.size() - 1;  // loom
+  if (flags.sweep) {
+    for (std::size_t cap : sweep_caps_kb)
+      for (std::size_t in_flight : sweep_in_flight) {
+        configs.push_back(flags.train.config);
+        configs.back().mode = OverlapMode::loom;
+        configs.back().bucketing.cap_bytes = cap << 10;
+        configs.back().bucketing.first_bucket_bytes = std::min(cap, flags.train.first_bucket_kb)
+                                                      << 10;
+        configs.back().executor.collectives_in_flight = in_flight;
+        plan.labels.push_back("cap" + std::to_string(cap) + "k/" + in_flight_text(in_flight));
+      }
+  } else {
+    for (OverlapMode mode : modes) {
+      configs.push_back(flags.train.config);
+      configs.back().mode = mode;
+      plan.labels.emplace_back(examples::to_string(mode));
+    }
+  }
+  if (flags.auto_plan || flags.sweep) {
+    configs.push_back(flags.train.config);
+    configs.back().mode = OverlapMode::loom;
+    configs.back().automatic_plan = examples::PlanSearch{};
+    plan.labels.emplace_back("loom-auto");
+  }
+  plan.files_from = flags.sweep ? configs.size() - 1 : 2;  // loom (manual)
   auto results = bench::run_modes(backend, configs, plan);
   for (auto& r : results) r.speedup_vs_sequential = results[0].step_ms / r.step_ms;
   return results;
@@ -64,15 +94,35 @@ void report(const std::vector<bench::ModeResult>& results, const Flags& flags,
       results.back().buckets, flags.train.bucket_cap_kb, flags.train.first_bucket_kb,
       flags.train.config.bucketing.split_large ? ", split" : "", flags.plan.steps,
       flags.plan.warmups);
-  std::printf("# %-10s %9s %10s %9s %9s %10s %8s %8s %13s\n", "mode", "step_ms", "compute_ms",
+  std::printf("# %-19s %9s %10s %9s %9s %10s %8s %8s %13s\n", "mode", "step_ms", "compute_ms",
               "comm_ms", "hidden_ms", "exposed_ms", "overlap", "speedup", "step/max(c,m)");
   for (const auto& r : results)
-    std::printf("  %-10s %9.3f %10.3f %9.3f %9.3f %10.3f %8.3f %8.3f %13.3f\n",
-                std::string(examples::to_string(r.mode)).c_str(), r.step_ms, r.compute_ms,
-                r.comm_ms, r.hidden_ms, r.exposed_comm_ms, r.overlap_efficiency,
-                r.speedup_vs_sequential, r.step_ms / std::max(r.compute_ms, r.comm_ms));
+    std::printf("  %-19s %9.3f %10.3f %9.3f %9.3f %10.3f %8.3f %8.3f %13.3f\n", r.label.c_str(),
+                r.step_ms, r.compute_ms, r.comm_ms, r.hidden_ms, r.exposed_comm_ms,
+                r.overlap_efficiency, r.speedup_vs_sequential,
+                r.step_ms / std::max(r.compute_ms, r.comm_ms));
+  for (const auto& r : results) {
+    if (r.plan.empty()) continue;
+    std::printf("# %s runs %s; it timed (predicted -> measured, warm-up runs):\n", r.label.c_str(),
+                r.plan.c_str());
+    for (const auto& p : r.plans_tried)
+      std::printf("#   %-58s %9.3f -> %9.3f ms\n", examples::describe(p).c_str(),
+                  p.predicted_step_s * 1e3, p.measured_step_s * 1e3);
+  }
+  if (flags.sweep) {
+    // The automatic plan (last) against the best and the worst manual configuration.
+    const auto best = std::min_element(results.begin(), results.end() - 1,
+                                       [](auto& a, auto& b) { return a.step_ms < b.step_ms; });
+    const auto worst = std::max_element(results.begin(), results.end() - 1,
+                                        [](auto& a, auto& b) { return a.step_ms < b.step_ms; });
+    std::printf(
+        "# sweep: best manual %s %.3f ms, worst %s %.3f ms; loom-auto %.3f ms = %.3f x "
+        "best manual\n",
+        best->label.c_str(), best->step_ms, worst->label.c_str(), worst->step_ms,
+        results.back().step_ms, results.back().step_ms / best->step_ms);
+  }
   for (const auto& r : results)
-    if (r.mode == examples::OverlapMode::loom && !r.communication.empty()) {
+    if (r.label == "loom" && !r.communication.empty()) {
       std::printf("# loom mode's last step on rank 0: why each collective was or wasn't hidden\n");
       std::ostringstream report;
       print_communication_report(report, r.communication);
@@ -98,9 +148,9 @@ void write_json(const std::vector<bench::ModeResult>& results, const std::string
                   "\"compute_ms\": %.6f, \"comm_ms\": %.6f, \"hidden_ms\": %.6f, "
                   "\"exposed_comm_ms\": %.6f, \"overlap_efficiency\": %.6f, "
                   "\"speedup_vs_sequential\": %.6f}%s\n",
-                  std::string(examples::to_string(r.mode)).c_str(), r.ranks, r.buckets, r.step_ms,
-                  r.compute_ms, r.comm_ms, r.hidden_ms, r.exposed_comm_ms, r.overlap_efficiency,
-                  r.speedup_vs_sequential, i + 1 < results.size() ? "," : "");
+                  r.label.c_str(), r.ranks, r.buckets, r.step_ms, r.compute_ms, r.comm_ms,
+                  r.hidden_ms, r.exposed_comm_ms, r.overlap_efficiency, r.speedup_vs_sequential,
+                  i + 1 < results.size() ? "," : "");
     out << line;
   }
   out << "]\n";
@@ -123,6 +173,13 @@ int main(int argc, char** argv) {
       "schedule", po::bool_switch(&flags.schedule),
       "loom mode plans its issue order from the warm-ups, one collective on the wire at a "
       "time (TrainStep::schedule_from_last_run; needs --warmups >= 2)")(
+      "auto-plan", po::bool_switch(&flags.auto_plan),
+      "add loom-auto: loom mode planning its buckets, issue order and collectives in flight "
+      "from its warm-ups: predicted by the step simulator, the shortlist timed "
+      "(TrainConfig::automatic_plan; needs --warmups >= 15)")(
+      "sweep", po::bool_switch(&flags.sweep),
+      "loom mode at every bucket cap 256 KiB..25 MiB x collectives in flight unlimited/1/2, "
+      "and loom-auto, interleaved, in place of the three modes")(
       "rebuild", po::bool_switch(&flags.plan.rebuild),
       "rebuild buckets from rank 0's ready order after the first warm-up (DDP's rebuild)")(
       "json", po::value(&flags.json), "write one JSON object per mode to this file")(
@@ -150,6 +207,13 @@ int main(int argc, char** argv) {
     if (flags.schedule && flags.plan.warmups < 2)
       throw Error(ErrorCode::invalid_argument, "--schedule needs at least two warm-up steps");
     flags.plan.schedule = flags.schedule;
+    // loom-auto decides within its warm-ups, and the last warm-up runs its final plan.
+    const int decide = examples::PlanSearch{}.runs_to_decide();
+    if ((flags.auto_plan || flags.sweep) && flags.plan.warmups < decide + 1)
+      throw Error(ErrorCode::invalid_argument,
+                  "--auto-plan and --sweep need at least " + std::to_string(decide + 1) +
+                      " warm-up steps (the automatic plan profiles, times its shortlist and "
+                      "then runs the fastest)");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "loom-overlap: %s\n", e.what());
     return 2;

@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <memory>
+#include <string>
 
 #include "loom/error.hpp"
 #include "loom/overlap_metrics.hpp"
@@ -81,6 +83,7 @@ std::vector<ModeResult> run_modes(Backend& backend, std::vector<examples::TrainC
     const Samples& in = samples[k];
     ModeResult r;
     r.mode = configs[k].mode;
+    r.label = k < plan.labels.size() ? plan.labels[k] : std::string(examples::to_string(r.mode));
     r.ranks = backend.world_size();
     r.buckets = steps[k]->bucketer().buckets().size();
     r.step_ms = median(in.step_ms);
@@ -90,27 +93,32 @@ std::vector<ModeResult> run_modes(Backend& backend, std::vector<examples::TrainC
     r.exposed_comm_ms = median(in.exposed);
     r.overlap_efficiency = median(in.efficiency);
     r.final_loss = steps[k]->loss();
+    if (const examples::StepPlan* p = steps[k]->plan()) {
+      r.plan = examples::describe(*p);
+      r.plans_tried = steps[k]->plans_tried();
+    }
     r.communication =
         explain_communication(steps[k]->executor().last_run(), cores_per_rank(backend));
     results.push_back(r);
     if (!plan.profile_prefix.empty() && backend.rank() == 0) {
       StepProfile profile = profile_step(steps[k]->graph(), in.runs);
       const auto& shape = configs[k].shape;
-      profile.label = "loom-overlap " + std::string(examples::to_string(r.mode)) + " mode, MLP " +
-                      std::to_string(shape.input) + " -> " + std::to_string(shape.depth) + " x " +
-                      std::to_string(shape.width) + " -> " + std::to_string(shape.output) +
-                      ", batch " + std::to_string(shape.batch);
+      profile.label = "loom-overlap " + r.label + " mode, MLP " + std::to_string(shape.input) +
+                      " -> " + std::to_string(shape.depth) + " x " + std::to_string(shape.width) +
+                      " -> " + std::to_string(shape.output) + ", batch " +
+                      std::to_string(shape.batch);
       profile.backend = std::string(backend.name());
       profile.ranks = backend.world_size();
       profile.workers = plan.workers;
       // A planned order runs one collective at a time (TrainStep::schedule_from_last_run).
       const std::size_t in_flight = configs[k].executor.collectives_in_flight;
-      profile.collectives_in_flight =
-          in_flight == 0 && !steps[k]->issue_order().empty() ? 1 : in_flight;
+      profile.collectives_in_flight = steps[k]->plan() ? steps[k]->plan()->collectives_in_flight
+                                      : in_flight == 0 && !steps[k]->issue_order().empty()
+                                          ? 1
+                                          : in_flight;
       profile.measured_step_s = r.step_ms * 1e-3;
       profile.measured_comm_s = r.comm_ms * 1e-3;
-      save_step_profile(
-          profile, plan.profile_prefix + "." + std::string(examples::to_string(r.mode)) + ".json");
+      save_step_profile(profile, plan.profile_prefix + "." + r.label + ".json");
     }
   }
   return results;

@@ -13,6 +13,7 @@ namespace loom::bench {
 /// @brief Medians over the measured steps of one mode (milliseconds; see README "loom-overlap").
 struct ModeResult {
   examples::OverlapMode mode = examples::OverlapMode::loom;
+  std::string label;  ///< the mode's name, or the configuration's when several share a mode
   int ranks = 0;
   std::size_t buckets = 0;
   double step_ms = 0;  ///< per step, the slowest rank's run() time
@@ -23,6 +24,10 @@ struct ModeResult {
   double overlap_efficiency = 0;
   double speedup_vs_sequential = 0;  ///< filled by the caller
   float final_loss = 0;
+  /// @brief The automatic plan the step ran (examples::describe()), "" without one, and the
+  /// plans it timed to choose it (predicted and measured).
+  std::string plan;
+  std::vector<examples::StepPlan> plans_tried;
   /// @brief This rank's last timed step: why each communication node was or wasn't hidden.
   std::vector<CommunicationReport> communication;
 };
@@ -42,6 +47,8 @@ struct RunPlan {
   /// over the measured steps: what loom-predict reads) to "<prefix>.<mode>.json" ("" = none).
   std::string profile_prefix;
   int workers = 1;  ///< compute workers per rank, recorded in the profiles
+  /// @brief Per configuration (when not empty): its label in the results and profile names.
+  std::vector<std::string> labels;
 };
 
 /// @brief Trains every configuration of `configs` (each with its own model; its mode decides

@@ -12,10 +12,12 @@ if(NOT OPENBLAS_FOUND OR NOT Boost_PROGRAM_OPTIONS_FOUND)
   return()
 endif()
 set(dir ${PROJECT_SOURCE_DIR}/examples/train_step)
-add_library(loom_train_step STATIC ${dir}/mlp.cpp ${dir}/train_step.cpp ${dir}/train_options.cpp)
+add_library(loom_train_step STATIC ${dir}/mlp.cpp ${dir}/train_step.cpp ${dir}/step_plan.cpp
+            ${dir}/train_options.cpp)
 target_include_directories(loom_train_step PUBLIC ${dir})
 target_compile_options(loom_train_step PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic>)
-target_link_libraries(loom_train_step PUBLIC loom::loom PkgConfig::OPENBLAS Boost::program_options)
+target_link_libraries(loom_train_step PUBLIC loom::loom PkgConfig::OPENBLAS Boost::program_options
+                                             TBB::tbb)
 # With CUDA, the same step can run its model on a GPU (cuBLAS; --device cuda).
 if(LOOM_HAVE_CUDA AND TARGET CUDA::cublas)
   target_sources(loom_train_step PRIVATE ${dir}/cuda_mlp.cu)

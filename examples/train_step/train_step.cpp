@@ -5,6 +5,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <set>
 
@@ -108,25 +109,32 @@ TrainStep::TrainStep(Backend& backend, TrainConfig config)
     for (int k = 0; k < depth; ++k) add_layer(k);
   else
     for (int k = depth - 1; k >= 0; --k) add_layer(k);
-  std::vector<GradientSpec> specs;
-  for (Parameter& p : _parameters) {
-    GradientSpec spec;
-    spec.name = p.name;
-    spec.count = p.values->size();
-    if (!_config.gradient_views) {
-      p.own_gradient.assign(p.values->size(), 0.0f);
-      spec.storage = view(p.own_gradient);
-    }
-    specs.push_back(std::move(spec));
-  }
-  BucketerOptions bucketing = _config.bucketing;
-  bucketing.average = true;
-  _bucketer = std::make_unique<Bucketer>(std::move(specs), bucketing);
+  if (!_config.gradient_views)
+    for (Parameter& p : _parameters) p.own_gradient.assign(p.values->size(), 0.0f);
+  _bucketer = make_bucketer(_config.bucketing);
   _memory = model_memory();
   compile();
 }
 
 TrainStep::~TrainStep() = default;
+
+// A Bucketer of the model's gradients (in the gradients' ready order after a rebuild).
+std::unique_ptr<Bucketer> TrainStep::make_bucketer(const BucketerOptions& options) {
+  std::vector<GradientSpec> specs;
+  for (Parameter& p : _parameters) {
+    GradientSpec spec;
+    spec.name = p.name;
+    spec.count = p.values->size();
+    // Views: loom owns the memory. Otherwise the model's own gradients, which are packed.
+    if (!_config.gradient_views) spec.storage = view(p.own_gradient);
+    specs.push_back(std::move(spec));
+  }
+  BucketerOptions bucketing = options;
+  bucketing.average = true;
+  auto bucketer = std::make_unique<Bucketer>(std::move(specs), bucketing);
+  if (!_ready_order.empty()) bucketer->rebuild(_ready_order);
+  return bucketer;
+}
 
 float TrainStep::loss() const {
 #if LOOM_TRAIN_STEP_CUDA
@@ -157,17 +165,24 @@ TrainStep::Memory TrainStep::model_memory() {
 // in, so the forward computes while the other layers' buckets are still on the wire. The first
 // forward runs once, in a prologue graph of its own.
 void TrainStep::compile() {
-  const bool pipelined = _config.mode == OverlapMode::loom;
-  const int depth = _config.shape.depth;
-  if (pipelined && !_prologue) {
+  if (_config.mode == OverlapMode::loom && !_prologue) {
     Graph first;
-    std::vector<Task> first_forward(depth);
+    std::vector<Task> first_forward(_config.shape.depth);
     add_forward(first, "", first_forward);
     _prologue = Executor::compile(first, _backend, _config.executor);
   }
+  Graph g = build_graph();
+  _executor = Executor::compile(g, _backend, executor_options());
+  _graph = std::move(g);
+}
+
+// The step's graph for the current buckets and issue order (compiled by compile(), profiled
+// for candidate plans by plan_automatically()).
+Graph TrainStep::build_graph() {
+  const bool pipelined = _config.mode == OverlapMode::loom;
   Graph g;
   Nodes nodes;
-  nodes.forward = nodes.weights = nodes.input = std::vector<Task>(depth);
+  nodes.forward = nodes.weights = nodes.input = std::vector<Task>(_config.shape.depth);
   if (!pipelined) nodes.loss = add_forward(g, "", nodes.forward);
   add_backward(g, nodes);
   std::vector<BucketTasks> buckets = add_buckets(g, nodes);
@@ -175,8 +190,7 @@ void TrainStep::compile() {
       _config.mode == OverlapMode::sequential ? add_sequential_phases(g, nodes, buckets) : Task{};
   std::vector<Update> updates = add_updates(g, nodes, buckets, reduce_done);
   if (pipelined) add_next_forward(g, nodes, updates);
-  _executor = Executor::compile(g, _backend, executor_options());
-  _graph = std::move(g);
+  return g;
 }
 
 // A CPU node, or a GPU node enqueueing on the stream the executor gives it.
@@ -340,6 +354,11 @@ void TrainStep::add_next_forward(Graph& graph, Nodes& nodes, std::vector<Update>
 // a time.
 ExecutorOptions TrainStep::executor_options() const {
   ExecutorOptions options = _config.executor;
+  if (_config.automatic_plan) options.profile = true;  // the plan is made from profiled runs
+  if (_plan) {
+    options.collectives_in_flight = _plan->collectives_in_flight;
+    return options;
+  }
   if (_config.mode == OverlapMode::loom && !_issue_order.empty() &&
       options.collectives_in_flight == 0)
     options.collectives_in_flight = 1;
@@ -353,7 +372,14 @@ void TrainStep::run() {
     _prologue->run();
     _primed = true;
   }
+  if (!_config.automatic_plan || _config.mode != OverlapMode::loom || _auto.decided) {
+    _executor->run();
+    return;
+  }
+  const auto start = std::chrono::steady_clock::now();
   _executor->run();
+  advance_automatic_plan(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 }
 
 std::vector<float> TrainStep::parameters() const {
@@ -376,7 +402,8 @@ void TrainStep::rebuild_buckets() {
   std::vector<std::string> producer_names;
   for (const Parameter& p : _parameters) producer_names.push_back(weights_node(p.layer));
   const auto observed = Bucketer::ready_order(timings, producer_names);
-  _bucketer->rebuild(Bucketer::agreed_ready_order(observed, _backend));
+  _ready_order = Bucketer::agreed_ready_order(observed, _backend);
+  _bucketer->rebuild(_ready_order);
   _issue_order.clear();  // planned for the old buckets
   compile();
 }

@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -48,6 +49,62 @@ enum class Registration : unsigned char {
 std::string_view to_string(Registration registration) noexcept;
 Registration parse_registration(std::string_view name);
 
+/// @brief What TrainStep's automatic plan searches, and how it decides.
+///
+/// Every candidate bucketing (cap x first bucket x split) is built as the step's real graph,
+/// given the durations the profiled runs measured (compute nodes by name; each bucket's pack,
+/// unpack and update from a per-byte fit of the measured ones) and simulated
+/// (loom::best_schedule: issue orders and collectives in flight 0..max_in_flight) on a wire
+/// fitted to the runs' measured communication. The simulator ranks; the step then times the
+/// shortlist (the best predicted plan for each in-flight limit, then the next best) and keeps
+/// the fastest measured: a fitted wire misjudges what few cores and TCP do to small messages
+/// (bench/RESULTS.md shows by how much). Rank 0 decides everything; every rank runs its plans.
+struct PlanSearch {
+  /// @brief Bucket caps tried (bytes).
+  std::vector<std::size_t> caps_bytes = {
+      std::size_t{256} << 10, std::size_t{512} << 10, std::size_t{1} << 20, std::size_t{2} << 20,
+      std::size_t{4} << 20,   std::size_t{8} << 20,   std::size_t{25} << 20};
+  /// @brief First-bucket sizes tried with each cap (those above the cap are skipped; the cap
+  /// itself is always tried).
+  std::vector<std::size_t> first_bucket_bytes = {std::size_t{256} << 10, std::size_t{1} << 20};
+  /// @brief Also try cutting gradients at the cap (BucketerOptions::split_large).
+  bool try_split = true;
+  /// @brief Collectives in flight tried: 0 (no limit) .. max_in_flight.
+  std::size_t max_in_flight = 2;
+  /// @brief Profiled runs the plans are predicted from.
+  int profile_runs = 2;
+  /// @brief Plans timed (0 or 1: the best predicted is taken untimed).
+  std::size_t shortlist = 4;
+  /// @brief Runs per timed plan; the first (a new executor, new bucket memory) is not counted.
+  int trial_runs = 3;
+  /// @brief Per-message latency of the fitted wire (seconds).
+  double latency_s = 50e-6;
+  /// @brief Compute workers per rank in the simulation (0: TBB's current concurrency).
+  int workers = 0;
+  /// @brief SimulationOptions::cores and comm_cpu (CPU the transport takes on few cores).
+  double cores = 0;
+  double comm_cpu = 0;
+
+  /// @brief Runs the automatic plan takes before its final plan runs (profile_runs, then every
+  /// timed plan's trial_runs).
+  int runs_to_decide() const;
+};
+
+/// @brief A plan the step can run: buckets, issue order and collectives in flight.
+struct StepPlan {
+  std::size_t cap_bytes = 0;
+  std::size_t first_bucket_bytes = 0;
+  bool split_large = false;
+  std::size_t collectives_in_flight = 0;  ///< 0: no limit
+  std::vector<std::size_t> issue_order;   ///< bucket indices, first issued first
+  std::size_t buckets = 0;
+  double predicted_step_s = 0;  ///< the simulator's step for this plan
+  double measured_step_s = 0;   ///< timed (mean run after the first), 0 if never timed
+};
+
+/// @brief "cap 512 KiB, first 256 KiB, split, 17 buckets, in flight 2".
+std::string describe(const StepPlan& plan);
+
 /// @brief Everything a TrainStep is built from.
 struct TrainConfig {
   MlpShape shape;
@@ -63,6 +120,11 @@ struct TrainConfig {
   /// executor's streams, gradients copied into the pinned host buckets that MPI reduces).
   Device device = Device::cpu();
   ExecutorOptions executor;
+  /// @brief loom mode: plan buckets, issue order and collectives in flight automatically
+  /// (PlanSearch): run() predicts after the first profile_runs runs, times the shortlist over
+  /// the next runs and then runs the fastest (collective; rank 0 decides, every rank runs the
+  /// same plans). bucketing's caps are only the first runs'. Turns ExecutorOptions::profile on.
+  std::optional<PlanSearch> automatic_plan;
 };
 
 class CudaMlp;
@@ -97,6 +159,15 @@ class TrainStep {
   void schedule_from_last_run();
   /// @brief The planned issue order (bucket indices), empty before schedule_from_last_run().
   const std::vector<std::size_t>& issue_order() const noexcept { return _issue_order; }
+  /// @brief loom mode: predicts every candidate plan (PlanSearch) from the runs since the
+  /// last plan (or the last run) on rank 0 and runs the best predicted on every rank, untimed.
+  /// Collective. Needs a profiled run; other modes: ErrorCode::invalid_argument.
+  const StepPlan& plan_automatically(const PlanSearch& search = {});
+  /// @brief The plan running now (nullptr before one).
+  const StepPlan* plan() const noexcept { return _plan ? &*_plan : nullptr; }
+  /// @brief The automatic plan's timed shortlist, once it has decided (rank 0's predictions
+  /// and measurements on every rank), in the order tried; empty before.
+  const std::vector<StepPlan>& plans_tried() const noexcept { return _auto.tried; }
 
   Executor& executor() noexcept { return *_executor; }
   /// @brief The graph the step's executor was compiled from (loom mode: without the first
@@ -134,6 +205,17 @@ class TrainStep {
   Memory model_memory();
   // Builds the step's graph from its parts and compiles it (and, in loom mode, the prologue).
   void compile();
+  Graph build_graph();
+  // Rank 0: every candidate plan for the profiled runs, fastest predicted first (step_plan.cpp).
+  std::vector<StepPlan> search_plans(std::span<const std::vector<NodeTiming>> runs,
+                                     const PlanSearch& search);
+  // Rank 0's plans (empty if its search failed: every rank throws), on every rank.
+  std::vector<StepPlan> agree_on_plans(const std::vector<StepPlan>& mine);
+  std::vector<StepPlan> predict_plans(const PlanSearch& search, std::size_t keep);
+  void apply_plan(StepPlan plan);
+  // run()'s automatic plan: profile, time the shortlist, keep the fastest.
+  void advance_automatic_plan(double run_s);
+  std::unique_ptr<Bucketer> make_bucketer(const BucketerOptions& options);
   Task add_compute(Graph& graph, std::string name, std::function<void()> cpu,
                    std::function<void(StreamRef)> gpu, ComputeOptions options);
   Task add_forward(Graph& graph, const std::string& suffix, std::vector<Task>& forward);
@@ -158,6 +240,16 @@ class TrainStep {
   std::unique_ptr<Executor> _prologue;  // loom mode: the first step's forward
   bool _primed = false;
   std::vector<std::size_t> _issue_order;
+  std::vector<std::size_t> _ready_order;  // the gradients' order after rebuild_buckets()
+  std::optional<StepPlan> _plan;
+  struct AutomaticPlan {
+    std::vector<std::vector<NodeTiming>> runs;  // profiled, at most PlanSearch::profile_runs
+    std::vector<StepPlan> shortlist;            // being timed
+    std::size_t trial = 0;                      // shortlist[trial] runs now
+    std::vector<double> trial_runs_s;           // its runs so far
+    std::vector<StepPlan> tried;                // once decided
+    bool decided = false;
+  } _auto;
   float _loss = 0;
 };
 

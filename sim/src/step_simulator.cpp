@@ -239,47 +239,52 @@ Prediction simulate(const StepProfile& profile, const NetworkModel& network,
   return out;
 }
 
+Schedule best_order(const StepProfile& profile, const NetworkModel& network,
+                    const SimulationOptions& start) {
+  SimulationOptions options = start;
+  if (options.issue_order.empty()) options.issue_order = default_issue_order(profile);
+  // A move must beat the best by more than rounding to count.
+  auto better = [](double a, double b) { return a < b * (1 - 1e-9); };
+  double current = simulate(profile, network, options).step_s;
+  bool improved = true;
+  for (int round = 0; improved && round < 20; ++round) {
+    improved = false;
+    const std::size_t m = options.issue_order.size();
+    for (std::size_t i = 0; i < m; ++i)
+      for (std::size_t j = 0; j < m; ++j) {
+        if (i == j) continue;
+        SimulationOptions trial = options;
+        auto& o = trial.issue_order;
+        const std::size_t id = o[i];
+        o.erase(o.begin() + static_cast<std::ptrdiff_t>(i));
+        o.insert(o.begin() + static_cast<std::ptrdiff_t>(j), id);
+        double step;
+        try {
+          step = simulate(profile, network, trial).step_s;
+        } catch (const Error&) {
+          continue;  // against the edges: cannot complete
+        }
+        if (better(step, current)) {
+          current = step;
+          options = std::move(trial);
+          improved = true;
+        }
+      }
+  }
+  return {options, simulate(profile, network, options)};
+}
+
 Schedule best_schedule(const StepProfile& profile, const NetworkModel& network,
                        const SimulationOptions& start, std::size_t max_in_flight) {
   Schedule best{start, simulate(profile, network, start)};
   if (best.options.issue_order.empty()) best.options.issue_order = default_issue_order(profile);
   const std::vector<std::size_t> first_order = best.options.issue_order;
-  // A move must beat the best by more than rounding to count.
-  auto better = [](double a, double b) { return a < b * (1 - 1e-9); };
   for (std::size_t window = 0; window <= max_in_flight; ++window) {
     SimulationOptions options = start;
     options.collectives_in_flight = window;
     options.issue_order = first_order;
-    double current = simulate(profile, network, options).step_s;
-    bool improved = true;
-    for (int round = 0; improved && round < 20; ++round) {
-      improved = false;
-      const std::size_t m = options.issue_order.size();
-      for (std::size_t i = 0; i < m; ++i)
-        for (std::size_t j = 0; j < m; ++j) {
-          if (i == j) continue;
-          SimulationOptions trial = options;
-          auto& o = trial.issue_order;
-          const std::size_t id = o[i];
-          o.erase(o.begin() + static_cast<std::ptrdiff_t>(i));
-          o.insert(o.begin() + static_cast<std::ptrdiff_t>(j), id);
-          double step;
-          try {
-            step = simulate(profile, network, trial).step_s;
-          } catch (const Error&) {
-            continue;  // against the edges: cannot complete
-          }
-          if (better(step, current)) {
-            current = step;
-            options = std::move(trial);
-            improved = true;
-          }
-        }
-    }
-    if (better(current, best.prediction.step_s)) {
-      best.options = options;
-      best.prediction = simulate(profile, network, options);
-    }
+    Schedule found = best_order(profile, network, options);
+    if (found.prediction.step_s < best.prediction.step_s * (1 - 1e-9)) best = std::move(found);
   }
   return best;
 }

@@ -2,7 +2,9 @@
 // bits, and they match one process training on the whole batch.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -59,6 +61,56 @@ TEST(TrainStepMpi, RanksBitIdenticalAndMatchOneProcess) {
       if (std::fabs(mine[i] - expected[i]) > 1e-5f + 1e-4f * std::fabs(expected[i])) ++far;
     EXPECT_EQ(far, 0) << far << " parameters differ from the single-process run";
   }
+}
+
+// The automatic plan under mpirun: rank 0's timed choice runs on every rank, which then hold
+// the same bits as each other and as the configured buckets' run.
+TEST(TrainStepMpi, AutomaticPlanIsRankZerosChoiceEverywhereAndKeepsTheResults) {
+  Backend& backend = world();
+  const int n = backend.world_size();
+  TrainConfig config = model();
+  config.mode = OverlapMode::loom;
+  PlanSearch search;
+  search.caps_bytes = {1024, 4096, 1 << 20};
+  search.first_bucket_bytes = {1024};
+  search.max_in_flight = 1;
+  search.profile_runs = 1;
+  search.shortlist = 2;
+  search.trial_runs = 2;
+  config.automatic_plan = search;
+  const int runs = search.runs_to_decide() + 2;
+  TrainStep step(backend, config);
+  for (int s = 0; s < runs; ++s) step.run();
+  ASSERT_NE(step.plan(), nullptr);
+  ASSERT_EQ(step.plans_tried().size(), 2u);
+  // Every rank runs the same plan: compare its numbers through an allgather.
+  const StepPlan& plan = *step.plan();
+  std::vector<std::int64_t> mine{static_cast<std::int64_t>(plan.cap_bytes),
+                                 static_cast<std::int64_t>(plan.first_bucket_bytes),
+                                 static_cast<std::int64_t>(plan.collectives_in_flight),
+                                 static_cast<std::int64_t>(plan.buckets)};
+  for (std::size_t b : plan.issue_order) mine.push_back(static_cast<std::int64_t>(b));
+  std::vector<std::int64_t> all(mine.size() * n);
+  backend.allgather(Buffer::of(std::span(mine)), Buffer::of(std::span(all)));
+  for (int r = 1; r < n; ++r)
+    EXPECT_TRUE(std::equal(mine.begin(), mine.end(), all.begin() + r * mine.size()))
+        << "rank " << r << " runs another plan than rank 0";
+  const auto params = step.parameters();
+  std::vector<float> every(params.size() * n);
+  backend.allgather(Buffer::of(std::span(params)), Buffer::of(std::span(every)));
+  for (int r = 1; r < n; ++r)
+    EXPECT_EQ(std::memcmp(every.data() + r * params.size(), every.data(), params.size() * 4), 0)
+        << "rank " << r << " differs from rank 0";
+
+  TrainConfig fixed = model();
+  fixed.mode = OverlapMode::loom;
+  TrainStep reference(backend, fixed);
+  for (int s = 0; s < runs; ++s) reference.run();
+  const auto expected = reference.parameters();
+  int far = 0;
+  for (std::size_t i = 0; i < params.size(); ++i)
+    if (std::fabs(params[i] - expected[i]) > 1e-5f + 1e-4f * std::fabs(expected[i])) ++far;
+  EXPECT_EQ(far, 0) << far << " parameters differ from the configured buckets' run";
 }
 
 }  // namespace

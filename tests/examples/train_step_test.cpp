@@ -227,6 +227,159 @@ TEST(TrainStep, RebuildKeepsRanksIdenticalAndResultsExact) {
   expect_close(rebuilt.parameters[0], plain.parameters[0]);
 }
 
+// A small search on the small model: three caps (1 to 14 buckets), in flight 0..1, two plans
+// timed for two runs each.
+PlanSearch small_search() {
+  PlanSearch search;
+  search.caps_bytes = {512, 2048, 1 << 20};
+  search.first_bucket_bytes = {512};
+  search.max_in_flight = 1;
+  search.profile_runs = 1;
+  search.shortlist = 2;
+  search.trial_runs = 2;
+  return search;
+}
+
+// The automatic plan: predicted from a profiled run, its shortlist timed, the fastest kept;
+// rank 0's choice on every rank (3 ranks: not a power of two), and, like any schedule or
+// bucketing, it leaves the arithmetic alone.
+TEST(TrainStepPlan, AutomaticPlanIsTheFastestTimedAndTheSameOnEveryRank) {
+  TrainConfig config = small_model();
+  const Result plain = train(3, config);
+  config.automatic_plan = small_search();
+  const int decide = config.automatic_plan->runs_to_decide();
+  ASSERT_EQ(decide, 1 + 2 * 2);
+  ASSERT_GT(steps, decide);  // the last steps run the final plan
+  std::mutex mutex;
+  std::vector<StepPlan> chosen(3);
+  std::vector<std::vector<StepPlan>> tried(3);
+  std::vector<std::vector<std::string>> issued(3);
+  std::vector<std::vector<float>> parameters(3);
+  LocalWorld::run(3, [&](Backend& backend) {
+    TrainStep step(backend, config);
+    for (int s = 0; s < steps; ++s) {
+      step.run();
+      if (s + 1 < decide) EXPECT_TRUE(step.plans_tried().empty()) << "step " << s;
+    }
+    ASSERT_NE(step.plan(), nullptr);
+    std::lock_guard lock(mutex);
+    chosen[backend.rank()] = *step.plan();
+    tried[backend.rank()] = step.plans_tried();
+    issued[backend.rank()] = step.executor().issue_order();
+    parameters[backend.rank()] = step.parameters();
+    EXPECT_EQ(step.bucketer().buckets().size(), step.plan()->buckets);
+    EXPECT_EQ(step.bucketer().options().cap_bytes, step.plan()->cap_bytes);
+  });
+  ASSERT_EQ(tried[0].size(), 2u);
+  // The shortlist holds the best predicted plan of each in-flight limit.
+  EXPECT_NE(tried[0][0].collectives_in_flight, tried[0][1].collectives_in_flight);
+  double fastest = tried[0][0].measured_step_s;
+  for (const StepPlan& p : tried[0]) {
+    EXPECT_GT(p.predicted_step_s, 0) << describe(p);
+    EXPECT_GT(p.measured_step_s, 0) << describe(p);
+    fastest = std::min(fastest, p.measured_step_s);
+    std::vector<std::size_t> sorted = p.issue_order;
+    std::sort(sorted.begin(), sorted.end());
+    ASSERT_EQ(sorted.size(), p.buckets) << describe(p);
+    for (std::size_t b = 0; b < sorted.size(); ++b) EXPECT_EQ(sorted[b], b) << describe(p);
+  }
+  EXPECT_EQ(chosen[0].measured_step_s, fastest) << "the plan kept is not the fastest timed";
+  for (int r = 1; r < 3; ++r) {
+    EXPECT_EQ(describe(chosen[r]), describe(chosen[0])) << "rank " << r;
+    EXPECT_EQ(chosen[r].issue_order, chosen[0].issue_order) << "rank " << r;
+    EXPECT_EQ(issued[r], issued[0]) << "rank " << r;
+    ASSERT_EQ(tried[r].size(), tried[0].size());
+    for (std::size_t k = 0; k < tried[0].size(); ++k)  // rank 0's measurements everywhere
+      EXPECT_EQ(tried[r][k].measured_step_s, tried[0][k].measured_step_s) << "rank " << r;
+    EXPECT_EQ(std::memcmp(parameters[r].data(), parameters[0].data(),
+                          parameters[0].size() * sizeof(float)),
+              0)
+        << "rank " << r << " differs from rank 0";
+  }
+  // The executor issues the plan's order.
+  ASSERT_EQ(issued[0].size(), chosen[0].issue_order.size());
+  for (std::size_t k = 0; k < issued[0].size(); ++k)
+    EXPECT_EQ(issued[0][k], "bucket" + std::to_string(chosen[0].issue_order[k]) + ".allreduce");
+  expect_close(parameters[0], plain.parameters[0]);
+}
+
+// plan_automatically() alone: the best predicted plan, untimed, at 2 ranks.
+TEST(TrainStepPlan, PlanAutomaticallyRunsTheBestPredictedPlan) {
+  TrainConfig config = small_model();
+  config.executor.profile = true;
+  const Result plain = train(2, config);
+  std::mutex mutex;
+  std::vector<std::string> plans(2);
+  std::vector<std::vector<float>> parameters(2);
+  LocalWorld::run(2, [&](Backend& backend) {
+    TrainStep step(backend, config);
+    EXPECT_EQ(step.plan(), nullptr);
+    for (int s = 0; s < steps; ++s) {
+      step.run();
+      if (s == 1) {
+        const StepPlan& plan = step.plan_automatically(small_search());
+        EXPECT_GT(plan.predicted_step_s, 0);
+        EXPECT_EQ(plan.measured_step_s, 0);  // not timed
+        EXPECT_EQ(step.bucketer().buckets().size(), plan.buckets);
+        EXPECT_EQ(step.issue_order(), plan.issue_order);
+      }
+    }
+    std::lock_guard lock(mutex);
+    plans[backend.rank()] = describe(*step.plan());
+    parameters[backend.rank()] = step.parameters();
+  });
+  EXPECT_EQ(plans[1], plans[0]);
+  EXPECT_EQ(
+      std::memcmp(parameters[1].data(), parameters[0].data(), parameters[0].size() * sizeof(float)),
+      0);
+  expect_close(parameters[0], plain.parameters[0]);
+}
+
+TEST(TrainStepPlan, BadUseIsANamedError) {
+  auto backend = make_local_backend();
+  {
+    TrainConfig config = small_model();
+    config.mode = OverlapMode::ddp;
+    config.executor.profile = true;
+    TrainStep step(*backend, config);
+    step.run();
+    try {
+      step.plan_automatically(small_search());
+      FAIL() << "ddp mode planned";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+      EXPECT_NE(std::string(e.what()).find("runs ddp mode"), std::string::npos) << e.what();
+    }
+  }
+  {
+    TrainStep step(*backend, small_model());  // not profiled
+    step.run();
+    try {
+      step.plan_automatically(small_search());
+      FAIL() << "planned without a profile";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+      EXPECT_NE(std::string(e.what()).find("needs a profiled run"), std::string::npos) << e.what();
+    }
+  }
+  {
+    TrainConfig config = small_model();
+    config.executor.profile = true;
+    TrainStep step(*backend, config);
+    step.run();
+    PlanSearch search = small_search();
+    search.caps_bytes = {0};
+    try {
+      step.plan_automatically(search);
+      FAIL() << "a zero cap planned";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+      EXPECT_NE(std::string(e.what()).find("bucket caps must be > 0"), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 TEST(TrainStep, CompressedGradientsStillTrain) {
   for (Compression compression : {Compression::float16, Compression::bfloat16}) {
     TrainConfig config = small_model();

@@ -72,6 +72,12 @@ struct Schedule {
   Prediction prediction;
 };
 
+/// @brief Searches issue orders at `start`'s in-flight limit (moving one collective at a time,
+/// kept while the predicted step shrinks), from `start`'s order (default_issue_order() if
+/// empty); the fastest found.
+Schedule best_order(const StepProfile& profile, const NetworkModel& network,
+                    const SimulationOptions& start);
+
 /// @brief Searches issue orders (moving one collective at a time, kept while the predicted
 /// step shrinks) for every in-flight limit 0..max_in_flight, starting from `start`'s order;
 /// the fastest found (ties: `start` first, then a lower limit).
