@@ -176,7 +176,7 @@ int main(int argc, char** argv) {
       "auto-plan", po::bool_switch(&flags.auto_plan),
       "add loom-auto: loom mode planning its buckets, issue order and collectives in flight "
       "from its warm-ups: predicted by the step simulator, the shortlist timed "
-      "(TrainConfig::automatic_plan; needs --warmups >= 15)")(
+      "(TrainConfig::automatic_plan; needs --warmups >= 19)")(
       "sweep", po::bool_switch(&flags.sweep),
       "loom mode at every bucket cap 256 KiB..25 MiB x collectives in flight unlimited/1/2, "
       "and loom-auto, interleaved, in place of the three modes")(

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # PyTorch DDP as a row of loom-overlap: trains loom-overlap's MLP with DDP on Gloo
-# (bench/torch/ddp_step.py --backend gloo) and with loom-overlap's three modes, rounds interleaved
+# (bench/torch/ddp_step.py --backend gloo) and with loom-overlap's three modes and loom-auto (its
+# automatic plan, TrainConfig::automatic_plan), rounds interleaved
 # (loom-overlap, then DDP, then again), at NP ranks and at 1 rank, all in one netem namespace (or
 # on shared memory with RATE "shm"), and prints one table: each row's median step, its ratio to
 # PyTorch DDP and the communication it adds over its own 1-rank step.
@@ -32,8 +33,9 @@ if [[ ${1:-} == --inner ]]; then
          --first-bucket-kb 1024 --compression "$compression")
   for round in $(seq 1 "$rounds"); do
     for n in "$np" 1; do
+      # --auto-plan adds loom-auto, whose plan is decided within its warm-ups (18 runs).
       mpirun -np "$n" --bind-to none "$build/bin/loom-overlap" --threads 1 --steps "$steps" \
-        --warmups 3 "${model[@]}" --json "$out/loom.np$n.r$round.json" \
+        --warmups 20 --auto-plan "${model[@]}" --json "$out/loom.np$n.r$round.json" \
         --profile-json "$out/profile.np$n.r$round" >"$out/loom.np$n.r$round.txt" 2>&1
       # Gloo's rendezvous port: a fresh one per run (the last run's may linger in TIME_WAIT).
       MASTER_ADDR=127.0.0.1 MASTER_PORT=$((29500 + round * 10 + n)) \
@@ -67,7 +69,8 @@ def ddp(n):
     return statistics.median(json.load(open("%s/ddp.np%d.r%d.json" % (out, n, r)))["gloo_step_ms"]
                              for r in range(1, rounds + 1))
 rows = [("PyTorch DDP (gloo)", ddp(np), ddp(1))]
-rows += [("loom-overlap %s" % m, loom(np, m), loom(1, m)) for m in ("sequential", "ddp", "loom")]
+rows += [("loom-overlap %s" % m, loom(np, m), loom(1, m))
+         for m in ("sequential", "ddp", "loom", "loom-auto")]
 base, base1 = rows[0][1], rows[0][1] - rows[0][2]
 print("# vs_pytorch: %d ranks, %s, hook %s, MLP 64 -> 8 x 512 -> 16, batch 512 per rank, 1 MiB "
       "buckets, one thread per rank; median of %d interleaved rounds; load average %s -> %s"

@@ -349,6 +349,14 @@ const StepPlan& TrainStep::plan_automatically(const PlanSearch& search) {
   return *_plan;
 }
 
+void TrainStep::swap_compiled(Compiled& other) {
+  std::swap(_bucketer, other.bucketer);
+  std::swap(_executor, other.executor);
+  std::swap(_graph, other.graph);
+  std::swap(_issue_order, other.issue_order);
+  std::swap(_plan, other.plan);
+}
+
 void TrainStep::advance_automatic_plan(double run_s) {
   const PlanSearch& search = *_config.automatic_plan;
   AutomaticPlan& a = _auto;
@@ -358,7 +366,6 @@ void TrainStep::advance_automatic_plan(double run_s) {
     if (a.runs.size() < static_cast<std::size_t>(std::max(1, search.profile_runs))) return;
     a.shortlist = predict_plans(search, search.shortlist);
     a.runs.clear();
-    a.trial = 0;
     if (a.shortlist.size() == 1) {  // nothing to time
       a.tried = a.shortlist;
       a.shortlist.clear();
@@ -366,28 +373,51 @@ void TrainStep::advance_automatic_plan(double run_s) {
       apply_plan(a.tried.front());
       return;
     }
-    apply_plan(a.shortlist.front());
+    // Every shortlisted plan compiled once and kept: they then run in turn without
+    // recompiling, each on its own warm bucket memory.
+    a.compiled.resize(a.shortlist.size());
+    for (std::size_t k = 0; k < a.shortlist.size(); ++k) {
+      apply_plan(a.shortlist[k]);
+      swap_compiled(a.compiled[k]);
+    }
+    a.runs_s.assign(a.shortlist.size(), {});
+    a.current = 0;
+    swap_compiled(a.compiled[0]);
     return;
   }
-  // Timing shortlist[trial]: its first run (new executor, new bucket memory) is not counted.
-  a.trial_runs_s.push_back(run_s);
-  if (a.trial_runs_s.size() < static_cast<std::size_t>(std::max(2, search.trial_runs))) return;
-  a.shortlist[a.trial].measured_step_s =
-      std::accumulate(a.trial_runs_s.begin() + 1, a.trial_runs_s.end(), 0.0) /
-      static_cast<double>(a.trial_runs_s.size() - 1);
-  a.trial_runs_s.clear();
-  if (++a.trial < a.shortlist.size()) {
-    apply_plan(a.shortlist[a.trial]);
+  a.runs_s[a.current].push_back(run_s);
+  const std::size_t next = (a.current + 1) % a.shortlist.size();
+  const std::size_t rounds = static_cast<std::size_t>(std::max(2, search.trial_runs));
+  if (next != 0 || a.runs_s[a.current].size() < rounds) {
+    swap_compiled(a.compiled[a.current]);
+    swap_compiled(a.compiled[next]);
+    a.current = next;
     return;
+  }
+  // Every plan ran `rounds` times: the median of each one's runs after its first.
+  for (std::size_t k = 0; k < a.shortlist.size(); ++k) {
+    std::vector<double> v(a.runs_s[k].begin() + 1, a.runs_s[k].end());
+    std::sort(v.begin(), v.end());
+    const std::size_t h = v.size() / 2;
+    a.shortlist[k].measured_step_s = v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
   }
   // Rank 0's measurements decide (and are what every rank reports).
   a.tried = agree_on_plans(a.shortlist);
-  const auto fastest = std::min_element(
-      a.tried.begin(), a.tried.end(),
-      [](const StepPlan& x, const StepPlan& y) { return x.measured_step_s < y.measured_step_s; });
+  const std::size_t fastest =
+      static_cast<std::size_t>(std::min_element(a.tried.begin(), a.tried.end(),
+                                                [](const StepPlan& x, const StepPlan& y) {
+                                                  return x.measured_step_s < y.measured_step_s;
+                                                }) -
+                               a.tried.begin());
+  if (fastest != a.current) {
+    swap_compiled(a.compiled[a.current]);
+    swap_compiled(a.compiled[fastest]);
+  }
+  _plan = a.tried[fastest];  // with rank 0's measurement
+  a.compiled.clear();
   a.shortlist.clear();
+  a.runs_s.clear();
   a.decided = true;
-  apply_plan(*fastest);
 }
 
 }  // namespace loom::examples

@@ -56,9 +56,10 @@ Registration parse_registration(std::string_view name);
 /// unpack and update from a per-byte fit of the measured ones) and simulated
 /// (loom::best_schedule: issue orders and collectives in flight 0..max_in_flight) on a wire
 /// fitted to the runs' measured communication. The simulator ranks; the step then times the
-/// shortlist (the best predicted plan for each in-flight limit, then the next best) and keeps
-/// the fastest measured: a fitted wire misjudges what few cores and TCP do to small messages
-/// (bench/RESULTS.md shows by how much). Rank 0 decides everything; every rank runs its plans.
+/// shortlist (the best predicted plan for each in-flight limit, then the next best), all of
+/// them compiled at once and run in turn, and keeps the fastest measured: a fitted wire misjudges
+/// what few cores and TCP do to small messages (bench/RESULTS.md shows by how much). Rank 0 decides
+/// everything; every rank runs its plans.
 struct PlanSearch {
   /// @brief Bucket caps tried (bytes).
   std::vector<std::size_t> caps_bytes = {
@@ -75,8 +76,10 @@ struct PlanSearch {
   int profile_runs = 2;
   /// @brief Plans timed (0 or 1: the best predicted is taken untimed).
   std::size_t shortlist = 4;
-  /// @brief Runs per timed plan; the first (a new executor, new bucket memory) is not counted.
-  int trial_runs = 3;
+  /// @brief Rounds over the shortlist (each plan runs once per round, round-robin, so a noisy
+  /// machine disturbs them alike); the first round (new executors, new bucket memory) is not
+  /// counted and each plan's median over the others decides.
+  int trial_runs = 4;
   /// @brief Per-message latency of the fitted wire (seconds).
   double latency_s = 50e-6;
   /// @brief Compute workers per rank in the simulation (0: TBB's current concurrency).
@@ -99,7 +102,7 @@ struct StepPlan {
   std::vector<std::size_t> issue_order;   ///< bucket indices, first issued first
   std::size_t buckets = 0;
   double predicted_step_s = 0;  ///< the simulator's step for this plan
-  double measured_step_s = 0;   ///< timed (mean run after the first), 0 if never timed
+  double measured_step_s = 0;   ///< timed (median of its counted runs), 0 if never timed
 };
 
 /// @brief "cap 512 KiB, first 256 KiB, split, 17 buckets, in flight 2".
@@ -242,11 +245,22 @@ class TrainStep {
   std::vector<std::size_t> _issue_order;
   std::vector<std::size_t> _ready_order;  // the gradients' order after rebuild_buckets()
   std::optional<StepPlan> _plan;
+  // A compiled plan: its buckets, the executor bound to their memory, and the graph.
+  struct Compiled {
+    std::unique_ptr<Bucketer> bucketer;
+    std::unique_ptr<Executor> executor;
+    Graph graph;
+    std::vector<std::size_t> issue_order;
+    std::optional<StepPlan> plan;
+  };
+  // Exchanges the running plan with `other`.
+  void swap_compiled(Compiled& other);
   struct AutomaticPlan {
     std::vector<std::vector<NodeTiming>> runs;  // profiled, at most PlanSearch::profile_runs
-    std::vector<StepPlan> shortlist;            // being timed
-    std::size_t trial = 0;                      // shortlist[trial] runs now
-    std::vector<double> trial_runs_s;           // its runs so far
+    std::vector<StepPlan> shortlist;            // being timed, round-robin
+    std::vector<Compiled> compiled;             // each shortlisted plan's; the running one empty
+    std::size_t current = 0;                    // the shortlisted plan running now
+    std::vector<std::vector<double>> runs_s;    // each shortlisted plan's timed runs
     std::vector<StepPlan> tried;                // once decided
     bool decided = false;
   } _auto;
