@@ -8,7 +8,7 @@ loom-overlap's model, data and loss (examples/train_step/mlp.cpp): an MLP 64 -> 
 inputs uniform in [-1, 1), targets tanh(inputs @ teacher) with a teacher uniform in [-1, 1) /
 sqrt(64), each rank its own slice of batch x world samples; loss 0.5 * sum((out - target)^2) /
 batch; SGD lr 0.05; batch 512 per rank; 1 MiB buckets (bucket_cap_mb=1; DDP's first bucket is
-1 MiB too); one thread per rank. The values come from torch's generator (same distributions as
+1 MiB too); one thread per rank (see below). The values come from torch's generator (same distributions as
 loom's std::mt19937_64 draws, not the same numbers).
 
 --backend both (default) builds one DDP model per group and alternates their steps (gloo, loom,
@@ -17,15 +17,24 @@ forward + backward + optimizer step, timed on every rank, the slowest rank's cou
 fp16 uses DDP's fp16_compress_hook on gloo and loom's float16 hook on loom. Rank and size come
 from mpirun (OMPI_COMM_WORLD_RANK/SIZE -> RANK/WORLD_SIZE; MASTER_ADDR/PORT agreed by
 loom_torch, or 127.0.0.1:29500 for gloo alone).
+
+One thread per rank means one for BLAS too: Debian's torch multiplies through the system BLAS
+(libblas.so.3, OpenBLAS's pthread build), whose thread pool torch.set_num_threads does not
+bound; left alone it starts one thread per core (a 512^3 matmul took 1.05 ms with 2 threads
+against 1.91 ms with one on the 2-core machine). OPENBLAS_NUM_THREADS=1 is set before torch
+loads unless the caller set it, and the header line prints what OpenBLAS reports.
 """
 import argparse
+import ctypes
 import json
 import os
 import statistics
 import sys
 import time
 
-import torch
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+import torch  # noqa: E402  (after the thread limits)
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -84,6 +93,16 @@ class Trainer:
         self.losses.append(loss.item())
 
 
+def blas_threads():
+    """The thread count OpenBLAS reports in this process ("?" if it is not OpenBLAS)."""
+    for name in ("libopenblas.so.0", "libblas.so.3"):
+        try:
+            return str(ctypes.CDLL(name).openblas_get_num_threads())
+        except (OSError, AttributeError):
+            continue
+    return "?"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--backend", choices=["gloo", "loom", "both"], default="both")
@@ -127,9 +146,10 @@ def main():
         result[t.name + "_final_loss"] = t.losses[-1]
     if rank == 0:
         print("# ddp_step: %d ranks, MLP %d -> %d x %d -> %d, batch %d per rank, 1 MiB buckets, "
-              "hook %s, median of %d steps after %d warm-ups, interleaved"
+              "hook %s, median of %d steps after %d warm-ups, interleaved; threads: torch %d, "
+              "BLAS %s"
               % (world, INPUT, DEPTH, WIDTH, OUTPUT, args.batch, args.hook, args.steps,
-                 args.warmups))
+                 args.warmups, torch.get_num_threads(), blas_threads()))
         for t in trainers:
             print("%-5s step %8.3f ms  loss %.6f" % (t.name, result[t.name + "_step_ms"],
                                                     t.losses[-1]))

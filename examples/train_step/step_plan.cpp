@@ -418,6 +418,9 @@ void TrainStep::advance_automatic_plan(double run_s) {
   a.shortlist.clear();
   a.runs_s.clear();
   a.decided = true;
+  // Profiling was for the search: without it asked for, the plan runs unprofiled (compiling
+  // is collective; every rank decides in the same run).
+  if (!_config.executor.resolved().profile.value_or(false)) compile();
 }
 
 }  // namespace loom::examples

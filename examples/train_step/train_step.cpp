@@ -109,6 +109,11 @@ TrainStep::TrainStep(Backend& backend, TrainConfig config)
     for (int k = 0; k < depth; ++k) add_layer(k);
   else
     for (int k = depth - 1; k >= 0; --k) add_layer(k);
+  if (_config.automatic_plan && _config.mode != OverlapMode::loom)
+    throw Error(ErrorCode::invalid_argument,
+                "TrainConfig::automatic_plan plans loom mode's buckets and schedule; this step's "
+                "mode is " +
+                    std::string(to_string(_config.mode)));
   if (!_config.gradient_views)
     for (Parameter& p : _parameters) p.own_gradient.assign(p.values->size(), 0.0f);
   _bucketer = make_bucketer(_config.bucketing);
@@ -354,7 +359,8 @@ void TrainStep::add_next_forward(Graph& graph, Nodes& nodes, std::vector<Update>
 // a time.
 ExecutorOptions TrainStep::executor_options() const {
   ExecutorOptions options = _config.executor;
-  if (_config.automatic_plan) options.profile = true;  // the plan is made from profiled runs
+  // The plan is made from profiled runs; once it is decided, profiling is what the user asked.
+  if (_config.automatic_plan && !_auto.decided) options.profile = true;
   if (_plan) {
     options.collectives_in_flight = _plan->collectives_in_flight;
     return options;
@@ -461,6 +467,12 @@ void TrainStep::schedule_from_last_run() {
   // agreed first, so ranks with other bucket counts fail alike with a mismatch, not a hang.
   const std::vector<std::size_t> plan = Bucketer::agreed_ready_order(order, _backend);
   _issue_order.assign(plan.begin(), plan.end());
+  // A planned order is only kept on the wire one collective at a time, whatever an automatic
+  // plan chose before.
+  if (_plan) {
+    _plan->collectives_in_flight = 1;
+    _plan->issue_order = _issue_order;
+  }
   compile();
 }
 

@@ -126,7 +126,9 @@ struct TrainConfig {
   /// @brief loom mode: plan buckets, issue order and collectives in flight automatically
   /// (PlanSearch): run() predicts after the first profile_runs runs, times the shortlist over
   /// the next runs and then runs the fastest (collective; rank 0 decides, every rank runs the
-  /// same plans). bucketing's caps are only the first runs'. Turns ExecutorOptions::profile on.
+  /// same plans). bucketing's caps are only the first runs'. Profiles the runs until the plan is
+  /// decided (ExecutorOptions::profile decides after). loom mode only: ErrorCode::invalid_argument
+  /// at construction in the others.
   std::optional<PlanSearch> automatic_plan;
 };
 
@@ -158,7 +160,8 @@ class TrainStep {
   /// collective on the wire at a time. The first plan is the ready order; each later one
   /// reorders, lowest layer first, the buckets that were still waiting for the wire when
   /// backward ended (the next forward needs layer 0 first). Rank 0's plan is broadcast and
-  /// the step recompiled; collective. Other modes: nothing. Needs ExecutorOptions::profile.
+  /// the step recompiled; collective. After an automatic plan it keeps the plan's buckets and
+  /// sets its in-flight limit to 1. Other modes: nothing. Needs ExecutorOptions::profile.
   void schedule_from_last_run();
   /// @brief The planned issue order (bucket indices), empty before schedule_from_last_run().
   const std::vector<std::size_t>& issue_order() const noexcept { return _issue_order; }

@@ -269,6 +269,8 @@ TEST(TrainStepPlan, AutomaticPlanIsTheFastestTimedAndTheSameOnEveryRank) {
     parameters[backend.rank()] = step.parameters();
     EXPECT_EQ(step.bucketer().buckets().size(), step.plan()->buckets);
     EXPECT_EQ(step.bucketer().options().cap_bytes, step.plan()->cap_bytes);
+    // Profiling was only for the search: the decided plan runs as the user configured it.
+    EXPECT_TRUE(step.executor().last_run().empty()) << "the decided plan still profiles";
   });
   ASSERT_EQ(tried[0].size(), 2u);
   // The shortlist holds the best predicted plan of each in-flight limit.
@@ -335,8 +337,61 @@ TEST(TrainStepPlan, PlanAutomaticallyRunsTheBestPredictedPlan) {
   expect_close(parameters[0], plain.parameters[0]);
 }
 
+// After an automatic plan, schedule_from_last_run() plans an issue order for one collective
+// on the wire at a time, whatever in-flight limit the automatic plan had chosen.
+TEST(TrainStepPlan, ScheduleAfterThePlanRunsOneCollectiveAtATime) {
+  TrainConfig config = small_model();
+  config.executor.profile = true;
+  PlanSearch search = small_search();
+  search.max_in_flight = 0;         // only unlimited plans: the schedule must change the limit
+  search.caps_bytes = {512, 2048};  // several buckets whatever is chosen
+  search.shortlist = 1;
+  config.automatic_plan = search;
+  std::mutex mutex;
+  std::vector<std::vector<std::string>> issued(2);
+  LocalWorld::run(2, [&](Backend& backend) {
+    TrainStep step(backend, config);
+    // The plan is decided after runs_to_decide() runs; one more runs it.
+    for (int s = 0; s <= config.automatic_plan->runs_to_decide(); ++s) step.run();
+    ASSERT_NE(step.plan(), nullptr);
+    EXPECT_EQ(step.plan()->collectives_in_flight, 0u);
+    EXPECT_FALSE(step.executor().last_run().empty()) << "profiling asked for, then dropped";
+    step.schedule_from_last_run();
+    EXPECT_EQ(step.plan()->collectives_in_flight, 1u);
+    EXPECT_EQ(step.plan()->issue_order, step.issue_order());
+    step.run();
+    // One collective at a time: each allreduce is issued after the previous one completed.
+    std::vector<NodeTiming> collectives;
+    for (const NodeTiming& t : step.executor().last_run())
+      if (t.issue_index >= 0) collectives.push_back(t);
+    std::sort(collectives.begin(), collectives.end(), [](const NodeTiming& a, const NodeTiming& b) {
+      return a.issue_index < b.issue_index;
+    });
+    ASSERT_GT(collectives.size(), 1u);
+    for (std::size_t k = 1; k < collectives.size(); ++k)
+      EXPECT_GE(collectives[k].start_ns, collectives[k - 1].end_ns) << collectives[k].name;
+    std::lock_guard lock(mutex);
+    issued[backend.rank()] = step.executor().issue_order();
+  });
+  EXPECT_EQ(issued[1], issued[0]);
+}
+
 TEST(TrainStepPlan, BadUseIsANamedError) {
   auto backend = make_local_backend();
+  for (OverlapMode mode : {OverlapMode::ddp, OverlapMode::sequential}) {
+    TrainConfig config = small_model();
+    config.mode = mode;
+    config.automatic_plan = small_search();
+    try {
+      TrainStep step(*backend, config);
+      FAIL() << "automatic_plan accepted in " << to_string(mode) << " mode";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+      EXPECT_NE(std::string(e.what()).find("mode is " + std::string(to_string(mode))),
+                std::string::npos)
+          << e.what();
+    }
+  }
   {
     TrainConfig config = small_model();
     config.mode = OverlapMode::ddp;
