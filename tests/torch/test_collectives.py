@@ -5,6 +5,7 @@ result itself; values are small integers, so sums, products, minima and maxima a
 every dtype (avg is compared with a tolerance). Gloo runs the same call in the same job where
 it supports it (it has no bfloat16 and no AVG in torch 1.13), and must agree with loom.
 """
+import json
 import zlib
 
 import pytest
@@ -252,3 +253,42 @@ def test_loom_allreduce_ranges_choose_the_algorithm(world, monkeypatch):
     check(t, reduced([data(r, "ring-override", 1000, torch.float32) for r in range(n)], "sum",
                      torch.float32))
     dist.destroy_process_group(ring)
+
+
+def test_flight_record_holds_every_operation_alike_on_every_rank(world, loom_group):
+    """The group writes each operation into loom's flight recorder, as the executor does:
+    collectives numbered by collective_seq_id (the same numbers, operations and sizes on every
+    rank), point-to-point apart, each completed, with the algorithm the selector chose."""
+    rank, n, gloo = world
+    first = json.loads(loom_group.flight_record())["next_collective_seq_id"]
+    t = torch.ones(7)
+    dist.all_reduce(t)
+    dist.broadcast(torch.ones(5, dtype=torch.float64), 0)
+    out = torch.empty(3 * n, dtype=torch.int32)
+    gather_into = getattr(dist, "all_gather_into_tensor", None) or dist._all_gather_base
+    gather_into(out, torch.ones(3, dtype=torch.int32))
+    dist.barrier()
+    right, left = (rank + 1) % n, (rank - 1) % n
+    recv = torch.empty(4)
+    works = [dist.isend(torch.ones(4), right), dist.irecv(recv, left)]
+    for w in works:
+        w.wait()
+    record = json.loads(loom_group.flight_record("test"))
+    assert record["rank"] == rank and record["world_size"] == n and record["reason"] == "test"
+    assert record["backend"] == "mpi"
+    mine = [e for e in record["entries"] if e["collective_seq_id"] >= first]
+    assert [(e["op"], e["input_dtypes"][0], e["input_sizes"][0][0]) for e in mine] == [
+        ("allreduce", "float32", 7), ("broadcast", "float64", 5), ("allgather", "int32", 3),
+        ("barrier", "float32", 0)]
+    assert [e["collective_seq_id"] for e in mine] == list(range(first, first + 4))
+    assert all(e["state"] == "completed" and e["algorithm"] for e in mine)
+    p2p = [e for e in record["entries"] if e["is_p2p"]][-2:]
+    assert [(e["op"], e["peer"], e["input_sizes"][0][0], e["state"]) for e in p2p] == [
+        ("send", right, 4, "completed"), ("recv", left, 4, "completed")]
+    # The same collectives under the same numbers on every rank (compared over Gloo).
+    signature = torch.tensor([first, len(mine), zlib.crc32(repr([
+        (e["collective_seq_id"], e["op"], e["input_sizes"][0][0]) for e in mine]).encode())],
+        dtype=torch.int64)
+    everyone = [torch.empty_like(signature) for _ in range(n)]
+    dist.all_gather(everyone, signature, group=gloo)
+    assert all(torch.equal(s, signature) for s in everyone), everyone

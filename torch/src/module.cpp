@@ -78,7 +78,10 @@ PYBIND11_MODULE(_C, m) {
            "The algorithm the selector chose for the last collective, and why")
       .def("backend_name", &ProcessGroupLoom::backend_name)
       .def("timeout_seconds", &ProcessGroupLoom::timeout_seconds)
-      .def("broken", &ProcessGroupLoom::broken);
+      .def("broken", &ProcessGroupLoom::broken)
+      .def("flight_record", &ProcessGroupLoom::flight_record, py::arg("reason") = "requested",
+           "This rank's flight record as JSON: the group's last operations (collective_seq_id "
+           "the same on every rank); a timeout also writes it to LOOM_FLIGHT_RECORDER_DIR");
 
   m.def(
       "register_ddp_hook",

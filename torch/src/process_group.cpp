@@ -9,6 +9,8 @@
 #include "loom/algorithm.hpp"
 #include "loom/environment.hpp"
 #include "loom/error.hpp"
+#include "loom/flight_recorder.hpp"
+#include "loom/rank_board.hpp"
 #include "tensors.hpp"
 
 namespace loom::torch {
@@ -164,25 +166,56 @@ void ProcessGroupLoom::check_usable(std::string_view operation) const {
                     "an unknown state; end the job (every rank) and restart it");
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::collective(
-    c10d::OpType type, const CollectiveArgs& args, std::vector<at::Tensor> outputs,
-    std::chrono::milliseconds timeout, std::function<void()> after, Keep keep) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::collective(c10d::OpType type,
+                                                            const CollectiveArgs& args,
+                                                            std::vector<at::Tensor> outputs,
+                                                            std::chrono::milliseconds timeout,
+                                                            std::function<void()> after, Keep keep,
+                                                            std::string_view name) {
   check_usable(to_string(args.op));
   const AlgorithmChoice choice = _selector.choose(args, *_backend);
-  auto work = start_collective(*_backend, choice.algorithm, args);
+  // Into the backend's flight recorder and onto its rank board, as the executor does: the
+  // collective_seq_id counts this backend's collectives, the same on every rank.
+  Flight flight;
+  flight.record =
+      _backend->flight_recorder().record({name, to_string(args.op), args.send.dtype(),
+                                          args.send.count(), to_string(choice.algorithm), -1, true},
+                                         OperationState::scheduled, &flight.seq);
+  if (RankBoard* board = _backend->rank_board()) board->started(flight.seq);
+  std::unique_ptr<Work> work;
+  try {
+    work = start_collective(*_backend, choice.algorithm, args);
+  } catch (...) {
+    _backend->flight_recorder().update(flight.record, OperationState::failed);
+    throw;
+  }
+  _backend->flight_recorder().update(flight.record, OperationState::started);
   {
     std::lock_guard lock(_choice_mutex);
     _last_choice = choice;
   }
   auto result = c10::make_intrusive<LoomWork>(rank_, type, std::move(outputs));
-  return watch(std::move(work), std::move(result), timeout,
+  return watch(std::move(work), std::move(result), timeout, flight,
                "loom/census/" + std::to_string(_collectives++), std::move(after), std::move(keep));
+}
+
+ProcessGroupLoom::Flight ProcessGroupLoom::record_point_to_point(std::string_view op,
+                                                                 const Buffer& buffer, int peer) {
+  // Recorded once the transport took it (started); `op` is a literal (the ring keeps it).
+  Flight flight;
+  flight.record = _backend->flight_recorder().record(
+      {{}, op, buffer.dtype(), buffer.count(), "native", peer, false}, OperationState::started);
+  return flight;
+}
+
+std::string ProcessGroupLoom::flight_record(std::string_view reason) const {
+  return _backend->flight_recorder().to_json(rank_, size_, _backend->name(), reason);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::watch(std::unique_ptr<Work> work,
                                                        c10::intrusive_ptr<LoomWork> result,
                                                        std::chrono::milliseconds timeout,
-                                                       std::string census_key,
+                                                       Flight flight, std::string census_key,
                                                        std::function<void()> after, Keep keep) {
   {
     std::lock_guard lock(_pending_mutex);
@@ -190,7 +223,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::watch(std::unique_ptr<Work> wor
   }
   _engine->watch(
       std::move(work),
-      [this, result, census_key = std::move(census_key), after = std::move(after),
+      [this, result, flight, census_key = std::move(census_key), after = std::move(after),
        keep = std::move(keep)](std::exception_ptr error) {
         if (!error && after) {
           try {
@@ -199,6 +232,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::watch(std::unique_ptr<Work> wor
             error = std::current_exception();
           }
         }
+        _backend->flight_recorder().update(
+            flight.record, error ? OperationState::failed : OperationState::completed);
+        if (!error && flight.seq >= 0)
+          if (RankBoard* board = _backend->rank_board()) board->completed(flight.seq);
         {
           std::lock_guard lock(_pending_mutex);
           _pending.erase(result.get());
@@ -249,6 +286,11 @@ void ProcessGroupLoom::run_reporter() {
     } catch (const Error& e) {
       std::string message = e.message();
       if (!failure.census_key.empty()) message += "; " + who_is_missing(failure.census_key);
+      // As the executor does on a timeout: peers reading the rank board learn that this rank
+      // gave up, and the flight record (LOOM_FLIGHT_RECORDER_DIR) shows where every rank was.
+      _backend->publish_failure(message, false, true);
+      const std::string path = _backend->dump_flight_record(message);
+      if (!path.empty()) message += " (flight record: " + path + ")";
       error = std::make_exception_ptr(Error(e.code(), message));
     } catch (...) {
     }
@@ -452,10 +494,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::send(std::vector<at::Tensor>& t
   const std::string where = _backend->where("send");
   check_usable("send");
   const at::Tensor& tensor = single(tensors, where);
-  auto work = _backend->send_async(to_buffer(tensor, *_backend, where), dst, tag);
+  const Buffer buffer = to_buffer(tensor, *_backend, where);
+  auto work = _backend->send_async(buffer, dst, tag);
+  const Flight flight = record_point_to_point("send", buffer, dst);
   auto result =
       c10::make_intrusive<LoomWork>(rank_, c10d::OpType::SEND, std::vector<at::Tensor>{tensor});
-  return watch(std::move(work), std::move(result), c10d::kUnsetTimeout, {}, {}, {});
+  return watch(std::move(work), std::move(result), c10d::kUnsetTimeout, flight, {}, {}, {});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recv(std::vector<at::Tensor>& tensors, int src,
@@ -463,11 +507,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recv(std::vector<at::Tensor>& t
   const std::string where = _backend->where("recv");
   check_usable("recv");
   const at::Tensor& tensor = single(tensors, where);
-  auto work = _backend->recv_async(to_buffer(tensor, *_backend, where), src, tag);
+  const Buffer buffer = to_buffer(tensor, *_backend, where);
+  auto work = _backend->recv_async(buffer, src, tag);
+  const Flight flight = record_point_to_point("recv", buffer, src);
   auto result =
       c10::make_intrusive<LoomWork>(rank_, c10d::OpType::RECV, std::vector<at::Tensor>{tensor});
   result->set_source(src);
-  return watch(std::move(work), std::move(result), c10d::kUnsetTimeout, {}, {}, {});
+  return watch(std::move(work), std::move(result), c10d::kUnsetTimeout, flight, {}, {}, {});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recvAnysource(std::vector<at::Tensor>& tensors,
@@ -483,7 +529,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recvAnysource(std::vector<at::T
   auto result = c10::make_intrusive<LoomWork>(rank_, c10d::OpType::RECVANYSOURCE,
                                               std::vector<at::Tensor>{tensor});
   auto work = std::make_unique<AnySourceRecv>(*_backend, buffer, tag, result);
-  return watch(std::move(work), std::move(result), c10d::kUnsetTimeout, {}, {}, {});
+  const Flight flight = record_point_to_point("recvAnysource", buffer, -1);
+  return watch(std::move(work), std::move(result), c10d::kUnsetTimeout, flight, {}, {}, {});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_bucket(at::Tensor bucket,
@@ -492,7 +539,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_bucket(at::Tensor buc
   const Buffer buffer = to_buffer(bucket, *_backend, where, "bucket");
   if (compression == Compression::none) {
     CollectiveArgs args{Collective::allreduce, buffer, buffer, ReduceOp::avg};
-    return collective(c10d::OpType::ALLREDUCE, args, {bucket}, c10d::kUnsetTimeout);
+    return collective(c10d::OpType::ALLREDUCE, args, {bucket}, c10d::kUnsetTimeout, {}, {},
+                      "ddp_bucket");
   }
   if (buffer.dtype() != DType::float32)
     throw Error(ErrorCode::unsupported, where + ": compression " +
@@ -509,7 +557,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_bucket(at::Tensor buc
   CollectiveArgs args{Collective::allreduce, wire_buffer, wire_buffer, ReduceOp::sum};
   auto decompress = [bucket, wire]() mutable { bucket.copy_(wire); };
   return collective(c10d::OpType::ALLREDUCE, args, {bucket}, c10d::kUnsetTimeout, decompress,
-                    {wire});
+                    {wire}, half ? "ddp_bucket.float16" : "ddp_bucket.bfloat16");
 }
 
 }  // namespace loom::torch
