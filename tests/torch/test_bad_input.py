@@ -18,6 +18,16 @@ def test_unsupported_dtype_names_it(world, dtype):
         dist.all_reduce(torch.zeros(4, dtype=dtype))
 
 
+def test_tensor_on_another_device_names_it(world, loom_group):
+    """A tensor outside CPU memory (torch's meta device has none at all; Debian's torch has no
+    CUDA) is refused before anything is sent, not read through its null data pointer. dist.*
+    calls never bring one here (torch's dispatcher has no c10d kernel for meta); the DDP
+    hook's entry point is called directly."""
+    with raises("unsupported", r"allreduce \(DDP bucket\) on rank", "bucket is on meta",
+                "CPU memory"):
+        loom_group.allreduce_bucket(torch.zeros(4, device="meta"))
+
+
 def test_bitwise_reduce_ops_are_refused(world):
     with raises("unsupported", r"ReduceOp\.BAND"):
         dist.all_reduce(torch.zeros(4, dtype=torch.int32), op=ReduceOp.BAND)

@@ -93,6 +93,11 @@ Buffer to_buffer(const at::Tensor& tensor, const Backend& backend, std::string_v
     throw Error(ErrorCode::invalid_argument,
                 prefix + " is not contiguous (call .contiguous() first)");
   const DType dtype = to_loom(tensor.scalar_type(), where);
+  if (!tensor.device().is_cpu() && !tensor.is_cuda())
+    throw Error(ErrorCode::unsupported,
+                prefix + " is on " + tensor.device().str() +
+                    ": loom moves tensors in CPU memory (and CUDA memory through its nccl "
+                    "backend), not this device's");
   Device device = Device::cpu();
   if (tensor.is_cuda()) device = Device::cuda(tensor.device().index());
   if (!backend.supports(device))
