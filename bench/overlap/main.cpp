@@ -85,15 +85,21 @@ std::vector<bench::ModeResult> run_all(Backend& backend, const Flags& flags) {
 void report(const std::vector<bench::ModeResult>& results, const Flags& flags,
             std::string_view backend) {
   const auto& shape = flags.train.config.shape;
+  // The configured buckets are the first row's (sequential); --sweep's rows name their own.
+  char buckets[128];
+  if (flags.sweep)
+    std::snprintf(buckets, sizeof buckets, "buckets per row");
+  else
+    std::snprintf(buckets, sizeof buckets, "%zu bucket%s (cap %zu KiB, first %zu KiB%s)",
+                  results.front().buckets, results.front().buckets == 1 ? "" : "s",
+                  flags.train.bucket_cap_kb, flags.train.first_bucket_kb,
+                  flags.train.config.bucketing.split_large ? ", split" : "");
   std::printf(
       "# loom-overlap: %d ranks (%.*s), MLP %d -> %d x %d -> %d, batch %d per rank, "
-      "registration %s, %zu buckets (cap %zu KiB, first %zu KiB%s), %d steps after %d "
-      "warm-ups, modes interleaved, medians\n",
+      "registration %s, %s, %d steps after %d warm-ups, modes interleaved, medians\n",
       results[0].ranks, static_cast<int>(backend.size()), backend.data(), shape.input, shape.depth,
-      shape.width, shape.output, shape.batch, flags.train.registration.c_str(),
-      results.back().buckets, flags.train.bucket_cap_kb, flags.train.first_bucket_kb,
-      flags.train.config.bucketing.split_large ? ", split" : "", flags.plan.steps,
-      flags.plan.warmups);
+      shape.width, shape.output, shape.batch, flags.train.registration.c_str(), buckets,
+      flags.plan.steps, flags.plan.warmups);
   std::printf("# %-19s %9s %10s %9s %9s %10s %8s %8s %13s\n", "mode", "step_ms", "compute_ms",
               "comm_ms", "hidden_ms", "exposed_ms", "overlap", "speedup", "step/max(c,m)");
   for (const auto& r : results)
