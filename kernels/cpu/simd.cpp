@@ -9,6 +9,7 @@
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define LOOM_SIMD_X86 1
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -203,8 +204,12 @@ LOOM_AVX2 std::size_t divide(void* data, std::size_t count, float divisor) {
 
 Isa detect() noexcept {
 #if LOOM_SIMD_X86
+  // __builtin_cpu_supports("avx2") also checks that the OS saves the YMM registers, which F16C
+  // needs too; F16C itself comes from CPUID (clang's builtin does not know the name "f16c").
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return Isa::avx2_f16c;
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
+  if (__builtin_cpu_supports("avx2") && f16c) return Isa::avx2_f16c;
 #endif
   return Isa::scalar;
 }
