@@ -1,5 +1,5 @@
 // CPU dtype conversion between float32, float16 and bfloat16 (through float, rounding once),
-// optionally scaling in the same pass.
+// optionally scaling in the same pass; vectorised where simd.hpp can, element by element after.
 #include "loom/kernels/cast.hpp"
 
 #include <cstring>
@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "loom/error.hpp"
+#include "simd.hpp"
 
 namespace loom::kernels {
 namespace {
@@ -35,13 +36,14 @@ T narrow(float x) noexcept {
     return x;
 }
 
-// One typed loop per pair, so the element loop has no dtype switch. Element i is read before
-// it is written, so in == out works when sizes are equal.
+// One typed loop per pair, so the element loop has no dtype switch; it starts where the
+// vectorised loop stopped. Element i is read before it is written, so in == out works when
+// sizes are equal.
 template <class From, class To, bool scaled>
-void convert(const void* in, void* out, std::size_t count, float factor) {
+void convert(const void* in, void* out, std::size_t start, std::size_t count, float factor) {
   const auto* x = static_cast<const From*>(in);
   auto* y = static_cast<To*>(out);
-  for (std::size_t i = 0; i < count; ++i) {
+  for (std::size_t i = start; i < count; ++i) {
     if constexpr (scaled)
       y[i] = narrow<To>(widen(x[i]) * factor);
     else
@@ -50,26 +52,28 @@ void convert(const void* in, void* out, std::size_t count, float factor) {
 }
 
 template <class From, bool scaled>
-void convert_to(const void* in, void* out, DType to, std::size_t count, float factor) {
+void convert_to(const void* in, void* out, DType to, std::size_t start, std::size_t count,
+                float factor) {
   switch (to) {
     case DType::float16:
-      return convert<From, float16_t, scaled>(in, out, count, factor);
+      return convert<From, float16_t, scaled>(in, out, start, count, factor);
     case DType::bfloat16:
-      return convert<From, bfloat16_t, scaled>(in, out, count, factor);
+      return convert<From, bfloat16_t, scaled>(in, out, start, count, factor);
     default:
-      return convert<From, float, scaled>(in, out, count, factor);
+      return convert<From, float, scaled>(in, out, start, count, factor);
   }
 }
 
 template <bool scaled>
 void convert(const void* in, DType from, void* out, DType to, std::size_t count, float factor) {
+  const std::size_t start = simd::cast(in, from, out, to, count, scaled, factor);
   switch (from) {
     case DType::float16:
-      return convert_to<float16_t, scaled>(in, out, to, count, factor);
+      return convert_to<float16_t, scaled>(in, out, to, start, count, factor);
     case DType::bfloat16:
-      return convert_to<bfloat16_t, scaled>(in, out, to, count, factor);
+      return convert_to<bfloat16_t, scaled>(in, out, to, start, count, factor);
     default:
-      return convert_to<float, scaled>(in, out, to, count, factor);
+      return convert_to<float, scaled>(in, out, to, start, count, factor);
   }
 }
 

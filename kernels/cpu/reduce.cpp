@@ -1,5 +1,6 @@
 // CPU reductions written as plain loops so g++ -O3 vectorises them
-// (checked with -fopt-info-vec: the float32/float64/int loops become AVX/SSE code).
+// (checked with -fopt-info-vec: the float32/float64/int loops become AVX/SSE code); the
+// float16/bfloat16 loops go through simd.hpp first, which does what the CPU allows.
 #include "loom/kernels/reduce.hpp"
 
 #include <cmath>
@@ -7,6 +8,7 @@
 #include <string>
 
 #include "loom/error.hpp"
+#include "simd.hpp"
 
 namespace loom::kernels {
 namespace {
@@ -81,6 +83,13 @@ void dispatch_op(void* out, const void* a, const void* b, std::size_t n, ReduceO
   auto* x = static_cast<const T*>(a);
   auto* y = static_cast<const T*>(b);
   constexpr bool half = std::is_same_v<T, float16_t> || std::is_same_v<T, bfloat16_t>;
+  if constexpr (half) {  // the scalar loops below do what the vectorised one left
+    const std::size_t done = simd::reduce(o, x, y, n, dtype_of<T>(), op);
+    o += done;
+    x += done;
+    y += done;
+    n -= done;
+  }
   switch (op) {
     case ReduceOp::sum:
     case ReduceOp::avg:
@@ -119,10 +128,12 @@ void scale_floats(const void* in, void* out, std::size_t n, double factor) {
   auto* y = static_cast<T*>(out);
   if constexpr (std::is_same_v<T, float16_t>) {
     const float f = static_cast<float>(factor);
-    for (std::size_t i = 0; i < n; ++i) y[i] = to_float16(to_float(x[i]) * f);
+    const std::size_t done = simd::cast(in, DType::float16, out, DType::float16, n, true, f);
+    for (std::size_t i = done; i < n; ++i) y[i] = to_float16(to_float(x[i]) * f);
   } else if constexpr (std::is_same_v<T, bfloat16_t>) {
     const float f = static_cast<float>(factor);
-    for (std::size_t i = 0; i < n; ++i) y[i] = to_bfloat16(to_float(x[i]) * f);
+    const std::size_t done = simd::cast(in, DType::bfloat16, out, DType::bfloat16, n, true, f);
+    for (std::size_t i = done; i < n; ++i) y[i] = to_bfloat16(to_float(x[i]) * f);
   } else {
     const T f = static_cast<T>(factor);
     for (std::size_t i = 0; i < n; ++i) y[i] = x[i] * f;
@@ -134,10 +145,12 @@ void divide_floats(void* data, std::size_t n, int divisor) {
   auto* p = static_cast<T*>(data);
   if constexpr (std::is_same_v<T, float16_t>) {
     const float d = static_cast<float>(divisor);
-    for (std::size_t i = 0; i < n; ++i) p[i] = to_float16(to_float(p[i]) / d);
+    for (std::size_t i = simd::divide(p, n, DType::float16, d); i < n; ++i)
+      p[i] = to_float16(to_float(p[i]) / d);
   } else if constexpr (std::is_same_v<T, bfloat16_t>) {
     const float d = static_cast<float>(divisor);
-    for (std::size_t i = 0; i < n; ++i) p[i] = to_bfloat16(to_float(p[i]) / d);
+    for (std::size_t i = simd::divide(p, n, DType::bfloat16, d); i < n; ++i)
+      p[i] = to_bfloat16(to_float(p[i]) / d);
   } else {
     const T d = static_cast<T>(divisor);
     for (std::size_t i = 0; i < n; ++i) p[i] /= d;  // division, not * (1/d): exact for avg

@@ -1,13 +1,19 @@
-// CPU casts between float32, float16 and bfloat16 against bit patterns worked out by hand.
+// CPU casts between float32, float16 and bfloat16 against bit patterns worked out by hand, and
+// the vectorised loops against the scalar ones bit for bit.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
+#include <iostream>
 #include <limits>
+#include <string>
 #include <vector>
 
+#include "half_patterns.hpp"
 #include "loom/error.hpp"
 #include "loom/kernels/cast.hpp"
+#include "simd.hpp"
 
 namespace loom::kernels {
 namespace {
@@ -102,6 +108,118 @@ TEST(Cast, RefusesOtherTypesAndNullBuffers) {
   EXPECT_THROW(cast(nullptr, DType::float32, f.data(), DType::float16, 2), Error);
   EXPECT_NO_THROW(cast(nullptr, DType::float32, nullptr, DType::float16, 0));
 }
+
+// The Isa in use can be forced to scalar (how every comparison below gets its reference) and
+// comes back; an Isa this CPU lacks is refused.
+TEST(CastSimd, ScalarCanBeForcedAndComesBack) {
+  std::cout << "kernels: best Isa on this CPU: " << simd::to_string(simd::best()) << "\n";
+  EXPECT_EQ(simd::current(), simd::best());
+  {
+    simd::ScopedIsa scalar(simd::Isa::scalar);
+    EXPECT_EQ(simd::current(), simd::Isa::scalar);
+  }
+  EXPECT_EQ(simd::current(), simd::best());
+  EXPECT_TRUE(simd::supported(simd::Isa::scalar));
+  if (!simd::supported(simd::Isa::avx2_f16c)) {
+    EXPECT_THROW(simd::use(simd::Isa::avx2_f16c), Error);
+  }
+}
+
+// Every 16-bit pattern widened to float on every Isa gives half_bits.hpp's bits (signalling
+// NaNs included: F16C alone would quiet them).
+TEST(CastSimd, WidensEvery16BitPatternAsScalar) {
+  const std::vector<std::uint16_t> all = testing::half_bit_patterns(65536, 1);
+  for (simd::Isa isa : {simd::Isa::scalar, simd::best()}) {
+    simd::ScopedIsa use(isa);
+    std::vector<float> f16(all.size()), bf16(all.size());
+    cast(all.data(), DType::float16, f16.data(), DType::float32, all.size());
+    cast(all.data(), DType::bfloat16, bf16.data(), DType::float32, all.size());
+    for (std::size_t h = 0; h < all.size(); ++h) {
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(f16[h]),
+                std::bit_cast<std::uint32_t>(to_float(float16_t{all[h]})))
+          << simd::to_string(isa) << " float16 0x" << std::hex << h;
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(bf16[h]),
+                std::bit_cast<std::uint32_t>(to_float(bfloat16_t{all[h]})))
+          << simd::to_string(isa) << " bfloat16 0x" << std::hex << h;
+    }
+  }
+}
+
+// Float patterns on and around every halfway point, subnormal, overflow, infinity and NaN
+// narrowed on every Isa give to_float16 / to_bfloat16's bits.
+TEST(CastSimd, NarrowsEdgePatternsAsScalar) {
+  const std::vector<std::uint32_t> bits = testing::float_bit_patterns(60000);
+  for (simd::Isa isa : {simd::Isa::scalar, simd::best()}) {
+    simd::ScopedIsa use(isa);
+    std::vector<float16_t> f16(bits.size());
+    std::vector<bfloat16_t> bf16(bits.size());
+    cast(bits.data(), DType::float32, f16.data(), DType::float16, bits.size());
+    cast(bits.data(), DType::float32, bf16.data(), DType::bfloat16, bits.size());
+    for (std::size_t i = 0; i < bits.size(); ++i) {
+      const float x = std::bit_cast<float>(bits[i]);
+      ASSERT_EQ(f16[i].bits, to_float16(x).bits)
+          << simd::to_string(isa) << " float 0x" << std::hex << bits[i];
+      ASSERT_EQ(bf16[i].bits, to_bfloat16(x).bits)
+          << simd::to_string(isa) << " float 0x" << std::hex << bits[i];
+    }
+  }
+}
+
+struct CastCase {
+  DType from, to;
+  bool scaled;
+};
+
+// Every cast the vectorised loops take, with and without a scale: 1/3 makes inexact products,
+// 3e4 overflows float16.
+std::vector<CastCase> simd_cases() {
+  std::vector<CastCase> cases;
+  const DType types[] = {DType::float32, DType::float16, DType::bfloat16};
+  for (DType from : types)
+    for (DType to : types)
+      for (bool scaled : {false, true})
+        if (from != DType::float32 || to != DType::float32)
+          if (from != to || scaled) cases.push_back({from, to, scaled});
+  return cases;
+}
+
+class CastSimdSizes : public ::testing::TestWithParam<std::size_t> {};
+
+// Each cast at each size (tails of every length) from an aligned and a misaligned pointer, out
+// of place and, where the element sizes are equal, in place: the same bytes as the scalar loop.
+TEST_P(CastSimdSizes, MatchesScalarBitForBit) {
+  const std::size_t n = GetParam();
+  const std::vector<std::uint32_t> floats = testing::float_bit_patterns(n);
+  const std::vector<std::uint16_t> halves = testing::half_bit_patterns(n, 2);
+  for (const CastCase& c : simd_cases()) {
+    const std::size_t in_size = dtype_size(c.from), out_size = dtype_size(c.to);
+    for (double factor : c.scaled ? std::vector<double>{1.0 / 3, 3e4} : std::vector<double>{1.0})
+      for (std::size_t offset : {0u, 1u})
+        for (bool in_place : {false, true}) {
+          if (in_place && in_size != out_size) continue;
+          const std::string what = std::string(to_string(c.from)) + " -> " +
+                                   std::string(to_string(c.to)) + " n " + std::to_string(n) +
+                                   " factor " + std::to_string(factor) + " offset " +
+                                   std::to_string(offset) + (in_place ? " in place" : "");
+          auto run = [&] {
+            testing::ElementBuffer in(n, in_size, offset), out(n, out_size, offset);
+            if (c.from == DType::float32)
+              in.fill(floats);
+            else
+              in.fill(halves);
+            void* target = in_place ? in.data() : out.data();
+            if (c.scaled)
+              cast(in.data(), c.from, target, c.to, n, factor);
+            else
+              cast(in.data(), c.from, target, c.to, n);
+            return in_place ? in.contents() : out.contents();
+          };
+          testing::expect_same_as_scalar(run, out_size, what);
+        }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, CastSimdSizes, ::testing::ValuesIn(testing::simd_sizes));
 
 }  // namespace
 }  // namespace loom::kernels

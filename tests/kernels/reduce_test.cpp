@@ -1,14 +1,18 @@
 // CPU reduction kernels against a scalar reference written here: every dtype x op, odd
-// lengths, in-place and out-of-place, NaN and infinity.
+// lengths, in-place and out-of-place, NaN and infinity; and the vectorised float16/bfloat16
+// loops against the scalar ones bit for bit.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <random>
 
+#include "half_patterns.hpp"
 #include "loom/error.hpp"
 #include "loom/kernels/reduce.hpp"
+#include "simd.hpp"
 
 namespace loom {
 namespace {
@@ -167,6 +171,90 @@ TEST(ReduceKernel, ScaleOfHalvesMultipliesInFloat) {
   kernels::scale(&b, 1, DType::bfloat16, 0.1);
   EXPECT_EQ(b.bits, to_bfloat16(3.0f * 0.1f).bits);
 }
+
+namespace simd = kernels::simd;
+namespace patterns = kernels::testing;
+
+class ReduceSimdSizes : public ::testing::TestWithParam<std::size_t> {};
+
+// Every op on float16 and bfloat16 bit patterns (all 65536, then random: NaNs of both signs,
+// infinities, subnormals) at each size, aligned and misaligned, into a third buffer and into
+// either operand: the same bytes as the scalar loop.
+TEST_P(ReduceSimdSizes, CombinesHalvesAsScalar) {
+  const std::size_t n = GetParam();
+  const std::vector<std::uint16_t> a_bits = patterns::half_bit_patterns(n, 3);
+  std::vector<std::uint16_t> b_bits = patterns::half_bit_patterns(n, 4);
+  std::mt19937 random(5);
+  std::shuffle(b_bits.begin(), b_bits.end(), random);  // pair different patterns
+  enum class Into { third, a, b };
+  for (DType dtype : {DType::float16, DType::bfloat16})
+    for (ReduceOp op : all_reduce_ops)
+      for (std::size_t offset : {0u, 1u})
+        for (Into into : {Into::third, Into::a, Into::b}) {
+          auto run = [&] {
+            patterns::ElementBuffer a(n, 2, offset), b(n, 2, offset), out(n, 2, offset);
+            a.fill(a_bits);
+            b.fill(b_bits);
+            auto& target = into == Into::a ? a : into == Into::b ? b : out;
+            kernels::reduce(target.data(), a.data(), b.data(), n, dtype, op);
+            return target.contents();
+          };
+          // NaN + NaN and NaN * NaN: IEEE 754 leaves open which operand's sign and payload the
+          // result carries, and g++ may swap the operands of + and * on either path (simd.cpp).
+          const bool commutes = op != ReduceOp::min && op != ReduceOp::max;
+          auto both_nan = [&](std::size_t i, std::uint16_t scalar, std::uint16_t vectorised) {
+            return commutes && patterns::is_nan(a_bits[i], dtype) &&
+                   patterns::is_nan(b_bits[i], dtype) && patterns::is_nan(scalar, dtype) &&
+                   patterns::is_nan(vectorised, dtype);
+          };
+          patterns::expect_same_as_scalar(
+              run, 2,
+              std::string(to_string(dtype)) + " " + std::string(to_string(op)) + " n " +
+                  std::to_string(n) + " offset " + std::to_string(offset) + " into " +
+                  std::to_string(static_cast<int>(into)),
+              both_nan);
+        }
+}
+
+// scale (in place and not; 1/3 rounds, 3e4 overflows float16) and average of the same
+// patterns: the same bytes as the scalar loop.
+TEST_P(ReduceSimdSizes, ScalesAndAveragesHalvesAsScalar) {
+  const std::size_t n = GetParam();
+  const std::vector<std::uint16_t> bits = patterns::half_bit_patterns(n, 6);
+  for (DType dtype : {DType::float16, DType::bfloat16})
+    for (std::size_t offset : {0u, 1u}) {
+      const std::string where = std::string(to_string(dtype)) + " n " + std::to_string(n) +
+                                " offset " + std::to_string(offset);
+      for (double factor : {1.0 / 3, 3e4})
+        for (bool in_place : {false, true}) {
+          auto run = [&] {
+            patterns::ElementBuffer in(n, 2, offset), out(n, 2, offset);
+            in.fill(bits);
+            if (in_place) {
+              kernels::scale(in.data(), n, dtype, factor);
+              return in.contents();
+            }
+            kernels::scale(in.data(), out.data(), n, dtype, factor);
+            return out.contents();
+          };
+          patterns::expect_same_as_scalar(
+              run, 2,
+              "scale " + where + " by " + std::to_string(factor) + (in_place ? " in place" : ""));
+        }
+      for (int divisor : {3, 7}) {
+        auto run = [&] {
+          patterns::ElementBuffer data(n, 2, offset);
+          data.fill(bits);
+          kernels::average(data.data(), n, dtype, divisor);
+          return data.contents();
+        };
+        patterns::expect_same_as_scalar(run, 2,
+                                        "average " + where + " by " + std::to_string(divisor));
+      }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, ReduceSimdSizes, ::testing::ValuesIn(patterns::simd_sizes));
 
 }  // namespace
 }  // namespace loom
