@@ -65,10 +65,21 @@ void Mlp::forward(int k) {
   const int batch = _shape.batch;
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, batch, l.out, l.in, 1.0f,
               input_of(k).data(), l.in, l.weight.data(), l.out, 0.0f, l.z.data(), l.out);
-  for (int n = 0; n < batch; ++n)
-    for (int j = 0; j < l.out; ++j) l.z[n * l.out + j] += l.bias[j];
-  if (!l.a.empty())
-    for (std::size_t i = 0; i < l.z.size(); ++i) l.a[i] = l.z[i] > 0.0f ? l.z[i] : 0.0f;
+  // Bias and ReLU in one pass per row, through restrict pointers and without branches, so the
+  // compiler vectorises them (through the vectors' members it could not rule out aliasing, and
+  // these loops cost a quarter of the GEMM).
+  float* __restrict z = l.z.data();
+  float* __restrict a = l.a.empty() ? nullptr : l.a.data();
+  const float* __restrict bias = l.bias.data();
+  const int out = l.out;
+  for (int n = 0; n < batch; ++n) {
+    float* __restrict zr = z + static_cast<std::size_t>(n) * out;
+    for (int j = 0; j < out; ++j) zr[j] += bias[j];
+    if (a) {
+      float* __restrict ar = a + static_cast<std::size_t>(n) * out;
+      for (int j = 0; j < out; ++j) ar[j] = zr[j] > 0.0f ? zr[j] : 0.0f;
+    }
+  }
 }
 
 float Mlp::loss_and_output_gradient() {
@@ -88,9 +99,13 @@ void Mlp::weight_gradient(int k, float* grad_weight, float* grad_bias) const {
   const int batch = _shape.batch;
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, l.in, l.out, batch, 1.0f, input_of(k).data(),
               l.in, l.grad_z.data(), l.out, 0.0f, grad_weight, l.out);
-  for (int j = 0; j < l.out; ++j) grad_bias[j] = 0.0f;
+  // Column sums, rows in order (each element sums in the same order as a plain loop would).
+  float* __restrict sum = grad_bias;
+  const float* __restrict g = l.grad_z.data();
+  const int out = l.out;
+  for (int j = 0; j < out; ++j) sum[j] = 0.0f;
   for (int n = 0; n < batch; ++n)
-    for (int j = 0; j < l.out; ++j) grad_bias[j] += l.grad_z[n * l.out + j];
+    for (int j = 0; j < out; ++j) sum[j] += g[static_cast<std::size_t>(n) * out + j];
 }
 
 void Mlp::input_gradient(int k) {
@@ -98,8 +113,12 @@ void Mlp::input_gradient(int k) {
   Layer& below = _layers[k - 1];
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, _shape.batch, l.in, l.out, 1.0f,
               l.grad_z.data(), l.out, l.weight.data(), l.out, 0.0f, below.grad_z.data(), l.in);
-  for (std::size_t i = 0; i < below.grad_z.size(); ++i)
-    if (below.z[i] <= 0.0f) below.grad_z[i] = 0.0f;
+  // ReLU's derivative as a select, not a branch: z is positive for about half the elements at
+  // random, and a mispredicted branch per element cost more than the loop's arithmetic.
+  float* __restrict g = below.grad_z.data();
+  const float* __restrict z = below.z.data();
+  const std::size_t size = below.grad_z.size();
+  for (std::size_t i = 0; i < size; ++i) g[i] = z[i] <= 0.0f ? 0.0f : g[i];
 }
 
 }  // namespace loom::examples

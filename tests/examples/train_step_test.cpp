@@ -211,6 +211,61 @@ TEST(TrainStep, ScheduledIssueOrderIsFollowedAndKeepsResultsExact) {
         << "rank " << r;
 }
 
+// The MLP's kernels against plain double-precision loops, on odd sizes (vector tails) with
+// values that put ReLU's inputs on both sides of zero: forward (bias, ReLU), the bias and
+// weight gradients and the input gradient through ReLU's derivative.
+TEST(Mlp, KernelsEqualPlainLoops) {
+  const MlpShape shape{.input = 13, .width = 37, .output = 5, .depth = 3, .batch = 11, .seed = 7};
+  Mlp mlp(shape, 0, 1);
+  for (Layer& l : mlp.layers())  // biases start at zero: give them values to add
+    for (int j = 0; j < l.out; ++j) l.bias[j] = 0.01f * static_cast<float>(j % 7 - 3);
+  for (int k = 0; k < shape.depth; ++k) mlp.forward(k);
+  mlp.loss_and_output_gradient();
+  for (int k = shape.depth - 1; k >= 1; --k) mlp.input_gradient(k);
+  const auto& layers = mlp.layers();
+  int negative = 0, positive = 0;
+  for (int k = 0; k < shape.depth; ++k) {
+    const Layer& l = layers[k];
+    const std::vector<float>& x = mlp.input_of(k);
+    for (int n = 0; n < shape.batch; ++n)
+      for (int j = 0; j < l.out; ++j) {
+        double z = l.bias[j];
+        for (int i = 0; i < l.in; ++i) z += double(x[n * l.in + i]) * l.weight[i * l.out + j];
+        const std::size_t at = static_cast<std::size_t>(n) * l.out + j;
+        EXPECT_NEAR(l.z[at], z, 1e-4 * (1 + std::fabs(z))) << "layer " << k << " z[" << at << "]";
+        if (!l.a.empty()) EXPECT_EQ(l.a[at], l.z[at] > 0 ? l.z[at] : 0.0f) << "layer " << k;
+        (l.z[at] > 0 ? positive : negative)++;
+      }
+    std::vector<float> grad_w(static_cast<std::size_t>(l.in) * l.out), grad_b(l.out);
+    mlp.weight_gradient(k, grad_w.data(), grad_b.data());
+    for (int j = 0; j < l.out; ++j) {
+      double b = 0;
+      for (int n = 0; n < shape.batch; ++n) b += l.grad_z[n * l.out + j];
+      EXPECT_NEAR(grad_b[j], b, 1e-5 * (1 + std::fabs(b))) << "layer " << k << " db[" << j << "]";
+      for (int i = 0; i < l.in; ++i) {
+        double w = 0;
+        for (int n = 0; n < shape.batch; ++n)
+          w += double(x[n * l.in + i]) * l.grad_z[n * l.out + j];
+        EXPECT_NEAR(grad_w[i * l.out + j], w, 1e-5 * (1 + std::fabs(w))) << "layer " << k;
+      }
+    }
+    if (k == 0) continue;
+    // G_{k-1} = (G_k W_k^T) * relu'(Z_{k-1})
+    const Layer& below = layers[k - 1];
+    for (int n = 0; n < shape.batch; ++n)
+      for (int i = 0; i < l.in; ++i) {
+        double g = 0;
+        for (int j = 0; j < l.out; ++j)
+          g += double(l.grad_z[n * l.out + j]) * l.weight[i * l.out + j];
+        const std::size_t at = static_cast<std::size_t>(n) * l.in + i;
+        if (below.z[at] <= 0) g = 0;
+        EXPECT_NEAR(below.grad_z[at], g, 1e-5 * (1 + std::fabs(g))) << "layer " << k - 1;
+      }
+  }
+  EXPECT_GT(negative, 20);  // both sides of ReLU were exercised
+  EXPECT_GT(positive, 20);
+}
+
 TEST(TrainStep, SchedulingNeedsAProfiledRun) {
   auto backend = make_local_backend();
   TrainStep step(*backend, small_model());
