@@ -53,31 +53,60 @@ void AlgorithmSelector::index_measurements() {
   }
 }
 
-AlgorithmSelector AlgorithmSelector::from_environment() {
-  AlgorithmSelector selector;
-  if (const auto path = environment::text("LOOM_TUNING_FILE")) {
-    selector = AlgorithmSelector(load_tuning_file(*path));
-  } else {
-    static std::once_flag said;
-    std::call_once(said, [&] {
-      const CostParameters& c = selector._tuning.cost;
-      std::fprintf(stderr,
-                   "loom: no LOOM_TUNING_FILE; the algorithm selector uses its defaults (alpha "
-                   "%.3g us, beta %.3g ns/B, gamma %.3g ns/B); run loom-tune to measure them\n",
-                   c.alpha_s * 1e6, c.beta_s_per_byte * 1e9, c.gamma_s_per_byte * 1e9);
-    });
-  }
+namespace {
+
+void say_defaults_once(const CostParameters& c) {
+  static std::once_flag said;
+  std::call_once(said, [&] {
+    std::fprintf(stderr,
+                 "loom: no LOOM_TUNING_FILE; the algorithm selector uses its defaults (alpha "
+                 "%.3g us, beta %.3g ns/B, gamma %.3g ns/B); run loom-tune to measure them\n",
+                 c.alpha_s * 1e6, c.beta_s_per_byte * 1e9, c.gamma_s_per_byte * 1e9);
+  });
+}
+
+}  // namespace
+
+void AlgorithmSelector::read_overrides() {
   for (Collective c : {Collective::allreduce, Collective::allgather, Collective::reduce_scatter,
                        Collective::broadcast, Collective::reduce}) {
     const std::string variable = override_variable(c);
     const auto value = environment::text(variable);
     if (!value) continue;
     try {
-      selector.set_override(c, parse_algorithm_ranges(*value));
+      set_override(c, parse_algorithm_ranges(*value));
     } catch (const Error& e) {
       throw Error(ErrorCode::invalid_argument, variable + ": " + e.message());
     }
   }
+}
+
+AlgorithmSelector AlgorithmSelector::from_environment() {
+  AlgorithmSelector selector;
+  if (const auto path = environment::text("LOOM_TUNING_FILE"))
+    selector = AlgorithmSelector(load_tuning_file(*path));
+  else
+    say_defaults_once(selector._tuning.cost);
+  selector.read_overrides();
+  return selector;
+}
+
+AlgorithmSelector AlgorithmSelector::for_backend(Backend& backend,
+                                                 std::optional<CalibrationOptions> calibration) {
+  // Only the mpi backend calibrates: the local backend's ranks are threads whose timings say
+  // little about a job, and nccl's collectives are all native.
+  const bool applies = !environment::text("LOOM_TUNING_FILE") && backend.name() == "mpi" &&
+                       backend.world_size() > 1 && backend.has_algorithm_channel();
+  if (applies && !calibration) calibration = CalibrationOptions::from_environment();
+  if (!applies || !calibration || calibration->collectives.empty()) return from_environment();
+  const Calibration measured = calibrate(backend, *calibration);
+  TuningParameters tuning = default_tuning();
+  tuning.backend = std::string(backend.name());
+  tuning.measured = measured.measured;
+  AlgorithmSelector selector(std::move(tuning));
+  for (const CalibrationReport& r : measured.reports)
+    selector._calibration += (selector._calibration.empty() ? "" : ", ") + r.path;
+  selector.read_overrides();
   return selector;
 }
 
@@ -94,8 +123,9 @@ std::uint64_t AlgorithmSelector::digest() const {
 }
 
 std::string AlgorithmSelector::origin() const {
-  std::string text =
-      _defaults ? "built-in defaults" : "a tuning file (backend " + _tuning.backend + ")";
+  std::string text = _defaults               ? std::string("built-in defaults")
+                     : !_calibration.empty() ? "a calibration (" + _calibration + ")"
+                                             : "a tuning file (backend " + _tuning.backend + ")";
   for (std::size_t c = 0; c < _overrides.size(); ++c)
     if (!_overrides[c].empty()) text += ", " + override_variable(static_cast<Collective>(c));
   return text;

@@ -37,7 +37,7 @@ class LoomImplementation final : public Implementation {
 class AutoImplementation final : public Implementation {
  public:
   explicit AutoImplementation(Backend& backend)
-      : _backend(backend), _selector(AlgorithmSelector::from_environment()) {}
+      : _backend(backend), _selector(AlgorithmSelector::for_backend(backend)) {}
 
   std::string_view name() const noexcept override { return "auto"; }
   std::string unsupported(Collective, DType, ReduceOp) const override { return {}; }

@@ -17,6 +17,8 @@
 #include <unistd.h>
 
 #include "loom/algorithm.hpp"
+#include "loom/algorithm_selector.hpp"
+#include "loom/candidate_timing.hpp"
 #include "loom/error.hpp"
 #include "loom/kernels/reduce.hpp"
 #include "loom/local.hpp"
@@ -231,123 +233,6 @@ double measure_reduction(Backend& b, const Options& o, Progress& progress) {
   return t / static_cast<double>(a.size() * sizeof(float));
 }
 
-// The buffers of `collective` when the benchmark size is `bytes` (nccl-tests' convention:
-// the whole buffer; allgather: the gathered one; reduce_scatter: the whole input).
-struct Case {
-  CollectiveArgs args;
-  std::size_t bytes;
-};
-
-Case make_case(Collective c, std::size_t bytes, int world, std::vector<float>& send,
-               std::vector<float>& recv) {
-  const auto n = static_cast<std::size_t>(world);
-  std::size_t count = std::max<std::size_t>(bytes / sizeof(float), 1);
-  if (c == Collective::allgather || c == Collective::reduce_scatter)
-    count = std::max(count / n, std::size_t{1});
-  const std::size_t total =
-      c == Collective::allgather || c == Collective::reduce_scatter ? count * n : count;
-  if (send.size() < total) send.resize(total, 1.0f);
-  if (recv.size() < total) recv.resize(total, 0.0f);
-  Buffer s(send.data(), count, DType::float32), r(recv.data(), count, DType::float32);
-  if (c == Collective::allgather) r = Buffer(recv.data(), count * n, DType::float32);
-  if (c == Collective::reduce_scatter) s = Buffer(send.data(), count * n, DType::float32);
-  if (c == Collective::broadcast) r = s;
-  return {{c, s, r, ReduceOp::sum, 0}, c == Collective::allgather ? r.bytes() : s.bytes()};
-}
-
-// One candidate at one size: its case and, once timed, its rounds.
-struct Point {
-  Collective collective;
-  std::size_t bytes;
-  Algorithm algorithm;
-  CollectiveArgs args;
-  int iterations;
-  std::vector<double> times;  // per round: the slowest rank's average per call
-};
-
-// Times every point in o.rounds rounds, each round visiting every point in turn (starting one
-// point later each round), so that each point's rounds are spread over the whole run. A burst
-// of load on a shared machine (a compile starting, another job) then lands in some rounds of
-// every candidate instead of deciding the figure of the one candidate being timed while it
-// lasted, and the median over rounds is the candidate's figure under the machine's typical
-// state. Each point gets o.seconds_per_point in all (at least one call per round).
-void time_points(Backend& b, const Options& o, std::vector<Point>& points, Progress& progress) {
-  const double per_round = o.seconds_per_point / o.rounds;
-  for (Point& p : points) {
-    perform(b, o, p.algorithm, p.args);  // warm-up (and first touch of scratch memory)
-    // One call's time from enough calls to see past the clock's resolution; max_over_ranks
-    // makes the count the same on every rank. The fastest of three estimates: one estimate
-    // slowed by a descheduled rank set a count of 1 call per round for 8 B, whose rounds then
-    // timed the barrier's exit instead of the call (native 6.7 us where it takes 0.5 us).
-    double each = std::numeric_limits<double>::infinity();
-    for (int estimate = 0; estimate < 3; ++estimate)
-      for (int probe = 1;; probe *= 10) {
-        b.barrier();
-        const auto start = Clock::now();
-        for (int i = 0; i < probe; ++i) perform(b, o, p.algorithm, p.args);
-        const double t =
-            max_over_ranks(b, std::chrono::duration<double>(Clock::now() - start).count() / probe);
-        if (t * probe >= 1e-4 || probe >= 1000) {
-          each = std::min(each, t);
-          break;
-        }
-      }
-    p.iterations = static_cast<int>(std::clamp(per_round / std::max(each, 1e-8), 1.0, 1e6));
-  }
-  for (int round = 0; round < o.rounds; ++round) {
-    for (std::size_t turn = 0; turn < points.size(); ++turn) {
-      Point& p = points[(turn + static_cast<std::size_t>(round)) % points.size()];
-      b.barrier();
-      const auto start = Clock::now();
-      for (int i = 0; i < p.iterations; ++i) perform(b, o, p.algorithm, p.args);
-      const double mine =
-          std::chrono::duration<double>(Clock::now() - start).count() / p.iterations;
-      p.times.push_back(max_over_ranks(b, mine));
-    }
-    progress.step("round " + std::to_string(round + 1) + " of " + std::to_string(o.rounds) +
-                  " over " + std::to_string(points.size()) + " points");
-  }
-}
-
-struct Quartiles {
-  double lower, median, upper;
-};
-
-// Quartiles of `v` (not empty), interpolating between order statistics.
-Quartiles quartiles(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  auto at = [&](double q) {
-    const double position = q * static_cast<double>(v.size() - 1);
-    const auto below = static_cast<std::size_t>(position);
-    const std::size_t above = std::min(below + 1, v.size() - 1);
-    return v[below] + (v[above] - v[below]) * (position - static_cast<double>(below));
-  };
-  return {at(0.25), at(0.5), at(0.75)};
-}
-
-// The spread written for `p` (the selector keeps native unless a candidate's median plus its
-// spread stays below native's median minus native's). Against native, paired by round: the
-// two were timed moments apart in each round, so their ratio cancels most of what the
-// machine's load did to both, where an unpaired comparison would drown a steady 20% lead in
-// the round-to-round swings of a shared machine. A candidate's spread is how far the median of
-// its per-round ratio to native puts it above its own median, so it passes only if it beat
-// native in most rounds as well as by its median; native's spread is 0. (Requiring wins in
-// three rounds of four, the upper quartile, kept native where the benchmark then found
-// Rabenseifner 1.1-1.4x faster: see bench/RESULTS.md, issue 4.)
-double spread(const Point& p, const std::vector<Point>& points) {
-  if (p.algorithm == Algorithm::native) return 0;
-  const auto native = std::find_if(points.begin(), points.end(), [&](const Point& q) {
-    return q.collective == p.collective && q.bytes == p.bytes && q.algorithm == Algorithm::native;
-  });
-  const Quartiles own = quartiles(p.times);
-  if (native == points.end()) return (own.upper - own.lower) / 2;
-  std::vector<double> ratios;
-  for (std::size_t r = 0; r < p.times.size(); ++r)
-    ratios.push_back(p.times[r] / std::max(native->times[r], 1e-12));
-  const double native_median = quartiles(native->times).median;
-  return std::max(quartiles(ratios).median * native_median - own.median, 0.0);
-}
-
 int run(Backend& b, const Options& o) {
   const bool printing = b.rank() == 0;
   if (b.world_size() < 2)
@@ -366,18 +251,14 @@ int run(Backend& b, const Options& o) {
   t.cost = measure_point_to_point(b, o, progress);
   t.cost.gamma_s_per_byte = measure_reduction(b, o, progress);
 
-  // Sized once for the largest case, so the cases' buffers stay valid while --full cycles
-  // through all of them.
-  const std::size_t largest = std::max(o.max_bytes, native_sizes.back()) / sizeof(float) + 1;
-  std::vector<float> send(largest + static_cast<std::size_t>(b.world_size()), 1.0f);
-  std::vector<float> recv(send.size(), 0.0f);
+  std::vector<float> send, recv;
   for (Collective c : o.collectives) {
     std::vector<double> x, y;
     for (std::size_t bytes : native_sizes) {
-      Case k = make_case(c, bytes, b.world_size(), send, recv);
+      const CollectiveArgs args = benchmark_args(c, bytes, b.world_size(), send, recv);
       const double seconds = time_collectively(b, o.seconds_per_point,
-                                               [&] { perform(b, o, Algorithm::native, k.args); });
-      x.push_back(static_cast<double>(k.bytes));
+                                               [&] { perform(b, o, Algorithm::native, args); });
+      x.push_back(static_cast<double>(selection_bytes(args)));
       y.push_back(seconds);
       progress.step("native " + std::string(to_string(c)) + " " + std::to_string(bytes) + " B");
     }
@@ -388,17 +269,15 @@ int run(Backend& b, const Options& o) {
   }
 
   if (o.full) {
-    std::vector<Point> points;
-    for (Collective c : o.collectives)
-      for (std::size_t bytes : full_sizes) {
-        const Case k = make_case(c, bytes, b.world_size(), send, recv);
-        for (Algorithm a : candidates(c))
-          if (cannot_run(a, k.args, b).empty()) points.push_back({c, k.bytes, a, k.args, 0, {}});
-      }
-    time_points(b, o, points, progress);
-    for (const Point& p : points)
-      t.measured.push_back({p.collective, b.world_size(), p.bytes, p.algorithm,
-                            quartiles(p.times).median, spread(p, points)});
+    CandidateTimingOptions timing;
+    timing.collectives = o.collectives;
+    timing.sizes = full_sizes;
+    timing.rounds = o.rounds;
+    timing.seconds_per_point = o.seconds_per_point;
+    timing.asynchronous = o.asynchronous;
+    t.measured = time_candidates(b, timing, [&](int round) {
+      progress.step("round " + std::to_string(round) + " of " + std::to_string(o.rounds));
+    });
   }
   progress.finish();
   if (!printing) return 0;

@@ -27,7 +27,7 @@ void Executor::Impl::compile() {
   timeout = environment::timeout_from_seconds(options.timeout->count(), "ExecutorOptions::timeout");
   profile.enabled = *options.profile;
   profile.profiler.set_enabled(profile.enabled);
-  algorithms.selector = AlgorithmSelector::from_environment();
+  algorithms.selector = AlgorithmSelector::for_backend(backend);
 
   detail::check_structure(graph);
   detail::check_acyclic(graph);

@@ -12,7 +12,7 @@
 namespace loom::environment {
 namespace {
 
-constexpr std::array<Variable, 13> all_variables{{
+constexpr std::array<Variable, 15> all_variables{{
     {"LOOM_BACKEND", "the backend create_backend() makes", "mpi under mpirun, else local",
      "local, mpi, nccl"},
     {"LOOM_TIMEOUT_S",
@@ -28,6 +28,17 @@ constexpr std::array<Variable, 13> all_variables{{
      "unset: no trace", "a writable path"},
     {"LOOM_TUNING_FILE", "loom-tune's measurements for the algorithm selector",
      "unset: built-in alpha 5 us, beta 0.2 ns/B, gamma 0.25 ns/B", "a tuning file path"},
+    {"LOOM_CALIBRATION",
+     "without LOOM_TUNING_FILE, on the mpi backend with several ranks: the collectives whose "
+     "candidates the selector times on first use (Executor compile, loom-collectives -a auto, the "
+     "torch process group), every rank together, and caches in LOOM_CALIBRATION_CACHE; 0 keeps "
+     "the untuned model",
+     "1: allreduce", "0, 1, or a comma list of collectives"},
+    {"LOOM_CALIBRATION_CACHE",
+     "directory of the calibration cache, one file per host, backend, rank count, transport (shm, "
+     "tcp) and collective; a calibration on a busy host is not cached; a corrupt file is an "
+     "invalid_argument error naming it (delete it to recalibrate)",
+     "$XDG_CACHE_HOME/loom, else ~/.cache/loom", "a writable directory (created if missing)"},
     {"LOOM_ALLREDUCE",
      "algorithms by size range for allreduce, e.g. "
      "\"rd:0-8K;rabenseifner:8K-1M;ring:1M-max\"",

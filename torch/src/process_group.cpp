@@ -80,7 +80,6 @@ ProcessGroupLoom::ProcessGroupLoom(c10::intrusive_ptr<c10d::Store> store, int ra
                                    std::chrono::nanoseconds timeout)
     : c10d::ProcessGroup(rank, size),
       _store(std::move(store)),
-      _selector(AlgorithmSelector::from_environment()),
       _timeout(environment::text("LOOM_TIMEOUT_S") ? environment::timeout() : timeout) {
   const std::string where =
       "loom process group (rank " + std::to_string(rank) + " of " + std::to_string(size) + ")";
@@ -107,6 +106,8 @@ ProcessGroupLoom::ProcessGroupLoom(c10::intrusive_ptr<c10d::Store> store, int ra
                     " backend is rank " + std::to_string(_backend->rank()) + " of " +
                     std::to_string(_backend->world_size()) +
                     " (set RANK and WORLD_SIZE from the launcher, or let loom_torch do it)");
+  // Every rank constructs the group together: where the selector calibrates, it does so here.
+  _selector = AlgorithmSelector::for_backend(*_backend);
   init();
   _reporter = std::thread([this] { run_reporter(); });
   _engine = std::make_unique<ProgressEngine>();

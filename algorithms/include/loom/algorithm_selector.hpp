@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "loom/algorithm.hpp"
+#include "loom/calibration.hpp"
 #include "loom/tuning.hpp"
 
 namespace loom {
@@ -50,6 +51,14 @@ class AlgorithmSelector {
   /// ErrorCode::invalid_argument naming the variable and the bad token.
   static AlgorithmSelector from_environment();
 
+  /// @brief from_environment(), calibrated for `backend` where that applies: without
+  /// LOOM_TUNING_FILE, on the mpi backend with several ranks, unless LOOM_CALIBRATION=0, the
+  /// measured table is calibrate()'s (`calibration`, else CalibrationOptions::from_environment()),
+  /// read from its cache or timed now. Collective: every rank constructs it together (the
+  /// executor in compile(), loom-collectives' auto, the torch process group).
+  static AlgorithmSelector for_backend(Backend& backend,
+                                       std::optional<CalibrationOptions> calibration = {});
+
   /// @brief Use `ranges` for `collective` (replacing earlier ones); an algorithm that does not
   /// implement the collective is ErrorCode::invalid_argument.
   void set_override(Collective collective, std::vector<AlgorithmRange> ranges);
@@ -67,7 +76,7 @@ class AlgorithmSelector {
   /// ranks.
   std::uint64_t digest() const;
   /// @brief Where the configuration came from, for messages: "tuning file (...) and
-  /// LOOM_ALLREDUCE" or "defaults".
+  /// LOOM_ALLREDUCE", "a calibration (...)" or "defaults".
   std::string origin() const;
 
   const TuningParameters& tuning() const noexcept { return _tuning; }
@@ -90,10 +99,12 @@ class AlgorithmSelector {
     std::array<double, 8> spread_seconds;
   };
   void index_measurements();
+  void read_overrides();
 
   TuningParameters _tuning;
   std::vector<std::pair<std::pair<Collective, int>, std::vector<MeasuredSize>>> _measured;
   bool _defaults = true;
+  std::string _calibration;  // the cache files of a calibration, for origin()
   std::array<std::vector<AlgorithmRange>, 7> _overrides;  // by Collective
 };
 

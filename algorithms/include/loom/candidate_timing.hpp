@@ -1,0 +1,44 @@
+// Candidate timing: every candidate algorithm of some collectives timed at some sizes in
+// interleaved rounds, by every rank together; what loom-tune --full and the calibration share.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <vector>
+
+#include "loom/backend.hpp"
+#include "loom/tuning.hpp"
+
+namespace loom {
+
+/// @brief What time_candidates() times, and how long.
+struct CandidateTimingOptions {
+  std::vector<Collective> collectives{Collective::allreduce};
+  /// @brief Benchmark sizes in bytes (nccl-tests' convention: the whole buffer; allgather:
+  /// the gathered one; reduce_scatter: the whole input).
+  std::vector<std::size_t> sizes;
+  /// @brief Every candidate at every size is timed once per round; each keeps its median.
+  int rounds = 7;
+  /// @brief Time spent per (collective, size, candidate), split over the rounds (at least one
+  /// call per round).
+  double seconds_per_point = 0.05;
+  /// @brief Time start_collective(...)->wait() instead of run_collective (differs for native).
+  bool asynchronous = false;
+};
+
+/// @brief float32 sum buffers for `collective` at benchmark size `bytes` over `world` ranks,
+/// in `send` and `recv` (grown as needed; the returned arguments point into them).
+CollectiveArgs benchmark_args(Collective collective, std::size_t bytes, int world,
+                              std::vector<float>& send, std::vector<float>& recv);
+
+/// @brief Times every candidate that can run (cannot_run) of every collective at every size.
+/// Collective: every rank calls it with the same options. Each round visits every point in
+/// turn, starting one point later each round, so that a burst of load on a shared machine lands
+/// in some rounds of every candidate rather than deciding one candidate's figure; a point's
+/// time per round is the slowest rank's average per call, so every rank returns the same
+/// figures. Returns per point the median over rounds and its spread against native (see
+/// Measurement::spread_seconds). `on_round(k)` is called after round k (1-based).
+std::vector<Measurement> time_candidates(Backend& backend, const CandidateTimingOptions& options,
+                                         const std::function<void(int)>& on_round = {});
+
+}  // namespace loom

@@ -1,0 +1,88 @@
+// Tests algorithms/calibration without ranks: LOOM_CALIBRATION and LOOM_CALIBRATION_CACHE, the
+// default sizes, and cache file names that differ in every part of the key.
+#include "loom/calibration.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <set>
+
+#include "loom/error.hpp"
+
+namespace loom {
+namespace {
+
+class ScopedVariable {
+ public:
+  ScopedVariable(const char* name, const char* value) : _name(name) { ::setenv(name, value, 1); }
+  ~ScopedVariable() { ::unsetenv(_name); }
+
+ private:
+  const char* _name;
+};
+
+TEST(CalibrationOptions, ReadsTheEnvironment) {
+  ScopedVariable cache("LOOM_CALIBRATION_CACHE", "/tmp/loom-cache-test");
+  {
+    ScopedVariable off("LOOM_CALIBRATION", "0");
+    EXPECT_FALSE(CalibrationOptions::from_environment());
+  }
+  {
+    ScopedVariable on("LOOM_CALIBRATION", "1");
+    const auto o = CalibrationOptions::from_environment();
+    ASSERT_TRUE(o);
+    EXPECT_EQ(o->collectives, std::vector<Collective>{Collective::allreduce});
+    EXPECT_EQ(o->cache_directory, "/tmp/loom-cache-test");
+  }
+  {
+    ScopedVariable list("LOOM_CALIBRATION", "allreduce,allgather");
+    const auto o = CalibrationOptions::from_environment();
+    ASSERT_TRUE(o);
+    EXPECT_EQ(o->collectives,
+              (std::vector<Collective>{Collective::allreduce, Collective::allgather}));
+  }
+  ScopedVariable bad("LOOM_CALIBRATION", "allreduce,everything");
+  try {
+    CalibrationOptions::from_environment();
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("LOOM_CALIBRATION='allreduce,everything'"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(CalibrationOptions, DefaultsToTheUserCacheAndSixteenBytesToSixteenMebibytes) {
+  ::unsetenv("LOOM_CALIBRATION");
+  ::unsetenv("LOOM_CALIBRATION_CACHE");
+  ScopedVariable xdg("XDG_CACHE_HOME", "/tmp/xdg");
+  const auto o = CalibrationOptions::from_environment();
+  ASSERT_TRUE(o);
+  EXPECT_EQ(o->cache_directory, "/tmp/xdg/loom");
+  ASSERT_FALSE(o->sizes.empty());
+  EXPECT_EQ(o->sizes.front(), 16u);
+  EXPECT_EQ(o->sizes.back(), std::size_t{16} << 20);
+}
+
+TEST(CalibrationKey, EveryPartNamesAnotherFile) {
+  const CalibrationKey key{"node1", "mpi", 4, "shm", Collective::allreduce};
+  EXPECT_EQ(key.file_name(), "node1.mpi.4ranks.shm.allreduce.tuning");
+  std::set<std::string> names{key.file_name()};
+  CalibrationKey k = key;
+  k.host = "node2";
+  names.insert(k.file_name());
+  k = key;
+  k.world = 2;
+  names.insert(k.file_name());
+  k = key;
+  k.transport = "tcp";
+  names.insert(k.file_name());
+  k = key;
+  k.collective = Collective::allgather;
+  names.insert(k.file_name());
+  EXPECT_EQ(names.size(), 5u);
+}
+
+}  // namespace
+}  // namespace loom
