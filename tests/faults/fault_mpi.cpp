@@ -24,6 +24,11 @@ namespace {
 
 constexpr long failing_step = 3, steps = 50;
 constexpr const char* failing_node = "backward1";
+// stop-graph stops in the step's first backward node, before which none of the step's
+// collectives can be issued. In backward1 the stop raced allreduce2, ready at the same moment:
+// when the issue won, rank 2 had started collective #13 on the rank board and the survivors
+// rightly reported it inside the collective, not missing.
+constexpr const char* stop_node = "backward2";
 
 // Exit statuses the driver checks.
 constexpr int exit_loom_error = 3, exit_other_error = 4, exit_finished = 5, exit_usage = 2;
@@ -119,11 +124,14 @@ int main(int argc, char** argv) {
       announce(rank, 0, "compiling a graph with a bad count");
     }
     step.on_compute = [&](std::string_view node) {
-      if (!victim || step.step != failing_step || node != failing_node) return;
+      if (!victim || step.step != failing_step) return;
       if (mode == "stop-graph") {
-        announce(rank, step.step, "SIGSTOP to myself in node 'backward1'");
+        if (node != stop_node) return;
+        announce(rank, step.step, "SIGSTOP to myself in node 'backward2'");
         ::raise(SIGSTOP);
-      } else if (mode == "kill") {
+      }
+      if (node != failing_node) return;
+      if (mode == "kill") {
         announce(rank, step.step, "SIGKILL to myself in node 'backward1'");
         ::raise(SIGKILL);
       } else if (mode == "throw") {
