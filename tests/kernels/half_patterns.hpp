@@ -70,7 +70,7 @@ class ElementBuffer {
   std::size_t size() const { return _size; }
   template <class T>
   void fill(const std::vector<T>& values) {
-    std::memcpy(data(), values.data(), _size);
+    if (_size) std::memcpy(data(), values.data(), _size);  // an empty vector's data() is null
   }
   std::vector<std::uint8_t> contents() { return {data(), data() + _size}; }
 
