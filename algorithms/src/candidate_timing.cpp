@@ -15,12 +15,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Every rank's maximum of `v` (the slowest rank decides a collective's time).
-double max_over_ranks(Backend& b, double v) {
-  b.allreduce(Buffer(&v, 1, DType::float64), ReduceOp::max);
-  return v;
-}
-
 // One candidate at one size: its case and, once timed, its rounds.
 struct Point {
   Collective collective;
@@ -78,6 +72,11 @@ double spread(const Point& p, const std::vector<Point>& points) {
 }
 
 }  // namespace
+
+double max_over_ranks(Backend& b, double v) {
+  b.allreduce(Buffer(&v, 1, DType::float64), ReduceOp::max);
+  return v;
+}
 
 CollectiveArgs benchmark_args(Collective c, std::size_t bytes, int world, std::vector<float>& send,
                               std::vector<float>& recv) {

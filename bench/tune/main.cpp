@@ -121,12 +121,6 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-// Every rank's maximum of `v` (the slowest rank decides a collective's time).
-double max_over_ranks(Backend& b, double v) {
-  b.allreduce(Buffer(&v, 1, DType::float64), ReduceOp::max);
-  return v;
-}
-
 // Least-squares fit of t = a + b x (a, b clamped at 0).
 std::pair<double, double> fit_line(const std::vector<double>& x, const std::vector<double>& t) {
   const double n = static_cast<double>(x.size());

@@ -26,6 +26,10 @@ struct CandidateTimingOptions {
   bool asynchronous = false;
 };
 
+/// @brief Every rank's maximum of `v` (the slowest rank decides a collective's time).
+/// Collective: every rank calls it.
+double max_over_ranks(Backend& backend, double v);
+
 /// @brief float32 sum buffers for `collective` at benchmark size `bytes` over `world` ranks,
 /// in `send` and `recv` (grown as needed; the returned arguments point into them).
 CollectiveArgs benchmark_args(Collective collective, std::size_t bytes, int world,
