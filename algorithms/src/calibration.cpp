@@ -219,8 +219,11 @@ std::string CalibrationKey::file_name() const {
          std::string(to_string(collective)) + ".tuning";
 }
 
-CalibrationKey calibration_key(Backend& backend, Collective collective) {
-  const std::vector<std::int64_t> hosts = host_hashes(backend);
+namespace {
+
+// The key from every rank's host hash (host_hashes). Collective.
+CalibrationKey key_from_hosts(Backend& backend, const std::vector<std::int64_t>& hosts,
+                              Collective collective) {
   const bool one_host =
       std::all_of(hosts.begin(), hosts.end(), [&](std::int64_t h) { return h == hosts.front(); });
   // Rank 0's view, broadcast: the ranks' environments may differ in OMPI_MCA_btl.
@@ -230,15 +233,25 @@ CalibrationKey calibration_key(Backend& backend, Collective collective) {
           transport, collective};
 }
 
+}  // namespace
+
+CalibrationKey calibration_key(Backend& backend, Collective collective) {
+  return key_from_hosts(backend, host_hashes(backend), collective);
+}
+
 Calibration calibrate(Backend& backend, const CalibrationOptions& options) {
   if (options.cache_directory.empty())
     throw Error(ErrorCode::invalid_argument, "calibrate: no cache directory");
   Calibration result;
   const bool rank0 = backend.rank() == 0;
+  if (options.collectives.empty()) return result;
+  // One key for the job (host, transport: communication), then one per collective.
   const std::vector<std::int64_t> hosts = host_hashes(backend);
+  const CalibrationKey job = key_from_hosts(backend, hosts, options.collectives.front());
   for (Collective collective : options.collectives) {
     CalibrationReport report;
-    report.key = calibration_key(backend, collective);
+    report.key = job;
+    report.key.collective = collective;
     report.path =
         (std::filesystem::path(options.cache_directory) / report.key.file_name()).string();
 
