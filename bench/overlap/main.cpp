@@ -100,6 +100,9 @@ void report(const std::vector<bench::ModeResult>& results, const Flags& flags,
       results[0].ranks, static_cast<int>(backend.size()), backend.data(), shape.input, shape.depth,
       shape.width, shape.output, shape.batch, flags.train.registration.c_str(), buckets,
       flags.plan.steps, flags.plan.warmups);
+  // Whether communication progresses beside compute depends on it (LOOM_PROGRESS_PRIORITY).
+  std::printf("# progress thread (rank 0, %s mode): %s\n", results.back().label.c_str(),
+              results.back().progress_priority.c_str());
   std::printf("# %-19s %9s %10s %9s %9s %10s %8s %8s %13s\n", "mode", "step_ms", "compute_ms",
               "comm_ms", "hidden_ms", "exposed_ms", "overlap", "speedup", "step/max(c,m)");
   for (const auto& r : results)

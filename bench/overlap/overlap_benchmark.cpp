@@ -93,6 +93,7 @@ std::vector<ModeResult> run_modes(Backend& backend, std::vector<examples::TrainC
     r.exposed_comm_ms = median(in.exposed);
     r.overlap_efficiency = median(in.efficiency);
     r.final_loss = steps[k]->loss();
+    r.progress_priority = steps[k]->executor().progress_priority();
     if (const examples::StepPlan* p = steps[k]->plan()) {
       r.plan = examples::describe(*p);
       r.plans_tried = steps[k]->plans_tried();

@@ -24,6 +24,8 @@ struct ModeResult {
   double overlap_efficiency = 0;
   double speedup_vs_sequential = 0;  ///< filled by the caller
   float final_loss = 0;
+  /// @brief How the step's progress thread was scheduled (Executor::progress_priority()).
+  std::string progress_priority;
   /// @brief The automatic plan the step ran (examples::describe()), "" without one, and the
   /// plans it timed to choose it (predicted and measured).
   std::string plan;

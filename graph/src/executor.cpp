@@ -44,7 +44,7 @@ void Executor::Impl::compile() {
   build_flow_graph();
   if (profile.enabled) profile.records.assign(graph.nodes.size(), detail::NodeRecord{});
   if (plan.sequencers.size() > 1 || !plan.collective_order.empty() || wiring.gpu)
-    engine = std::make_unique<ProgressEngine>();
+    engine = std::make_unique<ProgressEngine>(*options.progress_priority);
 }
 
 // Streams of communication: the communicator's collectives, and one per (direction, peer, tag)
@@ -262,6 +262,10 @@ std::vector<std::string> Executor::issue_order() const {
 
 std::size_t Executor::size() const noexcept {
   return _impl->graph.nodes.size();
+}
+
+std::string Executor::progress_priority() const {
+  return _impl->engine ? _impl->engine->priority_note() : "none";
 }
 
 const CommunicationProfiler& Executor::profiler() const noexcept {

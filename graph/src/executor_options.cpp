@@ -1,10 +1,11 @@
 // ExecutorOptions: the options' unset fields filled from the environment (LOOM_TIMEOUT_S,
-// LOOM_TRACE) by the rules of loom/environment.hpp.
+// LOOM_TRACE, LOOM_PROGRESS_PRIORITY) by the rules of loom/environment.hpp.
 #include <cmath>
 
 #include "loom/environment.hpp"
 #include "loom/error.hpp"
 #include "loom/executor.hpp"
+#include "loom/progress_engine.hpp"
 
 namespace loom {
 
@@ -19,6 +20,7 @@ ExecutorOptions ExecutorOptions::resolved() const {
   }
   if (!out.trace_path) out.trace_path = environment::text("LOOM_TRACE");
   if (!out.profile) out.profile = out.trace_path.has_value();
+  if (!out.progress_priority) out.progress_priority = progress_priority_from_environment();
   return out;
 }
 

@@ -12,7 +12,7 @@
 namespace loom::environment {
 namespace {
 
-constexpr std::array<Variable, 15> all_variables{{
+constexpr std::array<Variable, 16> all_variables{{
     {"LOOM_BACKEND", "the backend create_backend() makes", "mpi under mpirun, else local",
      "local, mpi, nccl"},
     {"LOOM_TIMEOUT_S",
@@ -26,6 +26,13 @@ constexpr std::array<Variable, 15> all_variables{{
      "file the executor writes its Chrome-trace JSON timeline to after every run "
      "(\".rank<r>\" inserted with several ranks)",
      "unset: no trace", "a writable path"},
+    {"LOOM_PROGRESS_PRIORITY",
+     "how the progress thread that completes communication (executor, torch process group) is "
+     "scheduled against compute: realtime is SCHED_FIFO 1, short_slice a 100 us EEVDF slice "
+     "(Linux 6.12+, no privilege); an explicit choice the process may not have is an "
+     "invalid_argument error",
+     "automatic: realtime where permitted, else short_slice, else normal",
+     "automatic, normal, short_slice, realtime"},
     {"LOOM_TUNING_FILE", "loom-tune's measurements for the algorithm selector",
      "unset: built-in alpha 5 us, beta 0.2 ns/B, gamma 0.25 ns/B", "a tuning file path"},
     {"LOOM_CALIBRATION",

@@ -1,14 +1,23 @@
 // ProgressEngine: one thread that drives asynchronous Work to completion and reports it.
 #include "loom/progress_engine.hpp"
 
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <future>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "loom/environment.hpp"
 #include "loom/error.hpp"
 
 namespace loom {
@@ -23,6 +32,49 @@ struct Watched {
   std::chrono::nanoseconds timeout;
 };
 
+// The kernel's struct sched_attr (uapi <linux/sched/types.h>, which clashes with glibc's
+// <sched.h>); glibc 2.36 has no sched_setattr wrapper either.
+struct SchedAttr {
+  std::uint32_t size;
+  std::uint32_t sched_policy;
+  std::uint64_t sched_flags;
+  std::int32_t sched_nice;
+  std::uint32_t sched_priority;
+  std::uint64_t sched_runtime;
+  std::uint64_t sched_deadline;
+  std::uint64_t sched_period;
+  std::uint32_t sched_util_min;
+  std::uint32_t sched_util_max;
+};
+constexpr std::uint64_t reset_on_fork_flag = 0x01;  // SCHED_FLAG_RESET_ON_FORK
+constexpr std::uint64_t short_slice_ns = 100'000;   // the kernel's smallest custom slice
+
+// Threads the engine's thread creates (TBB may start a worker from a completion callback) must
+// not inherit its priority: reset-on-fork gives them the default policy and slice.
+std::string make_realtime(long tid) {
+  sched_param param{};
+  param.sched_priority = 1;
+  if (sched_setscheduler(static_cast<pid_t>(tid), SCHED_FIFO | SCHED_RESET_ON_FORK, &param) == 0)
+    return {};
+  return std::strerror(errno);
+}
+
+std::string make_short_slice(long tid) {
+  SchedAttr attr{};
+  attr.size = sizeof attr;
+  attr.sched_policy = SCHED_OTHER;
+  attr.sched_flags = reset_on_fork_flag;
+  attr.sched_runtime = short_slice_ns;
+  if (syscall(SYS_sched_setattr, tid, &attr, 0U) != 0) return std::strerror(errno);
+  // Kernels before EEVDF's custom slices (6.12) accept the call and ignore sched_runtime.
+  SchedAttr back{};
+  if (syscall(SYS_sched_getattr, tid, &back, static_cast<unsigned>(sizeof back), 0U) != 0)
+    return std::strerror(errno);
+  if (back.sched_runtime != short_slice_ns)
+    return "the kernel keeps its own slice (custom slices need Linux 6.12+)";
+  return {};
+}
+
 std::string seconds_text(std::chrono::nanoseconds timeout) {
   char text[32];
   std::snprintf(text, sizeof text, "%.3g s", std::chrono::duration<double>(timeout).count());
@@ -36,9 +88,14 @@ struct ProgressEngine::State {
   std::vector<Watched> incoming;  // guarded by mutex
   bool stopping = false;          // guarded by mutex
   std::atomic<std::size_t> in_flight{0};
+  std::atomic<ProgressPriority> priority{ProgressPriority::normal};
+  std::string priority_note = "normal";
+  long tid = 0;
   std::thread thread;
 
   void loop();
+  void schedule(ProgressPriority wanted);
+  void stop() noexcept;
   static void report(Watched& w, std::exception_ptr error) noexcept;
 };
 
@@ -115,7 +172,9 @@ void ProgressEngine::State::loop() {
     // Back-off: completions often follow within microseconds, so spin a little, then yield,
     // then sleep longer and longer (woken early by new work).
     if (++idle_rounds < 64) continue;
-    if (idle_rounds < 128) {
+    // A realtime thread's yield gives the core only to other realtime threads: it would spin.
+    if (idle_rounds < 128 &&
+        priority.load(std::memory_order_relaxed) != ProgressPriority::realtime) {
       std::this_thread::yield();
       continue;
     }
@@ -125,17 +184,103 @@ void ProgressEngine::State::loop() {
   }
 }
 
-ProgressEngine::ProgressEngine() : _state(std::make_unique<State>()) {
-  _state->thread = std::thread([state = _state.get()] { state->loop(); });
+void ProgressEngine::State::schedule(ProgressPriority wanted) {
+  if (wanted == ProgressPriority::normal) return;
+  std::string refused;
+  if (wanted == ProgressPriority::realtime || wanted == ProgressPriority::automatic) {
+    const std::string why = make_realtime(tid);
+    if (why.empty()) {
+      priority = ProgressPriority::realtime;
+      priority_note = "realtime (SCHED_FIFO 1)";
+      return;
+    }
+    if (wanted == ProgressPriority::realtime)
+      throw Error(ErrorCode::invalid_argument,
+                  "progress thread priority 'realtime' (SCHED_FIFO) refused: " + why +
+                      " (needs root, CAP_SYS_NICE or RLIMIT_RTPRIO >= 1; 'automatic' falls back)");
+    refused = "realtime refused: " + why;
+  }
+  const std::string why = make_short_slice(tid);
+  if (why.empty()) {
+    priority = ProgressPriority::short_slice;
+    priority_note = "short_slice (100 us slice" + (refused.empty() ? "" : "; " + refused) + ")";
+    return;
+  }
+  if (wanted == ProgressPriority::short_slice)
+    throw Error(ErrorCode::invalid_argument,
+                "progress thread priority 'short_slice' (100 us sched_runtime) refused: " + why +
+                    " ('automatic' falls back)");
+  priority_note = "normal (" + refused + "; short_slice refused: " + why + ")";
+}
+
+void ProgressEngine::State::stop() noexcept {
+  {
+    std::lock_guard lock(mutex);
+    stopping = true;
+  }
+  wake.notify_all();
+  thread.join();
+}
+
+std::string_view to_string(ProgressPriority priority) noexcept {
+  switch (priority) {
+    case ProgressPriority::automatic:
+      return "automatic";
+    case ProgressPriority::normal:
+      return "normal";
+    case ProgressPriority::short_slice:
+      return "short_slice";
+    case ProgressPriority::realtime:
+      return "realtime";
+  }
+  return "?";
+}
+
+ProgressPriority parse_progress_priority(std::string_view text, std::string_view what) {
+  for (ProgressPriority p : {ProgressPriority::automatic, ProgressPriority::normal,
+                             ProgressPriority::short_slice, ProgressPriority::realtime})
+    if (text == to_string(p)) return p;
+  throw Error(ErrorCode::invalid_argument,
+              std::string(what) + "='" + std::string(text) +
+                  "' is not a progress thread priority (automatic, normal, short_slice, realtime)");
+}
+
+ProgressPriority progress_priority_from_environment() {
+  const auto text = environment::text("LOOM_PROGRESS_PRIORITY");
+  return text ? parse_progress_priority(*text, "LOOM_PROGRESS_PRIORITY")
+              : ProgressPriority::automatic;
+}
+
+ProgressEngine::ProgressEngine(ProgressPriority wanted) : _state(std::make_unique<State>()) {
+  std::promise<long> started;
+  std::future<long> tid = started.get_future();
+  _state->thread = std::thread([state = _state.get(), &started] {
+    started.set_value(static_cast<long>(gettid()));
+    state->loop();
+  });
+  _state->tid = tid.get();
+  try {
+    _state->schedule(wanted);
+  } catch (...) {
+    _state->stop();
+    throw;
+  }
 }
 
 ProgressEngine::~ProgressEngine() {
-  {
-    std::lock_guard lock(_state->mutex);
-    _state->stopping = true;
-  }
-  _state->wake.notify_all();
-  _state->thread.join();
+  _state->stop();
+}
+
+ProgressPriority ProgressEngine::priority() const noexcept {
+  return _state->priority.load();
+}
+
+const std::string& ProgressEngine::priority_note() const noexcept {
+  return _state->priority_note;
+}
+
+long ProgressEngine::thread_id() const noexcept {
+  return _state->tid;
 }
 
 void ProgressEngine::watch(std::unique_ptr<Work> work, Completion on_done,

@@ -454,6 +454,38 @@ TEST(ExecutorOptions, TimeoutEnvironmentIsParsedStrictly) {
   EXPECT_DOUBLE_EQ(explicit_options.resolved().timeout->count(), 7);
 }
 
+TEST(ExecutorOptions, ProgressPriorityFromTheEnvironmentAndReportedByTheExecutor) {
+  ::setenv("LOOM_PROGRESS_PRIORITY", "normal", 1);
+  EXPECT_EQ(*ExecutorOptions{}.resolved().progress_priority, ProgressPriority::normal);
+  ::setenv("LOOM_PROGRESS_PRIORITY", "fastest", 1);
+  try {
+    (void)ExecutorOptions{}.resolved();
+    ADD_FAILURE() << "accepted LOOM_PROGRESS_PRIORITY=fastest";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+    EXPECT_NE(e.message().find("LOOM_PROGRESS_PRIORITY='fastest'"), std::string::npos) << e.what();
+  }
+  ::unsetenv("LOOM_PROGRESS_PRIORITY");
+  EXPECT_EQ(*ExecutorOptions{}.resolved().progress_priority, ProgressPriority::automatic);
+
+  // A graph with communication gets a progress thread scheduled as asked; one without, none.
+  LocalWorld::run(2, [&](Backend& backend) {
+    std::vector<float> data(16, 1.0f);
+    Graph g;
+    g.allreduce("reduce", Buffer::of(std::span(data)));
+    ExecutorOptions options = quick_timeout();
+    options.progress_priority = ProgressPriority::normal;
+    Executor ex(g, backend, options);
+    ex.run();
+    EXPECT_EQ(ex.progress_priority(), "normal");
+    EXPECT_EQ(data[3], 2.0f);
+  });
+  auto backend = make_local_backend();
+  Graph g;
+  g.compute("alone", [] {});
+  EXPECT_EQ(Executor(g, *backend, quick_timeout()).progress_priority(), "none");
+}
+
 // Two messages on one (peer, tag) whose senders become ready in random order must still match
 // the receives in compile order.
 TEST(Executor, PointToPointMatchesInCompileOrder) {

@@ -1,11 +1,19 @@
 // ProgressEngine: completions, failures and timeouts are reported once, from its own thread.
 #include <gtest/gtest.h>
+#include <sched.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <future>
 #include <memory>
 #include <stdexcept>
+#include <string>
 #include <thread>
 
 #include "loom/error.hpp"
@@ -159,6 +167,149 @@ TEST(ProgressEngine, FailedAndUnfinishedWorkIsAbandonedNeverWaitedFor) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_EQ(blocked.load(), 0);
   EXPECT_LT(seconds, 1.0);
+}
+
+// The scheduling policy of thread `tid` without the reset-on-fork bit.
+int policy_of(long tid) {
+  return sched_getscheduler(static_cast<pid_t>(tid)) & ~SCHED_RESET_ON_FORK;
+}
+
+// The kernel's sched_runtime of thread `tid` (its EEVDF slice for SCHED_OTHER on 6.12+).
+std::uint64_t slice_of(long tid) {
+  struct {
+    std::uint32_t size, policy;
+    std::uint64_t flags;
+    std::int32_t nice;
+    std::uint32_t priority;
+    std::uint64_t runtime, deadline, period;
+    std::uint32_t util_min, util_max;
+  } attr{};
+  if (syscall(SYS_sched_getattr, tid, &attr, static_cast<unsigned>(sizeof attr), 0U) != 0) return 0;
+  return attr.runtime;
+}
+
+// Runs one work to completion on `engine`: the priority must not change what the engine does.
+void completes_one(ProgressEngine& engine) {
+  std::atomic<bool> release{false};
+  std::promise<void> reported;
+  engine.watch(std::make_unique<FlagWork>(release), [&](std::exception_ptr error) {
+    EXPECT_EQ(error, nullptr);
+    reported.set_value();
+  });
+  std::this_thread::sleep_for(2ms);
+  release = true;
+  EXPECT_EQ(reported.get_future().wait_for(5s), std::future_status::ready);
+}
+
+TEST(ProgressPriority, NamesParseBothWaysAndABadOneIsNamed) {
+  for (ProgressPriority p : {ProgressPriority::automatic, ProgressPriority::normal,
+                             ProgressPriority::short_slice, ProgressPriority::realtime})
+    EXPECT_EQ(parse_progress_priority(to_string(p), "test"), p);
+  try {
+    (void)parse_progress_priority("high", "LOOM_PROGRESS_PRIORITY");
+    ADD_FAILURE() << "accepted 'high'";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+    EXPECT_NE(e.message().find("LOOM_PROGRESS_PRIORITY='high'"), std::string::npos) << e.what();
+    EXPECT_NE(e.message().find("short_slice"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ProgressPriority, NormalKeepsTheDefaultPolicy) {
+  ProgressEngine engine(ProgressPriority::normal);
+  EXPECT_EQ(engine.priority(), ProgressPriority::normal);
+  EXPECT_EQ(engine.priority_note(), "normal");
+  EXPECT_EQ(policy_of(engine.thread_id()), SCHED_OTHER);
+  completes_one(engine);
+}
+
+// automatic takes the best the process may have, and the thread really is scheduled so.
+TEST(ProgressPriority, AutomaticTakesWhatTheProcessMayAndTheKernelShowsIt) {
+  ProgressEngine engine;
+  const long tid = engine.thread_id();
+  EXPECT_NE(tid, static_cast<long>(gettid()));
+  switch (engine.priority()) {
+    case ProgressPriority::realtime: {
+      EXPECT_EQ(policy_of(tid), SCHED_FIFO);
+      sched_param param{};
+      ASSERT_EQ(sched_getparam(static_cast<pid_t>(tid), &param), 0);
+      EXPECT_EQ(param.sched_priority, 1);
+      EXPECT_EQ(engine.priority_note(), "realtime (SCHED_FIFO 1)");
+      break;
+    }
+    case ProgressPriority::short_slice:
+      EXPECT_EQ(policy_of(tid), SCHED_OTHER);
+      EXPECT_EQ(slice_of(tid), 100'000u);
+      EXPECT_NE(engine.priority_note().find("realtime refused"), std::string::npos);
+      break;
+    case ProgressPriority::normal:
+      EXPECT_EQ(policy_of(tid), SCHED_OTHER);
+      EXPECT_NE(engine.priority_note().find("short_slice refused"), std::string::npos);
+      break;
+    case ProgressPriority::automatic:
+      ADD_FAILURE() << "priority() is never automatic";
+      break;
+  }
+  // The calling thread is untouched.
+  EXPECT_EQ(policy_of(gettid()), SCHED_OTHER);
+  completes_one(engine);
+}
+
+// A thread started from a completion (TBB may start a worker there) must not inherit realtime.
+TEST(ProgressPriority, ThreadsStartedByTheEngineDoNotInheritRealtime) {
+  std::unique_ptr<ProgressEngine> engine;
+  try {
+    engine = std::make_unique<ProgressEngine>(ProgressPriority::realtime);
+  } catch (const Error& e) {
+    GTEST_SKIP() << "this process may not use SCHED_FIFO: " << e.what();
+  }
+  std::atomic<bool> release{true};
+  std::promise<int> child_policy;
+  engine->watch(std::make_unique<FlagWork>(release), [&](std::exception_ptr) {
+    EXPECT_EQ(policy_of(gettid()), SCHED_FIFO);  // the engine's own thread
+    std::thread child([&] { child_policy.set_value(policy_of(gettid())); });
+    child.join();
+  });
+  auto future = child_policy.get_future();
+  ASSERT_EQ(future.wait_for(5s), std::future_status::ready);
+  EXPECT_EQ(future.get(), SCHED_OTHER);
+}
+
+// Without the privilege (a real unprivileged process: root drops to nobody in a child), an
+// explicit realtime request is an error naming the refusal, and automatic falls back.
+[[noreturn]] void try_realtime_unprivileged() {
+  if (geteuid() == 0 && setresuid(65534, 65534, 65534) != 0) std::_Exit(3);
+  rlimit none{0, 0};
+  if (setrlimit(RLIMIT_RTPRIO, &none) != 0) std::_Exit(4);
+  try {
+    ProgressEngine refused(ProgressPriority::realtime);
+    std::fprintf(stderr, "realtime was granted\n");
+    std::_Exit(5);
+  } catch (const Error& e) {
+    const bool named = e.code() == ErrorCode::invalid_argument &&
+                       e.message().find("'realtime' (SCHED_FIFO) refused") != std::string::npos &&
+                       e.message().find("CAP_SYS_NICE") != std::string::npos;
+    if (!named) {
+      std::fprintf(stderr, "wrong error: %s\n", e.what());
+      std::_Exit(6);
+    }
+  }
+  ProgressEngine fallback;
+  if (fallback.priority() == ProgressPriority::realtime ||
+      fallback.priority_note().find("realtime refused") == std::string::npos ||
+      policy_of(fallback.thread_id()) != SCHED_OTHER) {
+    std::fprintf(stderr, "fallback: %s\n", fallback.priority_note().c_str());
+    std::_Exit(7);
+  }
+  completes_one(fallback);
+  std::fprintf(stderr, "refused and fell back to %s\n", fallback.priority_note().c_str());
+  std::_Exit(0);
+}
+
+TEST(ProgressPriority, RealtimeWithoutPrivilegeIsAnErrorAndAutomaticFallsBack) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(try_realtime_unprivileged(), ::testing::ExitedWithCode(0),
+              "refused and fell back to");
 }
 
 }  // namespace

@@ -109,8 +109,10 @@ ProcessGroupLoom::ProcessGroupLoom(c10::intrusive_ptr<c10d::Store> store, int ra
   // Every rank constructs the group together: where the selector calibrates, it does so here.
   _selector = AlgorithmSelector::for_backend(*_backend);
   init();
+  // Before the reporter starts: a refused LOOM_PROGRESS_PRIORITY then throws with no thread to
+  // join.
+  _engine = std::make_unique<ProgressEngine>(progress_priority_from_environment());
   _reporter = std::thread([this] { run_reporter(); });
-  _engine = std::make_unique<ProgressEngine>();
 }
 
 ProcessGroupLoom::~ProcessGroupLoom() {

@@ -13,6 +13,7 @@
 #include "loom/backend.hpp"
 #include "loom/communication_profiler.hpp"
 #include "loom/graph.hpp"
+#include "loom/progress_engine.hpp"
 
 namespace loom {
 
@@ -33,6 +34,10 @@ struct ExecutorOptions {
   /// order decides which completes first (a planned order hands the wire to what is needed
   /// first) instead of every issued collective sharing it.
   std::size_t collectives_in_flight = 0;
+  /// @brief How the progress thread that completes communication is scheduled against the
+  /// compute workers (ProgressPriority). Unset: LOOM_PROGRESS_PRIORITY, else automatic
+  /// (realtime where permitted, else a short slice, else normal).
+  std::optional<ProgressPriority> progress_priority;
 
   /// @brief The options with every unset field filled from the environment; throws
   /// ErrorCode::invalid_argument naming a malformed variable.
@@ -109,6 +114,9 @@ class Executor {
   std::vector<std::string> issue_order() const;
   /// @brief Node count of the compiled graph.
   std::size_t size() const noexcept;
+  /// @brief How the progress thread is scheduled, as ProgressEngine::priority_note() says it
+  /// ("realtime (SCHED_FIFO 1)"); "none" when the graph needs no progress thread.
+  std::string progress_priority() const;
   /// @brief Timings of the last run (empty unless profiling is on).
   std::vector<NodeTiming> last_run() const;
 
