@@ -56,6 +56,23 @@ class Backend::BlockingCall {
   bool _done = false;
 };
 
+Backend::OperationRecord Backend::begin_operation(const OperationInfo& info,
+                                                  OperationState state) noexcept {
+  OperationRecord operation;
+  operation.id = _recorder->record(info, state, &operation.seq);
+  if (operation.seq >= 0 && _board) _board->started(operation.seq);
+  return operation;
+}
+
+void Backend::operation_started(const OperationRecord& operation) noexcept {
+  _recorder->update(operation.id, OperationState::started);
+}
+
+void Backend::operation_ended(const OperationRecord& operation, bool completed) noexcept {
+  _recorder->update(operation.id, completed ? OperationState::completed : OperationState::failed);
+  if (completed && operation.seq >= 0 && _board) _board->completed(operation.seq);
+}
+
 void Backend::publish_failure(std::string_view message, bool drained, bool consequence) noexcept {
   if (_board)
     _board->publish_failure(message, _recorder->next_collective_seq(), drained, consequence);

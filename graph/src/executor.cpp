@@ -37,8 +37,7 @@ void Executor::Impl::compile() {
   wiring.gpu = detail::GpuNodes::create(graph, plan.order);
 
   plan_issue_order();
-  flight.record_of.assign(graph.nodes.size(), 0);
-  flight.seq_of.assign(graph.nodes.size(), -1);
+  flight.operation_of.assign(graph.nodes.size(), {});
   check_ranks_agree();
   measure_clock_offset();
   build_flow_graph();
@@ -123,14 +122,13 @@ void Executor::Impl::arrive(std::uint32_t i, AsyncNode::gateway_type& gateway) {
 std::unique_ptr<Work> Executor::Impl::start_operation(std::uint32_t i) {
   const NodeData& node = graph.nodes[i];
   const CollectiveArgs& c = node.collective;
-  FlightRecorder& recorder = backend.flight_recorder();
+  Backend::OperationRecord& operation = flight.operation_of[i];
   if (node.kind == NodeKind::send || node.kind == NodeKind::recv) {
-    flight.seq_of[i] = -1;
-    flight.record_of[i] = recorder.record({node.name, to_string(node.kind), c.send.dtype(),
-                                           c.send.count(), "native", node.peer, false});
+    operation = backend.begin_operation({node.name, to_string(node.kind), c.send.dtype(),
+                                         c.send.count(), "native", node.peer, false});
     auto work = node.kind == NodeKind::send ? backend.send_async(c.send, node.peer, node.tag)
                                             : backend.recv_async(c.send, node.peer, node.tag);
-    recorder.update(flight.record_of[i], OperationState::started);
+    backend.operation_started(operation);
     return work;
   }
   if (node.kind != NodeKind::collective)
@@ -141,13 +139,16 @@ std::unique_ptr<Work> Executor::Impl::start_operation(std::uint32_t i) {
   const AlgorithmChoice choice = algorithms.selector.choose(c, backend);
   algorithms.algorithm_of[i] = to_string(choice.algorithm);
   algorithms.reason_of[i] = choice.reason;
-  const std::uint64_t id = recorder.record({node.name, to_string(c.op), c.send.dtype(),
-                                            c.send.count(), to_string(choice.algorithm), -1, true},
-                                           OperationState::scheduled, &flight.seq_of[i]);
-  flight.record_of[i] = id;
-  if (RankBoard* board = backend.rank_board()) board->started(flight.seq_of[i]);
-  auto work = start_collective(backend, choice.algorithm, c);
-  recorder.update(id, OperationState::started);
+  operation = backend.begin_operation({node.name, to_string(c.op), c.send.dtype(), c.send.count(),
+                                       to_string(choice.algorithm), -1, true});
+  std::unique_ptr<Work> work;
+  try {
+    work = start_collective(backend, choice.algorithm, c);
+  } catch (...) {
+    backend.operation_ended(operation, false);
+    throw;
+  }
+  backend.operation_started(operation);
   return work;
 }
 
@@ -170,10 +171,7 @@ void Executor::Impl::issue(std::uint32_t i) {
 // Runs on the progress engine's thread.
 void Executor::Impl::complete(std::uint32_t i, std::exception_ptr error) {
   const NodeData& node = graph.nodes[i];
-  backend.flight_recorder().update(flight.record_of[i],
-                                   error ? OperationState::failed : OperationState::completed);
-  if (!error && flight.seq_of[i] >= 0)
-    if (RankBoard* board = backend.rank_board()) board->completed(flight.seq_of[i]);
+  backend.operation_ended(flight.operation_of[i], !error);
   if (profile.enabled) {
     detail::NodeRecord& record = profile.records[i];
     record.end_ns = profile.now_ns();

@@ -82,9 +82,9 @@ struct FailureState {
 
 /// @brief What the flight recorder and the rank board know of this run's communication.
 struct RunRecord {
-  std::vector<std::uint64_t> record_of;  ///< per node: its flight-record id in this run
-  std::vector<std::int64_t> seq_of;      ///< per node: collective_seq_id in this run, else -1
-  std::int64_t first_seq = 0;            ///< the backend's next collective at run start
+  /// per node: its flight record and collective_seq_id (-1: not a collective) in this run
+  std::vector<Backend::OperationRecord> operation_of;
+  std::int64_t first_seq = 0;  ///< the backend's next collective at run start
 };
 
 /// @brief One node's times in the last profiled run (ns since the run started).

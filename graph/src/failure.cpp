@@ -43,9 +43,9 @@ void Executor::Impl::fail(std::uint32_t i, std::exception_ptr error) {
         failure.timed_out = true;
         // Who is missing, from the rank board (which does not depend on the stuck operation).
         int failed_rank = -1;
-        if (flight.seq_of[i] >= 0) {
-          message += "; collective #" + std::to_string(flight.seq_of[i]) + ": " +
-                     backend.who_is_missing(flight.seq_of[i], &failed_rank);
+        if (const std::int64_t seq = flight.operation_of[i].seq; seq >= 0) {
+          message += "; collective #" + std::to_string(seq) + ": " +
+                     backend.who_is_missing(seq, &failed_rank);
         } else {
           message += "; the peer did not take part";
         }
@@ -112,10 +112,7 @@ void Executor::Impl::drain() {
       try {
         auto work = start_operation(i);
         const bool done = timeout.count() > 0 ? work->wait_for(timeout) : (work->wait(), true);
-        backend.flight_recorder().update(flight.record_of[i],
-                                         done ? OperationState::completed : OperationState::failed);
-        if (done && flight.seq_of[i] >= 0)
-          if (RankBoard* board = backend.rank_board()) board->completed(flight.seq_of[i]);
+        backend.operation_ended(flight.operation_of[i], done);
         if (!done) {
           // Never wait for it again (its destructor would): it is abandoned with the run.
           work->abandon();
@@ -123,8 +120,9 @@ void Executor::Impl::drain() {
           throw Error(ErrorCode::timeout,
                       "did not complete within " +
                           environment::seconds_text(options.timeout->count()) + "; " +
-                          (flight.seq_of[i] >= 0 ? backend.who_is_missing(flight.seq_of[i])
-                                                 : std::string("the peer did not take part")));
+                          (flight.operation_of[i].seq >= 0
+                               ? backend.who_is_missing(flight.operation_of[i].seq)
+                               : std::string("the peer did not take part")));
         }
       } catch (const std::exception& e) {
         failure.poisoned = "an earlier run failed and draining its communication failed too at " +

@@ -179,36 +179,31 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::collective(c10d::OpType type,
   const AlgorithmChoice choice = _selector.choose(args, *_backend);
   // Into the backend's flight recorder and onto its rank board, as the executor does: the
   // collective_seq_id counts this backend's collectives, the same on every rank.
-  Flight flight;
-  flight.record =
-      _backend->flight_recorder().record({name, to_string(args.op), args.send.dtype(),
-                                          args.send.count(), to_string(choice.algorithm), -1, true},
-                                         OperationState::scheduled, &flight.seq);
-  if (RankBoard* board = _backend->rank_board()) board->started(flight.seq);
+  const Backend::OperationRecord operation =
+      _backend->begin_operation({name, to_string(args.op), args.send.dtype(), args.send.count(),
+                                 to_string(choice.algorithm), -1, true});
   std::unique_ptr<Work> work;
   try {
     work = start_collective(*_backend, choice.algorithm, args);
   } catch (...) {
-    _backend->flight_recorder().update(flight.record, OperationState::failed);
+    _backend->operation_ended(operation, false);
     throw;
   }
-  _backend->flight_recorder().update(flight.record, OperationState::started);
+  _backend->operation_started(operation);
   {
     std::lock_guard lock(_choice_mutex);
     _last_choice = choice;
   }
   auto result = c10::make_intrusive<LoomWork>(rank_, type, std::move(outputs));
-  return watch(std::move(work), std::move(result), timeout, flight,
+  return watch(std::move(work), std::move(result), timeout, operation,
                "loom/census/" + std::to_string(_collectives++), std::move(after), std::move(keep));
 }
 
-ProcessGroupLoom::Flight ProcessGroupLoom::record_point_to_point(std::string_view op,
+Backend::OperationRecord ProcessGroupLoom::record_point_to_point(std::string_view op,
                                                                  const Buffer& buffer, int peer) {
   // Recorded once the transport took it (started); `op` is a literal (the ring keeps it).
-  Flight flight;
-  flight.record = _backend->flight_recorder().record(
-      {{}, op, buffer.dtype(), buffer.count(), "native", peer, false}, OperationState::started);
-  return flight;
+  return _backend->begin_operation({{}, op, buffer.dtype(), buffer.count(), "native", peer, false},
+                                   OperationState::started);
 }
 
 std::string ProcessGroupLoom::flight_record(std::string_view reason) const {
@@ -218,7 +213,8 @@ std::string ProcessGroupLoom::flight_record(std::string_view reason) const {
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::watch(std::unique_ptr<Work> work,
                                                        c10::intrusive_ptr<LoomWork> result,
                                                        std::chrono::milliseconds timeout,
-                                                       Flight flight, std::string census_key,
+                                                       Backend::OperationRecord operation,
+                                                       std::string census_key,
                                                        std::function<void()> after, Keep keep) {
   {
     std::lock_guard lock(_pending_mutex);
@@ -226,7 +222,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::watch(std::unique_ptr<Work> wor
   }
   _engine->watch(
       std::move(work),
-      [this, result, flight, census_key = std::move(census_key), after = std::move(after),
+      [this, result, operation, census_key = std::move(census_key), after = std::move(after),
        keep = std::move(keep)](std::exception_ptr error) {
         if (!error && after) {
           try {
@@ -235,10 +231,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::watch(std::unique_ptr<Work> wor
             error = std::current_exception();
           }
         }
-        _backend->flight_recorder().update(
-            flight.record, error ? OperationState::failed : OperationState::completed);
-        if (!error && flight.seq >= 0)
-          if (RankBoard* board = _backend->rank_board()) board->completed(flight.seq);
+        _backend->operation_ended(operation, !error);
         {
           std::lock_guard lock(_pending_mutex);
           _pending.erase(result.get());
@@ -499,10 +492,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::send(std::vector<at::Tensor>& t
   const at::Tensor& tensor = single(tensors, where);
   const Buffer buffer = to_buffer(tensor, *_backend, where);
   auto work = _backend->send_async(buffer, dst, tag);
-  const Flight flight = record_point_to_point("send", buffer, dst);
+  const Backend::OperationRecord operation = record_point_to_point("send", buffer, dst);
   auto result =
       c10::make_intrusive<LoomWork>(rank_, c10d::OpType::SEND, std::vector<at::Tensor>{tensor});
-  return watch(std::move(work), std::move(result), c10d::kUnsetTimeout, flight, {}, {}, {});
+  return watch(std::move(work), std::move(result), c10d::kUnsetTimeout, operation, {}, {}, {});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recv(std::vector<at::Tensor>& tensors, int src,
@@ -512,11 +505,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recv(std::vector<at::Tensor>& t
   const at::Tensor& tensor = single(tensors, where);
   const Buffer buffer = to_buffer(tensor, *_backend, where);
   auto work = _backend->recv_async(buffer, src, tag);
-  const Flight flight = record_point_to_point("recv", buffer, src);
+  const Backend::OperationRecord operation = record_point_to_point("recv", buffer, src);
   auto result =
       c10::make_intrusive<LoomWork>(rank_, c10d::OpType::RECV, std::vector<at::Tensor>{tensor});
   result->set_source(src);
-  return watch(std::move(work), std::move(result), c10d::kUnsetTimeout, flight, {}, {}, {});
+  return watch(std::move(work), std::move(result), c10d::kUnsetTimeout, operation, {}, {}, {});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recvAnysource(std::vector<at::Tensor>& tensors,
@@ -532,8 +525,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recvAnysource(std::vector<at::T
   auto result = c10::make_intrusive<LoomWork>(rank_, c10d::OpType::RECVANYSOURCE,
                                               std::vector<at::Tensor>{tensor});
   auto work = std::make_unique<AnySourceRecv>(*_backend, buffer, tag, result);
-  const Flight flight = record_point_to_point("recvAnysource", buffer, -1);
-  return watch(std::move(work), std::move(result), c10d::kUnsetTimeout, flight, {}, {}, {});
+  const Backend::OperationRecord operation = record_point_to_point("recvAnysource", buffer, -1);
+  return watch(std::move(work), std::move(result), c10d::kUnsetTimeout, operation, {}, {}, {});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_bucket(at::Tensor bucket,

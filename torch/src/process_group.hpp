@@ -96,24 +96,19 @@ class ProcessGroupLoom final : public c10d::ProcessGroup {
 
  private:
   using Keep = std::vector<at::Tensor>;
-  // An operation's entry in the backend's flight recorder (seq: its collective_seq_id, -1 for
-  // point-to-point).
-  struct Flight {
-    std::uint64_t record = 0;
-    std::int64_t seq = -1;
-  };
   // `name`: the flight record's profiling_name (empty: the operation's).
   c10::intrusive_ptr<c10d::Work> collective(c10d::OpType type, const CollectiveArgs& args,
                                             std::vector<at::Tensor> outputs,
                                             std::chrono::milliseconds timeout,
                                             std::function<void()> after = {}, Keep keep = {},
                                             std::string_view name = {});
-  Flight record_point_to_point(std::string_view op, const Buffer& buffer, int peer);
+  Backend::OperationRecord record_point_to_point(std::string_view op, const Buffer& buffer,
+                                                 int peer);
   c10::intrusive_ptr<c10d::Work> watch(std::unique_ptr<Work> work,
                                        c10::intrusive_ptr<LoomWork> result,
-                                       std::chrono::milliseconds timeout, Flight flight,
-                                       std::string census_key, std::function<void()> after,
-                                       Keep keep);
+                                       std::chrono::milliseconds timeout,
+                                       Backend::OperationRecord operation, std::string census_key,
+                                       std::function<void()> after, Keep keep);
   void check_usable(std::string_view operation) const;
   std::chrono::nanoseconds timeout_of(std::chrono::milliseconds requested) const;
   void fail(const c10::intrusive_ptr<LoomWork>& result, std::exception_ptr error,

@@ -141,6 +141,22 @@ class Backend {
   /// transport has none (nccl).
   RankBoard* rank_board() noexcept { return _board.get(); }
   const RankBoard* rank_board() const noexcept { return _board.get(); }
+  /// @brief An asynchronous operation in flight_recorder() and, for a collective, on
+  /// rank_board(): what begin_operation returns and operation_started/operation_ended take.
+  struct OperationRecord {
+    std::uint64_t id = 0;   ///< its flight-recorder record
+    std::int64_t seq = -1;  ///< its collective_seq_id (the same on every rank); -1: point-to-point
+  };
+  /// @brief Records `info` in `state` (scheduled: before the transport is asked; started: it
+  /// already took it); a collective (info.collective) gets its collective_seq_id and is
+  /// published as started on rank_board(). The executor and the torch process group record
+  /// every operation through these three calls.
+  OperationRecord begin_operation(const OperationInfo& info,
+                                  OperationState state = OperationState::scheduled) noexcept;
+  /// @brief The transport took it (scheduled -> started).
+  void operation_started(const OperationRecord& operation) noexcept;
+  /// @brief It ended: completed (a collective also completed on rank_board()) or failed.
+  void operation_ended(const OperationRecord& operation, bool completed) noexcept;
   /// @brief Publishes a failure of this rank on rank_board() (see RankBoard::publish_failure).
   void publish_failure(std::string_view message, bool drained, bool consequence = false) noexcept;
   /// @brief Why collective `seq` did not complete: the ranks that did not arrive, from
