@@ -119,6 +119,7 @@ std::vector<ModeResult> run_modes(Backend& backend, std::vector<examples::TrainC
                                           : in_flight;
       profile.measured_step_s = r.step_ms * 1e-3;
       profile.measured_comm_s = r.comm_ms * 1e-3;
+      profile.measured_compute_s = r.compute_ms * 1e-3;
       save_step_profile(profile, plan.profile_prefix + "." + r.label + ".json");
     }
   }

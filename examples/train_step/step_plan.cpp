@@ -140,8 +140,10 @@ std::vector<StepPlan> TrainStep::search_plans(std::span<const std::vector<NodeTi
   current.collectives_in_flight = executor_options().collectives_in_flight;
   const double n_runs = static_cast<double>(runs.size());
   for (const auto& run : runs) {
+    const OverlapMetrics overlap = measure_overlap(run);
     current.measured_step_s += run_seconds(run) / n_runs;
-    current.measured_comm_s += measure_overlap(run).comm_ms * 1e-3 / n_runs;
+    current.measured_comm_s += overlap.comm_ms * 1e-3 / n_runs;
+    current.measured_compute_s += overlap.compute_ms * 1e-3 / n_runs;
   }
   const NetworkModel network = ranks > 1 && current.measured_comm_s > 0
                                    ? NetworkModel::fitted(current, search.latency_s)

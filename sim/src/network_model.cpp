@@ -74,6 +74,11 @@ NetworkModel NetworkModel::fitted(const StepProfile& profile, double latency_s) 
     throw Error(ErrorCode::invalid_argument,
                 "fitting the wire needs the profile's measured_comm_s (a profiled run with "
                 "communication)");
+  // What the wire took: rank 0's communication intervals, or the time the step did not compute
+  // where that is longer (the peers' share of a collective rank 0 issued late).
+  double measured = profile.measured_comm_s;
+  if (profile.measured_step_s > 0 && profile.measured_compute_s > 0)
+    measured = std::max(measured, profile.measured_step_s - profile.measured_compute_s);
   // The wire time of the profile's communication at a trial beta; it grows with beta.
   auto wire = [&](double beta) {
     TuningParameters t = default_tuning();
@@ -92,7 +97,7 @@ NetworkModel NetworkModel::fitted(const StepProfile& profile, double latency_s) 
   double lo = 1e-15, hi = 1e-5;  // 8e15 .. 8e5 bit/s
   for (int i = 0; i < 200 && hi / lo > 1.000001; ++i) {
     const double mid = std::sqrt(lo * hi);
-    (wire(mid) < profile.measured_comm_s ? lo : hi) = mid;
+    (wire(mid) < measured ? lo : hi) = mid;
   }
   return from_link(8.0 / std::sqrt(lo * hi), latency_s);
 }

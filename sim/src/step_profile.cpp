@@ -72,7 +72,8 @@ void write_step_profile(const StepProfile& p, std::ostream& out) {
       << ", \"workers\": " << p.workers
       << ", \"collectives_in_flight\": " << p.collectives_in_flight
       << ", \"measured_step_s\": " << p.measured_step_s
-      << ", \"measured_comm_s\": " << p.measured_comm_s << ",\n \"nodes\": [\n";
+      << ", \"measured_comm_s\": " << p.measured_comm_s
+      << ", \"measured_compute_s\": " << p.measured_compute_s << ",\n \"nodes\": [\n";
   for (std::size_t i = 0; i < p.nodes.size(); ++i) {
     const ProfiledNode& n = p.nodes[i];
     out << "  {\"name\": " << quote_json(n.name) << ", \"kind\": \"" << to_string(n.kind)
@@ -117,6 +118,7 @@ StepProfile read_step_profile(std::istream& in) {
   p.collectives_in_flight = static_cast<std::size_t>(number_of("collectives_in_flight", 0));
   p.measured_step_s = number_of("measured_step_s", 0);
   p.measured_comm_s = number_of("measured_comm_s", 0);
+  p.measured_compute_s = number_of("measured_compute_s", 0);  // absent in older profiles
   if (p.ranks < 1 || p.workers < 1)
     throw Error(ErrorCode::invalid_argument, "step profile: ranks and workers must be >= 1");
   for (const sim::Json& n : doc.at("nodes").as_array("nodes")) {

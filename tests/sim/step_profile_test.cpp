@@ -57,6 +57,7 @@ TEST(StepProfile, JsonRoundTrip) {
   p.collectives_in_flight = 1;
   p.measured_step_s = 0.0125;
   p.measured_comm_s = 0.004;
+  p.measured_compute_s = 0.0081;
   p.nodes = {{.name = "f", .kind = NodeKind::compute, .priority = 2, .duration_s = 1.5e-3},
              {.name = "g",
               .kind = NodeKind::collective,
@@ -75,6 +76,7 @@ TEST(StepProfile, JsonRoundTrip) {
   EXPECT_EQ(q.collectives_in_flight, 1u);
   EXPECT_DOUBLE_EQ(q.measured_step_s, 0.0125);
   EXPECT_DOUBLE_EQ(q.measured_comm_s, 0.004);
+  EXPECT_DOUBLE_EQ(q.measured_compute_s, 0.0081);
   ASSERT_EQ(q.nodes.size(), 2u);
   EXPECT_EQ(q.nodes[0].priority, 2);
   EXPECT_DOUBLE_EQ(q.nodes[0].duration_s, 1.5e-3);

@@ -184,6 +184,15 @@ TEST(NetworkModel, FromALinkAndFittedToAProfile) {
   add_allreduce(p, "c", 1'000'000);
   const NetworkModel fit = NetworkModel::fitted(p, 0);
   EXPECT_NEAR(fit.collective(Collective::allreduce, 1'000'000, 2).seconds, 2 * ms, 1e-8);
+  // A step that computed 7 of its 10 ms spent 3 ms on the wire, whatever rank 0's own
+  // intervals say; one that computed 9 ms keeps the intervals' 2 ms.
+  p.measured_step_s = 10 * ms;
+  p.measured_compute_s = 7 * ms;
+  EXPECT_NEAR(NetworkModel::fitted(p, 0).collective(Collective::allreduce, 1'000'000, 2).seconds,
+              3 * ms, 1e-8);
+  p.measured_compute_s = 9 * ms;
+  EXPECT_NEAR(NetworkModel::fitted(p, 0).collective(Collective::allreduce, 1'000'000, 2).seconds,
+              2 * ms, 1e-8);
   p.measured_comm_s = 0;
   EXPECT_THROW(NetworkModel::fitted(p, 0), Error);
 }

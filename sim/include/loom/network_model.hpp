@@ -28,8 +28,11 @@ class NetworkModel {
   /// 8 / rate; gamma (the reduction) default_tuning()'s.
   static NetworkModel from_link(double bits_per_s, double latency_s);
   /// @brief A link whose beta makes the profile's collectives, one after another, take the
-  /// wire time the profile measured (measured_comm_s): a wire calibrated on the run itself,
-  /// for transports no nominal rate describes (shared memory). Needs measured_comm_s > 0.
+  /// wire time the profile measured: a wire calibrated on the run itself, for transports no
+  /// nominal rate describes (shared memory, a shaped loopback). That time is measured_comm_s,
+  /// or the step's non-compute time (measured_step_s - measured_compute_s) where that is
+  /// longer: rank 0's own intervals miss what its peers drove before rank 0 issued a collective
+  /// (Open MPI's native allreduce on 2 ranks: 42 ms of a 52 ms wire). Needs measured_comm_s > 0.
   static NetworkModel fitted(const StepProfile& profile, double latency_s);
 
   /// @brief `op` on `bytes` over `ranks` (0 at one rank).
