@@ -186,6 +186,14 @@ void ProgressEngine::State::loop() {
 
 void ProgressEngine::State::schedule(ProgressPriority wanted) {
   if (wanted == ProgressPriority::normal) return;
+  if (wanted == ProgressPriority::automatic) {
+    const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    if (const auto ranks = environment::launcher_local_size(); ranks && cpus > 0 && *ranks > cpus) {
+      priority_note = "normal (automatic: " + std::to_string(*ranks) + " ranks on this host's " +
+                      std::to_string(cpus) + " CPUs)";
+      return;
+    }
+  }
   std::string refused;
   if (wanted == ProgressPriority::realtime || wanted == ProgressPriority::automatic) {
     const std::string why = make_realtime(tid);

@@ -255,6 +255,35 @@ TEST(ProgressPriority, AutomaticTakesWhatTheProcessMayAndTheKernelShowsIt) {
   completes_one(engine);
 }
 
+// More ranks on the host than CPUs (as the launcher says): automatic stays normal.
+TEST(ProgressPriority, AutomaticStaysNormalOnAnOversubscribedHost) {
+  const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  ASSERT_GT(cpus, 0);
+  const char* before = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  const std::string saved = before ? before : "";
+  ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", std::to_string(cpus + 1).c_str(), 1);
+  {
+    ProgressEngine engine;
+    EXPECT_EQ(engine.priority(), ProgressPriority::normal);
+    EXPECT_EQ(engine.priority_note(), "normal (automatic: " + std::to_string(cpus + 1) +
+                                          " ranks on this host's " + std::to_string(cpus) +
+                                          " CPUs)");
+    EXPECT_EQ(policy_of(engine.thread_id()), SCHED_OTHER);
+    completes_one(engine);
+  }
+  // As many ranks as CPUs is not oversubscribed: automatic asks for more than normal.
+  ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", std::to_string(cpus).c_str(), 1);
+  {
+    ProgressEngine engine;
+    EXPECT_EQ(engine.priority_note().find("automatic:"), std::string::npos)
+        << engine.priority_note();
+  }
+  if (before)
+    ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", saved.c_str(), 1);
+  else
+    ::unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+}
+
 // A thread started from a completion (TBB may start a worker there) must not inherit realtime.
 TEST(ProgressPriority, ThreadsStartedByTheEngineDoNotInheritRealtime) {
   std::unique_ptr<ProgressEngine> engine;

@@ -22,7 +22,10 @@ namespace loom {
 /// "The progress thread's priority").
 enum class ProgressPriority {
   /// realtime where the process may (root, CAP_SYS_NICE or RLIMIT_RTPRIO >= 1), else
-  /// short_slice where the kernel has it, else normal; never an error
+  /// short_slice where the kernel has it, else normal; never an error. normal when the host is
+  /// oversubscribed (the launcher puts more ranks on it than it has online CPUs): every core
+  /// then already runs several ranks, and a progress thread that preempts them makes each step
+  /// slower (shared memory, 3-4 ranks on 2 cores: 8-15%, RESULTS.md)
   automatic,
   /// the default policy and slice of the process (SCHED_OTHER)
   normal,
