@@ -2,6 +2,7 @@
 // arrive moves the data; point-to-point uses MPI-style posted/unexpected queues.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <limits>
@@ -157,7 +158,9 @@ class CollectiveWork final : public Work {
   // The caller's buffers may go once this returns: the rank still to arrive must not move
   // data into them, and a rank moving it now finishes first (a copy, microseconds).
   void on_abandon() noexcept override {
-    for (;;) {
+    // Sleeps rather than yields between looks: the caller may be a realtime progress thread,
+    // whose yield never gives its CPU to the (normal) thread doing the copy.
+    for (auto pause = std::chrono::microseconds(1);; pause = std::min(pause * 2, max_pause)) {
       {
         std::lock_guard lock(_state->mutex);
         if (_rendezvous->done.load(std::memory_order_acquire)) return;
@@ -166,9 +169,10 @@ class CollectiveWork final : public Work {
           return;
         }
       }
-      std::this_thread::yield();
+      std::this_thread::sleep_for(pause);
     }
   }
+  static constexpr auto max_pause = std::chrono::microseconds(100);
 
   bool poll() override {
     if (finished_rendezvous()) return true;

@@ -3,6 +3,7 @@
 // sequencers and completed by the progress engine.
 #include "loom/executor.hpp"
 
+#include <algorithm>
 #include <map>
 #include <tuple>
 
@@ -27,6 +28,14 @@ void Executor::Impl::compile() {
   timeout = environment::timeout_from_seconds(options.timeout->count(), "ExecutorOptions::timeout");
   profile.enabled = *options.profile;
   profile.profiler.set_enabled(profile.enabled);
+  // The progress thread first, before anything communicates: a priority this rank may not have
+  // (LOOM_PROGRESS_PRIORITY=realtime without the privilege) fails here, not after its peers
+  // entered the cross-rank checks below and wait for it.
+  const bool needs_engine = std::any_of(graph.nodes.begin(), graph.nodes.end(), [](const auto& n) {
+    return n.kind == NodeKind::collective || n.kind == NodeKind::send || n.kind == NodeKind::recv ||
+           n.placement == Placement::gpu;
+  });
+  if (needs_engine) engine = std::make_unique<ProgressEngine>(*options.progress_priority);
   algorithms.selector = AlgorithmSelector::for_backend(backend);
 
   detail::check_structure(graph);
@@ -42,8 +51,6 @@ void Executor::Impl::compile() {
   measure_clock_offset();
   build_flow_graph();
   if (profile.enabled) profile.records.assign(graph.nodes.size(), detail::NodeRecord{});
-  if (plan.sequencers.size() > 1 || !plan.collective_order.empty() || wiring.gpu)
-    engine = std::make_unique<ProgressEngine>(*options.progress_priority);
 }
 
 // Streams of communication: the communicator's collectives, and one per (direction, peer, tag)

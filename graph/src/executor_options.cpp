@@ -5,7 +5,7 @@
 #include "loom/environment.hpp"
 #include "loom/error.hpp"
 #include "loom/executor.hpp"
-#include "loom/progress_engine.hpp"
+#include "loom/progress_priority.hpp"
 
 namespace loom {
 

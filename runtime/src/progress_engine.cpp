@@ -59,10 +59,16 @@ std::string make_realtime(long tid) {
   return std::strerror(errno);
 }
 
+// Only the slice changes: the thread keeps its policy (SCHED_OTHER or SCHED_BATCH) and nice value
+// (a process started with nice 10 may not lower it, and one at nice -15 must not be raised).
 std::string make_short_slice(long tid) {
   SchedAttr attr{};
+  if (syscall(SYS_sched_getattr, tid, &attr, static_cast<unsigned>(sizeof attr), 0U) != 0)
+    return std::strerror(errno);
+  if (attr.sched_policy != SCHED_OTHER && attr.sched_policy != SCHED_BATCH)
+    return "the process runs policy " + std::to_string(attr.sched_policy) +
+           ", not SCHED_OTHER or SCHED_BATCH";
   attr.size = sizeof attr;
-  attr.sched_policy = SCHED_OTHER;
   attr.sched_flags = reset_on_fork_flag;
   attr.sched_runtime = short_slice_ns;
   if (syscall(SYS_sched_setattr, tid, &attr, 0U) != 0) return std::strerror(errno);
@@ -73,6 +79,14 @@ std::string make_short_slice(long tid) {
   if (back.sched_runtime != short_slice_ns)
     return "the kernel keeps its own slice (custom slices need Linux 6.12+)";
   return {};
+}
+
+// CPUs in this process's affinity mask, or 0 if it cannot be read.
+long cpus_allowed() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return 0;
+  return CPU_COUNT(&set);
 }
 
 std::string seconds_text(std::chrono::nanoseconds timeout) {
@@ -186,16 +200,24 @@ void ProgressEngine::State::loop() {
 
 void ProgressEngine::State::schedule(ProgressPriority wanted) {
   if (wanted == ProgressPriority::normal) return;
+  const long allowed = cpus_allowed();
+  std::string refused;
   if (wanted == ProgressPriority::automatic) {
-    const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    // The CPUs this process may use (a container's cpuset); a process bound to one CPU says
+    // nothing of the host, so then the online count.
+    const long cpus = allowed > 1 ? allowed : sysconf(_SC_NPROCESSORS_ONLN);
     if (const auto ranks = environment::launcher_local_size(); ranks && cpus > 0 && *ranks > cpus) {
       priority_note = "normal (automatic: " + std::to_string(*ranks) + " ranks on this host's " +
                       std::to_string(cpus) + " CPUs)";
       return;
     }
+    // Bound to one CPU (mpirun's default --bind-to core at 2 ranks), the compute threads cannot
+    // move away from a realtime thread that waits on a lock one of them holds (TBB's spin
+    // locks, from a completion): only the kernel's realtime throttling would end the wait.
+    if (allowed == 1) refused = "realtime not tried: the process is bound to one CPU";
   }
-  std::string refused;
-  if (wanted == ProgressPriority::realtime || wanted == ProgressPriority::automatic) {
+  if (wanted == ProgressPriority::realtime ||
+      (wanted == ProgressPriority::automatic && refused.empty())) {
     const std::string why = make_realtime(tid);
     if (why.empty()) {
       priority = ProgressPriority::realtime;

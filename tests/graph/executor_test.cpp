@@ -455,6 +455,8 @@ TEST(ExecutorOptions, TimeoutEnvironmentIsParsedStrictly) {
 }
 
 TEST(ExecutorOptions, ProgressPriorityFromTheEnvironmentAndReportedByTheExecutor) {
+  const char* before = std::getenv("LOOM_PROGRESS_PRIORITY");
+  const std::string saved = before ? before : "";
   ::setenv("LOOM_PROGRESS_PRIORITY", "normal", 1);
   EXPECT_EQ(*ExecutorOptions{}.resolved().progress_priority, ProgressPriority::normal);
   ::setenv("LOOM_PROGRESS_PRIORITY", "fastest", 1);
@@ -467,6 +469,7 @@ TEST(ExecutorOptions, ProgressPriorityFromTheEnvironmentAndReportedByTheExecutor
   }
   ::unsetenv("LOOM_PROGRESS_PRIORITY");
   EXPECT_EQ(*ExecutorOptions{}.resolved().progress_priority, ProgressPriority::automatic);
+  if (before) ::setenv("LOOM_PROGRESS_PRIORITY", saved.c_str(), 1);
 
   // A graph with communication gets a progress thread scheduled as asked; one without, none.
   LocalWorld::run(2, [&](Backend& backend) {

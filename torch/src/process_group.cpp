@@ -106,12 +106,13 @@ ProcessGroupLoom::ProcessGroupLoom(c10::intrusive_ptr<c10d::Store> store, int ra
                     " backend is rank " + std::to_string(_backend->rank()) + " of " +
                     std::to_string(_backend->world_size()) +
                     " (set RANK and WORLD_SIZE from the launcher, or let loom_torch do it)");
+  // Before anything communicates (a refused LOOM_PROGRESS_PRIORITY must not leave the other
+  // ranks waiting in the calibration for this one) and before the reporter starts (no thread
+  // to join when it throws).
+  _engine = std::make_unique<ProgressEngine>(progress_priority_from_environment());
   // Every rank constructs the group together: where the selector calibrates, it does so here.
   _selector = AlgorithmSelector::for_backend(*_backend);
   init();
-  // Before the reporter starts: a refused LOOM_PROGRESS_PRIORITY then throws with no thread to
-  // join.
-  _engine = std::make_unique<ProgressEngine>(progress_priority_from_environment());
   _reporter = std::thread([this] { run_reporter(); });
 }
 

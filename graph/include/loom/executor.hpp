@@ -13,7 +13,7 @@
 #include "loom/backend.hpp"
 #include "loom/communication_profiler.hpp"
 #include "loom/graph.hpp"
-#include "loom/progress_engine.hpp"
+#include "loom/progress_priority.hpp"
 
 namespace loom {
 
@@ -36,7 +36,8 @@ struct ExecutorOptions {
   std::size_t collectives_in_flight = 0;
   /// @brief How the progress thread that completes communication is scheduled against the
   /// compute workers (ProgressPriority). Unset: LOOM_PROGRESS_PRIORITY, else automatic
-  /// (realtime where permitted, else a short slice, else normal).
+  /// (realtime where permitted, else a short slice, else normal; normal on a host with more
+  /// ranks than CPUs).
   std::optional<ProgressPriority> progress_priority;
 
   /// @brief The options with every unset field filled from the environment; throws

@@ -7,45 +7,11 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <string_view>
 
+#include "loom/progress_priority.hpp"
 #include "loom/work.hpp"
 
 namespace loom {
-
-/// @brief How the engine's thread is scheduled against the compute threads beside it.
-///
-/// With every core computing, a progress thread at normal priority waits up to a scheduler
-/// slice (milliseconds) each time it wakes to poll, and a transport that moves data only when
-/// polled (Open MPI over TCP: rendezvous handshakes, socket reads) then idles the wire: a 1 MiB
-/// allreduce on a 2 Gbit/s link took 12-16 ms beside backward against 8.4 ms alone (RESULTS.md,
-/// "The progress thread's priority").
-enum class ProgressPriority {
-  /// realtime where the process may (root, CAP_SYS_NICE or RLIMIT_RTPRIO >= 1), else
-  /// short_slice where the kernel has it, else normal; never an error. normal when the host is
-  /// oversubscribed (the launcher puts more ranks on it than it has online CPUs): every core
-  /// then already runs several ranks, and a progress thread that preempts them makes each step
-  /// slower (shared memory, 3-4 ranks on 2 cores: 8-15%, RESULTS.md)
-  automatic,
-  /// the default policy and slice of the process (SCHED_OTHER)
-  normal,
-  /// SCHED_OTHER with a 100 us slice (sched_setattr's sched_runtime, Linux 6.12+ EEVDF): the
-  /// thread preempts a computing thread sooner when it wakes; needs no privilege
-  short_slice,
-  /// SCHED_FIFO priority 1: the thread runs as soon as it wakes. Its back-off still sleeps, so
-  /// it takes a few percent of a core while work is in flight and none when idle
-  realtime,
-};
-
-/// @brief "automatic", "normal", "short_slice", "realtime".
-std::string_view to_string(ProgressPriority priority) noexcept;
-
-/// @brief The inverse of to_string; anything else is ErrorCode::invalid_argument naming `what`
-/// and the values it takes.
-ProgressPriority parse_progress_priority(std::string_view text, std::string_view what);
-
-/// @brief LOOM_PROGRESS_PRIORITY; unset: ProgressPriority::automatic.
-ProgressPriority progress_priority_from_environment();
 
 /// @brief Polls in-flight Work with back-off and calls a completion callback for each.
 ///

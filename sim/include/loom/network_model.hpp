@@ -32,7 +32,10 @@ class NetworkModel {
   /// nominal rate describes (shared memory, a shaped loopback). That time is measured_comm_s,
   /// or the step's non-compute time (measured_step_s - measured_compute_s) where that is
   /// longer: rank 0's own intervals miss what its peers drove before rank 0 issued a collective
-  /// (Open MPI's native allreduce on 2 ranks: 42 ms of a 52 ms wire). Needs measured_comm_s > 0.
+  /// (Open MPI's native allreduce on 2 ranks: 42 ms of a 52 ms wire). The step's non-compute
+  /// time also holds any idle time (dependency gaps, a slower peer), which the fit then counts
+  /// as wire: fit on a profile whose compute has no gaps (sequential mode). Needs
+  /// measured_comm_s > 0.
   static NetworkModel fitted(const StepProfile& profile, double latency_s);
 
   /// @brief `op` on `bytes` over `ranks` (0 at one rank).

@@ -41,10 +41,11 @@ struct StepProfile {
   int workers = 1;  ///< compute workers (TBB threads) per rank
   std::size_t collectives_in_flight = 0;
   std::string backend;
-  std::string label;              ///< what ran ("loom-overlap loom mode, MLP 64-8x512-16")
-  double measured_step_s = 0;     ///< median step of the run (0: unknown)
-  double measured_comm_s = 0;     ///< median union of the communication intervals (0: unknown)
-  double measured_compute_s = 0;  ///< median union of the compute intervals (0: unknown)
+  std::string label;  ///< what ran ("loom-overlap loom mode, MLP 64-8x512-16")
+  // Of the profiled runs (loom-overlap writes medians, the automatic plan means); 0: unknown.
+  double measured_step_s = 0;     ///< the step
+  double measured_comm_s = 0;     ///< the union of the communication intervals
+  double measured_compute_s = 0;  ///< the union of the compute intervals
 };
 
 /// @brief The profile of `graph` from profiled runs of its executor (Executor::last_run() of
