@@ -62,6 +62,30 @@ TEST(FlightRecorder, KeepsTheLastEntriesWithStatesAndSequences) {
   EXPECT_LT(std::abs(now - entries[0].time_created_ns), std::int64_t{60'000'000'000});
 }
 
+// Power-of-two rings index by mask, others by remainder: both keep exactly the last N.
+TEST(FlightRecorder, RingsOfEveryCapacityKeepTheLastEntriesInOrder) {
+  for (std::size_t capacity : {1u, 2u, 3u, 5u, 8u, 16u}) {
+    FlightRecorder recorder(capacity);
+    std::vector<std::uint64_t> ids;
+    for (int k = 0; k < 37; ++k)
+      ids.push_back(recorder.record(collective("op" + std::to_string(k), k)));
+    recorder.update(ids.back(), OperationState::completed);
+    recorder.update(ids[36 - capacity], OperationState::completed);  // overwritten: ignored
+    const auto entries = recorder.entries();
+    ASSERT_EQ(entries.size(), capacity);
+    for (std::size_t i = 0; i < capacity; ++i) {
+      const std::size_t k = 37 - capacity + i;
+      EXPECT_EQ(entries[i].record_id, ids[k]) << "capacity " << capacity;
+      EXPECT_EQ(entries[i].profiling_name, "op" + std::to_string(k)) << "capacity " << capacity;
+      EXPECT_EQ(entries[i].collective_seq_id, static_cast<std::int64_t>(k));
+    }
+    EXPECT_EQ(entries.back().state, OperationState::completed);
+    if (capacity > 1) {
+      EXPECT_EQ(entries.front().state, OperationState::scheduled) << "capacity " << capacity;
+    }
+  }
+}
+
 TEST(FlightRecorder, LongNamesAreCutAndZeroCapacityStillCounts) {
   FlightRecorder none(0);
   none.record(collective("a"));
