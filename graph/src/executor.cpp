@@ -32,8 +32,7 @@ void Executor::Impl::compile() {
   // (LOOM_PROGRESS_PRIORITY=realtime without the privilege) fails here, not after its peers
   // entered the cross-rank checks below and wait for it.
   const bool needs_engine = std::any_of(graph.nodes.begin(), graph.nodes.end(), [](const auto& n) {
-    return n.kind == NodeKind::collective || n.kind == NodeKind::send || n.kind == NodeKind::recv ||
-           n.placement == Placement::gpu;
+    return communicates(n.kind) || n.placement == Placement::gpu;
   });
   if (needs_engine) engine = std::make_unique<ProgressEngine>(*options.progress_priority);
   algorithms.selector = AlgorithmSelector::for_backend(backend);
@@ -146,17 +145,10 @@ std::unique_ptr<Work> Executor::Impl::start_operation(std::uint32_t i) {
   const AlgorithmChoice choice = algorithms.selector.choose(c, backend);
   algorithms.algorithm_of[i] = to_string(choice.algorithm);
   algorithms.reason_of[i] = choice.reason;
-  operation = backend.begin_operation({node.name, to_string(c.op), c.send.dtype(), c.send.count(),
-                                       to_string(choice.algorithm), -1, true});
-  std::unique_ptr<Work> work;
-  try {
-    work = start_collective(backend, choice.algorithm, c);
-  } catch (...) {
-    backend.operation_ended(operation, false);
-    throw;
-  }
-  backend.operation_started(operation);
-  return work;
+  return backend.start_recorded({node.name, to_string(c.op), c.send.dtype(), c.send.count(),
+                                 to_string(choice.algorithm), -1, true},
+                                operation,
+                                [&] { return start_collective(backend, choice.algorithm, c); });
 }
 
 // Runs under the node's sequencer lock, on the thread that made the node's turn come.

@@ -20,10 +20,6 @@ double mean(const std::vector<double>& v) {
   return v.empty() ? 0 : sum / static_cast<double>(v.size());
 }
 
-bool communicates(NodeKind kind) {
-  return kind == NodeKind::collective || kind == NodeKind::send || kind == NodeKind::recv;
-}
-
 NodeKind parse_node_kind(const std::string& text) {
   for (NodeKind k :
        {NodeKind::compute, NodeKind::collective, NodeKind::send, NodeKind::recv, NodeKind::copy})

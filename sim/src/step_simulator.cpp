@@ -14,10 +14,6 @@ namespace loom {
 
 namespace {
 
-bool communicates(NodeKind kind) {
-  return kind == NodeKind::collective || kind == NodeKind::send || kind == NodeKind::recv;
-}
-
 // Length of the union of intervals.
 double union_length(std::vector<std::pair<double, double>> spans) {
   std::sort(spans.begin(), spans.end());

@@ -180,17 +180,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::collective(c10d::OpType type,
   const AlgorithmChoice choice = _selector.choose(args, *_backend);
   // Into the backend's flight recorder and onto its rank board, as the executor does: the
   // collective_seq_id counts this backend's collectives, the same on every rank.
-  const Backend::OperationRecord operation =
-      _backend->begin_operation({name, to_string(args.op), args.send.dtype(), args.send.count(),
-                                 to_string(choice.algorithm), -1, true});
-  std::unique_ptr<Work> work;
-  try {
-    work = start_collective(*_backend, choice.algorithm, args);
-  } catch (...) {
-    _backend->operation_ended(operation, false);
-    throw;
-  }
-  _backend->operation_started(operation);
+  Backend::OperationRecord operation;
+  std::unique_ptr<Work> work = _backend->start_recorded(
+      {name, to_string(args.op), args.send.dtype(), args.send.count(), to_string(choice.algorithm),
+       -1, true},
+      operation, [&] { return start_collective(*_backend, choice.algorithm, args); });
   {
     std::lock_guard lock(_choice_mutex);
     _last_choice = choice;

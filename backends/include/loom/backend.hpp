@@ -157,6 +157,22 @@ class Backend {
   void operation_started(const OperationRecord& operation) noexcept;
   /// @brief It ended: completed (a collective also completed on rank_board()) or failed.
   void operation_ended(const OperationRecord& operation, bool completed) noexcept;
+  /// @brief begin_operation(info) into `operation`, then `start()` (which returns the Work):
+  /// started when it returns, failed (and rethrown) when it throws.
+  template <class Start>
+  std::unique_ptr<Work> start_recorded(const OperationInfo& info, OperationRecord& operation,
+                                       Start&& start) {
+    operation = begin_operation(info);
+    std::unique_ptr<Work> work;
+    try {
+      work = start();
+    } catch (...) {
+      operation_ended(operation, false);
+      throw;
+    }
+    operation_started(operation);
+    return work;
+  }
   /// @brief Publishes a failure of this rank on rank_board() (see RankBoard::publish_failure).
   void publish_failure(std::string_view message, bool drained, bool consequence = false) noexcept;
   /// @brief Why collective `seq` did not complete: the ranks that did not arrive, from

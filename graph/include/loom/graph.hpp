@@ -30,6 +30,11 @@ enum class NodeKind : unsigned char { compute, collective, send, recv, copy };
 
 std::string_view to_string(NodeKind kind) noexcept;
 
+/// @brief Whether a node of `kind` talks to other ranks (collective, send, recv).
+constexpr bool communicates(NodeKind kind) noexcept {
+  return kind == NodeKind::collective || kind == NodeKind::send || kind == NodeKind::recv;
+}
+
 /// @brief Where a compute node runs.
 enum class Placement : unsigned char { cpu, gpu };
 
