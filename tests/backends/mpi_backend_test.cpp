@@ -16,6 +16,7 @@
 #include "loom/cuda_device.hpp"
 #include "loom/error.hpp"
 #include "loom/mpi.hpp"
+#include "scoped_env.hpp"
 
 #if __has_include(<mpi.h>)
 #define OMPI_SKIP_MPICXX 1
@@ -316,27 +317,7 @@ TEST(MpiBackend, TagsFollowMpiTagUb) {
   all_ranks_agree(!::testing::Test::HasFailure());
 }
 
-// Sets an environment variable for one scope.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : _name(name) {
-    if (const char* old = std::getenv(name)) _old = old;
-    if (value)
-      setenv(name, value, 1);
-    else
-      unsetenv(name);
-  }
-  ~ScopedEnv() {
-    if (_old)
-      setenv(_name, _old->c_str(), 1);
-    else
-      unsetenv(_name);
-  }
-
- private:
-  const char* _name;
-  std::optional<std::string> _old;
-};
+using test::ScopedEnv;
 
 TEST(MpiConfig, CudaAwareFromEnvironment) {
   {

@@ -11,19 +11,13 @@
 #include "loom/error.hpp"
 #include "loom/executor.hpp"
 #include "loom/local.hpp"
+#include "scoped_env.hpp"
 
 namespace loom {
 namespace {
 
 // Sets an environment variable for the scope of one test.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : _name(name) { ::setenv(name, value, 1); }
-  ~ScopedEnv() { ::unsetenv(_name); }
-
- private:
-  const char* _name;
-};
+using test::ScopedEnv;
 
 TEST(ExecutorAlgorithms, OverridesChooseTheAlgorithmPerSizeAndItShowsEverywhere) {
   ScopedEnv allreduce("LOOM_ALLREDUCE", "rd:0-1K;ring:1K-max");

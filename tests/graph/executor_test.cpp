@@ -22,6 +22,7 @@
 #include "loom/executor.hpp"
 #include "loom/graph.hpp"
 #include "loom/local.hpp"
+#include "scoped_env.hpp"
 
 namespace loom {
 namespace {
@@ -455,21 +456,25 @@ TEST(ExecutorOptions, TimeoutEnvironmentIsParsedStrictly) {
 }
 
 TEST(ExecutorOptions, ProgressPriorityFromTheEnvironmentAndReportedByTheExecutor) {
-  const char* before = std::getenv("LOOM_PROGRESS_PRIORITY");
-  const std::string saved = before ? before : "";
-  ::setenv("LOOM_PROGRESS_PRIORITY", "normal", 1);
-  EXPECT_EQ(*ExecutorOptions{}.resolved().progress_priority, ProgressPriority::normal);
-  ::setenv("LOOM_PROGRESS_PRIORITY", "fastest", 1);
-  try {
-    (void)ExecutorOptions{}.resolved();
-    ADD_FAILURE() << "accepted LOOM_PROGRESS_PRIORITY=fastest";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
-    EXPECT_NE(e.message().find("LOOM_PROGRESS_PRIORITY='fastest'"), std::string::npos) << e.what();
+  {
+    test::ScopedEnv env("LOOM_PROGRESS_PRIORITY", "normal");
+    EXPECT_EQ(*ExecutorOptions{}.resolved().progress_priority, ProgressPriority::normal);
   }
-  ::unsetenv("LOOM_PROGRESS_PRIORITY");
-  EXPECT_EQ(*ExecutorOptions{}.resolved().progress_priority, ProgressPriority::automatic);
-  if (before) ::setenv("LOOM_PROGRESS_PRIORITY", saved.c_str(), 1);
+  {
+    test::ScopedEnv env("LOOM_PROGRESS_PRIORITY", "fastest");
+    try {
+      (void)ExecutorOptions{}.resolved();
+      ADD_FAILURE() << "accepted LOOM_PROGRESS_PRIORITY=fastest";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+      EXPECT_NE(e.message().find("LOOM_PROGRESS_PRIORITY='fastest'"), std::string::npos)
+          << e.what();
+    }
+  }
+  {
+    test::ScopedEnv env("LOOM_PROGRESS_PRIORITY", nullptr);
+    EXPECT_EQ(*ExecutorOptions{}.resolved().progress_priority, ProgressPriority::automatic);
+  }
 
   // A graph with communication gets a progress thread scheduled as asked; one without, none.
   LocalWorld::run(2, [&](Backend& backend) {

@@ -20,6 +20,7 @@
 
 #include "loom/error.hpp"
 #include "loom/progress_engine.hpp"
+#include "scoped_env.hpp"
 
 namespace loom {
 namespace {
@@ -171,21 +172,7 @@ TEST(ProgressEngine, FailedAndUnfinishedWorkIsAbandonedNeverWaitedFor) {
   EXPECT_LT(seconds, 1.0);
 }
 
-// Sets (or, with nullptr, unsets) an environment variable for a scope, then restores it.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : _name(name) {
-    if (const char* before = std::getenv(name)) _saved = before;
-    value ? ::setenv(name, value, 1) : ::unsetenv(name);
-  }
-  ~ScopedEnv() { _saved ? ::setenv(_name, _saved->c_str(), 1) : ::unsetenv(_name); }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* _name;
-  std::optional<std::string> _saved;
-};
+using test::ScopedEnv;
 
 // The launcher's local rank count, which automatic reads, unset for a test.
 struct NoLauncher {
