@@ -6,8 +6,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <limits>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "loom/environment.hpp"
 #include "loom/error.hpp"
@@ -91,13 +94,104 @@ AlgorithmSelector AlgorithmSelector::from_environment() {
   return selector;
 }
 
+namespace {
+
+// How a rank makes its selector, as one number the ranks compare: -1 an invalid
+// LOOM_CALIBRATION, 0 LOOM_TUNING_FILE, 1 no calibration, 2 + a bit per collective calibrated.
+std::int64_t selector_source(bool tuning_file, bool invalid,
+                             const std::optional<CalibrationOptions>& calibration) {
+  if (invalid) return -1;
+  if (tuning_file) return 0;
+  std::int64_t bits = 0;
+  if (calibration)
+    for (Collective c : calibration->collectives) bits |= std::int64_t{1} << static_cast<int>(c);
+  return bits == 0 ? 1 : 2 + bits;
+}
+
+std::string describe_source(std::int64_t source) {
+  if (source == -1) return "an invalid LOOM_CALIBRATION";
+  if (source == 0) return "LOOM_TUNING_FILE, no calibration";
+  if (source == 1) return "no calibration (LOOM_CALIBRATION=0)";
+  std::string names;
+  const std::int64_t bits = source - 2;
+  for (int c = 0; c <= static_cast<int>(Collective::barrier); ++c)
+    if (bits & (std::int64_t{1} << c))
+      names += (names.empty() ? "" : ",") + std::string(to_string(static_cast<Collective>(c)));
+  return "calibrates " + names;
+}
+
+// Every rank's source, gathered: a rank that calibrates times candidates with the others, so
+// ranks that disagree (one with LOOM_CALIBRATION=0 or LOOM_TUNING_FILE) would wait for each
+// other until the watchdog. Throws ErrorCode::mismatch on every rank instead, naming each
+// rank's source (the rank whose variable is malformed throws its own parse error).
+void agree_on_source(Backend& backend, std::int64_t mine, const std::exception_ptr& own_error) {
+  const int world = backend.world_size();
+  std::vector<std::int64_t> all(static_cast<std::size_t>(world));
+  // The asynchronous form, waited for at most the backend's timeout: a rank that never comes
+  // is a timeout error naming it, and the exchange is abandoned (a blocking call could not be).
+  Backend::OperationRecord operation;
+  auto work = backend.start_recorded(
+      {"selector agreement", "allgather", DType::int64, 1, "native", -1, true}, operation, [&] {
+        return backend.allgather_async(Buffer(&mine, 1, DType::int64),
+                                       Buffer(all.data(), all.size(), DType::int64));
+      });
+  try {
+    backend.wait_or_abandon(
+        *work,
+        [&] {
+          return "the check that every rank makes its algorithm selector alike (rank " +
+                 std::to_string(backend.rank()) + " of " + std::to_string(world) + ")";
+        },
+        operation.seq);
+  } catch (...) {
+    backend.operation_ended(operation, false);
+    throw;
+  }
+  backend.operation_ended(operation, true);
+  if (std::all_of(all.begin(), all.end(), [&](std::int64_t s) { return s == all.front(); })) {
+    if (own_error) std::rethrow_exception(own_error);
+    return;
+  }
+  if (own_error) std::rethrow_exception(own_error);
+  std::string message =
+      "the ranks disagree on how the algorithm selector is made (LOOM_TUNING_FILE, "
+      "LOOM_CALIBRATION): ";
+  std::vector<bool> said(all.size(), false);
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    if (said[r]) continue;
+    std::string ranks;
+    int count = 0;
+    for (std::size_t q = r; q < all.size(); ++q)
+      if (all[q] == all[r]) {
+        said[q] = true;
+        ranks += (count++ ? ", " : "") + std::to_string(q);
+      }
+    message += (r ? "; " : "") + std::string(count > 1 ? "ranks " : "rank ") + ranks + ": " +
+               describe_source(all[r]);
+  }
+  throw Error(ErrorCode::mismatch, message + " (this is rank " + std::to_string(backend.rank()) +
+                                       " of " + std::to_string(world) + ")");
+}
+
+}  // namespace
+
 AlgorithmSelector AlgorithmSelector::for_backend(Backend& backend,
                                                  std::optional<CalibrationOptions> calibration) {
   // Only the mpi backend calibrates: the local backend's ranks are threads whose timings say
   // little about a job, and nccl's collectives are all native.
-  const bool applies = !environment::text("LOOM_TUNING_FILE") && backend.name() == "mpi" &&
-                       backend.world_size() > 1 && backend.has_algorithm_channel();
-  if (applies && !calibration) calibration = CalibrationOptions::from_environment();
+  const bool may_calibrate =
+      backend.name() == "mpi" && backend.world_size() > 1 && backend.has_algorithm_channel();
+  const bool tuning_file = environment::text("LOOM_TUNING_FILE").has_value();
+  const bool applies = may_calibrate && !tuning_file;
+  std::exception_ptr invalid;
+  if (applies && !calibration) try {
+      calibration = CalibrationOptions::from_environment();
+    } catch (const Error&) {
+      invalid = std::current_exception();
+    }
+  if (may_calibrate)
+    agree_on_source(backend, selector_source(tuning_file, invalid != nullptr, calibration),
+                    invalid);
   if (!applies || !calibration || calibration->collectives.empty()) return from_environment();
   const Calibration measured = calibrate(backend, *calibration);
   TuningParameters tuning = default_tuning();

@@ -94,22 +94,27 @@ void report(const std::vector<bench::ModeResult>& results, const Flags& flags,
                   results.front().buckets, results.front().buckets == 1 ? "" : "s",
                   flags.train.bucket_cap_kb, flags.train.first_bucket_kb,
                   flags.train.config.bucketing.split_large ? ", split" : "");
+  const std::string block =
+      flags.plan.block_steps == 1
+          ? std::string("steps (a barrier before each)")
+          : "blocks of " + std::to_string(flags.plan.block_steps) + " steps back to back";
   std::printf(
       "# loom-overlap: %d ranks (%.*s), MLP %d -> %d x %d -> %d, batch %d per rank, "
-      "registration %s, %s, %d steps after %d warm-ups, modes interleaved, medians\n",
+      "registration %s, %s, %d %s after %d warm-ups, modes interleaved, medians\n",
       results[0].ranks, static_cast<int>(backend.size()), backend.data(), shape.input, shape.depth,
       shape.width, shape.output, shape.batch, flags.train.registration.c_str(), buckets,
-      flags.plan.steps, flags.plan.warmups);
+      flags.plan.steps, block.c_str(), flags.plan.warmups);
   // Whether communication progresses beside compute depends on it (LOOM_PROGRESS_PRIORITY).
   std::printf("# progress thread (rank 0, %s mode): %s\n", results.back().label.c_str(),
               results.back().progress_priority.c_str());
-  std::printf("# %-19s %9s %10s %9s %9s %10s %8s %8s %13s\n", "mode", "step_ms", "compute_ms",
-              "comm_ms", "hidden_ms", "exposed_ms", "overlap", "speedup", "step/max(c,m)");
+  std::printf("# %-19s %9s %10s %9s %9s %10s %8s %8s %13s %11s\n", "mode", "step_ms", "compute_ms",
+              "comm_ms", "hidden_ms", "exposed_ms", "overlap", "speedup", "step/max(c,m)",
+              "cpu_ms/step");
   for (const auto& r : results)
-    std::printf("  %-19s %9.3f %10.3f %9.3f %9.3f %10.3f %8.3f %8.3f %13.3f\n", r.label.c_str(),
-                r.step_ms, r.compute_ms, r.comm_ms, r.hidden_ms, r.exposed_comm_ms,
+    std::printf("  %-19s %9.3f %10.3f %9.3f %9.3f %10.3f %8.3f %8.3f %13.3f %11.3f\n",
+                r.label.c_str(), r.step_ms, r.compute_ms, r.comm_ms, r.hidden_ms, r.exposed_comm_ms,
                 r.overlap_efficiency, r.speedup_vs_sequential,
-                r.step_ms / std::max(r.compute_ms, r.comm_ms));
+                r.step_ms / std::max(r.compute_ms, r.comm_ms), r.cpu_ms);
   for (const auto& r : results) {
     if (r.plan.empty()) continue;
     std::printf("# %s runs %s; it timed (predicted -> measured, warm-up runs):\n", r.label.c_str(),
@@ -154,10 +159,11 @@ void write_json(const std::vector<bench::ModeResult>& results, const std::string
     char line[640];
     std::snprintf(line, sizeof line,
                   "  {\"mode\": \"%s\", \"ranks\": %d, \"buckets\": %zu, \"step_ms\": %.6f, "
+                  "\"cpu_ms\": %.6f, "
                   "\"compute_ms\": %.6f, \"comm_ms\": %.6f, \"hidden_ms\": %.6f, "
                   "\"exposed_comm_ms\": %.6f, \"overlap_efficiency\": %.6f, "
                   "\"speedup_vs_sequential\": %.6f}%s\n",
-                  r.label.c_str(), r.ranks, r.buckets, r.step_ms, r.compute_ms, r.comm_ms,
+                  r.label.c_str(), r.ranks, r.buckets, r.step_ms, r.cpu_ms, r.compute_ms, r.comm_ms,
                   r.hidden_ms, r.exposed_comm_ms, r.overlap_efficiency, r.speedup_vs_sequential,
                   i + 1 < results.size() ? "," : "");
     out << line;
@@ -174,9 +180,12 @@ int main(int argc, char** argv) {
                                                po::value(&flags.ranks)->default_value(flags.ranks),
                                                "local ranks (threads) when not under mpirun")(
       "steps", po::value(&flags.plan.steps)->default_value(flags.plan.steps),
-      "measured steps per mode")("warmups",
-                                 po::value(&flags.plan.warmups)->default_value(flags.plan.warmups),
-                                 "unmeasured steps per mode first")(
+      "measured steps per mode (samples, with --block)")(
+      "block", po::value(&flags.plan.block_steps)->default_value(flags.plan.block_steps),
+      "steps per sample, run back to back after one barrier (1: a barrier before every "
+      "step; training has none)")("warmups",
+                                  po::value(&flags.plan.warmups)->default_value(flags.plan.warmups),
+                                  "unmeasured steps per mode first")(
       "threads", po::value(&flags.threads)->default_value(flags.threads),
       "TBB worker threads per process (0: TBB's default)")(
       "schedule", po::bool_switch(&flags.schedule),
@@ -207,9 +216,10 @@ int main(int argc, char** argv) {
     }
     po::notify(vm);
     examples::apply_train_options(flags.train);
-    if (flags.plan.steps < 1 || flags.plan.warmups < 0 || flags.ranks < 1 || flags.threads < 0)
+    if (flags.plan.steps < 1 || flags.plan.block_steps < 1 || flags.plan.warmups < 0 ||
+        flags.ranks < 1 || flags.threads < 0)
       throw Error(ErrorCode::invalid_argument,
-                  "--steps and --ranks must be >= 1, --warmups and --threads >= 0");
+                  "--steps, --block and --ranks must be >= 1, --warmups and --threads >= 0");
     if (flags.plan.rebuild && flags.plan.warmups < 1)
       throw Error(ErrorCode::invalid_argument, "--rebuild needs at least one warm-up step");
     // The plan comes from the warm-ups and is run once before the timed steps.

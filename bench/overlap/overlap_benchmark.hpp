@@ -17,6 +17,9 @@ struct ModeResult {
   int ranks = 0;
   std::size_t buckets = 0;
   double step_ms = 0;  ///< per step, the slowest rank's run() time
+  /// @brief Per step, the CPU time of every rank's process summed (compute threads, progress
+  /// threads, the transport's): with more ranks than cores, what the cores had to do.
+  double cpu_ms = 0;
   double compute_ms = 0;
   double comm_ms = 0;
   double hidden_ms = 0;
@@ -37,7 +40,12 @@ struct ModeResult {
 /// @brief What to measure and what to write for the mode that writes files.
 struct RunPlan {
   int warmups = 3;
-  int steps = 20;
+  int steps = 20;  ///< samples per mode
+  /// @brief Steps per sample, run back to back after one barrier (a sample's step time is the
+  /// block's time / block_steps). 1: a barrier before every step. Training has no barrier
+  /// between steps: a longer block measures what a pipelined step (loom mode ends with the next
+  /// forward) gains where the ranks would otherwise wait for the slowest at every barrier.
+  int block_steps = 1;
   bool rebuild = false;  ///< rebuild buckets after the first warm-up step
   /// @brief loom mode plans its issue order after every warm-up step but the last (which runs
   /// the final plan); needs warmups >= 2.

@@ -35,7 +35,12 @@ void Executor::Impl::compile() {
     return communicates(n.kind) || n.placement == Placement::gpu;
   });
   if (needs_engine) engine = std::make_unique<ProgressEngine>(*options.progress_priority);
-  algorithms.selector = AlgorithmSelector::for_backend(backend);
+  try {
+    algorithms.selector = AlgorithmSelector::for_backend(backend);
+  } catch (const Error& e) {
+    // Making the selector is compile's first exchange between the ranks (and its calibration).
+    throw Error(e.code(), "Executor::compile: " + e.message());
+  }
 
   detail::check_structure(graph);
   detail::check_acyclic(graph);

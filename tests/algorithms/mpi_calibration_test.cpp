@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "backends/mpi_world.hpp"
@@ -14,6 +15,7 @@
 #include "loom/calibration.hpp"
 #include "loom/error.hpp"
 #include "loom/executor.hpp"
+#include "scoped_env.hpp"
 
 namespace loom {
 namespace {
@@ -252,6 +254,60 @@ TEST(MpiCalibration, BusyHostIsNotCached) {
   if (!again.reports.at(0).from_cache) failure += " timed again in the same process";
   if (b.rank() == 0 && std::filesystem::exists(r.path)) failure += " written the second time";
   expect_all_ranks_ok(failure);
+}
+
+// A rank that keeps the model (LOOM_CALIBRATION=0, LOOM_TUNING_FILE) or whose LOOM_CALIBRATION
+// is malformed, beside ranks that calibrate: every rank gets a named error at once, not a wait
+// in the calibration's collectives until the watchdog.
+TEST(MpiCalibration, RanksThatDisagreeAreAnErrorOnEveryRank) {
+  Backend& b = world();
+  TemporaryDirectory directory;
+  const int last = b.world_size() - 1;
+  const bool odd_one = b.rank() == last;
+  struct Case {
+    const char* variable;
+    const char* value;
+    const char* says;  // what the other ranks' message says of the last rank
+  };
+  for (const Case& c :
+       {Case{"LOOM_CALIBRATION", "0", "no calibration (LOOM_CALIBRATION=0)"},
+        Case{"LOOM_TUNING_FILE", "/nonexistent/never-read.tuning",
+             "LOOM_TUNING_FILE, no calibration"},
+        Case{"LOOM_CALIBRATION", "allreduce,everything", "an invalid LOOM_CALIBRATION"}}) {
+    test::ScopedEnv cache("LOOM_CALIBRATION_CACHE", directory.path().c_str());
+    test::ScopedEnv calibration("LOOM_CALIBRATION", "allreduce");
+    std::optional<test::ScopedEnv> odd;
+    if (odd_one) odd.emplace(c.variable, c.value);
+    const bool malformed = std::string(c.value) == "allreduce,everything";
+    std::string failure = std::string(c.variable) + "=" + c.value + ": ";
+    try {
+      AlgorithmSelector::for_backend(b);
+      failure += "no error";
+    } catch (const Error& e) {
+      const std::string message = e.what();
+      const std::string tag = std::string(c.variable) + "=" + c.value + ": ";
+      if (odd_one && malformed) {
+        // The malformed variable's own rank names the variable and the bad token.
+        if (e.code() != ErrorCode::invalid_argument ||
+            message.find("LOOM_CALIBRATION='allreduce,everything'") == std::string::npos)
+          failure = tag + "own error " + message;
+        else
+          failure.clear();
+      } else {
+        failure.clear();
+        if (e.code() != ErrorCode::mismatch) failure += "code " + std::string(to_string(e.code()));
+        const std::string others =
+            last == 1 ? "rank 0: calibrates allreduce" : "ranks 0, 1: calibrates allreduce";
+        for (const std::string& part :
+             {others, "rank " + std::to_string(last) + ": " + c.says, std::string("disagree")})
+          if (message.find(part) == std::string::npos) failure += " without '" + part + "'";
+        if (!failure.empty()) failure = tag + failure + " in: " + message;
+      }
+    }
+    expect_all_ranks_ok(failure);
+    if (b.rank() == 0 && !std::filesystem::is_empty(directory.path()))
+      ADD_FAILURE() << "a calibration was written to the cache";
+  }
 }
 
 }  // namespace

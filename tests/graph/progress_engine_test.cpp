@@ -62,6 +62,15 @@ TEST(ProgressEngine, ReportsCompletionOnItsOwnThread) {
   EXPECT_EQ(engine.in_flight(), 0u);
 }
 
+// The thread is named, so that top -H, perf and debuggers show which thread it is.
+TEST(ProgressEngine, ThreadIsNamedLoomProgress) {
+  ProgressEngine engine(ProgressPriority::normal);
+  std::ifstream comm("/proc/self/task/" + std::to_string(engine.thread_id()) + "/comm");
+  std::string name;
+  std::getline(comm, name);
+  EXPECT_EQ(name, "loom-progress");
+}
+
 TEST(ProgressEngine, ReportsFailures) {
   ProgressEngine engine;
   std::atomic<bool> release{true};

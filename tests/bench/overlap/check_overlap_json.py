@@ -12,7 +12,8 @@ import os
 import subprocess
 import sys
 
-KEYS = {"mode": str, "ranks": int, "buckets": int, "step_ms": float, "compute_ms": float,
+KEYS = {"mode": str, "ranks": int, "buckets": int, "step_ms": float, "cpu_ms": float,
+        "compute_ms": float,
         "comm_ms": float, "hidden_ms": float, "exposed_comm_ms": float,
         "overlap_efficiency": float, "speedup_vs_sequential": float}
 MODES = ["sequential", "ddp", "loom"]
@@ -37,7 +38,7 @@ def check_rows(rows, ranks, problems):
             problems.append(f"{where}: ranks {row['ranks']}, expected {ranks}")
         if row["buckets"] < 1:
             problems.append(f"{where}: {row['buckets']} buckets")
-        for key in ("step_ms", "compute_ms"):
+        for key in ("step_ms", "cpu_ms", "compute_ms"):
             if not row[key] > 0:
                 problems.append(f"{where}: {key} {row[key]} is not positive")
         if ranks > 1 and not row["comm_ms"] > 0:
