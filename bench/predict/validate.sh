@@ -5,6 +5,8 @@
 # fitted on the same run's sequential mode (--fit-from), and, under netem, with the nominal link
 # (--link RATE); then the median |error|. The transport's CPU need (--comm-cpu) is fitted once
 # per network on its first run's ddp mode (those rows are marked and left out of the median).
+# Each row also sets the measured step against the simulated best: the best schedule
+# loom-predict finds for the configuration's loom-mode graph (issue 15 item 5).
 # Needs root for netem (bench/netem.sh).
 #   bench/predict/validate.sh [BUILD_DIR] [OUT_DIR]
 #   NETS="shm 2gbit" RANKS="2 3 4" SHAPES="8x512x256 4x1024x128 12x256x512" bench/predict/validate.sh
@@ -45,9 +47,9 @@ rows_file, predict, latency = sys.argv[1], sys.argv[2], sys.argv[3]
 runs = [l.rstrip("\n").split("\t") for l in open(rows_file) if l.strip()]
 modes = ["sequential", "ddp", "loom"]
 
-def predict_ms(prefix, mode, wire, comm_cpu):
+def predict_ms(prefix, mode, wire, comm_cpu, best=False):
     out = subprocess.run([predict, "%s.%s.json" % (prefix, mode), *wire, "--latency", latency,
-                          "--comm-cpu", str(comm_cpu), "--json", "--no-best"],
+                          "--comm-cpu", str(comm_cpu), "--json"] + ([] if best else ["--no-best"]),
                          check=True, capture_output=True, text=True).stdout
     return json.loads(out)
 
@@ -65,12 +67,17 @@ for net, np, shape, prefix, load in runs:
     comm_cpu[net] = min(grid, key=lambda c: abs(predict_ms(prefix, "ddp", fit_wire(prefix), c)["step_ms"] - measured))
     print("comm_cpu %s = %.2f (fitted on %s ranks %s ddp)" % (net, comm_cpu[net], np, shape))
 print()
-print("| net | ranks | depth x width x batch | mode | load | measured ms | predicted (fit) ms | error | predicted (link) ms | error |")
-print("| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+# The simulated best: the best schedule loom-predict finds for the configuration's loom-mode
+# graph (issue orders x collectives in flight) on the fitted wire; every mode's measured step is
+# set against it.
+print("| net | ranks | depth x width x batch | mode | load | measured ms | predicted (fit) ms | error | predicted (link) ms | error | simulated best ms | measured / best |")
+print("| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+over_best = []
 fit_err, fit_err_overlapped, link_err = [], [], []
 calibration = {}
 for net, np, shape, prefix, load in runs:
     first = calibration.setdefault(net, prefix) == prefix
+    best = predict_ms(prefix, "loom", fit_wire(prefix), comm_cpu[net], best=True)["best_ms"]
     for mode in modes:
         f = predict_ms(prefix, mode, fit_wire(prefix), comm_cpu[net])
         measured = f["measured_ms"]
@@ -89,6 +96,9 @@ for net, np, shape, prefix, load in runs:
             cells += ["%.1f" % l["step_ms"], "%+.1f%%" % (100 * le)]
         else:
             cells += ["-", "-"]
+        cells += ["%.1f" % best, "%.3f" % (measured / best)]
+        if mode == "loom":
+            over_best.append(measured / best)
         print("| " + " | ".join(cells) + " |")
 med = lambda v: 100 * statistics.median(v) if v else float("nan")
 print()
@@ -96,4 +106,6 @@ print("median |error|, wire fitted on the run's sequential mode: %.1f%% over %d 
       % (med(fit_err), len(fit_err), med(fit_err_overlapped), len(fit_err_overlapped)))
 if link_err:
     print("median |error|, nominal link: %.1f%% over %d rows" % (med(link_err), len(link_err)))
+print("loom mode's measured step / simulated best: median %.3f, range %.3f-%.3f over %d configurations"
+      % (statistics.median(over_best), min(over_best), max(over_best), len(over_best)))
 PY
