@@ -15,7 +15,6 @@
 #include "executor_impl.hpp"
 #include "loom/environment.hpp"
 #include "loom/error.hpp"
-#include "loom/flight_recorder.hpp"
 
 namespace loom {
 namespace {
@@ -135,20 +134,15 @@ void Executor::Impl::check_ranks_agree() {
   // is a collective of this backend: recorded, published on the board, and watched.
   auto exchange = [&](std::vector<std::int64_t>& send, std::vector<std::int64_t>& recv,
                       const char* what) {
-    FlightRecorder& recorder = backend.flight_recorder();
-    std::int64_t seq = -1;
-    const std::uint64_t id =
-        recorder.record({what, "allgather", DType::int64, send.size(), "native", -1, true},
-                        OperationState::scheduled, &seq);
-    if (RankBoard* board = backend.rank_board()) board->started(seq);
-    auto work = backend.allgather_async(Buffer::of(std::span(send)), Buffer::of(std::span(recv)));
-    recorder.update(id, OperationState::started);
+    Backend::OperationRecord operation;
+    auto work = backend.start_recorded(
+        {what, "allgather", DType::int64, send.size(), "native", -1, true}, operation, [&] {
+          return backend.allgather_async(Buffer::of(std::span(send)), Buffer::of(std::span(recv)));
+        });
     const bool done = timeout.count() > 0 ? work->wait_for(timeout) : (work->wait(), true);
-    recorder.update(id, done ? OperationState::completed : OperationState::failed);
-    if (done) {
-      if (RankBoard* board = backend.rank_board()) board->completed(seq);
-      return;
-    }
+    backend.operation_ended(operation, done);
+    if (done) return;
+    const std::int64_t seq = operation.seq;
     work->abandon();  // never waited for again: its destructor must not block
     int failed_rank = -1;
     std::string message =

@@ -134,14 +134,14 @@ std::unique_ptr<Work> Executor::Impl::start_operation(std::uint32_t i) {
   const NodeData& node = graph.nodes[i];
   const CollectiveArgs& c = node.collective;
   Backend::OperationRecord& operation = flight.operation_of[i];
-  if (node.kind == NodeKind::send || node.kind == NodeKind::recv) {
-    operation = backend.begin_operation({node.name, to_string(node.kind), c.send.dtype(),
-                                         c.send.count(), "native", node.peer, false});
-    auto work = node.kind == NodeKind::send ? backend.send_async(c.send, node.peer, node.tag)
-                                            : backend.recv_async(c.send, node.peer, node.tag);
-    backend.operation_started(operation);
-    return work;
-  }
+  if (node.kind == NodeKind::send || node.kind == NodeKind::recv)
+    return backend.start_recorded({node.name, to_string(node.kind), c.send.dtype(), c.send.count(),
+                                   "native", node.peer, false},
+                                  operation, [&] {
+                                    return node.kind == NodeKind::send
+                                               ? backend.send_async(c.send, node.peer, node.tag)
+                                               : backend.recv_async(c.send, node.peer, node.tag);
+                                  });
   if (node.kind != NodeKind::collective)
     throw Error(ErrorCode::internal, "start_operation on a compute node");
   // The selector decides now, at execution: every rank decides alike (same sizes, world,

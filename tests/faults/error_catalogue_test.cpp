@@ -11,6 +11,7 @@
 #include "faults/fault_injecting_backend.hpp"
 #include "loom/error.hpp"
 #include "loom/executor.hpp"
+#include "loom/flight_recorder.hpp"
 #include "loom/graph.hpp"
 #include "loom/local.hpp"
 #include "loom/progress_engine.hpp"
@@ -99,6 +100,35 @@ TEST(ErrorCatalogue, FailedDrainRefusesLaterRuns) {
   expect_error([&] { ex.run(); }, ErrorCode::node_failed, "compute node 'forward'");
   expect_error([&] { ex.run(); }, ErrorCode::cancelled,
                "draining its communication failed too at collective node 'grads'");
+}
+
+// A send or receive whose start throws fails its node and is "failed" in the flight record, as
+// a collective's is (not left "scheduled", as if the transport still had it).
+TEST(ErrorCatalogue, PointToPointThatRefusesToStartIsFailedInTheFlightRecord) {
+  LocalWorld::run(2, [](Backend& inner) {
+    test::FaultInjectingBackend backend(inner);
+    std::vector<float> x(3, 1.0F);
+    const int me = backend.rank();
+    const std::string name = me == 0 ? "to1" : "from0";
+    Graph g;
+    if (me == 0)
+      g.send(name, Buffer::of(std::span(x)), 1);
+    else
+      g.recv(name, Buffer::of(std::span(x)), 0);
+    Executor ex(g, backend);
+    backend.fail_point_to_point(0);  // on both ranks: neither waits for the other
+    expect_error([&] { ex.run(); }, ErrorCode::backend_failure,
+                 "refused to start on rank " + std::to_string(me));
+    int found = 0;
+    for (const FlightRecord& r : backend.flight_recorder().entries())
+      if (r.profiling_name == name) {
+        ++found;
+        EXPECT_EQ(r.state, OperationState::failed) << name << " is " << to_string(r.state);
+        EXPECT_EQ(r.peer, 1 - me);
+        EXPECT_EQ(r.count, 3u);
+      }
+    EXPECT_EQ(found, 1) << name;
+  });
 }
 
 TEST(ErrorCatalogue, HugeTimeoutMeansNoWatchdogInPractice) {

@@ -27,7 +27,13 @@ class FaultInjectingBackend final : public Backend {
     _countdown = index;
     _when = when;
   }
-  void disarm() { _countdown = -1; }
+  /// @brief The `index`-th send or receive started from now on refuses to start (throws
+  /// backend_failure before `inner` sees it).
+  void fail_point_to_point(int index) { _p2p_countdown = index; }
+  void disarm() {
+    _countdown = -1;
+    _p2p_countdown = -1;
+  }
 
   int rank() const noexcept override { return _inner.rank(); }
   int world_size() const noexcept override { return _inner.world_size(); }
@@ -57,9 +63,11 @@ class FaultInjectingBackend final : public Backend {
     return inject("barrier", [&] { return _inner.barrier_async(); });
   }
   std::unique_ptr<Work> start_send(Buffer buffer, int peer, int tag) override {
+    refuse_point_to_point("send");
     return _inner.send_async(buffer, peer, tag);
   }
   std::unique_ptr<Work> start_recv(Buffer buffer, int peer, int tag) override {
+    refuse_point_to_point("recv");
     return _inner.recv_async(buffer, peer, tag);
   }
   std::optional<Status> poll_probe(int peer, int tag) override {
@@ -95,10 +103,18 @@ class FaultInjectingBackend final : public Backend {
     return std::make_unique<FailAfterCompletion>(start());
   }
 
+  void refuse_point_to_point(const char* op) {
+    if (_p2p_countdown < 0 || _p2p_countdown-- > 0) return;
+    throw Error(ErrorCode::backend_failure, std::string("injected fault: ") + op +
+                                                " refused to start on rank " +
+                                                std::to_string(rank()));
+  }
+
   Backend& _inner;
   // Only the executor's issuing thread (under the sequencer lock) and the test thread between
   // runs touch these.
   int _countdown = -1;
+  int _p2p_countdown = -1;
   When _when = When::at_start;
 };
 
