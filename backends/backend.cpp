@@ -95,8 +95,8 @@ std::string seconds_of(std::chrono::nanoseconds t) {
 }
 }  // namespace
 
-void Backend::give_up(Work& work, const std::string& what, std::int64_t seq) {
-  const auto limit = timeout();
+void Backend::give_up(Work& work, const std::string& what, std::int64_t seq,
+                      std::chrono::nanoseconds limit) {
   work.abandon();
   int failed_rank = -1;
   std::string message = what + " did not complete within " + seconds_of(limit);

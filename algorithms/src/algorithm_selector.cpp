@@ -3,11 +3,13 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -96,8 +98,8 @@ AlgorithmSelector AlgorithmSelector::from_environment() {
 
 namespace {
 
-// How a rank makes its selector, as one number the ranks compare: -1 an invalid
-// LOOM_CALIBRATION, 0 LOOM_TUNING_FILE, 1 no calibration, 2 + a bit per collective calibrated.
+// How a rank makes its selector, as one number the ranks compare: -1 an environment it could
+// not read, 0 LOOM_TUNING_FILE, 1 no calibration, 2 + a bit per collective calibrated.
 std::int64_t selector_source(bool tuning_file, bool invalid,
                              const std::optional<CalibrationOptions>& calibration) {
   if (invalid) return -1;
@@ -109,7 +111,9 @@ std::int64_t selector_source(bool tuning_file, bool invalid,
 }
 
 std::string describe_source(std::int64_t source) {
-  if (source == -1) return "an invalid LOOM_CALIBRATION";
+  if (source == -1)
+    return "a malformed LOOM_TUNING_FILE, LOOM_CALIBRATION or LOOM_<COLLECTIVE> (its own error "
+           "names it)";
   if (source == 0) return "LOOM_TUNING_FILE, no calibration";
   if (source == 1) return "no calibration (LOOM_CALIBRATION=0)";
   std::string names;
@@ -123,17 +127,22 @@ std::string describe_source(std::int64_t source) {
 // Every rank's source, gathered: a rank that calibrates times candidates with the others, so
 // ranks that disagree (one with LOOM_CALIBRATION=0 or LOOM_TUNING_FILE) would wait for each
 // other until the watchdog. Throws ErrorCode::mismatch on every rank instead, naming each
-// rank's source (the rank whose variable is malformed throws its own parse error).
-void agree_on_source(Backend& backend, std::int64_t mine, const std::exception_ptr& own_error) {
+// rank's source (the rank whose environment is malformed throws its own error).
+void agree_on_source(Backend& backend, std::int64_t mine, const std::exception_ptr& own_error,
+                     std::chrono::nanoseconds limit) {
   const int world = backend.world_size();
-  std::vector<std::int64_t> all(static_cast<std::size_t>(world));
-  // The asynchronous form, waited for at most the backend's timeout: a rank that never comes
-  // is a timeout error naming it, and the exchange is abandoned (a blocking call could not be).
+  // On the heap: an exchange abandoned at the deadline may still write into them later, so
+  // they are then kept until the process ends (keep_until_exit).
+  auto buffers = std::make_shared<std::vector<std::int64_t>>(static_cast<std::size_t>(world) + 1);
+  std::vector<std::int64_t>& b = *buffers;
+  b[0] = mine;
+  // The asynchronous form, waited for at most `limit`: a rank that never comes is a timeout
+  // error naming it, and the exchange is abandoned (a blocking call could not be).
   Backend::OperationRecord operation;
   auto work = backend.start_recorded(
       {"selector agreement", "allgather", DType::int64, 1, "native", -1, true}, operation, [&] {
-        return backend.allgather_async(Buffer(&mine, 1, DType::int64),
-                                       Buffer(all.data(), all.size(), DType::int64));
+        return backend.allgather_async(Buffer(b.data(), 1, DType::int64),
+                                       Buffer(b.data() + 1, b.size() - 1, DType::int64));
       });
   try {
     backend.wait_or_abandon(
@@ -142,17 +151,16 @@ void agree_on_source(Backend& backend, std::int64_t mine, const std::exception_p
           return "the check that every rank makes its algorithm selector alike (rank " +
                  std::to_string(backend.rank()) + " of " + std::to_string(world) + ")";
         },
-        operation.seq);
+        operation.seq, limit);
   } catch (...) {
     backend.operation_ended(operation, false);
+    keep_until_exit(buffers);  // the abandoned exchange may still use them
     throw;
   }
   backend.operation_ended(operation, true);
-  if (std::all_of(all.begin(), all.end(), [&](std::int64_t s) { return s == all.front(); })) {
-    if (own_error) std::rethrow_exception(own_error);
-    return;
-  }
+  const std::vector<std::int64_t> all(b.begin() + 1, b.end());
   if (own_error) std::rethrow_exception(own_error);
+  if (std::all_of(all.begin(), all.end(), [&](std::int64_t s) { return s == all.front(); })) return;
   std::string message =
       "the ranks disagree on how the algorithm selector is made (LOOM_TUNING_FILE, "
       "LOOM_CALIBRATION): ";
@@ -176,22 +184,31 @@ void agree_on_source(Backend& backend, std::int64_t mine, const std::exception_p
 }  // namespace
 
 AlgorithmSelector AlgorithmSelector::for_backend(Backend& backend,
-                                                 std::optional<CalibrationOptions> calibration) {
+                                                 std::optional<CalibrationOptions> calibration,
+                                                 std::optional<std::chrono::nanoseconds> timeout) {
   // Only the mpi backend calibrates: the local backend's ranks are threads whose timings say
   // little about a job, and nccl's collectives are all native.
   const bool may_calibrate =
       backend.name() == "mpi" && backend.world_size() > 1 && backend.has_algorithm_channel();
-  const bool tuning_file = environment::text("LOOM_TUNING_FILE").has_value();
-  const bool applies = may_calibrate && !tuning_file;
+  const auto tuning_path = environment::text("LOOM_TUNING_FILE");
+  const bool applies = may_calibrate && !tuning_path;
+  // What this rank can check alone (the tuning file, the LOOM_<COLLECTIVE> overrides,
+  // LOOM_CALIBRATION) before the exchange, so that a malformed one is told to the other ranks
+  // there instead of leaving them waiting for this one later.
   std::exception_ptr invalid;
-  if (applies && !calibration) try {
-      calibration = CalibrationOptions::from_environment();
-    } catch (const Error&) {
-      invalid = std::current_exception();
-    }
+  try {
+    if (tuning_path) static_cast<void>(load_tuning_file(*tuning_path));
+    AlgorithmSelector().read_overrides();
+    if (applies && !calibration) calibration = CalibrationOptions::from_environment();
+  } catch (const Error&) {
+    invalid = std::current_exception();
+  }
   if (may_calibrate)
-    agree_on_source(backend, selector_source(tuning_file, invalid != nullptr, calibration),
-                    invalid);
+    agree_on_source(backend,
+                    selector_source(tuning_path.has_value(), invalid != nullptr, calibration),
+                    invalid, timeout.value_or(backend.timeout()));
+  else if (invalid)
+    std::rethrow_exception(invalid);
   if (!applies || !calibration || calibration->collectives.empty()) return from_environment();
   const Calibration measured = calibrate(backend, *calibration);
   TuningParameters tuning = default_tuning();

@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "executor_impl.hpp"
@@ -144,6 +146,11 @@ void Executor::Impl::check_ranks_agree() {
     if (done) return;
     const std::int64_t seq = operation.seq;
     work->abandon();  // never waited for again: its destructor must not block
+    // The abandoned exchange may still read `send` and write `recv` when a late rank comes:
+    // their buffers are kept until the process ends (moving a vector keeps its buffer).
+    keep_until_exit(
+        std::make_shared<std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>>>(
+            std::move(send), std::move(recv)));
     int failed_rank = -1;
     std::string message =
         "Executor::compile on rank " + std::to_string(me) + " of " + std::to_string(world) + " (" +

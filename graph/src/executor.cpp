@@ -36,7 +36,7 @@ void Executor::Impl::compile() {
   });
   if (needs_engine) engine = std::make_unique<ProgressEngine>(*options.progress_priority);
   try {
-    algorithms.selector = AlgorithmSelector::for_backend(backend);
+    algorithms.selector = AlgorithmSelector::for_backend(backend, std::nullopt, timeout);
   } catch (const Error& e) {
     // Making the selector is compile's first exchange between the ranks (and its calibration).
     throw Error(e.code(), "Executor::compile: " + e.message());

@@ -9,12 +9,14 @@
 #include <fstream>
 #include <optional>
 #include <sstream>
+#include <vector>
 
 #include "backends/mpi_world.hpp"
 #include "loom/algorithm_selector.hpp"
 #include "loom/calibration.hpp"
 #include "loom/error.hpp"
 #include "loom/executor.hpp"
+#include "loom/tuning.hpp"
 #include "scoped_env.hpp"
 
 namespace loom {
@@ -256,45 +258,56 @@ TEST(MpiCalibration, BusyHostIsNotCached) {
   expect_all_ranks_ok(failure);
 }
 
-// A rank that keeps the model (LOOM_CALIBRATION=0, LOOM_TUNING_FILE) or whose LOOM_CALIBRATION
-// is malformed, beside ranks that calibrate: every rank gets a named error at once, not a wait
-// in the calibration's collectives until the watchdog.
+// A rank that keeps the model (LOOM_CALIBRATION=0, LOOM_TUNING_FILE) or whose environment is
+// malformed (LOOM_CALIBRATION, LOOM_ALLREDUCE, a tuning file it cannot read), beside ranks that
+// calibrate: every rank gets a named error at once, not a wait in the calibration's collectives
+// or compile's checks until the watchdog.
 TEST(MpiCalibration, RanksThatDisagreeAreAnErrorOnEveryRank) {
   Backend& b = world();
   TemporaryDirectory directory;
   const int last = b.world_size() - 1;
   const bool odd_one = b.rank() == last;
+  // A valid tuning file outside the cache directory (which must stay empty).
+  const std::string tuning = directory.path() + ".tuning";
+  if (b.rank() == 0) {
+    TuningParameters parameters = default_tuning();
+    parameters.backend = "mpi";
+    std::ofstream(tuning) << format_tuning_file(parameters);
+  }
+  b.barrier();
+  const std::string malformed_says =
+      "a malformed LOOM_TUNING_FILE, LOOM_CALIBRATION or LOOM_<COLLECTIVE>";
   struct Case {
-    const char* variable;
-    const char* value;
-    const char* says;  // what the other ranks' message says of the last rank
+    std::string variable, value;
+    std::string says;       // what the other ranks' message says of the last rank
+    std::string own_error;  // the last rank's own error, where its environment is malformed
   };
-  for (const Case& c :
-       {Case{"LOOM_CALIBRATION", "0", "no calibration (LOOM_CALIBRATION=0)"},
-        Case{"LOOM_TUNING_FILE", "/nonexistent/never-read.tuning",
-             "LOOM_TUNING_FILE, no calibration"},
-        Case{"LOOM_CALIBRATION", "allreduce,everything", "an invalid LOOM_CALIBRATION"}}) {
+  const std::vector<Case> cases = {
+      {"LOOM_CALIBRATION", "0", "no calibration (LOOM_CALIBRATION=0)", ""},
+      {"LOOM_TUNING_FILE", tuning, "LOOM_TUNING_FILE, no calibration", ""},
+      {"LOOM_CALIBRATION", "allreduce,everything", malformed_says,
+       "LOOM_CALIBRATION='allreduce,everything'"},
+      {"LOOM_ALLREDUCE", "warp-speed", malformed_says, "LOOM_ALLREDUCE: "},
+      {"LOOM_TUNING_FILE", "/nonexistent/loom.tuning", malformed_says,
+       "cannot read the tuning file '/nonexistent/loom.tuning'"}};
+  for (const Case& c : cases) {
     test::ScopedEnv cache("LOOM_CALIBRATION_CACHE", directory.path().c_str());
     test::ScopedEnv calibration("LOOM_CALIBRATION", "allreduce");
     std::optional<test::ScopedEnv> odd;
-    if (odd_one) odd.emplace(c.variable, c.value);
-    const bool malformed = std::string(c.value) == "allreduce,everything";
-    std::string failure = std::string(c.variable) + "=" + c.value + ": ";
+    if (odd_one) odd.emplace(c.variable.c_str(), c.value.c_str());
+    const std::string tag = c.variable + "=" + c.value + ": ";
+    std::string failure = tag + "no error";
     try {
       AlgorithmSelector::for_backend(b);
-      failure += "no error";
     } catch (const Error& e) {
       const std::string message = e.what();
-      const std::string tag = std::string(c.variable) + "=" + c.value + ": ";
-      if (odd_one && malformed) {
-        // The malformed variable's own rank names the variable and the bad token.
+      failure.clear();
+      if (odd_one && !c.own_error.empty()) {
+        // The malformed variable's own rank names it.
         if (e.code() != ErrorCode::invalid_argument ||
-            message.find("LOOM_CALIBRATION='allreduce,everything'") == std::string::npos)
+            message.find(c.own_error) == std::string::npos)
           failure = tag + "own error " + message;
-        else
-          failure.clear();
       } else {
-        failure.clear();
         if (e.code() != ErrorCode::mismatch) failure += "code " + std::string(to_string(e.code()));
         const std::string others =
             last == 1 ? "rank 0: calibrates allreduce" : "ranks 0, 1: calibrates allreduce";
@@ -308,6 +321,8 @@ TEST(MpiCalibration, RanksThatDisagreeAreAnErrorOnEveryRank) {
     if (b.rank() == 0 && !std::filesystem::is_empty(directory.path()))
       ADD_FAILURE() << "a calibration was written to the cache";
   }
+  b.barrier();
+  if (b.rank() == 0) std::filesystem::remove(tuning);
 }
 
 }  // namespace

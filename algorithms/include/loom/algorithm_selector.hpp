@@ -3,6 +3,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -56,8 +57,14 @@ class AlgorithmSelector {
   /// measured table is calibrate()'s (`calibration`, else CalibrationOptions::from_environment()),
   /// read from its cache or timed now. Collective: every rank constructs it together (the
   /// executor in compile(), loom-collectives' auto, the torch process group).
+  /// First the ranks compare how each makes its selector (LOOM_TUNING_FILE, calibrating which
+  /// collectives, or not; a malformed variable counts as its own choice): where they differ,
+  /// every rank throws ErrorCode::mismatch naming each rank's choice (the rank with the
+  /// malformed variable throws its own invalid_argument), and a rank that does not come within
+  /// `timeout` (unset: the backend's timeout(); 0: no limit) is a timeout error naming it.
   static AlgorithmSelector for_backend(Backend& backend,
-                                       std::optional<CalibrationOptions> calibration = {});
+                                       std::optional<CalibrationOptions> calibration = {},
+                                       std::optional<std::chrono::nanoseconds> timeout = {});
 
   /// @brief Use `ranges` for `collective` (replacing earlier ones); an algorithm that does not
   /// implement the collective is ErrorCode::invalid_argument.

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "loom/buffer.hpp"
@@ -187,15 +188,22 @@ class Backend {
   /// "<what>" text; it is called only on expiry, so a call that completes builds no strings.
   template <class Describe>
   void wait_or_abandon(Work& work, Describe&& what, std::int64_t seq) {
-    const auto limit = timeout();
+    wait_or_abandon(work, std::forward<Describe>(what), seq, timeout());
+  }
+  /// @brief The same with `limit` in place of timeout() (0 or less: no limit), for a caller
+  /// with its own deadline (an Executor's ExecutorOptions::timeout).
+  template <class Describe>
+  void wait_or_abandon(Work& work, Describe&& what, std::int64_t seq,
+                       std::chrono::nanoseconds limit) {
     if (limit.count() <= 0) return work.wait();
     if (work.wait_for(limit)) return;
-    give_up(work, what(), seq);
+    give_up(work, what(), seq, limit);
   }
 
  protected:
-  /// @brief wait_or_abandon's expiry: abandons `work`, publishes, dumps, throws.
-  [[noreturn]] void give_up(Work& work, const std::string& what, std::int64_t seq);
+  /// @brief wait_or_abandon's expiry after `limit`: abandons `work`, publishes, dumps, throws.
+  [[noreturn]] void give_up(Work& work, const std::string& what, std::int64_t seq,
+                            std::chrono::nanoseconds limit);
   /// @brief Installs the board (derived constructors: MPI's shared window, local state).
   void set_rank_board(std::unique_ptr<RankBoard> board) noexcept { _board = std::move(board); }
   /// @brief For a backend that wraps another (a decorator): use its flight recorder and board,
