@@ -110,8 +110,9 @@ ProcessGroupLoom::ProcessGroupLoom(c10::intrusive_ptr<c10d::Store> store, int ra
   // ranks waiting in the calibration for this one) and before the reporter starts (no thread
   // to join when it throws).
   _engine = std::make_unique<ProgressEngine>(progress_priority_from_environment());
-  // Every rank constructs the group together: where the selector calibrates, it does so here.
-  _selector = AlgorithmSelector::for_backend(*_backend);
+  // Every rank constructs the group together: where the selector calibrates, it does so here,
+  // and the ranks' agreement on how to make it waits at most the group's timeout.
+  _selector = AlgorithmSelector::for_backend(*_backend, std::nullopt, _timeout);
   init();
   _reporter = std::thread([this] { run_reporter(); });
 }
