@@ -3,7 +3,11 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "loom/environment.hpp"
 #include "loom/error.hpp"
@@ -71,6 +75,46 @@ void Backend::operation_started(const OperationRecord& operation) noexcept {
 void Backend::operation_ended(const OperationRecord& operation, bool completed) noexcept {
   _recorder->update(operation.id, completed ? OperationState::completed : OperationState::failed);
   if (completed && operation.seq >= 0 && _board) _board->completed(operation.seq);
+}
+
+namespace {
+
+// Memory an abandoned operation may still use: kept until the process ends, from a list that is
+// never destroyed (so leak checkers see it reachable).
+void keep_until_exit(std::shared_ptr<void> memory) {
+  static std::mutex mutex;
+  static auto* kept = new std::vector<std::shared_ptr<void>>();
+  std::lock_guard lock(mutex);
+  kept->push_back(std::move(memory));
+}
+
+}  // namespace
+
+std::vector<std::int64_t> Backend::exchange_int64(std::string_view name,
+                                                  std::span<const std::int64_t> mine,
+                                                  std::chrono::nanoseconds limit,
+                                                  const std::function<std::string()>& what) {
+  using Vector = std::vector<std::int64_t>;
+  // On the heap: abandoned at the deadline, the allgather may still read and write them.
+  auto buffers = std::make_shared<std::pair<Vector, Vector>>(
+      Vector(mine.begin(), mine.end()),
+      Vector(mine.size() * static_cast<std::size_t>(world_size())));
+  auto& [send, recv] = *buffers;
+  OperationRecord operation;
+  auto work = start_recorded(
+      {name, "allgather", DType::int64, send.size(), "native", -1, true}, operation,
+      [&] { return allgather_async(Buffer::of(std::span(send)), Buffer::of(std::span(recv))); });
+  try {
+    wait_or_abandon(
+        *work, [&] { return what() + " (collective #" + std::to_string(operation.seq) + ")"; },
+        operation.seq, limit);
+  } catch (...) {
+    operation_ended(operation, false);
+    keep_until_exit(buffers);
+    throw;
+  }
+  operation_ended(operation, true);
+  return std::move(recv);
 }
 
 void Backend::publish_failure(std::string_view message, bool drained, bool consequence) noexcept {

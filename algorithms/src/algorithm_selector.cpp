@@ -9,8 +9,8 @@
 #include <cstdlib>
 #include <exception>
 #include <limits>
-#include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -131,34 +131,11 @@ std::string describe_source(std::int64_t source) {
 void agree_on_source(Backend& backend, std::int64_t mine, const std::exception_ptr& own_error,
                      std::chrono::nanoseconds limit) {
   const int world = backend.world_size();
-  // On the heap: an exchange abandoned at the deadline may still write into them later, so
-  // they are then kept until the process ends (keep_until_exit).
-  auto buffers = std::make_shared<std::vector<std::int64_t>>(static_cast<std::size_t>(world) + 1);
-  std::vector<std::int64_t>& b = *buffers;
-  b[0] = mine;
-  // The asynchronous form, waited for at most `limit`: a rank that never comes is a timeout
-  // error naming it, and the exchange is abandoned (a blocking call could not be).
-  Backend::OperationRecord operation;
-  auto work = backend.start_recorded(
-      {"selector agreement", "allgather", DType::int64, 1, "native", -1, true}, operation, [&] {
-        return backend.allgather_async(Buffer(b.data(), 1, DType::int64),
-                                       Buffer(b.data() + 1, b.size() - 1, DType::int64));
+  const std::vector<std::int64_t> all =
+      backend.exchange_int64("selector agreement", std::span(&mine, 1), limit, [&] {
+        return "the check that every rank makes its algorithm selector alike (rank " +
+               std::to_string(backend.rank()) + " of " + std::to_string(world) + ")";
       });
-  try {
-    backend.wait_or_abandon(
-        *work,
-        [&] {
-          return "the check that every rank makes its algorithm selector alike (rank " +
-                 std::to_string(backend.rank()) + " of " + std::to_string(world) + ")";
-        },
-        operation.seq, limit);
-  } catch (...) {
-    backend.operation_ended(operation, false);
-    keep_until_exit(buffers);  // the abandoned exchange may still use them
-    throw;
-  }
-  backend.operation_ended(operation, true);
-  const std::vector<std::int64_t> all(b.begin() + 1, b.end());
   if (own_error) std::rethrow_exception(own_error);
   if (std::all_of(all.begin(), all.end(), [&](std::int64_t s) { return s == all.front(); })) return;
   std::string message =
@@ -196,10 +173,13 @@ AlgorithmSelector AlgorithmSelector::for_backend(Backend& backend,
   // LOOM_CALIBRATION) before the exchange, so that a malformed one is told to the other ranks
   // there instead of leaving them waiting for this one later.
   std::exception_ptr invalid;
+  std::optional<AlgorithmSelector> uncalibrated;  // the tuning file's or the model's
   try {
-    if (tuning_path) static_cast<void>(load_tuning_file(*tuning_path));
-    AlgorithmSelector().read_overrides();
     if (applies && !calibration) calibration = CalibrationOptions::from_environment();
+    if (!applies || !calibration || calibration->collectives.empty())
+      uncalibrated = from_environment();
+    else
+      AlgorithmSelector().read_overrides();  // checked now, applied after the calibration
   } catch (const Error&) {
     invalid = std::current_exception();
   }
@@ -209,7 +189,7 @@ AlgorithmSelector AlgorithmSelector::for_backend(Backend& backend,
                     invalid, timeout.value_or(backend.timeout()));
   else if (invalid)
     std::rethrow_exception(invalid);
-  if (!applies || !calibration || calibration->collectives.empty()) return from_environment();
+  if (uncalibrated) return std::move(*uncalibrated);
   const Calibration measured = calibrate(backend, *calibration);
   TuningParameters tuning = default_tuning();
   tuning.backend = std::string(backend.name());

@@ -7,11 +7,9 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
-#include <memory>
 #include <span>
 #include <string>
 #include <tuple>
-#include <utility>
 #include <vector>
 
 #include "executor_impl.hpp"
@@ -134,34 +132,13 @@ void Executor::Impl::check_ranks_agree() {
 
   // Fixed-size exchanges only, so ranks with different graphs still make the same calls. Each
   // is a collective of this backend: recorded, published on the board, and watched.
-  auto exchange = [&](std::vector<std::int64_t>& send, std::vector<std::int64_t>& recv,
+  auto exchange = [&](const std::vector<std::int64_t>& send, std::vector<std::int64_t>& recv,
                       const char* what) {
-    Backend::OperationRecord operation;
-    auto work = backend.start_recorded(
-        {what, "allgather", DType::int64, send.size(), "native", -1, true}, operation, [&] {
-          return backend.allgather_async(Buffer::of(std::span(send)), Buffer::of(std::span(recv)));
-        });
-    const bool done = timeout.count() > 0 ? work->wait_for(timeout) : (work->wait(), true);
-    backend.operation_ended(operation, done);
-    if (done) return;
-    const std::int64_t seq = operation.seq;
-    work->abandon();  // never waited for again: its destructor must not block
-    // The abandoned exchange may still read `send` and write `recv` when a late rank comes:
-    // their buffers are kept until the process ends (moving a vector keeps its buffer).
-    keep_until_exit(
-        std::make_shared<std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>>>(
-            std::move(send), std::move(recv)));
-    int failed_rank = -1;
-    std::string message =
-        "Executor::compile on rank " + std::to_string(me) + " of " + std::to_string(world) + " (" +
-        std::string(backend.name()) + "): the check that all ranks compiled the same " +
-        "collectives (collective #" + std::to_string(seq) + ") did not complete within " +
-        environment::seconds_text(options.timeout->count()) + "; " +
-        backend.who_is_missing(seq, &failed_rank);
-    backend.publish_failure(message, false, true);
-    const std::string path = backend.dump_flight_record(message);
-    if (!path.empty()) message += " (flight record: " + path + ")";
-    throw Error(failed_rank >= 0 ? ErrorCode::peer_failed : ErrorCode::timeout, message);
+    recv = backend.exchange_int64(what, send, timeout, [&] {
+      return "Executor::compile on rank " + std::to_string(me) + " of " + std::to_string(world) +
+             " (" + std::string(backend.name()) +
+             "): the check that all ranks compiled the same collectives";
+    });
   };
   auto mismatch = [&](std::string text) -> Error {
     backend.publish_failure(text, false);

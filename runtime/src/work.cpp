@@ -1,10 +1,7 @@
 // Work: polling, back-off waiting and error capture shared by every backend's handles.
 #include "loom/work.hpp"
 
-#include <memory>
-#include <mutex>
 #include <thread>
-#include <vector>
 
 #include "loom/error.hpp"
 
@@ -24,13 +21,6 @@ std::uint64_t abandoned_operations() noexcept {
 
 void note_abandoned_operation() noexcept {
   abandoned_count.fetch_add(1, std::memory_order_acq_rel);
-}
-
-void keep_until_exit(std::shared_ptr<void> memory) {
-  static std::mutex mutex;
-  static auto* kept = new std::vector<std::shared_ptr<void>>();  // never destroyed
-  std::lock_guard lock(mutex);
-  kept->push_back(std::move(memory));
 }
 
 void Work::abandon() noexcept {

@@ -12,7 +12,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // "mpi" would initialise MPI inside the fuzzer, which cannot be undone per input; the MPI
   // tests cover that path.
   if (text == "mpi") return 0;
-  ScopedEnv variable("LOOM_BACKEND", text);
+  ScopedEnv variable("LOOM_BACKEND", text.c_str());
   try {
     auto backend = loom::create_backend();
     if (!text.empty() && text != "local") contract_broken("accepted an unknown backend", text);

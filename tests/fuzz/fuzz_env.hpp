@@ -1,5 +1,5 @@
 // Helpers shared by the libFuzzer targets: the input as an environment value, a scoped
-// variable, and a loud failure when a parser breaks its contract.
+// variable (tests/scoped_env.hpp), and a loud failure when a parser breaks its contract.
 #pragma once
 
 #include <cstddef>
@@ -7,8 +7,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <optional>
 #include <string>
+
+#include "scoped_env.hpp"
 
 namespace loom::fuzz {
 
@@ -18,26 +19,8 @@ inline std::string env_text(const std::uint8_t* data, std::size_t size) {
   return std::string(text, strnlen(text, size));
 }
 
-/// @brief Sets a variable for the scope of one input, then restores it.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : _name(name) {
-    if (const char* old = std::getenv(name)) _old = old;
-    ::setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (_old)
-      ::setenv(_name, _old->c_str(), 1);
-    else
-      ::unsetenv(_name);
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* _name;
-  std::optional<std::string> _old;
-};
+/// @brief Sets a variable for the scope of one input, then restores it (the tests' own).
+using ScopedEnv = test::ScopedEnv;
 
 /// @brief Reports a broken contract as a crash, which libFuzzer records with the input.
 [[noreturn]] inline void contract_broken(const std::string& what, const std::string& input) {

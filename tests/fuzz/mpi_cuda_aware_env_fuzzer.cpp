@@ -7,7 +7,7 @@
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace loom::fuzz;
   const std::string text = env_text(data, size);
-  ScopedEnv variable("LOOM_MPI_CUDA_AWARE", text);
+  ScopedEnv variable("LOOM_MPI_CUDA_AWARE", text.c_str());
   try {
     const loom::MpiConfig config = loom::MpiConfig::from_env();
     const bool expected = text != "0";

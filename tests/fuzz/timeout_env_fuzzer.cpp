@@ -29,7 +29,7 @@ void run_with_watchdog(const std::string& text) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace loom::fuzz;
   const std::string text = env_text(data, size);
-  ScopedEnv variable("LOOM_TIMEOUT_S", text);
+  ScopedEnv variable("LOOM_TIMEOUT_S", text.c_str());
   try {
     const double seconds = loom::ExecutorOptions{}.resolved().timeout->count();
     if (text.empty()) {

@@ -5,8 +5,10 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -174,6 +176,16 @@ class Backend {
     operation_started(operation);
     return work;
   }
+  /// @brief Every rank's `mine` (the same length on every rank; rank r's at r * mine.size()):
+  /// an allgather recorded as `name`, waited for at most `limit` (0 or less: no limit). At the
+  /// deadline it is abandoned, its buffers kept until the process ends (a late rank may still
+  /// use them), and wait_or_abandon's error thrown, "<what()> (collective #n) did not complete
+  /// within <limit>: <who_is_missing>". For the ranks' agreement checks (compile's, the
+  /// algorithm selector's). Collective.
+  std::vector<std::int64_t> exchange_int64(std::string_view name,
+                                           std::span<const std::int64_t> mine,
+                                           std::chrono::nanoseconds limit,
+                                           const std::function<std::string()>& what);
   /// @brief Publishes a failure of this rank on rank_board() (see RankBoard::publish_failure).
   void publish_failure(std::string_view message, bool drained, bool consequence = false) noexcept;
   /// @brief Why collective `seq` did not complete: the ranks that did not arrive, from

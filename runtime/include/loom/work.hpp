@@ -5,7 +5,6 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
-#include <memory>
 #include <mutex>
 #include <string>
 
@@ -74,10 +73,6 @@ class Work {
 std::uint64_t abandoned_operations() noexcept;
 /// @brief Counts one abandoned transport operation (for backends' works).
 void note_abandoned_operation() noexcept;
-/// @brief Keeps `memory` until the process ends: the buffers of an abandoned operation, which
-/// the transport may still read or write if a late peer comes (held from a never-destroyed
-/// list, so leak checkers see it reachable).
-void keep_until_exit(std::shared_ptr<void> memory);
 
 /// @brief A Work that finished when it was made (an eager send, an empty collective).
 class CompletedWork final : public Work {
