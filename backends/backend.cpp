@@ -99,7 +99,8 @@ std::vector<std::int64_t> Backend::exchange_int64(std::string_view name,
   auto buffers = std::make_shared<std::pair<Vector, Vector>>(
       Vector(mine.begin(), mine.end()),
       Vector(mine.size() * static_cast<std::size_t>(world_size())));
-  auto& [send, recv] = *buffers;
+  Vector& send = buffers->first;  // named references: a lambda may not capture a binding
+  Vector& recv = buffers->second;
   OperationRecord operation;
   auto work = start_recorded(
       {name, "allgather", DType::int64, send.size(), "native", -1, true}, operation,
