@@ -71,6 +71,7 @@ struct GradientReducer::State {
   bool in_step = false;
   std::unique_ptr<std::atomic<bool>[]> handed;  // per parameter
   std::vector<char> polled;                     // per group
+  std::vector<char> signalled;                  // per group: updated() this step
   std::mutex log_mutex;
   std::vector<std::size_t> ready_log, last_ready_order;
 
@@ -184,6 +185,7 @@ void GradientReducer::State::build() {
   graph = std::move(g);
   handed = std::make_unique<std::atomic<bool>[]>(n);
   polled.assign(groups.size(), 0);
+  signalled.assign(groups.size(), 0);
 }
 
 GradientReducer::GradientReducer(std::vector<ParameterSpec> parameters, Backend& backend,
@@ -207,13 +209,24 @@ GradientReducer::GradientReducer(std::vector<ParameterSpec> parameters, Backend&
 }
 
 GradientReducer::~GradientReducer() {
-  // A step still in progress (the client failed mid-step) is ended without its missing
-  // signals: its wait fails at the timeout, naming them, and must not throw from here.
-  if (_state && _state->in_step) {
-    try {
-      _state->executor->wait();
-    } catch (const Error&) {
-    }
+  // A step still in progress (the client went away with updates pending) is ended: its buckets
+  // land (their collectives are the same on every rank) and its updates are declared done
+  // without being applied. Gradients that never came fail the wait at the timeout, naming
+  // them; nothing is thrown from here.
+  if (!_state || !_state->in_step) return;
+  State& s = *_state;
+  try {
+    for (std::size_t k = 0; k < s.groups.size(); ++k)
+      if (!s.signalled[k]) {
+        wait_update(k);
+        updated(k);
+      }
+  } catch (const Error&) {
+  }
+  try {
+    s.in_step = false;
+    s.executor->wait();
+  } catch (const Error&) {
   }
 }
 
@@ -260,6 +273,7 @@ void GradientReducer::begin() {
   if (s.in_step) invalid("begin: the last step was not finished (finish())");
   for (std::size_t p = 0; p < s.parameters.size(); ++p) s.handed[p].store(false);
   std::fill(s.polled.begin(), s.polled.end(), 0);
+  std::fill(s.signalled.begin(), s.signalled.end(), 0);
   std::fill(s.usage.begin(), s.usage.end(), 0);
   {
     std::lock_guard lock(s.log_mutex);
@@ -354,6 +368,9 @@ void GradientReducer::updated(std::size_t k) {
   State& s = *_state;
   update_group(k);
   if (!s.in_step) invalid("updated: no step in progress (begin() starts one)");
+  if (s.signalled[k])
+    invalid("updated: update group #" + std::to_string(k) + " was already updated in this step");
+  s.signalled[k] = 1;
   if (s.plan.external_updates) s.executor->signal(s.update_nodes[k]);
 }
 
