@@ -22,9 +22,12 @@ namespace loom {
 namespace flow = tbb::flow;
 using detail::NodeData;
 
-Executor::Impl::Impl(const Graph& g, Backend& b, ExecutorOptions o,
-                     std::unique_ptr<tbb::task_arena> a)
-    : backend(b), options(o.resolved()), graph(*g._state), arena(std::move(a)) {}
+Executor::Impl::Impl(const Graph& g, Backend& b, ExecutorOptions o, OwnArena a)
+    : backend(b),
+      options(o.resolved()),
+      graph(*g._state),
+      parallelism(std::move(a.parallelism)),
+      arena(std::move(a.arena)) {}
 
 void Executor::Impl::compile() {
   timeout = environment::timeout_from_seconds(options.timeout->count(), "ExecutorOptions::timeout");
@@ -59,8 +62,13 @@ void Executor::Impl::compile() {
   if (profile.enabled) profile.records.assign(graph.nodes.size(), detail::NodeRecord{});
   progress.finished = std::make_unique<std::atomic<bool>[]>(graph.nodes.size());
   progress.signal_of.assign(graph.nodes.size(), detail::RunProgress::Signal::waiting);
+  std::vector<char> has_predecessor(graph.nodes.size(), 0);
+  for (const auto& edge : graph.edges) has_predecessor[edge.second] = 1;
   for (std::uint32_t i = 0; i < graph.nodes.size(); ++i)
-    if (graph.nodes[i].kind == NodeKind::external) progress.external_nodes.push_back(i);
+    if (graph.nodes[i].kind == NodeKind::external) {
+      progress.external_nodes.push_back(i);
+      if (!has_predecessor[i]) progress.external_sources.push_back(i);
+    }
 }
 
 // Streams of communication: the communicator's collectives, and one per (direction, peer, tag)
@@ -273,14 +281,19 @@ Executor::Executor(const Graph& graph, Backend& backend, ExecutorOptions options
     // External nodes are completed by threads outside TBB, which never wait in the flow graph
     // while the run goes on: the graph's arena must have a worker of its own even where this
     // process may use one CPU (a rank bound to a core).
-    std::unique_ptr<tbb::task_arena> arena;
+    Impl::OwnArena arena;
     for (const NodeData& node : graph._state->nodes)
       if (node.kind == NodeKind::external) {
-        arena = std::make_unique<tbb::task_arena>(
-            std::max(2, tbb::info::default_concurrency()), 1);
+        // A process bound to one CPU gets no TBB worker unless the limit allows one.
+        // Each such executor holds its own control (they end in any order).
+        const int concurrency = std::max(2, tbb::info::default_concurrency());
+        if (tbb::info::default_concurrency() < concurrency)
+          arena.parallelism = std::make_unique<tbb::global_control>(
+              tbb::global_control::max_allowed_parallelism, concurrency);
+        arena.arena = std::make_unique<tbb::task_arena>(concurrency, 1);
         break;
       }
-    tbb::task_arena* where = arena.get();
+    tbb::task_arena* where = arena.arena.get();
     auto make = [&] {
       _impl = std::make_unique<Impl>(graph, backend, std::move(options), std::move(arena));
       _impl->compile();

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include <oneapi/tbb/flow_graph.h>
+#include <oneapi/tbb/global_control.h>
 #include <oneapi/tbb/task_arena.h>
 
 #include "gpu_nodes.hpp"
@@ -134,6 +135,7 @@ struct RunProgress {
   std::condition_variable changed;
   std::vector<Signal> signal_of;               ///< per node (meaningful for external nodes)
   std::vector<std::uint32_t> external_nodes;   ///< in node order
+  std::vector<std::uint32_t> external_sources;  ///< those without predecessors
   std::unique_ptr<std::atomic<bool>[]> finished;  ///< per node: completed in this run
   std::atomic<std::size_t> finished_count{0};       ///< how many have
   std::atomic<int> waiters{0};
@@ -145,7 +147,13 @@ struct RunProgress {
 struct Executor::Impl {
   using AsyncNode = detail::Wiring::AsyncNode;
 
-  Impl(const Graph& g, Backend& b, ExecutorOptions o, std::unique_ptr<tbb::task_arena> a);
+  /// @brief The arena a graph with external nodes runs in, and what lets it have a worker.
+  struct OwnArena {
+    std::unique_ptr<tbb::global_control> parallelism;  ///< set where TBB would allow no worker
+    std::unique_ptr<tbb::task_arena> arena;
+  };
+
+  Impl(const Graph& g, Backend& b, ExecutorOptions o, OwnArena a);
 
   Backend& backend;
   ExecutorOptions options;  ///< resolved: every field set
@@ -162,6 +170,7 @@ struct Executor::Impl {
   // A graph with external nodes runs in an arena of its own with at least one worker: its
   // compute is started by signals from threads outside TBB that never wait in the flow graph.
   // Declared before the wiring, whose flow graph is attached to it.
+  std::unique_ptr<tbb::global_control> parallelism;
   std::unique_ptr<tbb::task_arena> arena;
   detail::Wiring wiring;
   // Last: destroyed first, so no completion callback runs into a half-destroyed executor.

@@ -95,17 +95,18 @@ void Executor::Impl::cancel_external() {
   for (std::uint32_t i : release) wiring.async_of[i]->gateway().release_wait();
 }
 
-// The time is up while waiting for `waited` (or the whole run): when external nodes are still
-// unsignalled, the run fails naming them (true); otherwise the wait goes on in the watchdog's
-// hands (communication) or the compute's (false).
+// The time is up while waiting for `waited` (or the whole run): when external nodes that wait
+// for nothing but their signal are still unsignalled (their predecessors are done, or they have
+// none), the run fails naming them (true); otherwise what holds the run is upstream of any
+// unsignalled node, in the watchdog's hands (communication) or the compute's (false).
 bool Executor::Impl::expire(std::uint32_t waited) {
   std::vector<std::uint32_t> missing;
   {
     std::lock_guard lock(progress.mutex);
-    for (std::uint32_t i : progress.external_nodes) {
-      const Signal state = progress.signal_of[i];
-      if (state == Signal::waiting || state == Signal::arrived) missing.push_back(i);
-    }
+    for (std::uint32_t i : progress.external_nodes)
+      if (progress.signal_of[i] == Signal::arrived) missing.push_back(i);
+    for (std::uint32_t i : progress.external_sources)
+      if (progress.signal_of[i] == Signal::waiting) missing.push_back(i);
     // The first one whose predecessors are done is the one the run is stuck on.
     std::stable_partition(missing.begin(), missing.end(), [&](std::uint32_t i) {
       return progress.signal_of[i] == Signal::arrived;
@@ -117,7 +118,7 @@ bool Executor::Impl::expire(std::uint32_t waited) {
                         " (Executor::signal; the work outside the executor that completes it "
                         "did not report)";
   if (missing.size() > 1) {
-    message += "; " + std::to_string(missing.size()) + " external nodes are unsignalled: ";
+    message += "; " + std::to_string(missing.size()) + " external nodes wait for their signal: ";
     for (std::size_t k = 0; k < missing.size() && k < 8; ++k)
       message += (k ? ", '" : "'") + graph.nodes[missing[k]].name + "'";
     if (missing.size() > 8) message += ", ...";

@@ -131,7 +131,7 @@ def train(name, optimizer, rank, steps, gloo=None, scheduler=False, start=None, 
         opt = OPTIMIZERS[optimizer](params)
     else:
         opt = OPTIMIZERS[optimizer](params)
-        net, opt = loom_torch.parallelize(model, opt, bucket_cap_mb=CAP_MB,
+        net, opt = loom_torch.parallelize(model, opt, bucket_cap_mb=CAP_MB, first_bucket_mb=CAP_MB,
                                           find_unused_parameters=unused, **options)
     if start is not None:
         net.load_state_dict(start[0])

@@ -33,6 +33,7 @@ re-registered after wrapping (wrap it after .to(...)).
 """
 import contextlib
 import functools
+import types
 import weakref
 
 import torch
@@ -150,7 +151,6 @@ class _Engine:
         self.no_sync_depth = 0
         self.in_backward = False     # a reduced backward began and did not end
         self.awaiting_step = False   # a reduced backward ended, optimizer.step() not yet called
-        self.applied = []            # per update group: applied in this step
         self.hyper = None            # the param groups' hyperparameters when backward began
         self.narrow_key = None
         self.narrow = None
@@ -397,7 +397,9 @@ class ParallelModule(torch.nn.Module):
         engine = _Engine(module, optimizer, group, plan, overlap_forward, rebuild_buckets, profile)
         object.__setattr__(self, "_loom", engine)
         optimizer._loom_engine = engine
-        optimizer.step = engine.step
+        # A method of the optimizer itself, so that LR schedulers can wrap and count it.
+        optimizer.step = types.MethodType(lambda opt, closure=None: engine.step(closure),
+                                          optimizer)
         original_state_dict = optimizer.state_dict
         original_load = optimizer.load_state_dict
 
