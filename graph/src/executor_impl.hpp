@@ -133,11 +133,11 @@ struct RunProgress {
   };
   std::mutex mutex;  ///< guards signal_of and running; with `changed`, wakes the waiters
   std::condition_variable changed;
-  std::vector<Signal> signal_of;               ///< per node (meaningful for external nodes)
-  std::vector<std::uint32_t> external_nodes;   ///< in node order
-  std::vector<std::uint32_t> external_sources;  ///< those without predecessors
+  std::vector<Signal> signal_of;                  ///< per node (meaningful for external nodes)
+  std::vector<std::uint32_t> external_nodes;      ///< in node order
+  std::vector<std::uint32_t> external_sources;    ///< those without predecessors
   std::unique_ptr<std::atomic<bool>[]> finished;  ///< per node: completed in this run
-  std::atomic<std::size_t> finished_count{0};       ///< how many have
+  std::atomic<std::size_t> finished_count{0};     ///< how many have
   std::atomic<int> waiters{0};
   std::atomic<bool> running{false};  ///< started and not yet waited for
 };

@@ -13,7 +13,8 @@ using Signal = detail::RunProgress::Signal;
 
 std::uint32_t Executor::Impl::node_of(const Task& task, std::string_view call) const {
   const std::string what = "Executor::" + std::string(call);
-  if (!task.valid()) throw Error(ErrorCode::invalid_argument, what + ": a default-constructed Task");
+  if (!task.valid())
+    throw Error(ErrorCode::invalid_argument, what + ": a default-constructed Task");
   if (task.id() >= graph.nodes.size() || graph.nodes[task.id()].name != task.name())
     throw Error(ErrorCode::invalid_argument,
                 what + ": '" + task.name() + "' is not a node of the graph this executor runs");

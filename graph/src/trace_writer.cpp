@@ -80,9 +80,9 @@ void write_chrome_trace(std::ostream& out, const TraceClock& clock,
       lane_names[s.worker] = "worker " + std::to_string(s.worker);
       continue;
     }
-    const int id = s.outside ? -1
-                             : communicator_ids.emplace(s.communicator, communicator_ids.size())
-                                   .first->second;
+    const int id =
+        s.outside ? -1
+                  : communicator_ids.emplace(s.communicator, communicator_ids.size()).first->second;
     auto& ends = lane_ends[id];
     std::size_t sub = 0;
     while (sub < ends.size() && ends[sub] > s.start_ns) ++sub;

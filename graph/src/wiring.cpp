@@ -55,7 +55,7 @@ void Executor::Impl::build_flow_graph() {
     auto& async = w.async_nodes.emplace_back(std::make_unique<AsyncNode>(
         w.flow_graph, flow::unlimited,
         [this, i, external = node.kind == NodeKind::external](const flow::continue_msg&,
-                                                             AsyncNode::gateway_type& gateway) {
+                                                              AsyncNode::gateway_type& gateway) {
           if (external)
             arrive_external(i, gateway);
           else

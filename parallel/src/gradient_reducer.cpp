@@ -36,8 +36,8 @@ std::string bytes_text(std::size_t bytes) {
 }  // namespace
 
 std::string describe(const ReducerPlan& plan) {
-  std::string s = "cap " + bytes_text(plan.bucket_cap_bytes) + ", first " +
-                  bytes_text(plan.first_bucket_bytes);
+  std::string s =
+      "cap " + bytes_text(plan.bucket_cap_bytes) + ", first " + bytes_text(plan.first_bucket_bytes);
   if (plan.partition_large) s += ", partition";
   if (plan.compression != Compression::none) s += ", " + std::string(to_string(plan.compression));
   if (plan.collectives_in_flight) s += ", in flight " + std::to_string(plan.collectives_in_flight);
@@ -57,9 +57,9 @@ struct GradientReducer::State {
   std::unique_ptr<Bucketer> bucketer;
   Graph graph;
   std::unique_ptr<Executor> executor;
-  std::vector<Task> gradient_nodes;   // per parameter
+  std::vector<Task> gradient_nodes;  // per parameter
   std::vector<BucketTasks> bucket_tasks;
-  std::vector<std::size_t> issue;     // buckets in issue order
+  std::vector<std::size_t> issue;                       // buckets in issue order
   std::vector<std::vector<std::size_t>> groups;         // update group -> parameters
   std::vector<std::vector<std::size_t>> group_buckets;  // update group -> buckets
   std::vector<std::size_t> group_of;                    // parameter -> update group
@@ -87,8 +87,8 @@ struct GradientReducer::State {
   }
   void check_parameter(std::size_t p, const char* call) const {
     if (p >= parameters.size())
-      invalid(std::string(call) + ": parameter #" + std::to_string(p) + " does not exist (there are " +
-              std::to_string(parameters.size()) + ")");
+      invalid(std::string(call) + ": parameter #" + std::to_string(p) +
+              " does not exist (there are " + std::to_string(parameters.size()) + ")");
   }
   void check_in_step(std::size_t p, const char* call) const {
     if (!in_step)
@@ -107,7 +107,8 @@ struct GradientReducer::State {
 void GradientReducer::State::build() {
   const std::size_t n = parameters.size();
   std::vector<GradientSpec> specs;
-  for (const ParameterSpec& p : parameters) specs.push_back({p.name, p.count, p.dtype, Device::cpu(), {}});
+  for (const ParameterSpec& p : parameters)
+    specs.push_back({p.name, p.count, p.dtype, Device::cpu(), {}});
   BucketerOptions options;
   options.cap_bytes = plan.bucket_cap_bytes;
   options.first_bucket_bytes = plan.first_bucket_bytes;
@@ -202,8 +203,8 @@ GradientReducer::GradientReducer(std::vector<ParameterSpec> parameters, Backend&
   }
   if (plan.bucket_cap_bytes == 0 || plan.first_bucket_bytes == 0)
     invalid("bucket_cap_bytes and first_bucket_bytes must be > 0 (" + describe(plan) + ")");
-  _state = std::make_unique<State>(std::move(parameters), backend, std::move(plan),
-                                   std::move(executor));
+  _state =
+      std::make_unique<State>(std::move(parameters), backend, std::move(plan), std::move(executor));
   _state->factor = 1.0 / backend.world_size();
   _state->build();
 }

@@ -21,9 +21,8 @@ double mean(const std::vector<double>& v) {
 }
 
 NodeKind parse_node_kind(const std::string& text) {
-  for (NodeKind k :
-       {NodeKind::compute, NodeKind::collective, NodeKind::send, NodeKind::recv, NodeKind::copy,
-        NodeKind::external})
+  for (NodeKind k : {NodeKind::compute, NodeKind::collective, NodeKind::send, NodeKind::recv,
+                     NodeKind::copy, NodeKind::external})
     if (to_string(k) == text) return k;
   throw Error(ErrorCode::invalid_argument, "step profile: unknown node kind '" + text + "'");
 }

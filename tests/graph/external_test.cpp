@@ -189,11 +189,15 @@ TEST(External, SignalErrorsNameTheNode) {
   EXPECT_EQ(code_of([&] { ex.start(); }).first, ErrorCode::invalid_argument);
   std::tie(code, message) = code_of([&] { ex.signal(c); });
   EXPECT_EQ(code, ErrorCode::invalid_argument);
-  EXPECT_NE(message.find("compute node 'c' on rank 0 of 1 (local) is not an external node"), std::string::npos) << message;
+  EXPECT_NE(message.find("compute node 'c' on rank 0 of 1 (local) is not an external node"),
+            std::string::npos)
+      << message;
   ex.signal(a);
   std::tie(code, message) = code_of([&] { ex.signal(a); });
   EXPECT_EQ(code, ErrorCode::invalid_argument);
-  EXPECT_NE(message.find("external node 'a' on rank 0 of 1 (local) was already signalled"), std::string::npos) << message;
+  EXPECT_NE(message.find("external node 'a' on rank 0 of 1 (local) was already signalled"),
+            std::string::npos)
+      << message;
   Graph other;
   auto foreign = other.external("elsewhere");
   std::tie(code, message) = code_of([&] { ex.signal(foreign); });
@@ -215,9 +219,9 @@ TEST(External, CollectivesBehindExternalNodesOnLocalRanks) {
     std::vector<Task> inputs, reduced;
     for (int b = 0; b < buckets; ++b) {
       Task in = g.external("grad" + std::to_string(b));
-      Task reduce = g.allreduce("bucket" + std::to_string(b) + ".allreduce",
-                                Buffer::of(std::span(data[b])), ReduceOp::sum,
-                                {.priority = buckets - b});
+      Task reduce =
+          g.allreduce("bucket" + std::to_string(b) + ".allreduce", Buffer::of(std::span(data[b])),
+                      ReduceOp::sum, {.priority = buckets - b});
       in.precede(reduce);
       inputs.push_back(in);
       reduced.push_back(reduce);
@@ -274,8 +278,7 @@ TEST(External, ARankThatNeverSignalsIsNamedOnEveryRank) {
       messages[backend.rank()] = e.message();
     }
   });
-  EXPECT_NE(messages[1].find("'grad.fc.weight' on rank 1 of 2"), std::string::npos)
-      << messages[1];
+  EXPECT_NE(messages[1].find("'grad.fc.weight' on rank 1 of 2"), std::string::npos) << messages[1];
   EXPECT_NE(messages[0].find("bucket0.allreduce"), std::string::npos) << messages[0];
 }
 

@@ -29,9 +29,9 @@ ExecutorOptions options(double timeout_s = 20, bool profile = false) {
 
 // A small "model": 6 parameters of various sizes in 3 modules.
 std::vector<ParameterSpec> model() {
-  return {{"embed.weight", "embed", 300},      {"layers.0.weight", "layers.0", 1000},
-          {"layers.0.bias", "layers.0", 10},   {"layers.1.weight", "layers.1", 2000},
-          {"layers.1.bias", "layers.1", 20},   {"head.weight", "head", 77}};
+  return {{"embed.weight", "embed", 300},    {"layers.0.weight", "layers.0", 1000},
+          {"layers.0.bias", "layers.0", 10}, {"layers.1.weight", "layers.1", 2000},
+          {"layers.1.bias", "layers.1", 20}, {"head.weight", "head", 77}};
 }
 
 // Rank r's gradient of parameter p in step s, element i.
@@ -231,8 +231,9 @@ TEST(GradientReducer, BadHandOversAreNamedErrors) {
     }
     return std::string("no error");
   };
-  EXPECT_NE(message_of([&] { reducer.ready(5, Buffer::of(std::span(right))); })
-                .find("no step in progress"),
+  EXPECT_NE(message_of([&] {
+              reducer.ready(5, Buffer::of(std::span(right)));
+            }).find("no step in progress"),
             std::string::npos);
   reducer.begin();
   EXPECT_NE(message_of([&] { reducer.ready(5, Buffer::of(std::span(wrong_size))); })
@@ -240,8 +241,9 @@ TEST(GradientReducer, BadHandOversAreNamedErrors) {
                       "float32[77] but its gradient is float32[76]"),
             std::string::npos);
   reducer.ready(5, Buffer::of(std::span(right)));
-  EXPECT_NE(message_of([&] { reducer.ready(5, Buffer::of(std::span(right))); })
-                .find("was already handed over in this step"),
+  EXPECT_NE(message_of([&] {
+              reducer.ready(5, Buffer::of(std::span(right)));
+            }).find("was already handed over in this step"),
             std::string::npos);
   EXPECT_NE(message_of([&] { reducer.begin(); }).find("not finished"), std::string::npos);
   for (std::size_t p = 0; p < 5; ++p) reducer.mark_unused(p);

@@ -61,8 +61,9 @@ class TorchReducer {
     const std::string where = "parallelize: the gradient of '" + _reducer->parameter(p).name + "'";
     if (gradient.layout() != at::kStrided)
       throw Error(ErrorCode::unsupported,
-                  where + " is sparse; parallelize reduces dense gradients (DDP's sparse "
-                          "gradients are not supported)");
+                  where +
+                      " is sparse; parallelize reduces dense gradients (DDP's sparse "
+                      "gradients are not supported)");
     const at::Tensor dense = gradient.is_contiguous() ? gradient : gradient.contiguous();
     const Buffer buffer = to_buffer(dense, *_backend, where, "gradient");
     py::gil_scoped_release no_gil;
@@ -75,10 +76,18 @@ class TorchReducer {
     const Buffer g = _reducer->gradient(p);
     at::ScalarType type = at::kFloat;
     switch (g.dtype()) {
-      case DType::float32: type = at::kFloat; break;
-      case DType::float64: type = at::kDouble; break;
-      case DType::float16: type = at::kHalf; break;
-      case DType::bfloat16: type = at::kBFloat16; break;
+      case DType::float32:
+        type = at::kFloat;
+        break;
+      case DType::float64:
+        type = at::kDouble;
+        break;
+      case DType::float16:
+        type = at::kHalf;
+        break;
+      case DType::bfloat16:
+        type = at::kBFloat16;
+        break;
       default:
         throw Error(ErrorCode::unsupported, "parallelize: parameter '" +
                                                 _reducer->parameter(p).name + "' is " +
@@ -103,9 +112,7 @@ class TorchReducer {
     return out;
   }
 
-  void replan(const ReducerPlan& plan) {
-    _reducer->replan(plan);
-  }
+  void replan(const ReducerPlan& plan) { _reducer->replan(plan); }
 
  private:
   std::shared_ptr<Backend> _backend;
@@ -150,11 +157,10 @@ void bind_gradient_reducer(py::module_& m) {
                        bool partition, std::size_t in_flight, const std::string& compression,
                        bool track_usage, std::optional<bool> profile) {
              py::gil_scoped_release no_gil;
-             return std::make_shared<TorchReducer>(
-                 group, names, modules, parameters,
-                 make_plan(cap_mb, first_mb, partition, in_flight, compression, track_usage, {},
-                           {}),
-                 profile);
+             return std::make_shared<TorchReducer>(group, names, modules, parameters,
+                                                   make_plan(cap_mb, first_mb, partition, in_flight,
+                                                             compression, track_usage, {}, {}),
+                                                   profile);
            }),
            py::arg("group"), py::arg("names"), py::arg("modules"), py::arg("parameters"),
            py::arg("bucket_cap_mb"), py::arg("first_bucket_mb"), py::arg("partition_large"),
@@ -165,25 +171,29 @@ void bind_gradient_reducer(py::module_& m) {
       .def("ready", &TorchReducer::ready, py::arg("parameter"), py::arg("gradient"))
       .def("mark_unused", [](TorchReducer& r, std::size_t p) { r.reducer().mark_unused(p); })
       .def("handed_over", [](TorchReducer& r, std::size_t p) { return r.reducer().handed_over(p); })
-      .def("missing",
-           [](TorchReducer& r) {
-             std::vector<std::size_t> out;
-             for (std::size_t p = 0; p < r.reducer().num_parameters(); ++p)
-               if (!r.reducer().handed_over(p)) out.push_back(p);
-             return out;
-           },
-           "Parameters not handed over in this step")
+      .def(
+          "missing",
+          [](TorchReducer& r) {
+            std::vector<std::size_t> out;
+            for (std::size_t p = 0; p < r.reducer().num_parameters(); ++p)
+              if (!r.reducer().handed_over(p)) out.push_back(p);
+            return out;
+          },
+          "Parameters not handed over in this step")
       .def("backward_done", [](TorchReducer& r) { r.reducer().backward_done(); })
       .def("poll", [](TorchReducer& r) { return r.reducer().poll(); })
-      .def("wait_update", [](TorchReducer& r, std::size_t k) { r.reducer().wait_update(k); },
-           py::call_guard<py::gil_scoped_release>())
+      .def(
+          "wait_update", [](TorchReducer& r, std::size_t k) { r.reducer().wait_update(k); },
+          py::call_guard<py::gil_scoped_release>())
       .def("updated", [](TorchReducer& r, std::size_t k) { r.reducer().updated(k); })
       .def("globally_unused",
            [](TorchReducer& r, std::size_t p) { return r.reducer().globally_unused(p); })
-      .def("finish", [](TorchReducer& r) { r.reducer().finish(); },
-           py::call_guard<py::gil_scoped_release>())
-      .def("gradient",
-           [](const Self& r, std::size_t p) { return r->gradient(p, r); }, py::arg("parameter"))
+      .def(
+          "finish", [](TorchReducer& r) { r.reducer().finish(); },
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "gradient", [](const Self& r, std::size_t p) { return r->gradient(p, r); },
+          py::arg("parameter"))
       .def("update_groups",
            [](TorchReducer& r) {
              std::vector<std::vector<std::size_t>> out;
@@ -199,24 +209,29 @@ void bind_gradient_reducer(py::module_& m) {
              return out;
            })
       .def("describe_plan", [](TorchReducer& r) { return describe(r.reducer().plan()); })
-      .def("observed_ready_order", [](TorchReducer& r) { return r.reducer().observed_ready_order(); })
-      .def("agreed", [](TorchReducer& r, const std::vector<std::size_t>& order) {
-             return r.reducer().agreed(order);
-           }, py::call_guard<py::gil_scoped_release>())
-      .def("replan",
-           [](TorchReducer& r, double cap_mb, double first_mb, bool partition,
-              std::size_t in_flight, const std::string& compression, bool track_usage,
-              std::vector<std::size_t> ready_order, std::vector<std::size_t> issue_order) {
-             const ReducerPlan plan =
-                 make_plan(cap_mb, first_mb, partition, in_flight, compression, track_usage,
-                           std::move(ready_order), std::move(issue_order));
-             py::gil_scoped_release no_gil;
-             r.replan(plan);
-           },
-           py::arg("bucket_cap_mb"), py::arg("first_bucket_mb"), py::arg("partition_large"),
-           py::arg("collectives_in_flight"), py::arg("compression"), py::arg("track_usage"),
-           py::arg("ready_order"), py::arg("issue_order"),
-           "Rebuilds the buckets with a new plan (collective: every rank, between steps)")
+      .def("observed_ready_order",
+           [](TorchReducer& r) { return r.reducer().observed_ready_order(); })
+      .def(
+          "agreed",
+          [](TorchReducer& r, const std::vector<std::size_t>& order) {
+            return r.reducer().agreed(order);
+          },
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "replan",
+          [](TorchReducer& r, double cap_mb, double first_mb, bool partition, std::size_t in_flight,
+             const std::string& compression, bool track_usage, std::vector<std::size_t> ready_order,
+             std::vector<std::size_t> issue_order) {
+            const ReducerPlan plan =
+                make_plan(cap_mb, first_mb, partition, in_flight, compression, track_usage,
+                          std::move(ready_order), std::move(issue_order));
+            py::gil_scoped_release no_gil;
+            r.replan(plan);
+          },
+          py::arg("bucket_cap_mb"), py::arg("first_bucket_mb"), py::arg("partition_large"),
+          py::arg("collectives_in_flight"), py::arg("compression"), py::arg("track_usage"),
+          py::arg("ready_order"), py::arg("issue_order"),
+          "Rebuilds the buckets with a new plan (collective: every rank, between steps)")
       .def("issue_order", [](TorchReducer& r) { return r.reducer().executor().issue_order(); })
       .def("dump_dot",
            [](TorchReducer& r, const std::string& path) {
@@ -231,14 +246,15 @@ void bind_gradient_reducer(py::module_& m) {
              r.reducer().executor().dump_dot(out);
              return out.str();
            })
-      .def("write_trace",
-           [](TorchReducer& r, const std::string& path) {
-             const std::string mine = r.with_rank(path);
-             r.reducer().executor().write_trace(mine);
-             return mine;
-           },
-           "Writes this rank's Chrome trace of the last finished step (path gets .rank<r> with "
-           "several ranks); returns the path written")
+      .def(
+          "write_trace",
+          [](TorchReducer& r, const std::string& path) {
+            const std::string mine = r.with_rank(path);
+            r.reducer().executor().write_trace(mine);
+            return mine;
+          },
+          "Writes this rank's Chrome trace of the last finished step (path gets .rank<r> with "
+          "several ranks); returns the path written")
       .def("explain", [](TorchReducer& r) { return r.reducer().explain(); })
       .def("rank", [](TorchReducer& r) { return r.backend().rank(); })
       .def("world_size", [](TorchReducer& r) { return r.backend().world_size(); })
