@@ -223,6 +223,7 @@ void Executor::Impl::complete(std::uint32_t i, std::exception_ptr error) {
 }
 
 void Executor::Impl::run() {
+  std::lock_guard serial(run_serial);  // concurrent run()s take turns, as they always did
   start();
   wait();
 }
@@ -312,7 +313,20 @@ Executor::Executor(const Graph& graph, Backend& backend, ExecutorOptions options
   }
 }
 
-Executor::~Executor() = default;
+Executor::~Executor() {
+  // A run started and never waited for: end it (external nodes still waiting for their signal
+  // would otherwise keep the flow graph's destructor waiting for ever).
+  if (_impl && _impl->progress.running.load()) {
+    try {
+      const std::uint32_t node =
+          _impl->progress.external_nodes.empty() ? 0 : _impl->progress.external_nodes.front();
+      _impl->fail(node, std::make_exception_ptr(Error(
+                            ErrorCode::cancelled, "the executor was destroyed during the run")));
+      _impl->wait();
+    } catch (const std::exception&) {
+    }
+  }
+}
 
 std::unique_ptr<Executor> Executor::compile(const Graph& graph, Backend& backend,
                                             ExecutorOptions options) {

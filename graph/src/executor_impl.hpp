@@ -167,6 +167,7 @@ struct Executor::Impl {
   detail::RunRecord flight;
   detail::RunProgress progress;
   std::mutex run_mutex;
+  std::mutex run_serial;  ///< held by run() from start to end
   // A graph with external nodes runs in an arena of its own with at least one worker: its
   // compute is started by signals from threads outside TBB that never wait in the flow graph.
   // Declared before the wiring, whose flow graph is attached to it.

@@ -282,6 +282,22 @@ TEST(External, ARankThatNeverSignalsIsNamedOnEveryRank) {
   EXPECT_NE(messages[0].find("bucket0.allreduce"), std::string::npos) << messages[0];
 }
 
+TEST(External, DestroyingTheExecutorDuringARunEndsIt) {
+  auto backend = make_local_backend();
+  Graph g;
+  int ran = 0;
+  auto a = g.external("never_signalled");
+  auto after = g.compute("after", [&] { ++ran; });
+  a.precede(after);
+  const auto began = std::chrono::steady_clock::now();
+  {
+    Executor ex(g, *backend, with_timeout(60));
+    ex.start();
+  }  // returns at once: the run is cancelled, not waited for until the timeout
+  EXPECT_LT(std::chrono::steady_clock::now() - began, std::chrono::seconds(10));
+  EXPECT_EQ(ran, 0);
+}
+
 TEST(External, DotShowsExternalNodes) {
   auto backend = make_local_backend();
   Graph g;
