@@ -124,7 +124,8 @@ int main(int argc, char** argv) {
     if (!(flags.compute_scale > 0))
       throw Error(ErrorCode::invalid_argument, "--compute-scale must be > 0");
     for (ProfiledNode& node : profile.nodes)
-      if (node.kind == NodeKind::compute || node.kind == NodeKind::copy)
+      if (node.kind == NodeKind::compute || node.kind == NodeKind::copy ||
+          node.kind == NodeKind::external)
         node.duration_s *= flags.compute_scale;
     const double latency = parse_duration(flags.latency);
     if (!flags.link.empty())

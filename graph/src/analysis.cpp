@@ -193,6 +193,8 @@ void check_communication(const GraphState& graph, int world_size) {
           invalid("copy node " + quoted(node) + ": a buffer is null");
         break;
       }
+      case NodeKind::external:
+        break;
       case NodeKind::compute:
         if (node.placement == Placement::cpu && !node.body)
           invalid("compute node " + quoted(node) + " has an empty body");

@@ -23,11 +23,12 @@ std::vector<detail::TraceSpan> Executor::Impl::spans() const {
     const NodeRecord& r = profile.records[i];
     if (r.end_ns == 0 && r.start_ns == 0) continue;  // did not run (a failed run)
     const bool comm = plan.communicates(i);
+    const bool outside = node.kind == NodeKind::external;
     // Every communication node uses the one communicator of the backend: one lane family.
     out.push_back({node.name, std::string(to_string(node.kind)), detail::describe(node), r.start_ns,
-                   r.end_ns, comm ? -1 : std::max(r.lane, 0), comm ? "world" : "",
+                   r.end_ns, comm || outside ? -1 : std::max(r.lane, 0), comm ? "world" : "",
                    detail::bytes_of(node), comm ? algorithms.algorithm_of[i] : "",
-                   plan.issue_index[i], r.ready_ns});
+                   plan.issue_index[i], r.ready_ns, outside});
   }
   return out;
 }
@@ -71,7 +72,7 @@ std::vector<double> exposed_us(const detail::GraphState& graph,
   std::vector<detail::Interval> busy;
   auto computes = [&](std::uint32_t i) {
     const NodeKind kind = graph.nodes[i].kind;
-    return kind == NodeKind::compute || kind == NodeKind::copy;
+    return kind == NodeKind::compute || kind == NodeKind::copy || kind == NodeKind::external;
   };
   for (std::uint32_t i = 0; i < graph.nodes.size(); ++i)
     if (computes(i) && records[i].end_ns > 0)

@@ -58,6 +58,8 @@ DotStyle dot_style(const NodeData& node) {
       return {"invhouse", "#dadaeb"};
     case NodeKind::copy:
       return {"note", "#e5e5e5"};
+    case NodeKind::external:
+      return {"parallelogram", "#fff7bc"};
   }
   return {"box", "white"};
 }
@@ -66,7 +68,8 @@ std::string node_label(const GraphState& graph, const DotAnnotations* notes, std
   const NodeData& node = graph.nodes[i];
   const bool measured = notes != nullptr && !notes->duration_us.empty();
   std::string label = dot_escaped(node.name) + "\\n" + dot_escaped(describe(node));
-  if (node.kind != NodeKind::compute) label += "\\n" + human_bytes(bytes_of(node));
+  if (node.kind != NodeKind::compute && node.kind != NodeKind::external)
+    label += "\\n" + human_bytes(bytes_of(node));
   if (notes != nullptr) {
     if (notes->issue_index[i] >= 0) label += "\\nissue #" + std::to_string(notes->issue_index[i]);
     if (!notes->algorithm[i].empty()) label += "  algo " + dot_escaped(notes->algorithm[i]);

@@ -7,6 +7,7 @@
 #include <map>
 #include <tuple>
 
+#include <oneapi/tbb/info.h>
 #include <oneapi/tbb/task_arena.h>
 
 #include "analysis.hpp"
@@ -21,8 +22,12 @@ namespace loom {
 namespace flow = tbb::flow;
 using detail::NodeData;
 
-Executor::Impl::Impl(const Graph& g, Backend& b, ExecutorOptions o)
-    : backend(b), options(o.resolved()), graph(*g._state) {}
+Executor::Impl::Impl(const Graph& g, Backend& b, ExecutorOptions o, OwnArena a)
+    : backend(b),
+      options(o.resolved()),
+      graph(*g._state),
+      parallelism(std::move(a.parallelism)),
+      arena(std::move(a.arena)) {}
 
 void Executor::Impl::compile() {
   timeout = environment::timeout_from_seconds(options.timeout->count(), "ExecutorOptions::timeout");
@@ -55,6 +60,15 @@ void Executor::Impl::compile() {
   measure_clock_offset();
   build_flow_graph();
   if (profile.enabled) profile.records.assign(graph.nodes.size(), detail::NodeRecord{});
+  progress.finished = std::make_unique<std::atomic<bool>[]>(graph.nodes.size());
+  progress.signal_of.assign(graph.nodes.size(), detail::RunProgress::Signal::waiting);
+  std::vector<char> has_predecessor(graph.nodes.size(), 0);
+  for (const auto& edge : graph.edges) has_predecessor[edge.second] = 1;
+  for (std::uint32_t i = 0; i < graph.nodes.size(); ++i)
+    if (graph.nodes[i].kind == NodeKind::external) {
+      progress.external_nodes.push_back(i);
+      if (!has_predecessor[i]) progress.external_sources.push_back(i);
+    }
 }
 
 // Streams of communication: the communicator's collectives, and one per (direction, peer, tag)
@@ -104,6 +118,7 @@ void Executor::Impl::execute(std::uint32_t i, const std::function<void()>& body)
   if (!profile.enabled) {
     try {
       body();
+      finished(i);
     } catch (...) {
       fail(i, std::current_exception());
     }
@@ -112,12 +127,15 @@ void Executor::Impl::execute(std::uint32_t i, const std::function<void()>& body)
   detail::NodeRecord& record = profile.records[i];
   record.lane = tbb::this_task_arena::current_thread_index();
   record.start_ns = profile.now_ns();
+  bool ok = false;
   try {
     body();
+    ok = true;
   } catch (...) {
     fail(i, std::current_exception());
   }
   record.end_ns = profile.now_ns();
+  if (ok) finished(i);
 }
 
 void Executor::Impl::arrive(std::uint32_t i, AsyncNode::gateway_type& gateway) {
@@ -188,15 +206,27 @@ void Executor::Impl::complete(std::uint32_t i, std::exception_ptr error) {
   // A window on the collectives: the next one may go as soon as this one is done.
   if (!error && node.kind == NodeKind::collective)
     plan.sequencers[plan.sequencer_of[i]]->finished();
-  if (error)
+  if (error) {
     fail(i, std::move(error));
-  else
+  } else {
+    finished(i);
     gateway.try_put(flow::continue_msg());
+  }
   gateway.release_wait();
 }
 
 void Executor::Impl::run() {
+  std::lock_guard serial(run_serial);  // concurrent run()s take turns, as they always did
+  start();
+  wait();
+}
+
+void Executor::Impl::start() {
   std::lock_guard lock(run_mutex);
+  if (progress.running.load())
+    throw Error(ErrorCode::invalid_argument,
+                "Executor::start: the run started before has not been waited for "
+                "(Executor::wait)");
   if (!failure.poisoned.empty())
     throw Error(ErrorCode::cancelled, "Executor::run refused: " + failure.poisoned);
   failure.failed.store(false);
@@ -210,8 +240,28 @@ void Executor::Impl::run() {
     std::fill(profile.records.begin(), profile.records.end(), detail::NodeRecord{});
   profile.run_start = std::chrono::steady_clock::now();
   flight.first_seq = backend.flight_recorder().next_collective_seq();
+  {
+    std::lock_guard progress_lock(progress.mutex);
+    for (std::uint32_t i : progress.external_nodes)
+      progress.signal_of[i] = detail::RunProgress::Signal::waiting;
+    for (std::size_t i = 0; i < graph.nodes.size(); ++i) progress.finished[i].store(false);
+    progress.finished_count.store(0);
+    progress.running.store(true);
+  }
   wiring.start.try_put(flow::continue_msg());
-  wiring.flow_graph.wait_for_all();
+}
+
+void Executor::Impl::wait() {
+  std::lock_guard lock(run_mutex);
+  if (!progress.running.load())
+    throw Error(ErrorCode::invalid_argument,
+                "Executor::wait: no run in progress (Executor::start begins one)");
+  if (!progress.external_nodes.empty()) wait_for_everything();
+  in_arena([this] { wiring.flow_graph.wait_for_all(); });
+  {
+    std::lock_guard progress_lock(progress.mutex);
+    progress.running.store(false);
+  }
   profile.has_run = profile.enabled;
   check_peers_after_run();
   const bool failed = failure.failed.load();
@@ -222,8 +272,30 @@ void Executor::Impl::run() {
 
 Executor::Executor(const Graph& graph, Backend& backend, ExecutorOptions options) {
   try {
-    _impl = std::make_unique<Impl>(graph, backend, std::move(options));
-    _impl->compile();
+    // External nodes are completed by threads outside TBB, which never wait in the flow graph
+    // while the run goes on: the graph's arena must have a worker of its own even where this
+    // process may use one CPU (a rank bound to a core).
+    Impl::OwnArena arena;
+    for (const NodeData& node : graph._state->nodes)
+      if (node.kind == NodeKind::external) {
+        // A process bound to one CPU gets no TBB worker unless the limit allows one.
+        // Each such executor holds its own control (they end in any order).
+        const int concurrency = std::max(2, tbb::info::default_concurrency());
+        if (tbb::info::default_concurrency() < concurrency)
+          arena.parallelism = std::make_unique<tbb::global_control>(
+              tbb::global_control::max_allowed_parallelism, concurrency);
+        arena.arena = std::make_unique<tbb::task_arena>(concurrency, 1);
+        break;
+      }
+    tbb::task_arena* where = arena.arena.get();
+    auto make = [&] {
+      _impl = std::make_unique<Impl>(graph, backend, std::move(options), std::move(arena));
+      _impl->compile();
+    };
+    if (where)  // the flow graph attaches to the arena it is made in
+      where->execute(make);
+    else
+      make();
   } catch (const Error& e) {
     // The other ranks may be waiting for this one in compile's cross-rank check: tell them
     // why it will not come (a graph that fails validation here only, say).
@@ -234,7 +306,20 @@ Executor::Executor(const Graph& graph, Backend& backend, ExecutorOptions options
   }
 }
 
-Executor::~Executor() = default;
+Executor::~Executor() {
+  // A run started and never waited for: end it (external nodes still waiting for their signal
+  // would otherwise keep the flow graph's destructor waiting for ever).
+  if (_impl && _impl->progress.running.load()) {
+    try {
+      const std::uint32_t node =
+          _impl->progress.external_nodes.empty() ? 0 : _impl->progress.external_nodes.front();
+      _impl->fail(node, std::make_exception_ptr(Error(
+                            ErrorCode::cancelled, "the executor was destroyed during the run")));
+      _impl->wait();
+    } catch (const std::exception&) {
+    }
+  }
+}
 
 std::unique_ptr<Executor> Executor::compile(const Graph& graph, Backend& backend,
                                             ExecutorOptions options) {
@@ -247,6 +332,30 @@ void Executor::run() {
 
 void Executor::run(std::size_t times) {
   for (std::size_t k = 0; k < times; ++k) _impl->run();
+}
+
+void Executor::start() {
+  _impl->start();
+}
+
+void Executor::wait() {
+  _impl->wait();
+}
+
+void Executor::signal(Task task) {
+  _impl->signal(_impl->node_of(task, "signal"));
+}
+
+void Executor::wait(Task task) {
+  _impl->wait_for(_impl->node_of(task, "wait"));
+}
+
+bool Executor::done(Task task) const {
+  return _impl->progress.finished[_impl->node_of(task, "done")].load();
+}
+
+bool Executor::running() const noexcept {
+  return _impl->progress.running.load();
 }
 
 std::vector<std::string> Executor::issue_order() const {

@@ -2,11 +2,12 @@
 // concerns live in their own files: executor.cpp (compile, run, the public calls),
 // executor_options.cpp, agreement.cpp (the cross-rank check), clock_sync.cpp (trace clocks),
 // wiring.cpp (the TBB flow graph and GPU nodes), failure.cpp (failure and drain), annotation.cpp
-// (trace, DOT, timings).
+// (trace, DOT, timings), external.cpp (asynchronous runs and external nodes).
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -16,6 +17,8 @@
 #include <vector>
 
 #include <oneapi/tbb/flow_graph.h>
+#include <oneapi/tbb/global_control.h>
+#include <oneapi/tbb/task_arena.h>
 
 #include "gpu_nodes.hpp"
 #include "graph_state.hpp"
@@ -118,12 +121,39 @@ struct RunProfile {
   }
 };
 
+/// @brief Where the current run stands: which nodes completed (Executor::wait(Task), done) and
+/// how far each external node got (Executor::signal).
+struct RunProgress {
+  enum class Signal : std::uint8_t {
+    waiting,    ///< its predecessors are not done and no signal came
+    early,      ///< signalled before its predecessors were done
+    arrived,    ///< its predecessors are done: its gateway is held until the signal
+    done,       ///< signalled and passed on
+    cancelled,  ///< the run failed first
+  };
+  std::mutex mutex;  ///< guards signal_of and running; with `changed`, wakes the waiters
+  std::condition_variable changed;
+  std::vector<Signal> signal_of;                  ///< per node (meaningful for external nodes)
+  std::vector<std::uint32_t> external_nodes;      ///< in node order
+  std::vector<std::uint32_t> external_sources;    ///< those without predecessors
+  std::unique_ptr<std::atomic<bool>[]> finished;  ///< per node: completed in this run
+  std::atomic<std::size_t> finished_count{0};     ///< how many have
+  std::atomic<int> waiters{0};
+  std::atomic<bool> running{false};  ///< started and not yet waited for
+};
+
 }  // namespace detail
 
 struct Executor::Impl {
   using AsyncNode = detail::Wiring::AsyncNode;
 
-  Impl(const Graph& g, Backend& b, ExecutorOptions o);
+  /// @brief The arena a graph with external nodes runs in, and what lets it have a worker.
+  struct OwnArena {
+    std::unique_ptr<tbb::global_control> parallelism;  ///< set where TBB would allow no worker
+    std::unique_ptr<tbb::task_arena> arena;
+  };
+
+  Impl(const Graph& g, Backend& b, ExecutorOptions o, OwnArena a);
 
   Backend& backend;
   ExecutorOptions options;  ///< resolved: every field set
@@ -135,7 +165,14 @@ struct Executor::Impl {
   detail::RunProfile profile;
   detail::FailureState failure;
   detail::RunRecord flight;
+  detail::RunProgress progress;
   std::mutex run_mutex;
+  std::mutex run_serial;  ///< held by run() from start to end
+  // A graph with external nodes runs in an arena of its own with at least one worker: its
+  // compute is started by signals from threads outside TBB that never wait in the flow graph.
+  // Declared before the wiring, whose flow graph is attached to it.
+  std::unique_ptr<tbb::global_control> parallelism;
+  std::unique_ptr<tbb::task_arena> arena;
   detail::Wiring wiring;
   // Last: destroyed first, so no completion callback runs into a half-destroyed executor.
   std::unique_ptr<ProgressEngine> engine;
@@ -144,6 +181,8 @@ struct Executor::Impl {
   void compile();
   void plan_issue_order();
   void run();
+  void start();
+  void wait();
   void arrive(std::uint32_t i, AsyncNode::gateway_type& gateway);
   void issue(std::uint32_t i);
   std::unique_ptr<Work> start_operation(std::uint32_t i);
@@ -163,6 +202,22 @@ struct Executor::Impl {
   void end_failed_run();
   std::string where(std::uint32_t i) const;
   void check_peers_after_run();
+  // external.cpp
+  void arrive_external(std::uint32_t i, AsyncNode::gateway_type& gateway);
+  void signal(std::uint32_t i);
+  void finished(std::uint32_t i);
+  void wait_for(std::uint32_t i);
+  void wait_for_everything();
+  bool expire(std::uint32_t waited);
+  void cancel_external();
+  std::uint32_t node_of(const Task& task, std::string_view call) const;
+  template <class F>
+  void in_arena(F&& f) {
+    if (arena)
+      arena->execute(std::forward<F>(f));
+    else
+      f();
+  }
   // annotation.cpp
   std::vector<detail::TraceSpan> spans() const;
   void write_trace_file() const;

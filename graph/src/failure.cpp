@@ -31,7 +31,8 @@ void Executor::Impl::fail(std::uint32_t i, std::exception_ptr error) {
       try {
         std::rethrow_exception(error);
       } catch (const Error& e) {
-        what = e.what();
+        // An external node's failure is loom's own timeout: its text without a second code.
+        what = graph.nodes[i].kind == NodeKind::external ? e.message() : e.what();
         if (!compute) code = e.code();
       } catch (const std::exception& e) {
         what = e.what();
@@ -39,7 +40,7 @@ void Executor::Impl::fail(std::uint32_t i, std::exception_ptr error) {
         what = "an exception that is not a std::exception";
       }
       std::string message = where(i) + " failed: " + what;
-      if (code == ErrorCode::timeout) {
+      if (code == ErrorCode::timeout && graph.nodes[i].kind != NodeKind::external) {
         failure.timed_out = true;
         // Who is missing, from the rank board (which does not depend on the stuck operation).
         int failed_rank = -1;
@@ -61,6 +62,7 @@ void Executor::Impl::fail(std::uint32_t i, std::exception_ptr error) {
   for (auto& sequencer : plan.sequencers)
     for (std::uint32_t slot : sequencer->close())
       wiring.async_of[sequencer->node(slot)]->gateway().release_wait();
+  cancel_external();
   if (!first) return;
   // Tell the other ranks before draining: a peer whose collective completes with this rank's
   // stale data (the drain) learns it when its run ends, and one waiting for this rank learns
@@ -73,8 +75,10 @@ void Executor::Impl::fail(std::uint32_t i, std::exception_ptr error) {
   } catch (const Error& e) {
     code = e.code();
   }
+  // An external node's timeout is this rank's own failure (its outside work did not report).
   const bool consequence =
-      code == ErrorCode::timeout || code == ErrorCode::peer_failed || code == ErrorCode::cancelled;
+      (code == ErrorCode::timeout && graph.nodes[i].kind != NodeKind::external) ||
+      code == ErrorCode::peer_failed || code == ErrorCode::cancelled;
   backend.publish_failure(failure.message, drains, consequence);
 }
 
@@ -135,7 +139,7 @@ void Executor::Impl::drain() {
 // After wait_for_all of a failed run: reset the flow graph, then either refuse later runs (a
 // timeout left the communicator in an unknown state) or drain.
 void Executor::Impl::end_failed_run() {
-  wiring.flow_graph.reset();
+  in_arena([this] { wiring.flow_graph.reset(); });
   if (!failure.message.empty() && !failure.dumped) {
     failure.dumped = true;
     backend.dump_flight_record(failure.message);

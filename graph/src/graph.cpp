@@ -23,6 +23,8 @@ std::string_view to_string(NodeKind kind) noexcept {
       return "recv";
     case NodeKind::copy:
       return "copy";
+    case NodeKind::external:
+      return "external";
   }
   return "unknown";
 }
@@ -54,6 +56,8 @@ void accesses_of(const NodeData& node, std::vector<Access>& out) {
     case NodeKind::copy:
       out.push_back({c.send, false});
       out.push_back({c.recv, true});
+      return;
+    case NodeKind::external:
       return;
   }
 }
@@ -89,6 +93,8 @@ std::string describe(const NodeData& node) {
              std::to_string(node.tag);
     case NodeKind::copy:
       return "copy " + typed(c.send);
+    case NodeKind::external:
+      return "external (signalled)";
   }
   return "unknown";
 }
@@ -103,6 +109,7 @@ std::size_t bytes_of(const NodeData& node) {
   const CollectiveArgs& c = node.collective;
   switch (node.kind) {
     case NodeKind::compute:
+    case NodeKind::external:
       return 0;
     case NodeKind::collective:
       return c.op == Collective::allgather ? c.recv.bytes() : c.send.bytes();
@@ -282,6 +289,15 @@ Task Graph::copy(std::string name, Buffer src, Buffer dst, CommOptions options) 
   node.kind = NodeKind::copy;
   node.collective.send = src;
   node.collective.recv = dst;
+  return add(std::move(node));
+}
+
+Task Graph::external(std::string name, ExternalOptions options) {
+  detail::NodeData node;
+  node.priority = checked_priority(options.priority, name);
+  node.group = std::move(options.group);
+  node.name = std::move(name);
+  node.kind = NodeKind::external;
   return add(std::move(node));
 }
 

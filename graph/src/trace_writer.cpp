@@ -47,13 +47,14 @@ std::string micros(std::int64_t ns) {
 }
 
 constexpr int communicator_lane_base = 1000;
+constexpr int outside_lane_base = 2000;
 constexpr int exposed_lane = 3000;
 
 // The union of the compute spans, as sorted disjoint intervals.
 std::vector<Interval> compute_union(const std::vector<TraceSpan>& spans) {
   std::vector<Interval> busy;
   for (const TraceSpan& s : spans)
-    if (s.worker >= 0) busy.emplace_back(s.start_ns, s.end_ns);
+    if (s.worker >= 0 || s.outside) busy.emplace_back(s.start_ns, s.end_ns);
   return merged(std::move(busy));
 }
 
@@ -79,12 +80,19 @@ void write_chrome_trace(std::ostream& out, const TraceClock& clock,
       lane_names[s.worker] = "worker " + std::to_string(s.worker);
       continue;
     }
-    const int id = communicator_ids.emplace(s.communicator, communicator_ids.size()).first->second;
+    const int id =
+        s.outside ? -1
+                  : communicator_ids.emplace(s.communicator, communicator_ids.size()).first->second;
     auto& ends = lane_ends[id];
     std::size_t sub = 0;
     while (sub < ends.size() && ends[sub] > s.start_ns) ++sub;
     if (sub == ends.size()) ends.push_back(0);
     ends[sub] = std::max(s.end_ns, s.start_ns + 1);
+    if (s.outside) {
+      tid[i] = outside_lane_base + static_cast<int>(sub);
+      lane_names[tid[i]] = "outside" + (sub == 0 ? std::string() : " #" + std::to_string(sub));
+      continue;
+    }
     tid[i] = communicator_lane_base + 100 * id + static_cast<int>(sub);
     lane_names[tid[i]] = "comm " + s.communicator + (sub == 0 ? "" : " #" + std::to_string(sub));
   }
@@ -106,7 +114,8 @@ void write_chrome_trace(std::ostream& out, const TraceClock& clock,
   for (std::size_t i : by_start) {
     const TraceSpan& s = spans[i];
     std::int64_t exposed_ns = 0;
-    if (s.worker < 0) {
+    const bool communication = s.worker < 0 && !s.outside;
+    if (communication) {
       for (const Interval& gap : uncovered(s.start_ns, s.end_ns, busy)) {
         exposed_ns += gap.second - gap.first;
         any_exposed = true;
@@ -125,10 +134,10 @@ void write_chrome_trace(std::ostream& out, const TraceClock& clock,
         << ",\"args\":{\"op\":" << json_string(s.describe) << ",\"bytes\":" << s.bytes;
     if (!s.algorithm.empty()) out << ",\"algorithm\":" << json_string(s.algorithm);
     if (s.issue_index >= 0) out << ",\"issue_index\":" << s.issue_index;
-    if (s.worker < 0 && s.ready_ns >= 0)
+    if (communication && s.ready_ns >= 0)
       out << ",\"waited_for_turn_us\":"
           << micros(std::max<std::int64_t>(s.start_ns - s.ready_ns, 0));
-    if (s.worker < 0) out << ",\"exposed_us\":" << micros(exposed_ns);
+    if (communication) out << ",\"exposed_us\":" << micros(exposed_ns);
     out << "}}";
   }
   if (any_exposed)

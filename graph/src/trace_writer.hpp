@@ -22,6 +22,9 @@ struct TraceSpan {
   std::string algorithm;
   std::int64_t issue_index;  ///< -1 when none
   std::int64_t ready_ns;     ///< communication: when it became ready (waiting for its turn)
+  /// @brief An external node: work done outside the executor, drawn on the lanes "outside"
+  /// (split where spans overlap) and counted as busy, like compute.
+  bool outside = false;
 };
 
 /// @brief Where a rank's run sits in time, so tools can merge every rank's trace into one

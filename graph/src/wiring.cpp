@@ -27,7 +27,7 @@ void Executor::Impl::build_flow_graph() {
       build_gpu_node(i, priority);
       continue;
     }
-    if (!plan.communicates(i)) {
+    if (!plan.communicates(i) && node.kind != NodeKind::external) {
       // The body moves into the TBB node, so running a node touches only that node's memory
       // (the executor's copy of the graph keeps names and buffers for DOT and errors).
       std::function<void()> body = std::move(graph.nodes[i].body);
@@ -48,13 +48,18 @@ void Executor::Impl::build_flow_graph() {
       continue;
     }
     // A continue_node counts the predecessors (async_node would fire once per message), then
-    // the async_node hands the operation to the sequencer and returns at once.
+    // the async_node hands the operation to the sequencer and returns at once (an external
+    // node: holds its gateway until the signal).
     auto& gate = w.compute_nodes.emplace_back(std::make_unique<ComputeNode>(
         w.flow_graph, [](const flow::continue_msg&) { return flow::continue_msg(); }, priority));
     auto& async = w.async_nodes.emplace_back(std::make_unique<AsyncNode>(
         w.flow_graph, flow::unlimited,
-        [this, i](const flow::continue_msg&, AsyncNode::gateway_type& gateway) {
-          arrive(i, gateway);
+        [this, i, external = node.kind == NodeKind::external](const flow::continue_msg&,
+                                                              AsyncNode::gateway_type& gateway) {
+          if (external)
+            arrive_external(i, gateway);
+          else
+            arrive(i, gateway);
         },
         priority));
     flow::make_edge(*gate, *async);

@@ -21,8 +21,8 @@ double mean(const std::vector<double>& v) {
 }
 
 NodeKind parse_node_kind(const std::string& text) {
-  for (NodeKind k :
-       {NodeKind::compute, NodeKind::collective, NodeKind::send, NodeKind::recv, NodeKind::copy})
+  for (NodeKind k : {NodeKind::compute, NodeKind::collective, NodeKind::send, NodeKind::recv,
+                     NodeKind::copy, NodeKind::external})
     if (to_string(k) == text) return k;
   throw Error(ErrorCode::invalid_argument, "step profile: unknown node kind '" + text + "'");
 }
@@ -38,7 +38,7 @@ StepProfile profile_step(const Graph& graph, std::span<const std::vector<NodeTim
     node.name = task.name();
     node.kind = task.kind();
     node.priority = task.priority();
-    if (node.kind != NodeKind::compute) {
+    if (node.kind != NodeKind::compute && node.kind != NodeKind::external) {
       const CollectiveArgs& args = task.collective();
       node.op = args.op;
       node.bytes = node.kind == NodeKind::collective ? selection_bytes(args) : args.send.bytes();

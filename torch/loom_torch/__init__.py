@@ -17,9 +17,10 @@ import torch.distributed as dist
 from . import _C
 from ._C import ProcessGroupLoom
 from .hooks import LoomHookState, register_ddp_hook
+from .parallel import ParallelModule, parallelize
 
-__all__ = ["ProcessGroupLoom", "LoomHookState", "register_ddp_hook",
-           "setup_environment"]
+__all__ = ["ProcessGroupLoom", "LoomHookState", "register_ddp_hook", "parallelize",
+           "ParallelModule", "setup_environment"]
 
 _LAUNCHER_RANK = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
 _LAUNCHER_SIZE = ("OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE")

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "ddp_hook.hpp"
+#include "gradient_reducer_binding.hpp"
 #include "loom/backend.hpp"
 #include "loom/error.hpp"
 #include "process_group.hpp"
@@ -112,4 +113,5 @@ PYBIND11_MODULE(_C, m) {
       py::arg("text"), py::call_guard<py::gil_scoped_release>(),
       "Rank 0's text on every rank, over loom's mpi backend (under mpirun only)");
   m.def("launched_by_mpirun", &loom::launched_by_mpirun);
+  loom::torch::bind_gradient_reducer(m);
 }

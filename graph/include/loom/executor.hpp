@@ -111,6 +111,33 @@ class Executor {
   /// @brief Runs the graph `times` times in a row.
   void run(std::size_t times);
 
+  /// @brief Starts a run and returns at once; its nodes run as their predecessors complete,
+  /// external nodes once signal() names them. Finish it with wait() (run() is start() then
+  /// wait()). Throws ErrorCode::invalid_argument while a started run was not waited for, and
+  /// ErrorCode::cancelled as run() does after a watchdog timeout.
+  void start();
+  /// @brief Completes external node `task` (of the graph this executor was compiled from) in
+  /// the current run; any thread may call it, and it never waits for the graph. A signal that
+  /// comes before the node's predecessors are done is kept until they are. Throws
+  /// ErrorCode::invalid_argument for a node that is not external, one already signalled in
+  /// this run, or when no run is in progress; after the run failed, signals are ignored.
+  void signal(Task task);
+  /// @brief Waits until `task` has completed in the current run, at most the timeout
+  /// (ExecutorOptions::timeout). Throws the run's failure if it failed first; when the time
+  /// is up with external nodes still unsignalled, fails the run with ErrorCode::timeout
+  /// naming them, else throws ErrorCode::timeout naming `task`.
+  void wait(Task task);
+  /// @brief Whether `task` has completed in the current run (or, after wait(), the last one).
+  bool done(Task task) const;
+  /// @brief Waits for the run start() began and ends it like run(): throws loom::Error naming
+  /// the failed node. With external nodes, when the timeout passes without every node done,
+  /// the run fails with ErrorCode::timeout naming the external nodes not signalled (the
+  /// communicator stays usable: what the run had not issued is drained as after any failure).
+  /// ErrorCode::invalid_argument when no run is in progress.
+  void wait();
+  /// @brief Whether a run was started and not yet waited for.
+  bool running() const noexcept;
+
   /// @brief Names of the collectives in their issue order.
   std::vector<std::string> issue_order() const;
   /// @brief Node count of the compiled graph.

@@ -25,8 +25,9 @@ struct GraphState;
 struct NodeData;
 }  // namespace detail
 
-/// @brief What a node does.
-enum class NodeKind : unsigned char { compute, collective, send, recv, copy };
+/// @brief What a node does. `external`: work done outside the executor (an autograd engine, a
+/// data loader), which completes the node with Executor::signal.
+enum class NodeKind : unsigned char { compute, collective, send, recv, copy, external };
 
 std::string_view to_string(NodeKind kind) noexcept;
 
@@ -60,6 +61,14 @@ struct ComputeOptions {
 struct CommOptions {
   /// @brief Higher is issued earlier among collectives that are unordered by edges. It shapes
   /// the issue order fixed at compile time, identically on every rank.
+  int priority = 0;
+  /// @brief As ComputeOptions::group.
+  std::string group;
+};
+
+/// @brief Options of an external node (Graph::external).
+struct ExternalOptions {
+  /// @brief As ComputeOptions::priority.
   int priority = 0;
   /// @brief As ComputeOptions::group.
   std::string group;
@@ -168,6 +177,12 @@ class Graph {
   Task recv(std::string name, Buffer buffer, int peer, int tag = 0, CommOptions options = {});
   /// @brief Copies src into dst (same byte size) on a TBB worker.
   Task copy(std::string name, Buffer src, Buffer dst, CommOptions options = {});
+
+  /// @brief A node completed from outside the executor: a run reaches it when its predecessors
+  /// are done and passes it once Executor::signal names it (a signal that comes first is kept
+  /// until then). No thread waits for it; profiling records when it became ready and when it
+  /// was signalled, so the trace and DOT show the outside work as it happened.
+  Task external(std::string name, ExternalOptions options = {});
 
   /// @brief `from` runs before `to` (same as from.precede(to)).
   void add_edge(Task from, Task to);

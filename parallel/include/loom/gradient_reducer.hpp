@@ -1,0 +1,150 @@
+// GradientReducer: the data-parallel step of a model whose backward runs outside loom (an
+// autograd engine): gradients handed over as they are produced, bucketed, averaged in a fixed
+// issue order, and each bucket's parameters released for their update as soon as it lands.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loom/backend.hpp"
+#include "loom/bucketer.hpp"
+#include "loom/executor.hpp"
+#include "loom/graph.hpp"
+#include "loom/overlap_metrics.hpp"
+
+namespace loom {
+
+/// @brief One parameter whose gradient the reducer averages, in the model's registration order.
+struct ParameterSpec {
+  std::string name;    ///< "layers.2.self_attn.in_proj_weight"
+  std::string module;  ///< the module that registers it: "layers.2.self_attn" ("" for the root)
+  std::size_t count = 0;
+  DType dtype = DType::float32;
+};
+
+/// @brief How the reducer buckets, orders and reduces: the plan a planner (or the user) picks.
+struct ReducerPlan {
+  /// @brief A bucket is closed once it holds this many bytes (DDP's bucket_cap_mb).
+  std::size_t bucket_cap_bytes = std::size_t{25} << 20;
+  /// @brief The first bucket's limit, small so that communication starts early.
+  std::size_t first_bucket_bytes = std::size_t{1} << 20;
+  /// @brief Partition gradients larger than the cap across buckets (ByteScheduler's partition),
+  /// so that a bucket the next forward needs early never waits behind one giant gradient.
+  bool partition_large = false;
+  /// @brief At most this many allreduces on the wire at once (0: no limit).
+  std::size_t collectives_in_flight = 0;
+  Compression compression = Compression::none;
+  /// @brief The order the gradients are expected to become ready in (parameter indices, first
+  /// first): buckets are filled in this order. Empty: reverse registration (backward's usual
+  /// order, as DDP assumes before its first step).
+  std::vector<std::size_t> ready_order;
+  /// @brief The buckets' issue order (a permutation of the bucket indices; the same on every
+  /// rank). Empty: bucket order, i.e. the expected ready order.
+  std::vector<std::size_t> issue_order;
+  /// @brief Count, per parameter, the ranks that produced its gradient in a step (DDP's
+  /// find_unused_parameters): the client hands over unused ones with mark_unused() and learns
+  /// after the step which were unused on every rank (globally_unused()). Costs one more
+  /// allreduce at the end of backward, which every bucket's update waits for.
+  bool track_usage = false;
+  /// @brief Add an external node per update group, which the client signals with updated()
+  /// once it applied the update: the run then spans the updates, and the trace shows them.
+  bool external_updates = true;
+};
+
+/// @brief "cap 25 MiB, first 1 MiB, 3 buckets, partition, float16, in flight 1".
+std::string describe(const ReducerPlan& plan);
+
+/// @brief Averages the gradients of a model whose backward happens outside loom.
+///
+/// The step is a Graph compiled once: one external node per gradient ("grad.<name>", in the
+/// group of its module), each bucket's (pack ->) allreduce (-> unpack) chain from the Bucketer,
+/// and per update group an external node "update<k>" after the buckets its parameters lie in.
+/// Per step: begin() starts the run; ready(p, gradient) copies gradient p (scaled by 1 / world
+/// size, as DDP does before its sum) into loom's bucket memory and signals its node, from any
+/// thread; a bucket's allreduce is issued, in the fixed order, once its gradients are in; the
+/// client polls (poll()) or waits (wait_update()) for update groups whose buckets landed,
+/// applies its optimizer to their parameters reading the averaged gradient (gradient(p)), and
+/// says so with updated(k); finish() ends the step. Every wait has the executor's timeout;
+/// failures are loom::Error naming the node, parameter and rank. The plan can change between
+/// steps (replan()); the graph, trace, DOT and "why exposed" report are the executor's.
+class GradientReducer {
+ public:
+  /// @brief Builds and compiles the step for `backend` (compiling communicates: every rank
+  /// constructs its reducer at the same point, with the same parameters). Throws
+  /// ErrorCode::invalid_argument naming a bad parameter (no name, duplicate, no elements) or
+  /// plan, ErrorCode::unsupported for compression of non-float32 gradients or an integer one.
+  GradientReducer(std::vector<ParameterSpec> parameters, Backend& backend, ReducerPlan plan = {},
+                  ExecutorOptions executor = {});
+  ~GradientReducer();
+  GradientReducer(const GradientReducer&) = delete;
+  GradientReducer& operator=(const GradientReducer&) = delete;
+
+  std::size_t num_parameters() const noexcept;
+  const ParameterSpec& parameter(std::size_t p) const;
+  const ReducerPlan& plan() const noexcept;
+  const std::vector<Bucket>& buckets() const noexcept;
+  /// @brief Where parameter p's averaged gradient is once its buckets landed (loom's memory,
+  /// valid until the next replan()).
+  Buffer gradient(std::size_t p) const;
+
+  /// @brief Update groups: the parameters updated together, in the order their buckets are
+  /// issued. A parameter belongs to the group of the last of its buckets to be issued.
+  std::size_t num_update_groups() const noexcept;
+  const std::vector<std::size_t>& update_group(std::size_t k) const;
+  /// @brief The update group of parameter p.
+  std::size_t update_group_of(std::size_t p) const;
+
+  /// @brief Starts a step. ErrorCode::invalid_argument if the last one was not finished.
+  void begin();
+  /// @brief Whether a step was begun and not finished.
+  bool in_step() const noexcept;
+  /// @brief Hands over parameter p's gradient (same count and dtype as declared; any thread):
+  /// copied into the bucket, scaled by 1 / world size. ErrorCode::invalid_argument for a
+  /// mismatch, a second gradient for p in this step, or no step in progress.
+  void ready(std::size_t p, Buffer gradient);
+  /// @brief Parameter p produced no gradient on this rank in this step: its share is zero.
+  void mark_unused(std::size_t p);
+  /// @brief Whether parameter p's gradient was handed over (ready or mark_unused) this step.
+  bool handed_over(std::size_t p) const;
+  /// @brief track_usage: every parameter was handed over; starts the usage allreduce.
+  void backward_done();
+
+  /// @brief Update groups whose buckets (and usage count) landed since the last poll, in issue
+  /// order; never waits.
+  std::vector<std::size_t> poll();
+  /// @brief Waits (the executor's timeout) until update group k's buckets landed.
+  void wait_update(std::size_t k);
+  /// @brief The client applied update group k (external_updates: signals its node).
+  void updated(std::size_t k);
+  /// @brief track_usage, after an update group's wait: whether p was unused on every rank.
+  bool globally_unused(std::size_t p) const;
+  /// @brief Ends the step (Executor::wait): throws the run's failure, if any.
+  void finish();
+
+  /// @brief Rebuilds the buckets and recompiles with `plan` (collective: every rank, between
+  /// steps, with the same plan). Gradient memory moves.
+  void replan(ReducerPlan plan);
+  /// @brief The order the gradients were handed over in the last finished step (parameter
+  /// indices), for ReducerPlan::ready_order; empty before.
+  std::vector<std::size_t> observed_ready_order() const;
+  /// @brief Rank 0's `order` on every rank (a collective on the reducer's backend, with its
+  /// timeout): ready orders differ slightly between ranks and buckets must not.
+  std::vector<std::size_t> agreed(const std::vector<std::size_t>& order);
+
+  Executor& executor() noexcept;
+  const Graph& graph() const noexcept;
+  Backend& backend() noexcept;
+  /// @brief The "why exposed" report of the last finished (profiled) step, one line per
+  /// bucket, naming the modules whose gradients it holds.
+  std::string explain() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> _state;
+};
+
+}  // namespace loom

@@ -1,0 +1,464 @@
+// GradientReducer: the step's graph (external gradient nodes, the Bucketer's chains, external
+// update nodes), the per-step hand-over of gradients and the update groups' polling.
+#include "loom/gradient_reducer.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <numeric>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+
+#include "loom/error.hpp"
+#include "loom/kernels/reduce.hpp"
+
+namespace loom {
+
+namespace {
+
+[[noreturn]] void invalid(const std::string& message) {
+  throw Error(ErrorCode::invalid_argument, "GradientReducer: " + message);
+}
+
+std::string bytes_text(std::size_t bytes) {
+  std::ostringstream out;
+  if (bytes >= (std::size_t{1} << 20) && bytes % (std::size_t{1} << 20) == 0)
+    out << (bytes >> 20) << " MiB";
+  else if (bytes >= (std::size_t{1} << 10))
+    out << (bytes + 512) / 1024 << " KiB";
+  else
+    out << bytes << " B";
+  return out.str();
+}
+
+}  // namespace
+
+std::string describe(const ReducerPlan& plan) {
+  std::string s =
+      "cap " + bytes_text(plan.bucket_cap_bytes) + ", first " + bytes_text(plan.first_bucket_bytes);
+  if (plan.partition_large) s += ", partition";
+  if (plan.compression != Compression::none) s += ", " + std::string(to_string(plan.compression));
+  if (plan.collectives_in_flight) s += ", in flight " + std::to_string(plan.collectives_in_flight);
+  if (!plan.issue_order.empty()) s += ", planned order";
+  if (plan.track_usage) s += ", usage counted";
+  return s;
+}
+
+struct GradientReducer::State {
+  std::vector<ParameterSpec> parameters;
+  Backend& backend;
+  ReducerPlan plan;
+  ExecutorOptions executor_options;
+  double factor = 1.0;  // 1 / world size, applied as each gradient is copied in (as DDP)
+
+  // The compiled step (rebuilt by replan). The bucketer owns the memory the graph refers to.
+  std::unique_ptr<Bucketer> bucketer;
+  Graph graph;
+  std::unique_ptr<Executor> executor;
+  std::vector<Task> gradient_nodes;  // per parameter
+  std::vector<BucketTasks> bucket_tasks;
+  std::vector<std::size_t> issue;                       // buckets in issue order
+  std::vector<std::vector<std::size_t>> groups;         // update group -> parameters
+  std::vector<std::vector<std::size_t>> group_buckets;  // update group -> buckets
+  std::vector<std::size_t> group_of;                    // parameter -> update group
+  std::vector<Task> update_nodes;                       // per group (external_updates)
+  std::vector<std::int32_t> usage;                      // per parameter: ranks that used it
+  Task usage_ready, usage_reduce;
+
+  // Per step.
+  bool in_step = false;
+  std::unique_ptr<std::atomic<bool>[]> handed;  // per parameter
+  std::vector<char> polled;                     // per group
+  std::vector<char> signalled;                  // per group: updated() this step
+  std::mutex log_mutex;
+  std::vector<std::size_t> ready_log, last_ready_order;
+
+  State(std::vector<ParameterSpec> p, Backend& b, ReducerPlan pl, ExecutorOptions o)
+      : parameters(std::move(p)), backend(b), plan(std::move(pl)), executor_options(std::move(o)) {}
+
+  void build();
+  std::string where(std::size_t p) const {
+    return "parameter '" + parameters[p].name + "' (#" + std::to_string(p) +
+           (parameters[p].module.empty() ? "" : ", module '" + parameters[p].module + "'") +
+           ") on rank " + std::to_string(backend.rank()) + " of " +
+           std::to_string(backend.world_size());
+  }
+  void check_parameter(std::size_t p, const char* call) const {
+    if (p >= parameters.size())
+      invalid(std::string(call) + ": parameter #" + std::to_string(p) +
+              " does not exist (there are " + std::to_string(parameters.size()) + ")");
+  }
+  void check_in_step(std::size_t p, const char* call) const {
+    if (!in_step)
+      invalid(std::string(call) + "(" + where(p) + "): no step in progress (begin() starts one)");
+  }
+  void hand_over(std::size_t p, const char* call) {
+    if (handed[p].exchange(true))
+      invalid(std::string(call) + ": " + where(p) +
+              " was already handed over in this step (a second backward through it before the "
+              "step finished?)");
+    std::lock_guard lock(log_mutex);
+    ready_log.push_back(p);
+  }
+};
+
+void GradientReducer::State::build() {
+  const std::size_t n = parameters.size();
+  std::vector<GradientSpec> specs;
+  for (const ParameterSpec& p : parameters)
+    specs.push_back({p.name, p.count, p.dtype, Device::cpu(), {}});
+  BucketerOptions options;
+  options.cap_bytes = plan.bucket_cap_bytes;
+  options.first_bucket_bytes = plan.first_bucket_bytes;
+  options.split_large = plan.partition_large;
+  options.compression = plan.compression;
+  options.average = false;  // the 1 / world size is applied as each gradient is copied in
+  bucketer = std::make_unique<Bucketer>(std::move(specs), options);
+  if (!plan.ready_order.empty()) bucketer->rebuild(plan.ready_order);
+  const std::size_t buckets = bucketer->buckets().size();
+
+  Graph g;
+  gradient_nodes.clear();
+  for (const ParameterSpec& p : parameters)
+    gradient_nodes.push_back(g.external("grad." + p.name, {.group = p.module}));
+  AttachOptions attach;
+  attach.order = BucketOrder::bucket;  // every gradient node is a source: the plan orders
+  attach.issue_order = plan.issue_order;
+  bucket_tasks = bucketer->attach(g, gradient_nodes, backend.world_size(), attach);
+  issue = plan.issue_order;
+  if (issue.empty()) {
+    issue.resize(buckets);
+    std::iota(issue.begin(), issue.end(), 0);
+  }
+  std::vector<std::size_t> position(buckets);
+  for (std::size_t k = 0; k < buckets; ++k) position[issue[k]] = k;
+
+  // A parameter is updated with the last of its buckets to be issued.
+  std::vector<std::vector<std::size_t>> by_position(buckets);
+  std::vector<std::vector<std::size_t>> buckets_of(n);
+  for (std::size_t p = 0; p < n; ++p) {
+    buckets_of[p] = bucketer->buckets_of(p);
+    std::size_t last = 0;
+    for (std::size_t b : buckets_of[p]) last = std::max(last, position[b]);
+    by_position[last].push_back(p);
+  }
+  groups.clear();
+  group_buckets.clear();
+  group_of.assign(n, 0);
+  for (std::size_t k = 0; k < buckets; ++k) {
+    if (by_position[k].empty()) continue;
+    std::set<std::size_t> in;
+    for (std::size_t p : by_position[k]) {
+      group_of[p] = groups.size();
+      in.insert(buckets_of[p].begin(), buckets_of[p].end());
+    }
+    // Waited for in issue order.
+    std::vector<std::size_t> ordered(in.begin(), in.end());
+    std::sort(ordered.begin(), ordered.end(),
+              [&](std::size_t a, std::size_t b) { return position[a] < position[b]; });
+    groups.push_back(by_position[k]);
+    group_buckets.push_back(std::move(ordered));
+  }
+
+  usage.assign(n, 0);
+  usage_ready = usage_reduce = Task{};
+  if (plan.track_usage) {
+    usage_ready = g.external("usage.ready", {.group = "usage"});
+    // Priority 0, below every bucket's: issued after them, at the end of backward.
+    usage_reduce = g.allreduce("usage.allreduce", Buffer::of(std::span(usage)), ReduceOp::sum,
+                               {.group = "usage"});
+    usage_ready.precede(usage_reduce);
+  }
+  update_nodes.clear();
+  if (plan.external_updates) {
+    for (std::size_t k = 0; k < groups.size(); ++k) {
+      const std::string bucket = "bucket" + std::to_string(group_buckets[k].back());
+      Task update = g.external(bucket + ".update", {.group = bucket});
+      for (std::size_t b : group_buckets[k]) bucket_tasks[b].done().precede(update);
+      if (usage_reduce.valid()) usage_reduce.precede(update);
+      update_nodes.push_back(update);
+    }
+  }
+  executor.reset();  // the old executor refers to the old graph's memory
+  executor = Executor::compile(g, backend, executor_options);
+  graph = std::move(g);
+  handed = std::make_unique<std::atomic<bool>[]>(n);
+  polled.assign(groups.size(), 0);
+  signalled.assign(groups.size(), 0);
+}
+
+GradientReducer::GradientReducer(std::vector<ParameterSpec> parameters, Backend& backend,
+                                 ReducerPlan plan, ExecutorOptions executor) {
+  if (parameters.empty()) invalid("no parameters to reduce");
+  std::unordered_map<std::string, std::size_t> names;
+  for (std::size_t p = 0; p < parameters.size(); ++p) {
+    const ParameterSpec& spec = parameters[p];
+    if (spec.name.empty()) invalid("parameter #" + std::to_string(p) + " has no name");
+    if (auto [it, fresh] = names.emplace(spec.name, p); !fresh)
+      invalid("parameters #" + std::to_string(it->second) + " and #" + std::to_string(p) +
+              " are both named '" + spec.name + "'");
+    if (spec.count == 0) invalid("parameter '" + spec.name + "' has no elements");
+  }
+  if (plan.bucket_cap_bytes == 0 || plan.first_bucket_bytes == 0)
+    invalid("bucket_cap_bytes and first_bucket_bytes must be > 0 (" + describe(plan) + ")");
+  _state =
+      std::make_unique<State>(std::move(parameters), backend, std::move(plan), std::move(executor));
+  _state->factor = 1.0 / backend.world_size();
+  _state->build();
+}
+
+GradientReducer::~GradientReducer() {
+  // A step still in progress (the client went away with updates pending) is ended: its buckets
+  // land (their collectives are the same on every rank) and its updates are declared done
+  // without being applied. Gradients that never came fail the wait at the timeout, naming
+  // them; nothing is thrown from here.
+  if (!_state || !_state->in_step) return;
+  State& s = *_state;
+  try {
+    for (std::size_t k = 0; k < s.groups.size(); ++k)
+      if (!s.signalled[k]) {
+        wait_update(k);
+        updated(k);
+      }
+  } catch (const Error&) {
+  }
+  try {
+    s.in_step = false;
+    s.executor->wait();
+  } catch (const Error&) {
+  }
+}
+
+std::size_t GradientReducer::num_parameters() const noexcept {
+  return _state->parameters.size();
+}
+
+const ParameterSpec& GradientReducer::parameter(std::size_t p) const {
+  _state->check_parameter(p, "parameter");
+  return _state->parameters[p];
+}
+
+const ReducerPlan& GradientReducer::plan() const noexcept {
+  return _state->plan;
+}
+
+const std::vector<Bucket>& GradientReducer::buckets() const noexcept {
+  return _state->bucketer->buckets();
+}
+
+Buffer GradientReducer::gradient(std::size_t p) const {
+  _state->check_parameter(p, "gradient");
+  return _state->bucketer->gradient(p);
+}
+
+std::size_t GradientReducer::num_update_groups() const noexcept {
+  return _state->groups.size();
+}
+
+const std::vector<std::size_t>& GradientReducer::update_group(std::size_t k) const {
+  if (k >= _state->groups.size())
+    invalid("update group #" + std::to_string(k) + " does not exist (there are " +
+            std::to_string(_state->groups.size()) + ")");
+  return _state->groups[k];
+}
+
+std::size_t GradientReducer::update_group_of(std::size_t p) const {
+  _state->check_parameter(p, "update_group_of");
+  return _state->group_of[p];
+}
+
+void GradientReducer::begin() {
+  State& s = *_state;
+  if (s.in_step) invalid("begin: the last step was not finished (finish())");
+  for (std::size_t p = 0; p < s.parameters.size(); ++p) s.handed[p].store(false);
+  std::fill(s.polled.begin(), s.polled.end(), 0);
+  std::fill(s.signalled.begin(), s.signalled.end(), 0);
+  std::fill(s.usage.begin(), s.usage.end(), 0);
+  {
+    std::lock_guard lock(s.log_mutex);
+    s.ready_log.clear();
+  }
+  s.executor->start();
+  s.in_step = true;
+}
+
+bool GradientReducer::in_step() const noexcept {
+  return _state->in_step;
+}
+
+void GradientReducer::ready(std::size_t p, Buffer gradient) {
+  State& s = *_state;
+  s.check_parameter(p, "ready");
+  s.check_in_step(p, "ready");
+  const ParameterSpec& spec = s.parameters[p];
+  if (gradient.count() != spec.count || gradient.dtype() != spec.dtype)
+    invalid("ready: " + s.where(p) + " is declared " + std::string(to_string(spec.dtype)) + "[" +
+            std::to_string(spec.count) + "] but its gradient is " + gradient.describe() +
+            " (was the model moved or changed after the reducer was made?)");
+  if (gradient.data() == nullptr) invalid("ready: " + s.where(p) + ": the gradient is null");
+  if (gradient.device().kind != DeviceKind::cpu)
+    throw Error(ErrorCode::unsupported, "GradientReducer::ready: " + s.where(p) +
+                                            ": the gradient is on " + to_string(gradient.device()) +
+                                            "; the reducer's buckets are in host memory");
+  s.hand_over(p, "ready");
+  const Buffer into = s.bucketer->gradient(p);
+  kernels::scale(gradient.data(), into.data(), spec.count, spec.dtype, s.factor);
+  s.usage[p] = 1;
+  s.executor->signal(s.gradient_nodes[p]);
+}
+
+void GradientReducer::mark_unused(std::size_t p) {
+  State& s = *_state;
+  s.check_parameter(p, "mark_unused");
+  s.check_in_step(p, "mark_unused");
+  s.hand_over(p, "mark_unused");
+  const Buffer into = s.bucketer->gradient(p);
+  std::memset(into.data(), 0, into.bytes());
+  s.usage[p] = 0;
+  s.executor->signal(s.gradient_nodes[p]);
+}
+
+bool GradientReducer::handed_over(std::size_t p) const {
+  _state->check_parameter(p, "handed_over");
+  return _state->handed[p].load();
+}
+
+void GradientReducer::backward_done() {
+  State& s = *_state;
+  if (!s.plan.track_usage) return;
+  if (!s.in_step) invalid("backward_done: no step in progress (begin() starts one)");
+  for (std::size_t p = 0; p < s.parameters.size(); ++p)
+    if (!s.handed[p].load())
+      invalid("backward_done: " + s.where(p) +
+              " was not handed over (ready or mark_unused) in this step");
+  s.executor->signal(s.usage_ready);
+}
+
+std::vector<std::size_t> GradientReducer::poll() {
+  State& s = *_state;
+  std::vector<std::size_t> out;
+  if (!s.in_step) return out;
+  if (s.usage_reduce.valid() && !s.executor->done(s.usage_reduce)) return out;
+  for (std::size_t k = 0; k < s.groups.size(); ++k) {
+    if (s.polled[k]) continue;
+    bool landed = true;
+    for (std::size_t b : s.group_buckets[k])
+      if (!s.executor->done(s.bucket_tasks[b].done())) {
+        landed = false;
+        break;
+      }
+    if (!landed) continue;
+    s.polled[k] = 1;
+    out.push_back(k);
+  }
+  return out;
+}
+
+void GradientReducer::wait_update(std::size_t k) {
+  State& s = *_state;
+  update_group(k);
+  if (!s.in_step) invalid("wait_update: no step in progress (begin() starts one)");
+  for (std::size_t b : s.group_buckets[k]) s.executor->wait(s.bucket_tasks[b].done());
+  if (s.usage_reduce.valid()) s.executor->wait(s.usage_reduce);
+  s.polled[k] = 1;
+}
+
+void GradientReducer::updated(std::size_t k) {
+  State& s = *_state;
+  update_group(k);
+  if (!s.in_step) invalid("updated: no step in progress (begin() starts one)");
+  if (s.signalled[k])
+    invalid("updated: update group #" + std::to_string(k) + " was already updated in this step");
+  s.signalled[k] = 1;
+  if (s.plan.external_updates) s.executor->signal(s.update_nodes[k]);
+}
+
+bool GradientReducer::globally_unused(std::size_t p) const {
+  _state->check_parameter(p, "globally_unused");
+  if (!_state->plan.track_usage)
+    invalid("globally_unused: the plan does not count usage (ReducerPlan::track_usage)");
+  return _state->usage[p] == 0;
+}
+
+void GradientReducer::finish() {
+  State& s = *_state;
+  if (!s.in_step) invalid("finish: no step in progress (begin() starts one)");
+  s.in_step = false;
+  s.executor->wait();
+  std::lock_guard lock(s.log_mutex);
+  if (s.ready_log.size() == s.parameters.size()) s.last_ready_order = s.ready_log;
+}
+
+void GradientReducer::replan(ReducerPlan plan) {
+  State& s = *_state;
+  if (s.in_step) invalid("replan: a step is in progress (finish() it first)");
+  if (plan.bucket_cap_bytes == 0 || plan.first_bucket_bytes == 0)
+    invalid("replan: bucket_cap_bytes and first_bucket_bytes must be > 0");
+  s.plan = std::move(plan);
+  s.build();
+}
+
+std::vector<std::size_t> GradientReducer::observed_ready_order() const {
+  std::lock_guard lock(_state->log_mutex);
+  return _state->last_ready_order;
+}
+
+std::vector<std::size_t> GradientReducer::agreed(const std::vector<std::size_t>& order) {
+  State& s = *_state;
+  if (order.size() != s.parameters.size())
+    invalid("agreed: an order of " + std::to_string(order.size()) + " entries for " +
+            std::to_string(s.parameters.size()) + " parameters");
+  std::vector<std::int64_t> mine(order.begin(), order.end());
+  const ExecutorOptions resolved = s.executor_options.resolved();
+  const auto limit = std::chrono::duration_cast<std::chrono::nanoseconds>(*resolved.timeout);
+  const std::vector<std::int64_t> all = s.backend.exchange_int64(
+      "GradientReducer::agreed", mine, limit,
+      [&] { return "GradientReducer::agreed on rank " + std::to_string(s.backend.rank()); });
+  return {all.begin(), all.begin() + static_cast<std::ptrdiff_t>(order.size())};
+}
+
+Executor& GradientReducer::executor() noexcept {
+  return *_state->executor;
+}
+
+const Graph& GradientReducer::graph() const noexcept {
+  return _state->graph;
+}
+
+Backend& GradientReducer::backend() noexcept {
+  return _state->backend;
+}
+
+std::string GradientReducer::explain() const {
+  const State& s = *_state;
+  const std::vector<NodeTiming> timings = s.executor->last_run();
+  std::ostringstream out;
+  if (timings.empty()) {
+    out << "no profiled step yet (profiling is off, or no step finished)\n";
+    return out.str();
+  }
+  const std::vector<CommunicationReport> reports =
+      explain_communication(timings, cores_per_rank(s.backend));
+  print_communication_report(out, reports);
+  out << "\nbuckets (" << describe(s.plan) << "):\n";
+  for (std::size_t k = 0; k < s.issue.size(); ++k) {
+    const std::size_t b = s.issue[k];
+    const Bucket& bucket = s.bucketer->buckets()[b];
+    std::vector<std::string> modules;
+    for (const BucketPiece& piece : bucket.pieces) {
+      const std::string& m = s.parameters[piece.gradient].module;
+      const std::string shown = m.empty() ? "(root)" : m;
+      if (std::find(modules.begin(), modules.end(), shown) == modules.end())
+        modules.push_back(shown);
+    }
+    out << "  bucket" << b << " (issue #" << k << ", " << bytes_text(bucket.bytes()) << ", "
+        << bucket.pieces.size() << " gradients): ";
+    for (std::size_t m = 0; m < modules.size(); ++m) out << (m ? ", " : "") << modules[m];
+    out << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace loom

@@ -1,0 +1,298 @@
+// GradientReducer on local ranks, without any autograd: gradients handed over from other threads
+// in a random order, averaged values checked per update group, unused parameters, usage counts,
+// partitioned gradients, compression, replanning from the observed order, and the errors.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "loom/error.hpp"
+#include "loom/gradient_reducer.hpp"
+#include "loom/local.hpp"
+
+namespace loom {
+namespace {
+
+ExecutorOptions options(double timeout_s = 20, bool profile = false) {
+  ExecutorOptions o;
+  o.timeout = std::chrono::duration<double>(timeout_s);
+  o.profile = profile;
+  return o;
+}
+
+// A small "model": 6 parameters of various sizes in 3 modules.
+std::vector<ParameterSpec> model() {
+  return {{"embed.weight", "embed", 300},    {"layers.0.weight", "layers.0", 1000},
+          {"layers.0.bias", "layers.0", 10}, {"layers.1.weight", "layers.1", 2000},
+          {"layers.1.bias", "layers.1", 20}, {"head.weight", "head", 77}};
+}
+
+// Rank r's gradient of parameter p in step s, element i.
+float local_gradient(int r, std::size_t p, int s, std::size_t i) {
+  return float(r + 1) * 0.25f + float(p) + 0.001f * float(i % 97) + float(s);
+}
+
+float expected_average(int world, std::size_t p, int s, std::size_t i) {
+  double sum = 0;
+  for (int r = 0; r < world; ++r) sum += local_gradient(r, p, s, i) * (1.0 / world);
+  return float(sum);
+}
+
+struct Case {
+  int world;
+  ReducerPlan plan;
+  float tolerance;
+};
+
+class Reducer : public ::testing::TestWithParam<int> {};
+
+void train_steps(const Case& c) {
+  std::atomic<int> wrong{0}, checked{0};
+  LocalWorld::run(c.world, [&](Backend& backend) {
+    GradientReducer reducer(model(), backend, c.plan, options());
+    const std::size_t n = reducer.num_parameters();
+    std::vector<std::vector<float>> grads(n);
+    for (std::size_t p = 0; p < n; ++p) grads[p].resize(reducer.parameter(p).count);
+    std::mt19937 rng(11 + backend.rank());
+    for (int step = 0; step < 8; ++step) {
+      reducer.begin();
+      std::vector<std::size_t> order(n);
+      std::iota(order.begin(), order.end(), 0);
+      std::shuffle(order.begin(), order.end(), rng);
+      std::thread autograd([&] {
+        for (std::size_t p : order) {
+          for (std::size_t i = 0; i < grads[p].size(); ++i)
+            grads[p][i] = local_gradient(backend.rank(), p, step, i);
+          reducer.ready(p, Buffer::of(std::span(grads[p])));
+        }
+      });
+      std::vector<char> seen(reducer.num_update_groups(), 0);
+      auto check = [&](std::size_t k) {
+        seen[k] = 1;
+        for (std::size_t p : reducer.update_group(k)) {
+          const Buffer g = reducer.gradient(p);
+          const float* v = g.as<float>();
+          for (std::size_t i = 0; i < g.count(); ++i) {
+            const float want = expected_average(c.world, p, step, i);
+            if (std::fabs(v[i] - want) > c.tolerance * std::max(1.0f, std::fabs(want))) ++wrong;
+            ++checked;
+          }
+        }
+        reducer.updated(k);
+      };
+      // Poll while the gradients come in, then wait for the rest in order.
+      while (std::find(seen.begin(), seen.end(), 0) != seen.end()) {
+        const auto landed = reducer.poll();
+        for (std::size_t k : landed) check(k);
+        if (landed.empty()) std::this_thread::yield();
+        if (std::count(seen.begin(), seen.end(), 1) >= 1) break;
+      }
+      for (std::size_t k = 0; k < seen.size(); ++k)
+        if (!seen[k]) {
+          reducer.wait_update(k);
+          check(k);
+        }
+      autograd.join();
+      reducer.finish();
+    }
+  });
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_GT(checked.load(), 0);
+}
+
+TEST(GradientReducer, AveragesOnTwoRanksWithSmallBuckets) {
+  ReducerPlan plan;
+  plan.bucket_cap_bytes = 4096;
+  plan.first_bucket_bytes = 1024;
+  train_steps({2, plan, 1e-6f});
+}
+
+TEST(GradientReducer, AveragesOnThreeRanksPartitionedAndOneInFlight) {
+  ReducerPlan plan;
+  plan.bucket_cap_bytes = 2048;
+  plan.first_bucket_bytes = 512;
+  plan.partition_large = true;
+  plan.collectives_in_flight = 1;
+  train_steps({3, plan, 1e-6f});
+}
+
+TEST(GradientReducer, AveragesCompressedToFloat16) {
+  ReducerPlan plan;
+  plan.bucket_cap_bytes = 4096;
+  plan.compression = Compression::float16;
+  train_steps({2, plan, 2e-3f});
+}
+
+TEST(GradientReducer, AveragesWithoutExternalUpdatesAndWithAPlannedOrder) {
+  ReducerPlan plan;
+  plan.bucket_cap_bytes = 4096;
+  plan.first_bucket_bytes = 1024;
+  plan.external_updates = false;
+  {
+    // The bucket count for this plan, to give a reversed issue order.
+    auto backend = make_local_backend();
+    GradientReducer probe(model(), *backend, plan, options());
+    plan.issue_order.resize(probe.buckets().size());
+    std::iota(plan.issue_order.rbegin(), plan.issue_order.rend(), 0);
+  }
+  train_steps({3, plan, 1e-6f});
+}
+
+TEST(GradientReducer, UpdateGroupsCoverEveryParameterOnce) {
+  auto backend = make_local_backend();
+  ReducerPlan plan;
+  plan.bucket_cap_bytes = 1024;
+  plan.first_bucket_bytes = 256;
+  plan.partition_large = true;
+  GradientReducer reducer(model(), *backend, plan, options());
+  std::vector<int> count(reducer.num_parameters(), 0);
+  for (std::size_t k = 0; k < reducer.num_update_groups(); ++k)
+    for (std::size_t p : reducer.update_group(k)) {
+      ++count[p];
+      EXPECT_EQ(reducer.update_group_of(p), k);
+    }
+  for (int c : count) EXPECT_EQ(c, 1);
+  EXPECT_GT(reducer.buckets().size(), reducer.num_parameters());  // partitioned
+}
+
+// Parameter 5 is used on rank 0 only, parameter 0 on no rank: each rank hands its unused ones
+// over with mark_unused(); the usage counts tell which were unused everywhere.
+TEST(GradientReducer, UnusedParametersAreZeroAndCountedAcrossRanks) {
+  std::atomic<int> wrong{0};
+  LocalWorld::run(2, [&](Backend& backend) {
+    ReducerPlan plan;
+    plan.bucket_cap_bytes = 4096;
+    plan.track_usage = true;
+    GradientReducer reducer(model(), backend, plan, options());
+    const std::size_t n = reducer.num_parameters();
+    std::vector<std::vector<float>> grads(n);
+    for (std::size_t p = 0; p < n; ++p) grads[p].assign(reducer.parameter(p).count, 1.0f);
+    for (int step = 0; step < 3; ++step) {
+      reducer.begin();
+      for (std::size_t p = n; p-- > 0;) {
+        const bool used = p != 0 && (p != 5 || backend.rank() == 0);
+        if (used)
+          reducer.ready(p, Buffer::of(std::span(grads[p])));
+        else
+          reducer.mark_unused(p);
+      }
+      EXPECT_TRUE(reducer.poll().empty());  // every update waits for the usage counts
+      reducer.backward_done();
+      for (std::size_t k = 0; k < reducer.num_update_groups(); ++k) {
+        reducer.wait_update(k);
+        reducer.updated(k);
+      }
+      wrong += !reducer.globally_unused(0);
+      wrong += reducer.globally_unused(5);
+      wrong += reducer.globally_unused(3);
+      const float* head = reducer.gradient(5).as<float>();
+      wrong += head[0] != 0.5f;  // (1 + 0) / 2
+      const float* embed = reducer.gradient(0).as<float>();
+      wrong += embed[0] != 0.0f;
+      reducer.finish();
+    }
+  });
+  EXPECT_EQ(wrong.load(), 0);
+}
+
+TEST(GradientReducer, AMissingGradientIsATimeoutNamingIt) {
+  auto backend = make_local_backend();
+  GradientReducer reducer(model(), *backend, {}, options(0.3));
+  std::vector<float> g(77, 1.0f);
+  reducer.begin();
+  reducer.ready(5, Buffer::of(std::span(g)));
+  try {
+    reducer.finish();
+    FAIL() << "finish() did not throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::timeout);
+    EXPECT_NE(e.message().find("'grad.layers.1.bias'"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(reducer.in_step());
+}
+
+TEST(GradientReducer, BadHandOversAreNamedErrors) {
+  auto backend = make_local_backend();
+  GradientReducer reducer(model(), *backend, {}, options(5));
+  std::vector<float> right(77, 1.0f), wrong_size(76, 1.0f);
+  auto message_of = [](auto&& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+      return e.message();
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message_of([&] {
+              reducer.ready(5, Buffer::of(std::span(right)));
+            }).find("no step in progress"),
+            std::string::npos);
+  reducer.begin();
+  EXPECT_NE(message_of([&] { reducer.ready(5, Buffer::of(std::span(wrong_size))); })
+                .find("'head.weight' (#5, module 'head') on rank 0 of 1 is declared "
+                      "float32[77] but its gradient is float32[76]"),
+            std::string::npos);
+  reducer.ready(5, Buffer::of(std::span(right)));
+  EXPECT_NE(message_of([&] {
+              reducer.ready(5, Buffer::of(std::span(right)));
+            }).find("was already handed over in this step"),
+            std::string::npos);
+  EXPECT_NE(message_of([&] { reducer.begin(); }).find("not finished"), std::string::npos);
+  for (std::size_t p = 0; p < 5; ++p) reducer.mark_unused(p);
+  for (std::size_t k = 0; k < reducer.num_update_groups(); ++k) {
+    reducer.wait_update(k);
+    reducer.updated(k);
+  }
+  reducer.finish();
+  EXPECT_THROW(GradientReducer({{"a", "", 0}}, *backend), Error);
+  EXPECT_THROW(GradientReducer({{"a", "", 1}, {"a", "", 2}}, *backend), Error);
+}
+
+TEST(GradientReducer, ReplansFromTheObservedOrderAndExplainsBuckets) {
+  std::atomic<int> wrong{0};
+  LocalWorld::run(2, [&](Backend& backend) {
+    ReducerPlan plan;
+    plan.bucket_cap_bytes = 4096;
+    plan.first_bucket_bytes = 1024;
+    GradientReducer reducer(model(), backend, plan, options(20, true));
+    const std::size_t n = reducer.num_parameters();
+    std::vector<std::vector<float>> grads(n);
+    for (std::size_t p = 0; p < n; ++p) grads[p].assign(reducer.parameter(p).count, 2.0f);
+    auto step = [&](const std::vector<std::size_t>& order) {
+      reducer.begin();
+      for (std::size_t p : order) reducer.ready(p, Buffer::of(std::span(grads[p])));
+      for (std::size_t k = 0; k < reducer.num_update_groups(); ++k) {
+        reducer.wait_update(k);
+        for (std::size_t p : reducer.update_group(k))
+          wrong += reducer.gradient(p).as<float>()[0] != 2.0f;
+        reducer.updated(k);
+      }
+      reducer.finish();
+    };
+    const std::vector<std::size_t> registration = {0, 1, 2, 3, 4, 5};
+    step(registration);
+    wrong += reducer.observed_ready_order() != registration;
+    plan.ready_order = reducer.agreed(reducer.observed_ready_order());
+    reducer.replan(plan);
+    step(registration);
+    const std::string report = reducer.explain();
+    if (report.find("bucket0 (issue #0") == std::string::npos) ++wrong;
+    if (report.find("embed") == std::string::npos) ++wrong;
+    if (report.find("bucket0.allreduce") == std::string::npos) ++wrong;
+    std::ostringstream dot;
+    reducer.executor().dump_dot(dot);
+    if (dot.str().find("grad.layers.1.weight") == std::string::npos) ++wrong;
+  });
+  EXPECT_EQ(wrong.load(), 0);
+}
+
+}  // namespace
+}  // namespace loom

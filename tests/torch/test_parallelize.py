@@ -1,0 +1,366 @@
+"""loom_torch.parallelize against DistributedDataParallel on Gloo, in the same job.
+
+Each case builds the same model twice (same seed), trains one copy with DDP on the job's Gloo
+group and the other with parallelize on the loom group, with the same per-rank data, the same
+optimizer and bucket cap, for STEPS steps; then every rank's parameters must equal DDP's (relative
+difference <= 1e-5) and be bit-identical across ranks (gathered over Gloo). Small shapes: the
+suite runs in seconds per case.
+"""
+import json
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import loom_torch
+
+STEPS = 20
+CAP_MB = 0.002  # a few KiB: several buckets even for these small models
+
+
+class Mlp(nn.Module):
+    def __init__(self, frozen_first=False, unused=False):
+        super().__init__()
+        self.fc1 = nn.Linear(16, 32)
+        self.fc2 = nn.Linear(32, 32)
+        self.head = nn.Linear(32, 4)
+        if unused:
+            self.spare = nn.Linear(32, 32)  # never called
+        if frozen_first:
+            for p in self.fc1.parameters():
+                p.requires_grad_(False)
+
+    def forward(self, x):
+        return self.head(F.relu(self.fc2(F.relu(self.fc1(x)))))
+
+
+class Encoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(d_model=16, nhead=2, dim_feedforward=32, dropout=0.0,
+                                           batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, num_layers=2)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.head(self.encoder(x).mean(dim=1))
+
+
+class ConvNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.fc = nn.Linear(8 * 4 * 4, 4)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.relu(self.conv2(x))
+        return self.fc(x.flatten(1))
+
+
+class TinyGpt(nn.Module):
+    """Token embedding tied with the output projection, one causal self-attention block."""
+
+    def __init__(self, vocab=40, d=16, seq=6):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.position = nn.Parameter(torch.randn(seq, d) * 0.02)
+        self.block = nn.TransformerEncoderLayer(d_model=d, nhead=2, dim_feedforward=32,
+                                                dropout=0.0, batch_first=True)
+        self.out = nn.Linear(d, vocab, bias=False)
+        self.out.weight = self.embed.weight  # tied: one parameter, two uses
+        self.register_buffer("mask", torch.triu(torch.full((seq, seq), float("-inf")), 1))
+
+    def forward(self, tokens):
+        h = self.embed(tokens) + self.position[: tokens.shape[1]]
+        return self.out(self.block(h, src_mask=self.mask))
+
+
+def data(kind, rank, step):
+    g = torch.Generator().manual_seed(1000 * rank + step)
+    if kind == "image":
+        return torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 4, (4,), generator=g)
+    if kind == "sequence":
+        return torch.randn(4, 5, 16, generator=g), torch.randint(0, 4, (4,), generator=g)
+    if kind == "tokens":
+        tokens = torch.randint(0, 40, (4, 7), generator=g)
+        return tokens[:, :-1], tokens[:, 1:]
+    return torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)
+
+
+def loss_of(kind, out, y):
+    if kind == "tokens":
+        return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+    return F.cross_entropy(out, y)
+
+
+MODELS = {
+    "mlp": (lambda: Mlp(), "vector"),
+    "encoder": (lambda: Encoder(), "sequence"),
+    "convnet": (lambda: ConvNet(), "image"),
+    "gpt": (lambda: TinyGpt(), "tokens"),
+    "frozen": (lambda: Mlp(frozen_first=True), "vector"),
+    "unused": (lambda: Mlp(unused=True), "vector"),
+}
+
+# Adam's eps is raised from 1e-8: attention's key bias has a gradient that is zero up to
+# rounding, and the last bits of a sum of 3 ranks' gradients depend on the order the allreduce
+# adds them in (Gloo's ring and loom's algorithm add in different orders). Adam divides by the
+# square root of that noise, so with eps 1e-8 it turns last-bit differences into full steps
+# (2e-4 after 20 steps); with 1e-4 the noise stays below 1e-6 and every other parameter is
+# compared at rtol 1e-5 as for SGD. Two ranks add in the same order either way (a + b == b + a).
+OPTIMIZERS = {
+    "sgd": lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9),
+    "adam": lambda params: torch.optim.Adam(params, lr=2e-3, eps=1e-4),
+    "adamw": lambda params: torch.optim.AdamW(params, lr=2e-3, eps=1e-4, weight_decay=0.05),
+}
+
+
+def fresh(name):
+    torch.manual_seed(0)
+    factory, kind = MODELS[name]
+    return factory(), kind
+
+
+def train(name, optimizer, rank, steps, gloo=None, scheduler=False, start=None, **options):
+    """Trains model `name` with DDP on `gloo`, else with parallelize; returns (model, net, opt)."""
+    model, kind = fresh(name)
+    unused = name == "unused"
+    params = [p for p in model.parameters() if p.requires_grad]
+    if gloo is not None:
+        net = DDP(model, process_group=gloo, bucket_cap_mb=CAP_MB, find_unused_parameters=unused)
+        opt = OPTIMIZERS[optimizer](params)
+    else:
+        opt = OPTIMIZERS[optimizer](params)
+        net, opt = loom_torch.parallelize(model, opt, bucket_cap_mb=CAP_MB, first_bucket_mb=CAP_MB,
+                                          find_unused_parameters=unused, **options)
+    if start is not None:
+        net.load_state_dict(start[0])
+        opt.load_state_dict(start[1])
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.5) if scheduler else None
+    first = 0 if start is None else start[2]
+    for step in range(first, first + steps):
+        x, y = data(kind, rank, step)
+        opt.zero_grad()
+        loss = loss_of(kind, net(x), y)
+        loss.backward()
+        opt.step()
+        if sched is not None:
+            sched.step()
+    return model, net, opt
+
+
+def flat(model):
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def identical_on_every_rank(weights, gloo, n):
+    everyone = [torch.empty_like(weights) for _ in range(n)]
+    dist.all_gather(everyone, weights, group=gloo)
+    for r, w in enumerate(everyone):
+        assert torch.equal(w, everyone[0]), "rank %d's parameters differ from rank 0's" % r
+
+
+def assert_like_ddp(loom_model, ddp_model, gloo, n):
+    loom_weights, ddp_weights = flat(loom_model), flat(ddp_model)
+    identical_on_every_rank(loom_weights, gloo, n)
+    torch.testing.assert_close(loom_weights, ddp_weights, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name,optimizer,scheduler", [
+    ("mlp", "sgd", False),
+    ("mlp", "adam", False),
+    ("mlp", "adamw", True),
+    ("encoder", "adam", True),
+    ("convnet", "sgd", False),
+    ("gpt", "adamw", False),
+    ("frozen", "sgd", False),
+    ("unused", "adamw", False),
+])
+def test_parameters_equal_ddp_on_gloo_after_20_steps(world, name, optimizer, scheduler):
+    rank, n, gloo = world
+    ddp_model, _, _ = train(name, optimizer, rank, STEPS, gloo=gloo, scheduler=scheduler)
+    loom_model, net, _ = train(name, optimizer, rank, STEPS, scheduler=scheduler)
+    net.synchronize()
+    assert_like_ddp(loom_model, ddp_model, gloo, n)
+    if name == "unused":  # unused on every rank: untouched, as DDP leaves it
+        torch.manual_seed(0)
+        assert torch.equal(loom_model.spare.weight, Mlp(unused=True).spare.weight)
+
+
+def test_options_partition_in_flight_and_no_overlap_keep_the_numerics(world):
+    rank, n, gloo = world
+    ddp_model, _, _ = train("encoder", "sgd", rank, 8, gloo=gloo)
+    loom_model, net, _ = train("encoder", "sgd", rank, 8, partition_large=True,
+                               collectives_in_flight=1, overlap_forward=False)
+    plan, buckets = net.plan()
+    assert "partition" in plan and "in flight 1" in plan, plan
+    assert max(buckets) <= int(CAP_MB * (1 << 20)) + 4, buckets
+    assert_like_ddp(loom_model, ddp_model, gloo, n)
+
+
+def test_float16_compression_is_close_to_ddp_with_the_fp16_hook(world):
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    rank, n, gloo = world
+    torch.manual_seed(0)
+    model = Mlp()
+    ddp = DDP(model, process_group=gloo, bucket_cap_mb=CAP_MB)
+    ddp.register_comm_hook(gloo, default_hooks.fp16_compress_hook)
+    opt = OPTIMIZERS["sgd"](model.parameters())
+    for step in range(8):
+        x, y = data("vector", rank, step)
+        opt.zero_grad()
+        F.cross_entropy(ddp(x), y).backward()
+        opt.step()
+    loom_model, net, _ = train("mlp", "sgd", rank, 8, compression="float16")
+    net.synchronize()
+    identical_on_every_rank(flat(loom_model), gloo, n)
+    torch.testing.assert_close(flat(loom_model), flat(model), rtol=2e-3, atol=2e-3)
+
+
+def test_state_dict_right_after_step_and_a_round_trip(world):
+    rank, n, gloo = world
+    ddp_half, _, _ = train("encoder", "adam", rank, 5, gloo=gloo)
+    loom_half, net, opt = train("encoder", "adam", rank, 5)
+    # Taken right after opt.step(), with the last buckets' updates still pending.
+    state = net.state_dict()
+    opt_state = opt.state_dict()
+    assert all(key.startswith("module.") for key in state)
+    torch.testing.assert_close(torch.cat([v.flatten() for v in state.values()
+                                          if v.is_floating_point()]),
+                               torch.cat([v.detach().flatten()
+                                          for v in ddp_half.state_dict().values()
+                                          if v.is_floating_point()]), rtol=1e-5, atol=1e-6)
+    assert all(isinstance(s["step"], torch.Tensor) for s in opt_state["state"].values())
+    # Resume in a new wrapper from the saved state: equals DDP's 10 uninterrupted steps.
+    ddp_full, _, _ = train("encoder", "adam", rank, 10, gloo=gloo)
+    resumed, net2, _ = train("encoder", "adam", rank, 5, start=(state, opt_state, 5))
+    net2.synchronize()
+    assert_like_ddp(resumed, ddp_full, gloo, n)
+
+
+def test_no_sync_accumulates_like_ddp(world):
+    rank, n, gloo = world
+    results = []
+    for use_loom in (False, True):
+        torch.manual_seed(0)
+        model = Mlp()
+        opt = OPTIMIZERS["sgd"](model.parameters())
+        if use_loom:
+            net, opt = loom_torch.parallelize(model, opt, bucket_cap_mb=CAP_MB)
+        else:
+            net = DDP(model, process_group=gloo, bucket_cap_mb=CAP_MB)
+        for step in range(6):
+            opt.zero_grad()
+            x1, y1 = data("vector", rank, 2 * step)
+            x2, y2 = data("vector", rank, 2 * step + 1)
+            with net.no_sync():
+                F.cross_entropy(net(x1), y1).backward()
+            F.cross_entropy(net(x2), y2).backward()
+            opt.step()
+        if use_loom:
+            net.synchronize()
+        results.append(model)
+    assert_like_ddp(results[1], results[0], gloo, n)
+
+
+def test_evaluation_under_no_grad_right_after_step_sees_every_update(world):
+    rank, n, gloo = world
+    ddp_model, _, _ = train("encoder", "sgd", rank, 3, gloo=gloo)
+    loom_model, net, _ = train("encoder", "sgd", rank, 3)
+    x, _ = data("sequence", rank, 99)
+    with torch.no_grad():  # pre-hooks on every module apply what is still pending
+        out = net(x)
+        want = ddp_model(x)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
+    net.synchronize()
+    assert_like_ddp(loom_model, ddp_model, gloo, n)
+
+
+def test_dot_trace_and_explain_name_the_modules(world, tmp_path_factory):
+    rank, n, gloo = world
+    directory = tmp_path_factory.mktemp("loom_parallelize")
+    _, net, _ = train("encoder", "sgd", rank, 3, profile=True)
+    dot_path = str(directory / "step.dot")
+    net.dump_dot(dot_path)
+    dot = open(dot_path).read()
+    assert "grad.encoder.layers.1.self_attn.in_proj_weight" in dot
+    assert "bucket0.allreduce" in dot and ".update" in dot
+    written = net.write_trace(str(directory / "trace.json"))
+    assert written.endswith(".rank%d.json" % rank)
+    trace = json.load(open(written))
+    names = {event.get("name") for event in trace["traceEvents"]}
+    assert "grad.head.weight" in names and "bucket0.allreduce" in names
+    lanes = {event["args"]["name"] for event in trace["traceEvents"]
+             if event.get("name") == "thread_name"}
+    assert "outside" in lanes, lanes
+    report = net.explain()
+    assert "bucket0.allreduce" in report
+    assert "encoder.layers.1.self_attn" in report
+    assert trace["otherData"]["loom_world"] == n
+
+
+def test_misuse_is_a_named_error(world):
+    rank, n, gloo = world
+    _, net, opt = train("mlp", "sgd", rank, 1)
+    # optimizer.step() without a backward.
+    with pytest.raises(RuntimeError, match="optimizer.step\\(\\) on rank %d of %d without a "
+                                           "reduced backward" % (rank, n)):
+        opt.step()
+    # Two backward passes without optimizer.step() between them.
+    x, y = data("vector", rank, 50)
+    F.cross_entropy(net(x), y).backward()
+    with pytest.raises(RuntimeError, match="optimizer.step\\(\\) was not called after the "
+                                           "previous backward"):
+        F.cross_entropy(net(x), y).backward()
+    opt.step()
+    net.synchronize()
+    # A model moved after wrapping.
+    net.module.double()
+    with pytest.raises(RuntimeError, match="parameter 'fc1.weight' was moved or replaced"):
+        net(x.double())
+    with pytest.raises(ValueError, match="needs a loom process group"):
+        loom_torch.parallelize(Mlp(), torch.optim.SGD(Mlp().parameters(), lr=0.1),
+                               process_group=gloo)
+    with pytest.raises(ValueError, match="compression must be"):
+        loom_torch.parallelize(Mlp(), torch.optim.SGD(Mlp().parameters(), lr=0.1),
+                               compression="int8")
+
+
+def test_a_parameter_without_gradient_is_named_without_find_unused(world):
+    rank, n, gloo = world
+    torch.manual_seed(0)
+    model = Mlp(unused=True)
+    net, opt = loom_torch.parallelize(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                      bucket_cap_mb=CAP_MB)
+    x, y = data("vector", rank, 0)
+    with pytest.raises(RuntimeError, match="on rank %d, 2 parameter\\(s\\) received no gradient "
+                                           "in this backward: 'spare.weight', 'spare.bias'. Pass "
+                                           "find_unused_parameters=True" % rank):
+        F.cross_entropy(net(x), y).backward()
+    # The step's communication still completed alike on every rank: the wrapper recovers.
+    opt.step()
+    net.synchronize()
+
+
+def test_a_rank_that_steps_without_backward_is_named_and_can_go_on(world):
+    rank, n, gloo = world
+    torch.manual_seed(0)
+    model = Mlp()
+    net, opt = loom_torch.parallelize(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                      bucket_cap_mb=CAP_MB)
+    x, y = data("vector", rank, 0)
+    loss = F.cross_entropy(net(x), y)
+    if rank == n - 1:
+        with pytest.raises(RuntimeError, match="on rank %d of %d without a reduced backward"
+                                               % (rank, n)):
+            opt.step()
+    loss.backward()
+    opt.step()
+    net.synchronize()
+    identical_on_every_rank(flat(model), gloo, n)

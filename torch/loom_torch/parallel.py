@@ -1,0 +1,495 @@
+"""loom_torch.parallelize: loom schedules a PyTorch model's data-parallel communication.
+
+    net, opt = loom_torch.parallelize(model, optimizer)      # after dist.init_process_group("loom")
+    for x, y in data:
+        opt.zero_grad()
+        loss = loss_fn(net(x), y)
+        loss.backward()
+        opt.step()
+
+What happens underneath, each step:
+
+* Each parameter's gradient is handed to loom's GradientReducer (C++, parallel/) by a hook on its
+  AccumulateGrad node as autograd produces it: copied into loom's bucket memory, scaled by
+  1 / world size as DDP does, and its graph node signalled. Buckets are all-reduced in loom's
+  fixed order, identical on every rank, on a communicator of their own (a duplicate of the loom
+  group's), issued from the hook's thread and completed by loom's progress thread.
+* As soon as a bucket lands, its parameters are updated by the user's own optimizer: its step()
+  runs with every param group's 'params' narrowed to those parameters and each parameter's .grad
+  reading the averaged gradient, so state, param groups, state_dict() and LR schedulers keep
+  working. Buckets that land during backward are applied in the autograd hooks; opt.step() applies
+  those that landed since and returns; the rest are applied by forward pre-hooks on every module
+  (each waits only for its own parameters' bucket), so the next forward overlaps the
+  communication tail. Hyperparameters are those the param groups had when backward began.
+* net.synchronize() applies everything still pending; net.state_dict(), net.load_state_dict(),
+  opt.state_dict(), opt.load_state_dict(), net.dump_dot(), net.write_trace() and net.explain() call
+  it first. Code that reads the parameters through the unwrapped model right after opt.step()
+  must call net.synchronize() first.
+
+Rules, each a named error rather than a hang: one optimizer.step() per backward (accumulate with
+`with net.no_sync():`), every rank runs backward every step, a parameter that gets no gradient
+needs find_unused_parameters=True, and the model's parameters must not be moved, replaced or
+re-registered after wrapping (wrap it after .to(...)).
+"""
+import contextlib
+import functools
+import types
+import weakref
+
+import torch
+import torch.distributed as dist
+from torch.autograd import Variable
+
+from . import _C
+
+__all__ = ["parallelize", "ParallelModule"]
+
+_COMPRESSIONS = {None: "none", "none": "none", "float16": "float16", "fp16": "float16",
+                 "bfloat16": "bfloat16", "bf16": "bfloat16"}
+
+
+def parallelize(model, optimizer, process_group=None, bucket_cap_mb=25, compression=None,
+                find_unused_parameters=False, first_bucket_mb=1, partition_large=False,
+                collectives_in_flight=0, overlap_forward=True, broadcast_buffers=True,
+                rebuild_buckets=True, profile=None):
+    """Wraps `model` and `optimizer` for data-parallel training on a loom process group.
+
+    Returns (net, optimizer): net is a module wrapping `model` (as DDP's, its state_dict keys
+    start with "module."); optimizer is the same object, its step() taken over.
+
+    process_group: a "loom" group (default: the default group). bucket_cap_mb / first_bucket_mb:
+    DDP's bucket caps. compression: None, "float16" or "bfloat16" (cast, reduce, cast back).
+    find_unused_parameters: as DDP's; parameters unused on every rank are left to the optimizer
+    with the .grad they had. partition_large: cut gradients larger than the cap across buckets.
+    collectives_in_flight: at most this many allreduces on the wire (0: no limit).
+    overlap_forward: leave the updates of buckets still in flight at opt.step() to the next
+    forward (False: opt.step() waits for every bucket). broadcast_buffers: rank 0's buffers before
+    each forward, as DDP. rebuild_buckets: after the first step, rebuild the buckets in the order
+    the gradients became ready (rank 0's), as DDP. profile: record each step's timeline for
+    write_trace()/explain()/dump_dot() durations (None: LOOM_TRACE decides).
+    """
+    if bucket_cap_mb == "auto":
+        raise ValueError("parallelize: bucket_cap_mb='auto' needs loom's step planner "
+                         "(issue 22, item 1), which is not in this build; give a size in MiB")
+    if compression not in _COMPRESSIONS:
+        raise ValueError("parallelize: compression must be None, 'float16' or 'bfloat16', not %r"
+                         % (compression,))
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError("parallelize: optimizer must be a torch.optim.Optimizer, not %s"
+                        % type(optimizer).__name__)
+    if getattr(optimizer, "_loom_engine", None) is not None:
+        raise ValueError("parallelize: this optimizer is already driven by a parallelized model")
+    group = process_group
+    if group is None or group == dist.GroupMember.WORLD:
+        group = dist.distributed_c10d._get_default_group()
+    if not isinstance(group, _C.ProcessGroupLoom):
+        raise ValueError("parallelize needs a loom process group (dist.init_process_group(\"loom\")"
+                         "), got %s" % type(group).__name__)
+    net = ParallelModule(model, optimizer, group, dict(
+        bucket_cap_mb=float(bucket_cap_mb), first_bucket_mb=float(first_bucket_mb),
+        partition_large=bool(partition_large), collectives_in_flight=int(collectives_in_flight),
+        compression=_COMPRESSIONS[compression], track_usage=bool(find_unused_parameters)),
+        overlap_forward=overlap_forward, broadcast_buffers=broadcast_buffers,
+        rebuild_buckets=rebuild_buckets, profile=profile)
+    return net, optimizer
+
+
+def _first_tensor_needing_grad(value):
+    if isinstance(value, torch.Tensor):
+        return value if value.requires_grad else None
+    if isinstance(value, (list, tuple)):
+        items = value
+    elif isinstance(value, dict):
+        items = value.values()
+    else:
+        return None
+    for item in items:
+        found = _first_tensor_needing_grad(item)
+        if found is not None:
+            return found
+    return None
+
+
+class _Engine:
+    """The per-step state machine between autograd, the optimizer and loom's GradientReducer."""
+
+    def __init__(self, module, optimizer, group, plan, overlap_forward, rebuild_buckets, profile):
+        self.module = module
+        self.optimizer = optimizer
+        self.group = group
+        self.plan = plan
+        self.overlap_forward = overlap_forward
+        self.rebuild_pending = rebuild_buckets
+        named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+        if not named:
+            raise ValueError("parallelize: the model has no parameter that requires grad")
+        for name, p in named:
+            if p.device.type != "cpu":
+                raise ValueError("parallelize: parameter '%s' is on %s; loom_torch.parallelize "
+                                 "reduces CPU parameters only so far" % (name, p.device))
+            if not p.is_floating_point():
+                raise ValueError("parallelize: parameter '%s' is %s; only floating-point "
+                                 "parameters are trained" % (name, p.dtype))
+        owner = {}
+        for mname, m in module.named_modules():
+            for p in m.parameters(recurse=False):
+                owner.setdefault(id(p), mname)
+        self.names = [name for name, _ in named]
+        self.params = [p for _, p in named]
+        self.index = {id(p): i for i, p in enumerate(self.params)}
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
+        self.reducer = _C.GradientReducer(
+            group, self.names, [owner.get(id(p), "") for p in self.params], self.params,
+            plan["bucket_cap_mb"], plan["first_bucket_mb"], plan["partition_large"],
+            plan["collectives_in_flight"], plan["compression"], plan["track_usage"], profile)
+        self._layout()
+        self.seen = [None] * len(self.params)
+        self.seen_version = [0] * len(self.params)
+        # Step state.
+        self.sync = True             # this forward's backward is reduced (not under no_sync)
+        self.no_sync_depth = 0
+        self.in_backward = False     # a reduced backward began and did not end
+        self.awaiting_step = False   # a reduced backward ended, optimizer.step() not yet called
+        self.hyper = None            # the param groups' hyperparameters when backward began
+        self.narrow_key = None
+        self.narrow = None
+        # Autograd hooks: keep every AccumulateGrad node, or its hook never fires.
+        self.accumulators, self.handles = [], []
+        with torch.enable_grad():
+            for i, p in enumerate(self.params):
+                accumulate = p.expand_as(p).grad_fn.next_functions[0][0]
+                self.handles.append(accumulate.register_hook(functools.partial(self._on_gradient,
+                                                                               i)))
+                self.accumulators.append(accumulate)
+        # Forward pre-hooks on every module that registers trainable parameters itself (not only
+        # leaves: nn.MultiheadAttention's in_proj_weight belongs to a non-leaf module).
+        for mname, m in module.named_modules():
+            mine = sorted({self.index[id(p)] for p in m.parameters(recurse=False)
+                           if id(p) in self.index})
+            if mine:
+                self.handles.append(m.register_forward_pre_hook(
+                    functools.partial(self._before_module, mine)))
+        self.signature = self._signature()
+        self.step_function = type(optimizer).step
+
+    # -- layout (rebuilt after a replan) --------------------------------------------------------
+    def _layout(self):
+        self.groups = self.reducer.update_groups()
+        self.group_of = [0] * len(self.params)
+        for k, members in enumerate(self.groups):
+            for i in members:
+                self.group_of[i] = k
+        self.views = [self.reducer.gradient(i) for i in range(len(self.params))]
+        self.applied = [True] * len(self.groups)
+        self.narrow_key = None
+
+    def _signature(self):
+        # Frozen parameters may move freely (nothing of loom refers to them).
+        return [(id(p), p.data_ptr() if p.requires_grad else 0, p.requires_grad)
+                for p in self.module.parameters()]
+
+    def check_registration(self):
+        now = self._signature()
+        if now == self.signature:
+            return
+        named = list(self.module.named_parameters())
+        before = {entry[0]: entry for entry in self.signature}
+        for name, p in named:
+            old = before.get(id(p))
+            if old is None:
+                raise RuntimeError("loom_torch.parallelize: parameter '%s' was registered after "
+                                   "the model was wrapped; wrap the finished model" % name)
+            if old[1] != p.data_ptr() and p.requires_grad:
+                raise RuntimeError("loom_torch.parallelize: parameter '%s' was moved or replaced "
+                                   "after the model was wrapped (its memory changed: .to(), "
+                                   ".double(), .data = ...); move the model before parallelize()"
+                                   % name)
+            if old[2] != p.requires_grad:
+                raise RuntimeError("loom_torch.parallelize: parameter '%s' changed requires_grad "
+                                   "after the model was wrapped; freeze parameters before "
+                                   "parallelize()" % name)
+        raise RuntimeError("loom_torch.parallelize: parameters were removed from the model after "
+                           "it was wrapped (%d now, %d then)" % (len(now), len(self.signature)))
+
+    # -- backward -----------------------------------------------------------------------------
+    def on_output_gradient(self, grad):
+        if self.sync and not self.in_backward:
+            self._begin_backward()
+        return None
+
+    def _begin_backward(self):
+        if self.awaiting_step:
+            raise RuntimeError(
+                "loom_torch.parallelize: backward on rank %d began, but optimizer.step() was not "
+                "called after the previous backward; parallelize updates the parameters as their "
+                "gradients land, so every backward is followed by optimizer.step() (accumulate "
+                "gradients with `with net.no_sync():`)" % self.rank)
+        self.synchronize()
+        if self.rebuild_pending:
+            self._rebuild_buckets()
+        self.hyper = [{key: value for key, value in g.items() if key != "params"}
+                      for g in self.optimizer.param_groups]
+        self.reducer.begin()
+        self.applied = [False] * len(self.groups)
+        self.in_backward = True
+        Variable._execution_engine.queue_callback(self._end_backward)
+
+    def _rebuild_buckets(self):
+        # As DDP after its first iteration: buckets filled in the order the gradients became
+        # ready in the first step, rank 0's order on every rank (a collective, at the same point
+        # of every rank's second backward).
+        order = self.reducer.observed_ready_order()
+        if not order:
+            return
+        self.rebuild_pending = False
+        agreed = self.reducer.agreed(order)
+        p = self.plan
+        self.reducer.replan(p["bucket_cap_mb"], p["first_bucket_mb"], p["partition_large"],
+                            p["collectives_in_flight"], p["compression"], p["track_usage"],
+                            agreed, [])
+        self._layout()
+
+    def _on_gradient(self, i, grad_inputs, grad_outputs):
+        if not self.sync:
+            return
+        if not self.in_backward:
+            self._begin_backward()
+        grad = self.params[i].grad
+        if grad is None:
+            raise RuntimeError("loom_torch.parallelize: parameter '%s' has no .grad after its "
+                               "gradient was accumulated" % self.names[i])
+        self.reducer.ready(i, grad)
+        self.seen[i] = weakref.ref(grad)
+        self.seen_version[i] = grad._version
+        self._apply_landed()
+
+    def _end_backward(self):
+        self.in_backward = False
+        self.awaiting_step = True
+        missing = self.reducer.missing()
+        for i in missing:  # zero shares keep every rank's communication identical
+            self.reducer.mark_unused(i)
+        self.reducer.backward_done()
+        if missing and not self.plan["track_usage"]:
+            names = ", ".join("'%s'" % self.names[i] for i in missing[:5])
+            more = " and %d more" % (len(missing) - 5) if len(missing) > 5 else ""
+            raise RuntimeError(
+                "loom_torch.parallelize: on rank %d, %d parameter(s) received no gradient in this "
+                "backward: %s%s. Pass find_unused_parameters=True to parallelize() if the model "
+                "leaves parameters unused in some steps (or freeze them before wrapping)"
+                % (self.rank, len(missing), names, more))
+        self._apply_landed()
+
+    # -- updates --------------------------------------------------------------------------------
+    def _apply_landed(self):
+        for k in self.reducer.poll():
+            self._apply(k)
+
+    def _narrowed(self):
+        groups = self.optimizer.param_groups
+        key = tuple((id(g["params"]), len(g["params"])) for g in groups)
+        if key != self.narrow_key:
+            self.narrow = [[[] for _ in groups] for _ in self.groups]
+            for gi, g in enumerate(groups):
+                for p in g["params"]:
+                    i = self.index.get(id(p))
+                    if i is not None:
+                        self.narrow[self.group_of[i]][gi].append(p)
+            self.narrow_key = key
+        return self.narrow
+
+    def _apply(self, k):
+        if self.applied[k]:
+            return
+        self.applied[k] = True
+        swapped = []
+        track = self.plan["track_usage"]
+        for i in self.groups[k]:
+            if track and self.reducer.globally_unused(i):
+                continue  # as DDP: its .grad is left as it was
+            p = self.params[i]
+            grad = p.grad
+            seen = self.seen[i]
+            if (grad is not None and seen is not None and seen() is grad
+                    and grad._version == self.seen_version[i]):
+                grad.copy_(self.views[i])  # .grad holds the average, as with DDP
+            else:
+                # zero_grad() or the user replaced .grad since backward: the average is lent
+                # for the update only.
+                swapped.append((p, grad))
+                p.grad = self.views[i]
+        groups = self.optimizer.param_groups
+        narrowed = self._narrowed()[k]
+        saved = []
+        try:
+            for gi, g in enumerate(groups):
+                saved.append((g["params"], {key: g[key] for key in self.hyper[gi]}
+                              if gi < len(self.hyper) else {}))
+                g["params"] = narrowed[gi]
+                if gi < len(self.hyper):
+                    g.update(self.hyper[gi])
+            self.step_function(self.optimizer)
+        finally:
+            for g, (params, hyper) in zip(groups, saved):
+                g["params"] = params
+                g.update(hyper)
+            for p, grad in swapped:
+                p.grad = grad
+        self.reducer.updated(k)
+
+    def wait_and_apply(self, k):
+        if not self.applied[k]:
+            self.reducer.wait_update(k)
+            self._apply(k)
+
+    def before_module(self, indices):
+        if self.in_backward or all(self.applied[self.group_of[i]] for i in indices):
+            return
+        for k in sorted({self.group_of[i] for i in indices}):
+            self.wait_and_apply(k)
+
+    def _before_module(self, indices, module, inputs):
+        self.before_module(indices)
+
+    def synchronize(self):
+        """Applies every pending update and ends the step's run (raises its failure)."""
+        if not self.reducer.in_step():
+            return
+        if self.in_backward:
+            raise RuntimeError("loom_torch.parallelize: synchronize() during backward")
+        try:
+            for k in range(len(self.groups)):
+                self.wait_and_apply(k)
+        finally:
+            self.reducer.finish()
+
+    def step(self, closure=None):
+        if closure is not None:
+            raise RuntimeError("loom_torch.parallelize: optimizer.step(closure) is not supported: "
+                               "the parameters are updated as their gradients land")
+        if not self.awaiting_step:
+            raise RuntimeError(
+                "loom_torch.parallelize: optimizer.step() on rank %d of %d without a reduced "
+                "backward since the last step; every rank runs backward (outside no_sync) before "
+                "each step, since its peers' allreduces wait for this rank's gradients"
+                % (self.rank, self.world))
+        self.awaiting_step = False
+        self._apply_landed()
+        if not self.overlap_forward:
+            self.synchronize()
+
+
+class ParallelModule(torch.nn.Module):
+    """The model as loom_torch.parallelize wraps it (the model is `self.module`)."""
+
+    def __init__(self, module, optimizer, group, plan, overlap_forward=True,
+                 broadcast_buffers=True, rebuild_buckets=True, profile=None):
+        super().__init__()
+        self.module = module
+        self.process_group = group
+        self.broadcast_buffers = broadcast_buffers
+        # Rank 0's parameters and buffers everywhere, as DDP does when it wraps a model.
+        state = [t.detach() for t in module.state_dict(keep_vars=True).values()
+                 if isinstance(t, torch.Tensor)]
+        if state and dist.get_world_size(group) > 1:
+            dist._broadcast_coalesced(group, state, 250 * 1024 * 1024, 0)
+        engine = _Engine(module, optimizer, group, plan, overlap_forward, rebuild_buckets, profile)
+        object.__setattr__(self, "_loom", engine)
+        optimizer._loom_engine = engine
+        # A method of the optimizer itself, so that LR schedulers can wrap and count it.
+        optimizer.step = types.MethodType(lambda opt, closure=None: engine.step(closure),
+                                          optimizer)
+        original_state_dict = optimizer.state_dict
+        original_load = optimizer.load_state_dict
+
+        def state_dict():
+            engine.synchronize()
+            return original_state_dict()
+
+        def load_state_dict(state):
+            engine.synchronize()
+            return original_load(state)
+        optimizer.state_dict = state_dict
+        optimizer.load_state_dict = load_state_dict
+
+    def forward(self, *inputs, **kwargs):
+        engine = self._loom
+        engine.check_registration()
+        if self.broadcast_buffers and engine.world > 1:
+            buffers = [b for b in self.module.buffers()]
+            if buffers:  # on the group's communicator, apart from the reducer's
+                dist._broadcast_coalesced(self.process_group, buffers, 250 * 1024 * 1024, 0)
+        engine.sync = engine.no_sync_depth == 0
+        output = self.module(*inputs, **kwargs)
+        if engine.sync and torch.is_grad_enabled():
+            first = _first_tensor_needing_grad(output)
+            if first is not None:
+                first.register_hook(engine.on_output_gradient)
+        return output
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes of forwards run inside accumulate their gradients locally (no
+        communication, no update); the next reduced backward averages the sum, as DDP's."""
+        self._loom.no_sync_depth += 1
+        try:
+            yield
+        finally:
+            self._loom.no_sync_depth -= 1
+
+    def synchronize(self):
+        """Applies every update still pending (the tail of the last step's communication)."""
+        self._loom.synchronize()
+
+    def state_dict(self, *args, **kwargs):
+        self._loom.synchronize()
+        return super().state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict, strict=True):
+        self._loom.synchronize()
+        return super().load_state_dict(state_dict, strict)
+
+    def dump_dot(self, path):
+        """The step's graph as Graphviz DOT (gradients by module, buckets, updates), with the
+        last profiled step's durations."""
+        self._loom.synchronize()
+        self._loom.reducer.dump_dot(path)
+
+    def write_trace(self, path):
+        """This rank's Chrome trace of the last step (".rank<r>" inserted with several ranks;
+        tools/loom-trace-merge joins them); returns the path written. Needs profile=True."""
+        self._loom.synchronize()
+        return self._loom.reducer.write_trace(path)
+
+    def explain(self):
+        """Why each bucket's communication was or was not hidden in the last profiled step, and
+        which modules each bucket holds."""
+        self._loom.synchronize()
+        return self._loom.reducer.explain()
+
+    def plan(self):
+        """The bucketing plan in force ("cap 25 MiB, first 1 MiB, ...") and its bucket sizes."""
+        return self._loom.reducer.describe_plan(), self._loom.reducer.bucket_bytes()
+
+    def replan(self, bucket_cap_mb=None, first_bucket_mb=None, partition_large=None,
+               collectives_in_flight=None, compression=None, issue_order=()):
+        """Rebuilds the buckets with another plan between steps (collective: every rank, with the
+        same arguments). The hook a planner (bucket_cap_mb="auto") drives."""
+        engine = self._loom
+        engine.synchronize()
+        p = engine.plan
+        for key, value in (("bucket_cap_mb", bucket_cap_mb), ("first_bucket_mb", first_bucket_mb),
+                           ("partition_large", partition_large),
+                           ("collectives_in_flight", collectives_in_flight)):
+            if value is not None:
+                p[key] = value
+        if compression is not None:
+            p["compression"] = _COMPRESSIONS[compression]
+        order = engine.reducer.observed_ready_order()
+        if order:  # rank 0's, so that every rank builds the same buckets
+            order = engine.reducer.agreed(order)
+        engine.reducer.replan(p["bucket_cap_mb"], p["first_bucket_mb"], p["partition_large"],
+                              p["collectives_in_flight"], p["compression"], p["track_usage"],
+                              order, list(issue_order))
+        engine._layout()

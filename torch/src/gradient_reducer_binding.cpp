@@ -1,0 +1,267 @@
+// loom_torch._C.GradientReducer: what loom_torch.parallelize drives. The reducer gets a backend of
+// its own (a duplicate of the group's communicator), so its step's collectives, issued from
+// autograd hooks and loom's progress thread, never interleave with the group's own operations.
+#include "gradient_reducer_binding.hpp"
+
+#include <pybind11/stl.h>
+#include <torch/python.h>
+
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "loom/error.hpp"
+#include "loom/gradient_reducer.hpp"
+#include "process_group.hpp"
+#include "tensors.hpp"
+
+namespace py = pybind11;
+
+namespace loom::torch {
+
+namespace {
+
+/// The reducer and the backend it runs on (destroyed in that order).
+class TorchReducer {
+ public:
+  TorchReducer(ProcessGroupLoom& group, const std::vector<std::string>& names,
+               const std::vector<std::string>& modules, const std::vector<at::Tensor>& parameters,
+               const ReducerPlan& plan, std::optional<bool> profile)
+      : _backend(create_backend(group.backend_name())) {
+    if (names.size() != parameters.size() || modules.size() != parameters.size())
+      throw Error(ErrorCode::invalid_argument,
+                  "GradientReducer: " + std::to_string(names.size()) + " names and " +
+                      std::to_string(modules.size()) + " module names for " +
+                      std::to_string(parameters.size()) + " parameters");
+    std::vector<ParameterSpec> specs;
+    for (std::size_t p = 0; p < parameters.size(); ++p) {
+      const at::Tensor& t = parameters[p];
+      const std::string where = "parallelize: parameter '" + names[p] + "'";
+      if (!t.device().is_cpu())
+        throw Error(ErrorCode::unsupported,
+                    where + " is on " + t.device().str() +
+                        ": loom_torch.parallelize reduces CPU parameters only so far");
+      specs.push_back({names[p], modules[p], static_cast<std::size_t>(t.numel()),
+                       to_loom(t.scalar_type(), where)});
+    }
+    ExecutorOptions options;
+    options.timeout = std::chrono::duration<double>(group.timeout_seconds());
+    options.profile = profile;
+    _reducer = std::make_unique<GradientReducer>(std::move(specs), *_backend, plan, options);
+    _shapes.reserve(parameters.size());
+    for (const at::Tensor& t : parameters) _shapes.push_back(t.sizes().vec());
+  }
+
+  GradientReducer& reducer() { return *_reducer; }
+  Backend& backend() { return *_backend; }
+
+  void ready(std::size_t p, const at::Tensor& gradient) {
+    const std::string where = "parallelize: the gradient of '" + _reducer->parameter(p).name + "'";
+    if (gradient.layout() != at::kStrided)
+      throw Error(ErrorCode::unsupported,
+                  where +
+                      " is sparse; parallelize reduces dense gradients (DDP's sparse "
+                      "gradients are not supported)");
+    const at::Tensor dense = gradient.is_contiguous() ? gradient : gradient.contiguous();
+    const Buffer buffer = to_buffer(dense, *_backend, where, "gradient");
+    py::gil_scoped_release no_gil;
+    _reducer->ready(p, buffer);
+  }
+
+  /// Parameter p's averaged gradient: a view of loom's bucket memory shaped like p, which
+  /// keeps the reducer alive.
+  at::Tensor gradient(std::size_t p, const std::shared_ptr<TorchReducer>& self) {
+    const Buffer g = _reducer->gradient(p);
+    at::ScalarType type = at::kFloat;
+    switch (g.dtype()) {
+      case DType::float32:
+        type = at::kFloat;
+        break;
+      case DType::float64:
+        type = at::kDouble;
+        break;
+      case DType::float16:
+        type = at::kHalf;
+        break;
+      case DType::bfloat16:
+        type = at::kBFloat16;
+        break;
+      default:
+        throw Error(ErrorCode::unsupported, "parallelize: parameter '" +
+                                                _reducer->parameter(p).name + "' is " +
+                                                std::string(to_string(g.dtype())) +
+                                                "; only floating-point parameters are trained");
+    }
+    return at::from_blob(
+        g.data(), _shapes[p], [keep = self](void*) mutable { keep.reset(); },
+        at::TensorOptions().dtype(type));
+  }
+
+  std::string with_rank(const std::string& path) const {
+    if (_backend->world_size() == 1) return path;
+    std::string out = path;
+    const auto dot = out.rfind('.');
+    const auto slash = out.rfind('/');
+    const std::string suffix = ".rank" + std::to_string(_backend->rank());
+    if (dot == std::string::npos || (slash != std::string::npos && dot < slash))
+      out += suffix;
+    else
+      out.insert(dot, suffix);
+    return out;
+  }
+
+  void replan(const ReducerPlan& plan) { _reducer->replan(plan); }
+
+ private:
+  std::shared_ptr<Backend> _backend;
+  std::unique_ptr<GradientReducer> _reducer;
+  std::vector<std::vector<std::int64_t>> _shapes;
+};
+
+ReducerPlan make_plan(double cap_mb, double first_mb, bool partition, std::size_t in_flight,
+                      const std::string& compression, bool track_usage,
+                      std::vector<std::size_t> ready_order, std::vector<std::size_t> issue_order) {
+  if (!(cap_mb > 0) || !(first_mb > 0))
+    throw Error(ErrorCode::invalid_argument,
+                "parallelize: bucket_cap_mb and first_bucket_mb must be > 0 (got " +
+                    std::to_string(cap_mb) + " and " + std::to_string(first_mb) + ")");
+  ReducerPlan plan;
+  plan.bucket_cap_bytes = static_cast<std::size_t>(cap_mb * (1 << 20));
+  plan.first_bucket_bytes = static_cast<std::size_t>(first_mb * (1 << 20));
+  if (plan.bucket_cap_bytes == 0) plan.bucket_cap_bytes = 1;
+  if (plan.first_bucket_bytes == 0) plan.first_bucket_bytes = 1;
+  plan.partition_large = partition;
+  plan.collectives_in_flight = in_flight;
+  plan.compression = parse_compression(compression);
+  plan.track_usage = track_usage;
+  plan.external_updates = true;
+  plan.ready_order = std::move(ready_order);
+  plan.issue_order = std::move(issue_order);
+  return plan;
+}
+
+}  // namespace
+
+void bind_gradient_reducer(py::module_& m) {
+  using Self = std::shared_ptr<TorchReducer>;
+  py::class_<TorchReducer, Self>(
+      m, "GradientReducer",
+      "loom's GradientReducer for loom_torch.parallelize: gradients handed over from autograd "
+      "hooks, bucketed and averaged in loom's fixed order on a duplicate of the group's "
+      "communicator, released per update group as their buckets land")
+      .def(py::init([](ProcessGroupLoom& group, const std::vector<std::string>& names,
+                       const std::vector<std::string>& modules,
+                       const std::vector<at::Tensor>& parameters, double cap_mb, double first_mb,
+                       bool partition, std::size_t in_flight, const std::string& compression,
+                       bool track_usage, std::optional<bool> profile) {
+             py::gil_scoped_release no_gil;
+             return std::make_shared<TorchReducer>(group, names, modules, parameters,
+                                                   make_plan(cap_mb, first_mb, partition, in_flight,
+                                                             compression, track_usage, {}, {}),
+                                                   profile);
+           }),
+           py::arg("group"), py::arg("names"), py::arg("modules"), py::arg("parameters"),
+           py::arg("bucket_cap_mb"), py::arg("first_bucket_mb"), py::arg("partition_large"),
+           py::arg("collectives_in_flight"), py::arg("compression"), py::arg("track_usage"),
+           py::arg("profile"))
+      .def("begin", [](TorchReducer& r) { r.reducer().begin(); })
+      .def("in_step", [](TorchReducer& r) { return r.reducer().in_step(); })
+      .def("ready", &TorchReducer::ready, py::arg("parameter"), py::arg("gradient"))
+      .def("mark_unused", [](TorchReducer& r, std::size_t p) { r.reducer().mark_unused(p); })
+      .def("handed_over", [](TorchReducer& r, std::size_t p) { return r.reducer().handed_over(p); })
+      .def(
+          "missing",
+          [](TorchReducer& r) {
+            std::vector<std::size_t> out;
+            for (std::size_t p = 0; p < r.reducer().num_parameters(); ++p)
+              if (!r.reducer().handed_over(p)) out.push_back(p);
+            return out;
+          },
+          "Parameters not handed over in this step")
+      .def("backward_done", [](TorchReducer& r) { r.reducer().backward_done(); })
+      .def("poll", [](TorchReducer& r) { return r.reducer().poll(); })
+      .def(
+          "wait_update", [](TorchReducer& r, std::size_t k) { r.reducer().wait_update(k); },
+          py::call_guard<py::gil_scoped_release>())
+      .def("updated", [](TorchReducer& r, std::size_t k) { r.reducer().updated(k); })
+      .def("globally_unused",
+           [](TorchReducer& r, std::size_t p) { return r.reducer().globally_unused(p); })
+      .def(
+          "finish", [](TorchReducer& r) { r.reducer().finish(); },
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "gradient", [](const Self& r, std::size_t p) { return r->gradient(p, r); },
+          py::arg("parameter"))
+      .def("update_groups",
+           [](TorchReducer& r) {
+             std::vector<std::vector<std::size_t>> out;
+             for (std::size_t k = 0; k < r.reducer().num_update_groups(); ++k)
+               out.push_back(r.reducer().update_group(k));
+             return out;
+           })
+      .def("num_buckets", [](TorchReducer& r) { return r.reducer().buckets().size(); })
+      .def("bucket_bytes",
+           [](TorchReducer& r) {
+             std::vector<std::size_t> out;
+             for (const Bucket& b : r.reducer().buckets()) out.push_back(b.bytes());
+             return out;
+           })
+      .def("describe_plan", [](TorchReducer& r) { return describe(r.reducer().plan()); })
+      .def("observed_ready_order",
+           [](TorchReducer& r) { return r.reducer().observed_ready_order(); })
+      .def(
+          "agreed",
+          [](TorchReducer& r, const std::vector<std::size_t>& order) {
+            return r.reducer().agreed(order);
+          },
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "replan",
+          [](TorchReducer& r, double cap_mb, double first_mb, bool partition, std::size_t in_flight,
+             const std::string& compression, bool track_usage, std::vector<std::size_t> ready_order,
+             std::vector<std::size_t> issue_order) {
+            const ReducerPlan plan =
+                make_plan(cap_mb, first_mb, partition, in_flight, compression, track_usage,
+                          std::move(ready_order), std::move(issue_order));
+            py::gil_scoped_release no_gil;
+            r.replan(plan);
+          },
+          py::arg("bucket_cap_mb"), py::arg("first_bucket_mb"), py::arg("partition_large"),
+          py::arg("collectives_in_flight"), py::arg("compression"), py::arg("track_usage"),
+          py::arg("ready_order"), py::arg("issue_order"),
+          "Rebuilds the buckets with a new plan (collective: every rank, between steps)")
+      .def("issue_order", [](TorchReducer& r) { return r.reducer().executor().issue_order(); })
+      .def("dump_dot",
+           [](TorchReducer& r, const std::string& path) {
+             std::ofstream out(path);
+             if (!out)
+               throw Error(ErrorCode::invalid_argument, "cannot write the DOT file '" + path + "'");
+             r.reducer().executor().dump_dot(out);
+           })
+      .def("dot",
+           [](TorchReducer& r) {
+             std::ostringstream out;
+             r.reducer().executor().dump_dot(out);
+             return out.str();
+           })
+      .def(
+          "write_trace",
+          [](TorchReducer& r, const std::string& path) {
+            const std::string mine = r.with_rank(path);
+            r.reducer().executor().write_trace(mine);
+            return mine;
+          },
+          "Writes this rank's Chrome trace of the last finished step (path gets .rank<r> with "
+          "several ranks); returns the path written")
+      .def("explain", [](TorchReducer& r) { return r.reducer().explain(); })
+      .def("rank", [](TorchReducer& r) { return r.backend().rank(); })
+      .def("world_size", [](TorchReducer& r) { return r.backend().world_size(); })
+      .def("flight_record", [](TorchReducer& r) {
+        Backend& b = r.backend();
+        return b.flight_recorder().to_json(b.rank(), b.world_size(), b.name(), "requested");
+      });
+}
+
+}  // namespace loom::torch
