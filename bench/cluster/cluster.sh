@@ -156,6 +156,13 @@ for ((k = 0; k < nodes; k++)); do node_names+=("$name-node$k"); done
 job_pid=
 # Everything the cluster made, in reverse: the job, every process left in a node, the
 # namespaces, the bridge (each veth goes with its namespace), the files. Safe to call twice.
+# Whether process PID still runs (exists and is not a zombie).
+# shellcheck disable=SC2317  # called by teardown
+running() {
+  local state
+  state=$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) || return 1
+  [[ -n $state && $state != Z ]]
+}
 # shellcheck disable=SC2317  # called by the traps
 teardown() {
   set +e
@@ -166,27 +173,33 @@ teardown() {
     kill -KILL "$job_pid" 2>/dev/null
     wait "$job_pid" 2>/dev/null
   fi
-  local k netns pids
+  # ip netns pids lists the processes in a namespace, but not those already exiting: the pids
+  # are kept, and each is waited for until it is gone or a zombie (its parent, often init
+  # since orted daemonizes, reaps it).
+  local k pids=() round p
+  for round in TERM KILL; do
+    for ((k = 0; k < nodes; k++)); do
+      [[ -e /run/netns/$name-n$k ]] || continue
+      # shellcheck disable=SC2207  # one word per pid
+      pids+=($(ip netns pids "$name-n$k" 2>/dev/null))
+    done
+    local alive=()
+    for p in "${pids[@]}"; do running "$p" && alive+=("$p"); done
+    ((${#alive[@]})) || break
+    echo "cluster.sh: SIG$round to processes left in the nodes: ${alive[*]}" >&2
+    kill "-$round" "${alive[@]}" 2>/dev/null
+    for ((i = 0; i < 30; i++)); do
+      alive=()
+      for p in "${pids[@]}"; do running "$p" && alive+=("$p"); done
+      ((${#alive[@]})) || break
+      sleep 0.1
+    done
+  done
   for ((k = 0; k < nodes; k++)); do
-    netns=$name-n$k
-    [[ -e /run/netns/$netns ]] || continue
-    pids=$(ip netns pids "$netns" 2>/dev/null)
-    if [[ -n $pids ]]; then
-      # shellcheck disable=SC2086  # one word per pid
-      kill -TERM $pids 2>/dev/null
-      for ((i = 0; i < 30; i++)); do
-        [[ -z $(ip netns pids "$netns" 2>/dev/null) ]] && break
-        sleep 0.1
-      done
-      pids=$(ip netns pids "$netns" 2>/dev/null)
-      if [[ -n $pids ]]; then
-        echo "cluster.sh: killing processes left in node $k: $pids" >&2
-        # shellcheck disable=SC2086
-        kill -KILL $pids 2>/dev/null
-        sleep 0.2
-      fi
-    fi
-    ip netns delete "$netns" 2>/dev/null
+    # deleting the host's end of a veth deletes both; a namespace outlives its name while
+    # anything still holds it, and its veth with it
+    ip link delete "${name}v$k" 2>/dev/null
+    ip netns delete "$name-n$k" 2>/dev/null
   done
   for ((k = 0; k < nodes; k++)); do
     local uts=$cluster_dir/uts/${node_names[k]}
