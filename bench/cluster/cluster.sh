@@ -260,6 +260,9 @@ for ((k = 0; k < nodes; k++)); do
   ip link add "$veth" type veth peer name eth0 netns "$netns"
   ip link set "$veth" master "$bridge" up
   ip netns exec "$netns" ip link set lo up
+  # IPv4 only: no link-local IPv6 addresses for Open MPI to find beside the node's own
+  ip netns exec "$netns" sysctl -qw net.ipv6.conf.all.disable_ipv6=1 2>/dev/null || true
+  ip netns exec "$netns" sysctl -qw net.ipv6.conf.default.disable_ipv6=1 2>/dev/null || true
   ip netns exec "$netns" ip addr add "$subnet.$((k + 1))/24" dev eth0
   ip netns exec "$netns" ip link set eth0 up
   if ((rate_bits > 0)); then
