@@ -12,6 +12,8 @@
 #       on it (e.g. `"$LOOM_CLUSTER_MPIRUN" -np 4 ./prog`): several jobs on one cluster
 #   bench/cluster/cluster.sh --check
 #       exits 0 if a cluster can be built here, else 1 with the reason (tests skip on it)
+#   bench/cluster/cluster.sh --remove NAME
+#       removes what a cluster named NAME left behind (its script killed with SIGKILL)
 #
 # Every job and every rank sees LOOM_CLUSTER_NODES (the node names, in rank order),
 # LOOM_CLUSTER_RANKS_PER_NODE and LOOM_CLUSTER_LINK_BITS (the shaped rate, bits/s; 0 if none).
@@ -25,7 +27,7 @@ usage() {
   cat >&2 <<EOF
 usage: $0 [--nodes N] [--ranks-per-node R] [--link RATE|none] [--name NAME] [--subnet A.B.C]
           [--timeout SECONDS] [--exec] -- PROGRAM [ARGS...]
-       $0 --check
+       $0 --check | --remove NAME
   --nodes N            nodes (network namespaces with their own host name), 1-64; default 2
   --ranks-per-node R   MPI ranks on each node (slots in the hostfile), 1-64; default 1
   --link RATE          each node's link rate, each way (tc syntax: 500mbit, 1gbit, 10gbit) or
@@ -38,6 +40,7 @@ usage: $0 [--nodes N] [--ranks-per-node R] [--link RATE|none] [--name NAME] [--s
   --exec               run the command as given, not under mpirun; LOOM_CLUSTER_MPIRUN names an
                        mpirun for the cluster, LOOM_CLUSTER_HOSTFILE its hostfile
   --check              only check whether a cluster can be built here
+  --remove NAME        only remove what the cluster NAME left (processes, namespaces, links)
 EOF
   exit 2
 }
@@ -64,6 +67,7 @@ while (($#)); do
   --timeout) timeout_s=${2:?--timeout needs a value}; shift 2 ;;
   --exec) mode="exec"; shift ;;
   --check) mode=check; shift ;;
+  --remove) mode=remove; name=${2:?--remove needs the name of the cluster}; shift 2 ;;
   --) shift; break ;;
   -h | --help) usage ;;
   *) echo "cluster.sh: unknown option '$1'" >&2; usage ;;
@@ -141,7 +145,7 @@ if [[ $mode == check ]]; then
   echo "cluster.sh: an emulated cluster can be built here"
   exit 0
 fi
-(($# >= 1)) || usage
+[[ $mode == remove ]] || (($# >= 1)) || usage
 why=$(missing_piece)
 [[ -z $why ]] || fail "cannot build an emulated cluster here: $why"
 
@@ -210,6 +214,15 @@ teardown() {
   ip link delete "$bridge" 2>/dev/null
   rm -rf "$cluster_dir"
 }
+
+if [[ $mode == remove ]]; then
+  nodes=64 # every node a cluster can have; teardown skips those that are not there
+  node_names=()
+  for ((k = 0; k < nodes; k++)); do node_names+=("$name-node$k"); done
+  teardown
+  echo "cluster.sh: removed what was left of cluster '$name'" >&2
+  exit 0
+fi
 
 # The lock keeps two clusters from choosing the same subnet or name at once.
 exec {lock_fd}>"$run_root/lock"
