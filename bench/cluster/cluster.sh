@@ -291,27 +291,38 @@ done
 flock -u "$lock_fd"
 
 ranks=$((nodes * ranks_per_node))
+# What makes the job run on the cluster: on mpirun's command line.
 mpirun_options=(
   --hostfile "$cluster_dir/hostfile"
   --mca plm_rsh_agent "$agent $cluster_dir"
   --mca plm_rsh_no_tree_spawn 1
-  # ob1 over shared memory inside a node and TCP between nodes, on the private range only
-  --mca pml ob1 --mca btl "self,vader,tcp"
+  # TCP (and Open MPI's own connections) on the private range only
   --mca btl_tcp_if_include "$subnet.0/24" --mca oob_tcp_if_include "$subnet.0/24"
+)
+[[ $(id -u) -ne 0 ]] || mpirun_options+=(--allow-run-as-root)
+# What makes it run well: defaults in the environment (OMPI_MCA_*), which a job may override
+# with --mca on its own command line (Open MPI refuses a parameter given twice there).
+mpi_defaults=(
+  # ob1 over shared memory (vader) inside a node and TCP between nodes
+  OMPI_MCA_pml=ob1
+  "OMPI_MCA_btl=self,vader,tcp"
   # one socket per peer carries half the rate each way when both directions are busy
-  --mca btl_tcp_links 2
+  OMPI_MCA_btl_tcp_links=2
   # the nodes share this machine's cores: let the kernel place the ranks
-  --bind-to none
+  OMPI_MCA_hwloc_base_binding_policy=none
 )
 if ((ranks > $(nproc))); then
   # ranks busy-polling on shared cores delay one another by a scheduler slice per message
-  mpirun_options+=(--mca mpi_yield_when_idle 1)
+  mpi_defaults+=(OMPI_MCA_mpi_yield_when_idle=1)
 fi
-[[ $(id -u) -ne 0 ]] || mpirun_options+=(--allow-run-as-root)
 
 {
   echo "#!/bin/sh"
   echo "# mpirun on the emulated cluster $name (made by bench/cluster/cluster.sh)"
+  for setting in "${mpi_defaults[@]}"; do
+    # shellcheck disable=SC2016  # written for the wrapper's sh to expand
+    printf 'export %s="${%s:-%s}"\n' "${setting%%=*}" "${setting%%=*}" "${setting#*=}"
+  done
   printf 'exec mpirun'
   printf ' %q' "${mpirun_options[@]}"
   printf ' "$@"\n'
