@@ -109,13 +109,13 @@ fi
 missing_piece() {
   [[ $(id -u) -eq 0 ]] || { echo "needs root (network namespaces, veth, tc)"; return; }
   local tool
-  for tool in ip tc unshare nsenter mpirun; do
+  for tool in ip tc unshare nsenter flock mpirun; do
     command -v "$tool" >/dev/null || {
       echo "needs '$tool' (apt-get install iproute2 util-linux openmpi-bin)"
       return
     }
   done
-  local probe=lcchk$$
+  local probe=lcchk$$ uts_file=
   if ! ip netns add "$probe" 2>/dev/null; then
     echo "cannot create a network namespace (ip netns add failed: no CAP_NET_ADMIN?)"
     return
@@ -127,8 +127,14 @@ missing_piece() {
     why="cannot create a bridge"
   elif ! tc qdisc add dev "${probe}a" root tbf rate 1gbit burst 256kb latency 100ms 2>/dev/null; then
     why="cannot shape a link with tc tbf (sch_tbf missing?)"
-  elif ! unshare --uts true 2>/dev/null; then
-    why="cannot create a UTS namespace (unshare --uts failed)"
+  elif ! ip netns exec "$probe" true 2>/dev/null; then
+    why="cannot run a command in a network namespace (ip netns exec failed)"
+  elif ! uts_file=$(mktemp) || ! unshare --uts="$uts_file" true 2>/dev/null; then
+    why="cannot keep a UTS namespace (host name) alive with a bind mount (unshare --uts=FILE)"
+  fi
+  if [[ -n ${uts_file:-} ]]; then
+    umount "$uts_file" 2>/dev/null || true
+    rm -f "$uts_file"
   fi
   ip link delete "${probe}a" 2>/dev/null || true
   ip link delete "${probe}c" 2>/dev/null || true
