@@ -7,6 +7,8 @@
 #
 #   bench/cluster/cluster.sh --nodes 2 --ranks-per-node 2 --link 1gbit -- PROGRAM [ARGS...]
 #       runs PROGRAM under mpirun on every rank (ranks 0..R-1 on node 0, R..2R-1 on node 1, ...)
+#   bench/cluster/cluster.sh --ranks-per-node 2,1,3 ... -- PROGRAM
+#       3 nodes holding 2, 1 and 3 ranks (0-1, 2, 3-5): uneven placement
 #   bench/cluster/cluster.sh --nodes 2 --ranks-per-node 2 --exec -- COMMAND [ARGS...]
 #       runs COMMAND here, the cluster up, with LOOM_CLUSTER_MPIRUN naming an mpirun that runs
 #       on it (e.g. `"$LOOM_CLUSTER_MPIRUN" -np 4 ./prog`): several jobs on one cluster
@@ -16,7 +18,8 @@
 #       removes what a cluster named NAME left behind (its script killed with SIGKILL)
 #
 # Every job and every rank sees LOOM_CLUSTER_NODES (the node names, in rank order),
-# LOOM_CLUSTER_RANKS_PER_NODE and LOOM_CLUSTER_LINK_BITS (the shaped rate, bits/s; 0 if none).
+# LOOM_CLUSTER_RANKS_PER_NODE (each node's rank count, comma-separated: "2,2" or "2,1,3") and
+# LOOM_CLUSTER_LINK_BITS (the shaped rate, bits/s; 0 if none).
 # Needs root, iproute2 (ip, tc), util-linux (unshare, nsenter) and Open MPI's mpirun.
 set -euo pipefail
 
@@ -29,7 +32,8 @@ usage: $0 [--nodes N] [--ranks-per-node R] [--link RATE|none] [--name NAME] [--s
           [--timeout SECONDS] [--exec] -- PROGRAM [ARGS...]
        $0 --check | --remove NAME
   --nodes N            nodes (network namespaces with their own host name), 1-64; default 2
-  --ranks-per-node R   MPI ranks on each node (slots in the hostfile), 1-64; default 1
+  --ranks-per-node R   MPI ranks on each node (slots in the hostfile), 1-64; default 1; or
+                       one count per node, comma-separated (2,1,3: sets --nodes to 3)
   --link RATE          each node's link rate, each way (tc syntax: 500mbit, 1gbit, 10gbit) or
                        'none' for an unshaped link; default 1gbit
   --name NAME          prefix of everything the cluster creates ([a-z0-9], 1-9 characters);
@@ -51,6 +55,7 @@ fail() {
 }
 
 nodes=2
+nodes_given=0
 ranks_per_node=1
 link=1gbit
 name=lc$$
@@ -59,7 +64,7 @@ timeout_s=
 mode=mpirun
 while (($#)); do
   case $1 in
-  --nodes) nodes=${2:?--nodes needs a value}; shift 2 ;;
+  --nodes) nodes=${2:?--nodes needs a value}; nodes_given=1; shift 2 ;;
   --ranks-per-node) ranks_per_node=${2:?--ranks-per-node needs a value}; shift 2 ;;
   --link) link=${2:?--link needs a value}; shift 2 ;;
   --name) name=${2:?--name needs a value}; shift 2 ;;
@@ -76,7 +81,19 @@ done
 
 in_range() { [[ $1 =~ ^[0-9]+$ ]] && (($1 >= 1 && $1 <= 64)); }
 in_range "$nodes" || fail "--nodes must be 1-64, not '$nodes'"
-in_range "$ranks_per_node" || fail "--ranks-per-node must be 1-64, not '$ranks_per_node'"
+IFS=, read -r -a node_ranks <<<"$ranks_per_node"
+for count in "${node_ranks[@]}"; do
+  in_range "$count" || fail "--ranks-per-node must be 1-64 or a list of them, not '$ranks_per_node'"
+done
+if ((${#node_ranks[@]} > 1)); then
+  ((nodes_given == 0 || nodes == ${#node_ranks[@]})) ||
+    fail "--ranks-per-node $ranks_per_node names ${#node_ranks[@]} nodes, --nodes $nodes"
+  nodes=${#node_ranks[@]}
+else
+  for ((k = 1; k < nodes; k++)); do node_ranks+=("${node_ranks[0]}"); done
+fi
+ranks=0
+for count in "${node_ranks[@]}"; do ranks=$((ranks + count)); done
 [[ $name =~ ^[a-z0-9]{1,9}$ ]] || fail "--name must be 1-9 characters of [a-z0-9], not '$name'"
 [[ -z $subnet || $subnet =~ ^[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}$ ]] ||
   fail "--subnet must be the first three numbers of a /24 (e.g. 10.77.3), not '$subnet'"
@@ -292,11 +309,10 @@ for ((k = 0; k < nodes; k++)); do
   touch "$cluster_dir/uts/$host"
   unshare --uts="$cluster_dir/uts/$host" hostname "$host"
   echo "$netns $cluster_dir/uts/$host" >"$cluster_dir/nodes/$host"
-  echo "$host slots=$ranks_per_node" >>"$cluster_dir/hostfile"
+  echo "$host slots=${node_ranks[k]}" >>"$cluster_dir/hostfile"
 done
 flock -u "$lock_fd"
 
-ranks=$((nodes * ranks_per_node))
 # What makes the job run on the cluster: on mpirun's command line.
 mpirun_options=(
   --hostfile "$cluster_dir/hostfile"
@@ -336,11 +352,12 @@ fi
 chmod +x "$cluster_dir/mpirun"
 
 export LOOM_CLUSTER_NODES="${node_names[*]}"
-export LOOM_CLUSTER_RANKS_PER_NODE=$ranks_per_node
+LOOM_CLUSTER_RANKS_PER_NODE=$(IFS=,; echo "${node_ranks[*]}")
+export LOOM_CLUSTER_RANKS_PER_NODE
 export LOOM_CLUSTER_LINK_BITS=$rate_bits
 export LOOM_CLUSTER_MPIRUN=$cluster_dir/mpirun
 export LOOM_CLUSTER_HOSTFILE=$cluster_dir/hostfile
-echo "cluster.sh: $nodes node(s) x $ranks_per_node rank(s) on $subnet.0/24 (bridge $bridge)," \
+echo "cluster.sh: $nodes node(s), $LOOM_CLUSTER_RANKS_PER_NODE rank(s) on $subnet.0/24 (bridge $bridge)," \
   "links $link each way; nodes: ${node_names[*]}" >&2
 
 if [[ $mode == exec ]]; then

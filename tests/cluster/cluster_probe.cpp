@@ -25,8 +25,9 @@ namespace {
 /// @brief The cluster as cluster.sh describes it to every rank (LOOM_CLUSTER_* variables).
 struct ClusterLayout {
   std::vector<std::string> nodes;  // host names, node 0 first
-  int ranks_per_node = 0;
-  double link_bits_per_s = 0;  // 0: unshaped
+  std::vector<int> node_ranks;     // ranks on each node
+  std::vector<int> node_of_rank;   // mpirun fills each node's slots in turn
+  double link_bits_per_s = 0;      // 0: unshaped
 };
 
 std::string required_env(const char* name) {
@@ -43,7 +44,16 @@ const ClusterLayout& layout() {
     ClusterLayout c;
     std::istringstream names(required_env("LOOM_CLUSTER_NODES"));
     for (std::string name; names >> name;) c.nodes.push_back(name);
-    c.ranks_per_node = std::stoi(required_env("LOOM_CLUSTER_RANKS_PER_NODE"));
+    std::istringstream counts(required_env("LOOM_CLUSTER_RANKS_PER_NODE"));
+    for (std::string count; std::getline(counts, count, ',');) {
+      c.node_ranks.push_back(std::stoi(count));
+      c.node_of_rank.insert(c.node_of_rank.end(), c.node_ranks.back(),
+                            static_cast<int>(c.node_ranks.size()) - 1);
+    }
+    if (c.node_ranks.size() != c.nodes.size())
+      throw std::runtime_error(
+          "LOOM_CLUSTER_RANKS_PER_NODE has another node count than "
+          "LOOM_CLUSTER_NODES");
     c.link_bits_per_s = std::stod(required_env("LOOM_CLUSTER_LINK_BITS"));
     return c;
   }();
@@ -62,9 +72,15 @@ int world_size() {
   return size;
 }
 
-/// @brief The node cluster.sh places a rank on: mpirun fills each node's slots in turn.
+/// @brief The node cluster.sh places a rank on.
 int node_of(int rank) {
-  return rank / layout().ranks_per_node;
+  return layout().node_of_rank.at(rank);
+}
+
+/// @brief The lowest rank of `node`.
+int first_rank_of(int node) {
+  const auto& ranks = layout().node_ranks;
+  return std::accumulate(ranks.begin(), ranks.begin() + node, 0);
 }
 
 std::string host_name() {
@@ -139,8 +155,8 @@ double one_way_latency_s(int a, int b, std::size_t bytes, int iterations) {
 }
 
 TEST(EmulatedCluster, RanksMatchTheLayout) {
-  ASSERT_EQ(world_size(), static_cast<int>(layout().nodes.size()) * layout().ranks_per_node)
-      << "the job has another rank count than nodes x ranks per node";
+  ASSERT_EQ(world_size(), static_cast<int>(layout().node_of_rank.size()))
+      << "the job has another rank count than the nodes' ranks added up";
   expect_all_ranks_passed();
 }
 
@@ -164,8 +180,8 @@ TEST(EmulatedCluster, SharedMemoryGroupsExactlyOneNode) {
   std::vector<int> members(node_size);
   MPI_Allgather(&rank, 1, MPI_INT, members.data(), 1, MPI_INT, node);
   MPI_Comm_free(&node);
-  std::vector<int> expected(layout().ranks_per_node);
-  std::iota(expected.begin(), expected.end(), node_of(rank) * layout().ranks_per_node);
+  std::vector<int> expected(layout().node_ranks.at(node_of(rank)));
+  std::iota(expected.begin(), expected.end(), first_rank_of(node_of(rank)));
   EXPECT_EQ(members, expected) << "rank " << rank << " on " << host_name();
   expect_all_ranks_passed();
 }
@@ -195,7 +211,7 @@ constexpr std::size_t kTransferBytes = std::size_t{4} << 20;
 TEST(EmulatedCluster, InterNodeTransferKeepsToTheLinkRate) {
   if (layout().link_bits_per_s <= 0) GTEST_SKIP() << "the links are not shaped";
   // rank 0 on node 0 to the first rank of node 1
-  const int to = layout().ranks_per_node;
+  const int to = first_rank_of(1);
   const double s = transfer_seconds(0, to, kTransferBytes, 3);
   if (world_rank() == 0) {
     const double bound = kTransferBytes * 8.0 / layout().link_bits_per_s;
@@ -208,7 +224,7 @@ TEST(EmulatedCluster, InterNodeTransferKeepsToTheLinkRate) {
 }
 
 TEST(EmulatedCluster, IntraNodeTransferIsFarFasterThanTheLink) {
-  if (layout().ranks_per_node < 2) GTEST_SKIP() << "one rank per node: no intra-node pair";
+  if (layout().node_ranks[0] < 2) GTEST_SKIP() << "one rank on node 0: no intra-node pair";
   if (layout().link_bits_per_s <= 0) GTEST_SKIP() << "the links are not shaped";
   const double s = transfer_seconds(0, 1, kTransferBytes, 3);
   if (world_rank() == 0) {

@@ -25,19 +25,25 @@ std::vector<std::string> cluster_nodes() {
   return nodes;
 }
 
-int cluster_ranks_per_node() {
-  const char* value = std::getenv("LOOM_CLUSTER_RANKS_PER_NODE");
-  return value != nullptr ? std::atoi(value) : 0;
+// The node of every rank: LOOM_CLUSTER_RANKS_PER_NODE ("2,1,3"), whose slots mpirun fills in
+// turn.
+std::vector<int> cluster_node_of_rank() {
+  const char* counts = std::getenv("LOOM_CLUSTER_RANKS_PER_NODE");
+  std::vector<int> node_of;
+  std::istringstream in(counts != nullptr ? counts : "");
+  int node = 0;
+  for (std::string count; std::getline(in, count, ','); ++node)
+    node_of.insert(node_of.end(), std::stoi(count), node);
+  return node_of;
 }
 
 TEST(ClusterTopology, NodesAreTheClustersNodes) {
   const auto nodes = cluster_nodes();
-  const int per_node = cluster_ranks_per_node();
+  const auto node_of = cluster_node_of_rank();
   ASSERT_FALSE(nodes.empty()) << "LOOM_CLUSTER_NODES is not set: run under cluster.sh";
-  ASSERT_EQ(world().world_size(), static_cast<int>(nodes.size()) * per_node);
+  ASSERT_EQ(world().world_size(), static_cast<int>(node_of.size()));
   const Topology& t = world().topology();
-  // cluster.sh fills each node's slots in turn
-  const Topology expected = Topology::blocks(world().world_size(), per_node);
+  const Topology expected = Topology::from_node_ids(node_of);
   std::string failure;
   if (t != expected)
     failure = "rank " + std::to_string(world().rank()) + " sees " + t.describe() +

@@ -25,16 +25,20 @@ fi
 nodes=2
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
-  [[ ${args[i]} == --nodes ]] && nodes=${args[i + 1]}
   [[ ${args[i]} == -- ]] && break
+  [[ ${args[i]} == --nodes ]] && nodes=${args[i + 1]}
+  if [[ ${args[i]} == --ranks-per-node && ${args[i + 1]} == *,* ]]; then
+    IFS=, read -r -a counts <<<"${args[i + 1]}"
+    nodes=${#counts[@]}
+  fi
 done
 name=lt$$
 
 # Everything named after the cluster that is still there, one line each.
 leftovers() {
-  local k
-  for ((k = 0; k < nodes; k++)); do
-    [[ ! -e /run/netns/$name-n$k ]] || echo "network namespace $name-n$k"
+  local netns
+  for netns in /run/netns/"$name"-n*; do
+    [[ ! -e $netns ]] || echo "network namespace ${netns##*/}"
   done
   ip -o link show | awk -F': ' '{print $2}' | grep "^$name" | sed 's/^/link /' || true
   grep "/loom-cluster/$name/" /proc/self/mountinfo | awk '{print "mount " $5}' || true
