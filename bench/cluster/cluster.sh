@@ -313,6 +313,21 @@ for ((k = 0; k < nodes; k++)); do
 done
 flock -u "$lock_fd"
 
+# Whether a TCP connection from namespace $1 to $2 reaches the address: a closed port answers
+# "refused" at once; a firewall that drops bridged frames lets it time out (2 s).
+reaches() {
+  local answer
+  answer=$(ip netns exec "$1" timeout 2 bash -c "echo >/dev/tcp/$2/9" 2>&1) && return 0
+  [[ $answer == *"Connection refused"* ]]
+}
+for ((k = 0; k < nodes; k++)); do
+  reaches "$name-n$k" "$subnet.254" ||
+    fail "node $k ($subnet.$((k + 1))) cannot reach mpirun's address $subnet.254 over the bridge" \
+      "(does a firewall drop bridged traffic?)"
+  ((k == 0)) || reaches "$name-n0" "$subnet.$((k + 1))" ||
+    fail "node 0 cannot reach node $k ($subnet.$((k + 1))) over the bridge"
+done
+
 # What makes the job run on the cluster: on mpirun's command line.
 mpirun_options=(
   --hostfile "$cluster_dir/hostfile"
