@@ -207,14 +207,17 @@ teardown() {
   for round in TERM KILL; do
     for ((k = 0; k < nodes; k++)); do
       [[ -e /run/netns/$name-n$k ]] || continue
-      # shellcheck disable=SC2207  # one word per pid
-      pids+=($(ip netns pids "$name-n$k" 2>/dev/null))
+      for p in $(ip netns pids "$name-n$k" 2>/dev/null); do
+        [[ " ${pids[*]} " == *" $p "* ]] || pids+=("$p")
+      done
     done
     local alive=()
     for p in "${pids[@]}"; do running "$p" && alive+=("$p"); done
     ((${#alive[@]})) || break
     echo "cluster.sh: SIG$round to processes left in the nodes: ${alive[*]}" >&2
     kill "-$round" "${alive[@]}" 2>/dev/null
+    # a stopped process (a hung node) acts on SIGTERM only once continued
+    [[ $round == KILL ]] || kill -CONT "${alive[@]}" 2>/dev/null
     for ((i = 0; i < 30; i++)); do
       alive=()
       for p in "${pids[@]}"; do running "$p" && alive+=("$p"); done

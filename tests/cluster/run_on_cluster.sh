@@ -6,6 +6,7 @@
 #       fail       the job must fail, and cluster.sh with its status
 #       terminate  SIGTERM to cluster.sh once the job runs on every node: it must exit 130
 #       interrupt  the same with SIGINT (Ctrl-C)
+#       stopped    as terminate, every process of the last node SIGSTOPped first (a hung node)
 #       orphans    PROGRAM is replaced: each rank leaves a detached `sleep` behind in its node
 #                  and exits 0; cluster.sh must end those sleeps itself
 # Exits 77 (the tests' SKIP_RETURN_CODE) where `cluster.sh --check` says no cluster can be built.
@@ -15,7 +16,7 @@ set -euo pipefail
 cluster_sh=$1
 mode=$2
 shift 2
-case $mode in pass | fail | terminate | interrupt | orphans) ;; *) echo "run_on_cluster.sh: unknown mode '$mode'" >&2; exit 2 ;; esac
+case $mode in pass | fail | terminate | interrupt | stopped | orphans) ;; *) echo "run_on_cluster.sh: unknown mode '$mode'" >&2; exit 2 ;; esac
 
 if ! why=$("$cluster_sh" --check 2>&1); then
   echo "SKIP: $why" >&2
@@ -75,7 +76,7 @@ orphans)
   [[ -n $job_pids ]] || { echo "FAIL: the ranks left no sleep behind" >&2; exit 1; }
   echo "run_on_cluster.sh: the ranks left these sleeps behind: $job_pids"
   ;;
-terminate | interrupt)
+terminate | interrupt | stopped)
   signal=TERM
   if [[ $mode == interrupt ]]; then
     signal=INT
@@ -100,6 +101,12 @@ terminate | interrupt)
   done
   sleep 1 # let mpirun finish starting the ranks
   job_pids=$(cluster_pids | tr '\n' ' ')
+  if [[ $mode == stopped ]]; then
+    stopped=$(ip netns pids "$name-n$((nodes - 1))" | tr '\n' ' ')
+    echo "run_on_cluster.sh: SIGSTOP to node $((nodes - 1)): $stopped" >&2
+    # shellcheck disable=SC2086  # one word per pid
+    kill -STOP $stopped
+  fi
   echo "run_on_cluster.sh: SIG$signal to cluster.sh while running: $job_pids" >&2
   kill -"$signal" "$pid"
   # cluster.sh's teardown is bounded (mpirun 5 s, each node 3 s); 30 s is a hang.
@@ -132,7 +139,7 @@ fail)
   ((status != 0)) || { echo "FAIL: the job was to fail, and cluster.sh exited 0" >&2; exit 1; }
   echo "run_on_cluster.sh: the job failed as expected (status $status)"
   ;;
-terminate | interrupt)
+terminate | interrupt | stopped)
   ((status == 130)) || { echo "FAIL: cluster.sh exited $status after SIG$signal, not 130" >&2; exit 1; }
   echo "run_on_cluster.sh: cluster.sh exited 130 after SIG$signal"
   ;;
