@@ -60,6 +60,43 @@ class Backend::BlockingCall {
   bool _done = false;
 };
 
+// A started operation whose end goes to the flight recorder and the rank board when its Work
+// ends: completed, failed, or (abandoned) failed.
+class Backend::RecordedWork final : public Work {
+ public:
+  RecordedWork(Backend& backend, std::unique_ptr<Work> inner, const OperationRecord& operation)
+      : _backend(backend), _inner(std::move(inner)), _operation(operation) {}
+
+ protected:
+  std::string describe() const override { return _inner->description(); }
+  bool poll() override {
+    if (!_inner->test()) return false;
+    end(!_inner->failed());
+    if (auto error = _inner->error()) std::rethrow_exception(error);
+    return true;
+  }
+  void on_abandon() noexcept override {
+    _inner->abandon();
+    end(false);
+  }
+
+ private:
+  void end(bool completed) noexcept {
+    if (_ended.exchange(true)) return;
+    _backend.operation_ended(_operation, completed);
+  }
+
+  Backend& _backend;
+  std::unique_ptr<Work> _inner;
+  OperationRecord _operation;
+  std::atomic<bool> _ended{false};
+};
+
+std::unique_ptr<Work> Backend::recorded(std::unique_ptr<Work> work,
+                                        const OperationRecord& operation) {
+  return std::make_unique<RecordedWork>(*this, std::move(work), operation);
+}
+
 Backend::OperationRecord Backend::begin_operation(const OperationInfo& info,
                                                   OperationState state) noexcept {
   OperationRecord operation;
@@ -102,19 +139,17 @@ std::vector<std::int64_t> Backend::exchange_int64(std::string_view name,
   Vector& send = buffers->first;  // named references: a lambda may not capture a binding
   Vector& recv = buffers->second;
   OperationRecord operation;
-  auto work = start_recorded(
-      {name, "allgather", DType::int64, send.size(), "native", -1, true}, operation,
-      [&] { return allgather_async(Buffer::of(std::span(send)), Buffer::of(std::span(recv))); });
+  auto work = collective_async({Collective::allgather, Buffer::of(std::span(send)),
+                                Buffer::of(std::span(recv)), ReduceOp::sum, 0},
+                               name, &operation);
   try {
     wait_or_abandon(
         *work, [&] { return what() + " (collective #" + std::to_string(operation.seq) + ")"; },
         operation.seq, limit);
   } catch (...) {
-    operation_ended(operation, false);
     keep_until_exit(buffers);
     throw;
   }
-  operation_ended(operation, true);
   return std::move(recv);
 }
 
@@ -385,7 +420,15 @@ void Backend::validate(const CollectiveArgs& args) const {
   throw Error(ErrorCode::invalid_argument, where("collective") + ": unknown collective");
 }
 
-std::unique_ptr<Work> Backend::collective_async(const CollectiveArgs& args) {
+std::unique_ptr<Work> Backend::collective_async(const CollectiveArgs& args, std::string_view name,
+                                                OperationRecord* operation) {
+  OperationRecord record;
+  return start_recorded({name.empty() ? to_string(args.op) : name, to_string(args.op),
+                         args.send.dtype(), args.send.count(), "native", -1, true},
+                        operation ? *operation : record, [&] { return start_checked(args); });
+}
+
+std::unique_ptr<Work> Backend::start_checked(const CollectiveArgs& args) {
   validate(args);
   switch (args.op) {
     case Collective::broadcast:
@@ -540,7 +583,7 @@ void Backend::run_barrier() {
 }
 
 void Backend::send(Buffer buffer, int peer, int tag) {
-  auto work = send_async(buffer, peer, tag);
+  auto work = start_checked_send(buffer, peer, tag);
   BlockingCall call(*this, "send", buffer, peer);
   wait_or_abandon(
       *work,
@@ -553,7 +596,7 @@ void Backend::send(Buffer buffer, int peer, int tag) {
 }
 
 void Backend::recv(Buffer buffer, int peer, int tag) {
-  auto work = recv_async(buffer, peer, tag);
+  auto work = start_checked_recv(buffer, peer, tag);
   BlockingCall call(*this, "recv", buffer, peer);
   wait_or_abandon(
       *work,
@@ -565,7 +608,25 @@ void Backend::recv(Buffer buffer, int peer, int tag) {
   call.completed();
 }
 
-std::unique_ptr<Work> Backend::send_async(Buffer buffer, int peer, int tag) {
+std::unique_ptr<Work> Backend::send_async(Buffer buffer, int peer, int tag, std::string_view name,
+                                          OperationRecord* operation) {
+  OperationRecord record;
+  return start_recorded({name.empty() ? std::string_view("send") : name, "send", buffer.dtype(),
+                         buffer.count(), "native", peer, false},
+                        operation ? *operation : record,
+                        [&] { return start_checked_send(buffer, peer, tag); });
+}
+
+std::unique_ptr<Work> Backend::recv_async(Buffer buffer, int peer, int tag, std::string_view name,
+                                          OperationRecord* operation) {
+  OperationRecord record;
+  return start_recorded({name.empty() ? std::string_view("recv") : name, "recv", buffer.dtype(),
+                         buffer.count(), "native", peer, false},
+                        operation ? *operation : record,
+                        [&] { return start_checked_recv(buffer, peer, tag); });
+}
+
+std::unique_ptr<Work> Backend::start_checked_send(Buffer buffer, int peer, int tag) {
   Check check(*this, "send");
   check.buffer("send", buffer);
   check.peer(peer, false);
@@ -573,7 +634,7 @@ std::unique_ptr<Work> Backend::send_async(Buffer buffer, int peer, int tag) {
   return start_send(buffer, peer, tag);
 }
 
-std::unique_ptr<Work> Backend::recv_async(Buffer buffer, int peer, int tag) {
+std::unique_ptr<Work> Backend::start_checked_recv(Buffer buffer, int peer, int tag) {
   Check check(*this, "recv");
   check.buffer("recv", buffer);
   check.peer(peer, true);

@@ -148,11 +148,9 @@ bool run_trivially(Backend& backend, const CollectiveArgs& a) {
   }
 }
 
-}  // namespace
-
-std::unique_ptr<Work> start_collective(Backend& backend, Algorithm algorithm,
-                                       const CollectiveArgs& args) {
-  if (algorithm == Algorithm::native) return backend.collective_async(args);
+// The state machine of `algorithm` for `args`, started (the caller records it).
+std::unique_ptr<Work> start_algorithm(Backend& backend, Algorithm algorithm,
+                                      const CollectiveArgs& args) {
   backend.validate(args);
   const std::string where = backend.where(to_string(args.op));
   if (const std::string why = cannot_run(algorithm, args, backend); !why.empty())
@@ -201,6 +199,19 @@ std::unique_ptr<Work> start_collective(Backend& backend, Algorithm algorithm,
                 where + ": no implementation of " + std::string(to_string(algorithm)));
   work->start();
   return work;
+}
+
+}  // namespace
+
+std::unique_ptr<Work> start_collective(Backend& backend, Algorithm algorithm,
+                                       const CollectiveArgs& args, std::string_view name,
+                                       Backend::OperationRecord* operation) {
+  if (algorithm == Algorithm::native) return backend.collective_async(args, name, operation);
+  Backend::OperationRecord record;
+  return backend.start_recorded({name, to_string(args.op), args.send.dtype(), args.send.count(),
+                                 to_string(algorithm), -1, true},
+                                operation ? *operation : record,
+                                [&] { return start_algorithm(backend, algorithm, args); });
 }
 
 void run_collective(Backend& backend, Algorithm algorithm, const CollectiveArgs& args) {

@@ -39,7 +39,7 @@ TunedCollectives::TunedCollectives(Backend& backend, TunedCollectivesOptions opt
       _options(std::move(options)),
       _capabilities(detect_gpu_direct()),
       _selector(_options.tuning ? AlgorithmSelector(*_options.tuning)
-                                : AlgorithmSelector::from_environment()),
+                                : AlgorithmSelector::for_backend(backend)),
       _profiler(_options.profile) {
   if (_options.gpu_direct) require_gpu_direct(_capabilities);
   if (_options.use_pinned_memory)

@@ -82,7 +82,7 @@ bool matches(int want_source, int want_tag, int source, int tag) {
          (want_tag == any_tag || want_tag == tag);
 }
 
-// Point-to-point channels: user messages, and the algorithm channel of backends/algorithms,
+// Point-to-point channels: user messages, and the algorithm channel of algorithms/,
 // which has its own queues so that neither can match the other's messages.
 constexpr int user_channel = 0;
 constexpr int algorithm_channel = 1;

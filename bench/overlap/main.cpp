@@ -204,8 +204,8 @@ int main(int argc, char** argv) {
       "trace", po::value(&flags.plan.trace_path), "Chrome trace of loom mode's last step")(
       "dot", po::value(&flags.plan.dot_path), "DOT graph of loom mode's step")(
       "profile-json", po::value(&flags.plan.profile_prefix),
-      "write each mode's step profile (graph and median node durations, for loom-predict) to "
-      "PREFIX.<mode>.json");
+      "write each mode's step profile (graph and node durations over the last 64 measured steps, "
+      "for loom-predict) to PREFIX.<mode>.json");
   examples::add_train_options(options, flags.train);
   try {
     po::variables_map vm;

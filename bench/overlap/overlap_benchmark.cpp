@@ -12,6 +12,7 @@
 #include "loom/error.hpp"
 #include "loom/overlap_metrics.hpp"
 #include "loom/step_profile.hpp"
+#include "loom/streaming_quantile.hpp"
 
 namespace loom::bench {
 
@@ -24,20 +25,17 @@ double process_cpu_ms() {
   return static_cast<double>(t.tv_sec) * 1e3 + static_cast<double>(t.tv_nsec) * 1e-6;
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t h = v.size() / 2;
-  return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
-}
+// The step profile is made from the last runs only: a fixed window, however many steps run.
+constexpr std::size_t profile_window = 64;
 
 }  // namespace
 
 std::vector<ModeResult> run_modes(Backend& backend, std::vector<examples::TrainConfig> configs,
                                   const RunPlan& plan) {
+  // Per mode: running medians (fixed memory however many steps) and the last runs' timelines.
   struct Samples {
-    std::vector<double> step_ms, cpu_ms, compute, comm, hidden, exposed, efficiency;
-    std::vector<std::vector<NodeTiming>> runs;  // for the step profile
+    StreamingQuantile step_ms, cpu_ms, compute, comm, hidden, exposed, efficiency;
+    std::vector<std::vector<NodeTiming>> runs;  // for the step profile, the last profile_window
   };
   std::vector<std::unique_ptr<examples::TrainStep>> steps;
   for (auto& config : configs) {
@@ -81,16 +79,18 @@ std::vector<ModeResult> run_modes(Backend& backend, std::vector<examples::TrainC
       backend.allreduce(Buffer(&cpu, 1, DType::float64), ReduceOp::sum);
       block_runs[block - 1] = steps[k]->executor().last_run();
       Samples& out = samples[k];
-      out.step_ms.push_back(ms);
-      out.cpu_ms.push_back(cpu);
+      out.step_ms.add(ms);
+      out.cpu_ms.add(cpu);
       for (const auto& run : block_runs) {
         const auto m = measure_overlap(run);
-        out.compute.push_back(m.compute_ms);
-        out.comm.push_back(m.comm_ms);
-        out.hidden.push_back(m.hidden_ms);
-        out.exposed.push_back(m.exposed_comm_ms);
-        out.efficiency.push_back(m.overlap_efficiency);
-        if (!plan.profile_prefix.empty()) out.runs.push_back(run);
+        out.compute.add(m.compute_ms);
+        out.comm.add(m.comm_ms);
+        out.hidden.add(m.hidden_ms);
+        out.exposed.add(m.exposed_comm_ms);
+        out.efficiency.add(m.overlap_efficiency);
+        if (plan.profile_prefix.empty()) continue;
+        if (out.runs.size() == profile_window) out.runs.erase(out.runs.begin());
+        out.runs.push_back(run);
       }
     }
   }
@@ -113,13 +113,13 @@ std::vector<ModeResult> run_modes(Backend& backend, std::vector<examples::TrainC
     r.label = k < plan.labels.size() ? plan.labels[k] : std::string(examples::to_string(r.mode));
     r.ranks = backend.world_size();
     r.buckets = steps[k]->bucketer().buckets().size();
-    r.step_ms = median(in.step_ms);
-    r.cpu_ms = median(in.cpu_ms);
-    r.compute_ms = median(in.compute);
-    r.comm_ms = median(in.comm);
-    r.hidden_ms = median(in.hidden);
-    r.exposed_comm_ms = median(in.exposed);
-    r.overlap_efficiency = median(in.efficiency);
+    r.step_ms = in.step_ms.median();
+    r.cpu_ms = in.cpu_ms.median();
+    r.compute_ms = in.compute.median();
+    r.comm_ms = in.comm.median();
+    r.hidden_ms = in.hidden.median();
+    r.exposed_comm_ms = in.exposed.median();
+    r.overlap_efficiency = in.efficiency.median();
     r.final_loss = steps[k]->loss();
     r.progress_priority = steps[k]->executor().progress_priority();
     if (const examples::StepPlan* p = steps[k]->plan()) {

@@ -13,11 +13,14 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include <boost/program_options.hpp>
 
 #include "loom/error.hpp"
 #include "loom/local.hpp"
 #include "loom/overlap_metrics.hpp"
+#include "loom/streaming_quantile.hpp"
 #include "train_options.hpp"
 
 namespace po = boost::program_options;
@@ -34,7 +37,19 @@ struct Flags {
   std::string dot = "train_step.dot";
   std::string trace = "train_step_trace.json";
   bool rebuild = false;
+  int print_every = 1;
+  int memory_after = 0;
 };
+
+// Resident memory of this process (bytes), from /proc/self/statm; 0 where it cannot be read.
+std::size_t resident_bytes() {
+  std::size_t pages = 0, resident = 0;
+  if (std::FILE* statm = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(statm, "%zu %zu", &pages, &resident) != 2) resident = 0;
+    std::fclose(statm);
+  }
+  return resident * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+}
 
 // "trace.json" -> "trace.rank1.json" with several ranks; rank -1: "trace.rank*.json".
 std::string rank_path(const std::string& path, int rank, int world) {
@@ -44,12 +59,6 @@ std::string rank_path(const std::string& path, int rank, int world) {
   const auto slash = path.rfind('/');
   if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) return path + suffix;
   return path.substr(0, dot) + suffix + path.substr(dot);
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
 int train_on(Backend& backend, const Flags& flags) {
@@ -65,7 +74,9 @@ int train_on(Backend& backend, const Flags& flags) {
         backend.world_size(), std::string(backend.name()).c_str(), config.shape.input,
         config.shape.depth, config.shape.width, config.shape.output, config.shape.batch,
         step.parameters().size(), step.bucketer().buckets().size(), flags.mode.c_str());
-  std::vector<double> step_ms, efficiency;
+  // Running medians: fixed memory however many steps run.
+  StreamingQuantile step_ms, efficiency;
+  std::size_t memory_start = 0;
   for (int s = 0; s < flags.steps; ++s) {
     const auto start = std::chrono::steady_clock::now();
     step.run();
@@ -75,10 +86,11 @@ int train_on(Backend& backend, const Flags& flags) {
     float loss = step.loss();
     backend.allreduce(Buffer(&loss, 1, DType::float32), ReduceOp::avg);
     if (s > 0) {  // the first step pays for first-touch page faults and pool misses
-      step_ms.push_back(ms);
-      efficiency.push_back(metrics.overlap_efficiency);
+      step_ms.add(ms);
+      efficiency.add(metrics.overlap_efficiency);
     }
-    if (root)
+    if (flags.memory_after > 0 && s + 1 == flags.memory_after) memory_start = resident_bytes();
+    if (root && (s % flags.print_every == 0 || s + 1 == flags.steps))
       std::printf(
           "step %3d  loss %.6f  step %.3f ms  compute %.3f ms  comm %.3f ms  overlap %.2f\n", s,
           loss, ms, metrics.compute_ms, metrics.comm_ms, metrics.overlap_efficiency);
@@ -89,6 +101,8 @@ int train_on(Backend& backend, const Flags& flags) {
                     step.bucketer().buckets().size());
     }
   }
+  // Before the files and reports below, which allocate once.
+  const std::size_t memory_end = flags.memory_after > 0 ? resident_bytes() : 0;
   // Data parallelism keeps every rank's weights identical: compare checksums across ranks.
   const auto params = step.parameters();
   double sum = 0;
@@ -114,7 +128,15 @@ int train_on(Backend& backend, const Flags& flags) {
         report, explain_communication(step.executor().last_run(), cores_per_rank(backend)));
     std::fputs(report.str().c_str(), stdout);
     std::printf("median step %.3f ms, median overlap efficiency %.2f (steps 1..%d)\n",
-                median(step_ms), median(efficiency), flags.steps - 1);
+                step_ms.median(), efficiency.median(), flags.steps - 1);
+    if (flags.memory_after > 0 && flags.memory_after < flags.steps) {
+      const std::size_t end = memory_end;
+      const double per_step = (static_cast<double>(end) - static_cast<double>(memory_start)) /
+                              (flags.steps - flags.memory_after);
+      std::printf(
+          "resident memory %zu bytes after step %d, %zu after step %d: %+.3f bytes per step\n",
+          memory_start, flags.memory_after - 1, end, flags.steps - 1, per_step);
+    }
     std::printf("weights %s on every rank (checksum %.9g)\n",
                 range[0] == -range[1] ? "identical" : "DIFFER", sum);
     std::printf(
@@ -144,7 +166,11 @@ int main(int argc, char** argv) {
       "rebuild buckets after step 0 from the observed ready order")(
       "dot", po::value(&flags.dot)->default_value(flags.dot), "DOT file of the step (rank 0)")(
       "trace", po::value(&flags.trace)->default_value(flags.trace),
-      "Chrome trace of the last step (\".rank<r>\" inserted with several ranks)");
+      "Chrome trace of the last step (\".rank<r>\" inserted with several ranks)")(
+      "print-every", po::value(&flags.print_every)->default_value(flags.print_every),
+      "print every N-th step's line (and the last)")(
+      "memory-after", po::value(&flags.memory_after)->default_value(flags.memory_after),
+      "report the process's resident memory growth per step from step N to the end (0: off)");
   add_train_options(options, flags.train);
   try {
     po::variables_map vm;
@@ -156,8 +182,10 @@ int main(int argc, char** argv) {
     po::notify(vm);
     apply_train_options(flags.train);
     parse_overlap_mode(flags.mode);
-    if (flags.steps < 1 || flags.ranks < 1)
-      throw Error(ErrorCode::invalid_argument, "--steps and --ranks must be >= 1");
+    if (flags.steps < 1 || flags.ranks < 1 || flags.print_every < 1)
+      throw Error(ErrorCode::invalid_argument, "--steps, --ranks and --print-every must be >= 1");
+    if (flags.memory_after < 0)
+      throw Error(ErrorCode::invalid_argument, "--memory-after must be >= 0");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "loom-train-step: %s\n", e.what());
     return 2;

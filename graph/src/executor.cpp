@@ -127,21 +127,18 @@ void Executor::Impl::arrive(std::uint32_t i, AsyncNode::gateway_type& gateway) {
   if (!plan.sequencers[plan.sequencer_of[i]]->ready(plan.slot_of[i])) gateway.release_wait();
 }
 
-// Every communication node goes into the backend's flight recorder (scheduled, then started
-// once the transport took it) and, for a collective, onto the rank board as started: its
-// collective_seq_id counts this backend's collectives, the same on every rank.
+// Every communication node goes into the backend's flight recorder under its name (the backend
+// records every asynchronous operation: scheduled, started, then completed or failed as its Work
+// ends) and, for a collective, onto the rank board: its collective_seq_id counts this backend's
+// collectives, the same on every rank.
 std::unique_ptr<Work> Executor::Impl::start_operation(std::uint32_t i) {
   const NodeData& node = graph.nodes[i];
   const CollectiveArgs& c = node.collective;
   Backend::OperationRecord& operation = flight.operation_of[i];
-  if (node.kind == NodeKind::send || node.kind == NodeKind::recv)
-    return backend.start_recorded({node.name, to_string(node.kind), c.send.dtype(), c.send.count(),
-                                   "native", node.peer, false},
-                                  operation, [&] {
-                                    return node.kind == NodeKind::send
-                                               ? backend.send_async(c.send, node.peer, node.tag)
-                                               : backend.recv_async(c.send, node.peer, node.tag);
-                                  });
+  if (node.kind == NodeKind::send)
+    return backend.send_async(c.send, node.peer, node.tag, node.name, &operation);
+  if (node.kind == NodeKind::recv)
+    return backend.recv_async(c.send, node.peer, node.tag, node.name, &operation);
   if (node.kind != NodeKind::collective)
     throw Error(ErrorCode::internal, "start_operation on a compute node");
   // The selector decides now, at execution: every rank decides alike (same sizes, world,
@@ -150,10 +147,7 @@ std::unique_ptr<Work> Executor::Impl::start_operation(std::uint32_t i) {
   const AlgorithmChoice choice = algorithms.selector.choose(c, backend);
   algorithms.algorithm_of[i] = to_string(choice.algorithm);
   algorithms.reason_of[i] = choice.reason;
-  return backend.start_recorded({node.name, to_string(c.op), c.send.dtype(), c.send.count(),
-                                 to_string(choice.algorithm), -1, true},
-                                operation,
-                                [&] { return start_collective(backend, choice.algorithm, c); });
+  return start_collective(backend, choice.algorithm, c, node.name, &operation);
 }
 
 // Runs under the node's sequencer lock, on the thread that made the node's turn come.
@@ -175,7 +169,6 @@ void Executor::Impl::issue(std::uint32_t i) {
 // Runs on the progress engine's thread.
 void Executor::Impl::complete(std::uint32_t i, std::exception_ptr error) {
   const NodeData& node = graph.nodes[i];
-  backend.operation_ended(flight.operation_of[i], !error);
   if (profile.enabled) {
     detail::NodeRecord& record = profile.records[i];
     record.end_ns = profile.now_ns();

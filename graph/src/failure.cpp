@@ -112,7 +112,6 @@ void Executor::Impl::drain() {
       try {
         auto work = start_operation(i);
         const bool done = timeout.count() > 0 ? work->wait_for(timeout) : (work->wait(), true);
-        backend.operation_ended(flight.operation_of[i], done);
         if (!done) {
           // Never wait for it again (its destructor would): it is abandoned with the run.
           work->abandon();

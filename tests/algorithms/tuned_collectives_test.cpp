@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "loom/error.hpp"
+#include "loom/flight_recorder.hpp"
 #include "loom/local.hpp"
 #include "loom/tuned_collectives.hpp"
 
@@ -45,6 +46,54 @@ TEST(TunedCollectives, ChoosesRunsAndProfilesEachCall) {
       failure += " profiler records wrong";
     auto block = collectives.staging(1000);
     if (!block || block.size() != 1000) failure += " staging block wrong";
+    if (!failure.empty()) {
+      std::lock_guard lock(mutex);
+      failures.push_back("rank " + std::to_string(backend.rank()) + ":" + failure);
+    }
+  });
+  EXPECT_TRUE(failures.empty()) << failures.front();
+}
+
+// Every operation, blocking or not, native or loom's, is in the backend's flight recorder with
+// its algorithm and its collective_seq_id (the backend records them, not each caller), and the
+// selector is the one an Executor on the same backend makes: both choose alike.
+TEST(TunedCollectives, EveryOperationIsRecordedAndChosenAsTheExecutorChooses) {
+  std::mutex mutex;
+  std::vector<std::string> failures;
+  LocalWorld::run(3, [&](Backend& backend) {
+    TunedCollectives collectives(backend);
+    std::vector<float> x(4099, 1.0f), y(4099, 1.0f);
+    const FlightRecorder& recorder = backend.flight_recorder();
+    const std::int64_t first = recorder.next_collective_seq();
+    collectives.allreduce(Buffer::of(std::span(x)));                   // blocking
+    auto work = collectives.allreduce_async(Buffer::of(std::span(y)),  // asynchronous
+                                            Buffer::of(std::span(y)), ReduceOp::sum);
+    work->wait();
+    const std::string chosen(to_string(collectives.last_choice().algorithm));
+    std::string failure;
+    if (x[4098] != 3.0f || y[0] != 3.0f) failure += " wrong sums";
+    if (recorder.next_collective_seq() != first + 2)
+      failure += " " + std::to_string(recorder.next_collective_seq() - first) +
+                 " collectives recorded, not 2";
+    int found = 0;
+    for (const FlightRecord& e : recorder.entries()) {
+      if (e.collective_seq_id < first) continue;
+      ++found;
+      if (e.op != "allreduce" || e.state != OperationState::completed || e.count != 4099)
+        failure += " record " + std::to_string(e.collective_seq_id) + " is " + e.op + " " +
+                   std::string(to_string(e.state));
+      if (e.collective_seq_id == first + 1 && e.algorithm != chosen)
+        failure += " asynchronous record says " + e.algorithm + ", chosen " + chosen;
+    }
+    if (found != 2) failure += " " + std::to_string(found) + " records found";
+    // The selector an Executor on this backend makes (compile's) chooses the same.
+    const AlgorithmChoice executor_choice = AlgorithmSelector::for_backend(backend).choose(
+        {Collective::allreduce, Buffer::of(std::span(y)), Buffer::of(std::span(y)), ReduceOp::sum,
+         0},
+        backend);
+    if (to_string(executor_choice.algorithm) != chosen)
+      failure += " executor's selector chose " + std::string(to_string(executor_choice.algorithm)) +
+                 ", TunedCollectives " + chosen;
     if (!failure.empty()) {
       std::lock_guard lock(mutex);
       failures.push_back("rank " + std::to_string(backend.rank()) + ":" + failure);

@@ -11,8 +11,11 @@ What a doc may name, and where it must exist:
   bad_inputs `Row`                                      a row of tests/backends/bad_inputs.hpp
   ctest names (`fault_mpi.np3`, `fuzz.timeout_env_fuzzer`)  tests/**/CMakeLists.txt, or the
       tests registered in BUILD_DIR (ctest -N) when given
-A doc that does not exist is skipped. Every missing name is reported with its doc line.
-Standard library only.
+  folders under a top-level folder (`backends/local`)    the source tree
+A doc that does not exist is a failure (a check of nothing must not pass). With --comments, the
+comments of every source file (C++, CMake, shell, Python) are checked too: the paths they name
+(files, and folders under a top-level folder) must exist. Every missing name is reported with
+its line. Standard library only.
 """
 import argparse
 import pathlib
@@ -25,6 +28,12 @@ FILE_EXTENSIONS = ("cpp", "hpp", "h", "cu", "cuh", "cc", "c", "py", "sh", "md", 
 PATH = re.compile(r"(?<![\w./<>:-])((?:[\w.-]+/)+[\w.-]+\.(?:%s))(?![\w/])" %
                   "|".join(re.escape(e) for e in FILE_EXTENSIONS))
 URL = re.compile(r"\w+://\S+")
+# A folder path in prose: two or more components, the first a top-level folder of the tree.
+FOLDER = re.compile(r"(?<![\w./<>:$-])((?:[a-z_]+/)+[a-z_]+)/?(?![\w./-])")
+SOURCE_SUFFIXES = (".cpp", ".hpp", ".h", ".cu", ".cuh", ".py", ".sh", ".cmake")
+COMMENT = {".py": re.compile(r"#(.*)$"), ".sh": re.compile(r"#(.*)$"),
+           ".cmake": re.compile(r"#(.*)$"), "CMakeLists.txt": re.compile(r"#(.*)$")}
+CPP_COMMENT = re.compile(r"//(.*)$")
 CODE_SPAN = re.compile(r"`([^`]+)`")
 GTEST = re.compile(r"^(?:(?P<binary>\w+):\s*)?(?:\w+/)?(?P<suite>[A-Z]\w*)\.(?P<test>[A-Z]\w*)"
                    r"(?:/\S*)?$")
@@ -65,6 +74,8 @@ class Tree:
             for name, ranks in MPI_TEST.findall(text):
                 self.mpi_ranks[name] = set(ranks.split())
         self.registered = self._registered(ctest, build_dir)
+        self.top_level = {p.name for p in root.iterdir() if p.is_dir() and
+                          not p.name.startswith((".", "build"))}
 
     @staticmethod
     def _registered(ctest, build_dir):
@@ -82,6 +93,14 @@ class Tree:
             return True
         # An include path (`loom/backend.hpp`): under some <folder>/include/.
         return any((inc / path).exists() for inc in self.root.glob("*/include"))
+
+    def folder_or_module_exists(self, path):
+        """A folder (`backends/local`), or a module named by its layer and stem
+        (`graph/executor`: graph/src/executor.cpp, graph/include/loom/executor.hpp)."""
+        if (self.root / path).is_dir():
+            return True
+        layer, stem = path.split("/", 1)[0], path.rsplit("/", 1)[1]
+        return any(p.stem == stem for p in (self.root / layer).rglob(stem + ".*"))
 
     def test_exists(self, suite, test, binary=None):
         if binary is None:
@@ -112,13 +131,43 @@ class Tree:
         return False
 
 
+def paths_on(tree, text, ours_only=False):
+    """The file and folder paths named in `text`, as (what, exists). ours_only: only the paths
+    that start at a top-level folder or loom/ (comments also name other projects' files)."""
+    found = []
+    for path in PATH.findall(text):
+        if path.startswith(("build/", "/")) or "<" in path:
+            continue
+        if ours_only and path.split("/", 1)[0] not in tree.top_level | {"loom"}:
+            continue
+        found.append(("file %s" % path, tree.file_exists(path)))
+    for folder in FOLDER.findall(text):
+        if folder.split("/", 1)[0] in tree.top_level and not folder.startswith("build/"):
+            found.append(("folder %s" % folder, tree.folder_or_module_exists(folder)))
+    return found
+
+
+def source_files(root):
+    """Every tracked-looking source file of the tree (not build outputs, not hidden folders)."""
+    for path in sorted(root.rglob("*")):
+        relative = path.relative_to(root)
+        if relative.parts[0].startswith(("build", ".")) or not path.is_file():
+            continue
+        if path.suffix in SOURCE_SUFFIXES or path.name == "CMakeLists.txt":
+            yield path
+
+
+def comment_of(path, line):
+    """The comment text on one source line ('' when none)."""
+    pattern = COMMENT.get(path.name) or COMMENT.get(path.suffix) or CPP_COMMENT
+    match = pattern.search(line)
+    return match.group(1) if match else ""
+
+
 def names_on(tree, line):
     """Every name on one doc line, as (what, exists)."""
-    found = []
     text = URL.sub("", line)
-    for path in PATH.findall(text):
-        if not path.startswith(("build/", "/")) and "<" not in path:
-            found.append(("file %s" % path, tree.file_exists(path)))
+    found = paths_on(tree, text)
     # Table cells and sentences ("a; b") are where a suite carries over to bare test names.
     for cell in text.split("|"):
         for clause in re.split(r";|\. ", cell):
@@ -153,6 +202,8 @@ def main():
     parser.add_argument("--ctest")
     parser.add_argument("--build-dir", type=pathlib.Path)
     parser.add_argument("--verbose", action="store_true", help="list every name checked")
+    parser.add_argument("--comments", action="store_true",
+                        help="also check the paths named in every source file's comments")
     parser.add_argument("docs", nargs="+", type=pathlib.Path)
     args = parser.parse_args()
     tree = Tree(args.root.resolve(), args.ctest, args.build_dir)
@@ -160,7 +211,8 @@ def main():
     for doc in args.docs:
         path = doc if doc.is_absolute() else args.root / doc
         if not path.exists():
-            print("%s: absent, skipped" % doc)
+            failures += 1
+            print("%s: the document does not exist" % doc)
             continue
         checked = 0
         for number, line in enumerate(path.read_text().splitlines(), 1):
@@ -172,6 +224,18 @@ def main():
                     failures += 1
                     print("%s:%d: %s does not exist\n    %s" % (doc, number, what, line.strip()))
         print("%s: %d names checked" % (doc, checked))
+    if args.comments:
+        checked = 0
+        for source in source_files(tree.root):
+            for number, line in enumerate(source.read_text(errors="replace").splitlines(), 1):
+                comment = URL.sub("", comment_of(source, line))
+                for what, exists in paths_on(tree, comment, ours_only=True):
+                    checked += 1
+                    if not exists:
+                        failures += 1
+                        print("%s:%d: %s does not exist\n    %s" %
+                              (source.relative_to(tree.root), number, what, line.strip()))
+        print("source comments: %d paths checked" % checked)
     if failures:
         print("%d names in the docs do not exist" % failures)
         return 1

@@ -270,7 +270,13 @@ TEST(TrainStep, SchedulingNeedsAProfiledRun) {
   auto backend = make_local_backend();
   TrainStep step(*backend, small_model());
   step.run();
-  EXPECT_THROW(step.schedule_from_last_run(), Error);
+  try {
+    step.schedule_from_last_run();
+    ADD_FAILURE() << "schedule_from_last_run planned without a profiled run";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::invalid_argument) << e.what();
+    EXPECT_NE(e.message().find("needs a profiled run first"), std::string::npos) << e.what();
+  }
 }
 
 TEST(TrainStep, RebuildKeepsRanksIdenticalAndResultsExact) {

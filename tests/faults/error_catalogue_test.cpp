@@ -132,15 +132,19 @@ TEST(ErrorCatalogue, PointToPointThatRefusesToStartIsFailedInTheFlightRecord) {
 }
 
 TEST(ErrorCatalogue, HugeTimeoutMeansNoWatchdogInPractice) {
-  auto backend = make_local_backend();
-  std::vector<float> x{2.5F, -1.0F};
-  Graph g;
-  g.allreduce("grads", Buffer::of(std::span(x)));
-  ExecutorOptions options;
-  options.timeout = std::chrono::duration<double>(1e300);
-  Executor ex(g, *backend, options);
-  ex.run(3);
-  EXPECT_EQ(x, (std::vector<float>{2.5F, -1.0F}));
+  // Three ranks, so each run's sum differs from its input: the values prove all three runs
+  // reduced (a run that did nothing, or a watchdog that fired, leaves other numbers).
+  LocalWorld::run(3, [](Backend& backend) {
+    std::vector<float> x{2.5F + static_cast<float>(backend.rank()), -1.0F};
+    Graph g;
+    g.allreduce("grads", Buffer::of(std::span(x)));
+    ExecutorOptions options;
+    options.timeout = std::chrono::duration<double>(1e300);
+    Executor ex(g, backend, options);
+    ex.run(3);
+    // Sums over ranks: {2.5 + 3.5 + 4.5, -3} = {10.5, -3}, then x 3 per further run.
+    EXPECT_EQ(x, (std::vector<float>{10.5F * 9, -27.0F}));
+  });
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // CUDA kernels against the CPU kernels, bit for bit: every dtype x op on odd lengths with NaN,
 // infinities and wrapping integers; average, scale, casts; pack/unpack of many small buffers.
 // The GPU computes each element with the same IEEE operations and the same rounding code
-// (runtime/src/half_bits.hpp) as the CPU, so the tolerance is zero everywhere, with one
+// (runtime/internal/half_bits.hpp) as the CPU, so the tolerance is zero everywhere, with one
 // exception the arithmetic imposes: a NaN produced by arithmetic is x86's (the input NaN's
 // payload and sign) on the CPU and the canonical 0x7fff.. NaN on the GPU, so NaN matches any NaN.
 #include <gtest/gtest.h>

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
+#include <set>
 #include <string>
 
 #include "faults/training_step.hpp"
@@ -33,7 +34,18 @@ inline constexpr std::size_t rss_growth_bound = std::size_t{8} << 20;
 struct ProcessSample {
   std::size_t rss_bytes = 0;
   std::size_t open_fds = 0;
+  /// @brief Every open descriptor and what it points to ("5 -> /dev/shm/x", "7 -> pipe:[123]").
+  std::set<std::string> fd_targets;
 };
+
+/// @brief The descriptors `end` has open that `start` had not, with their targets: what a
+/// failed "descriptors did not grow" check prints.
+inline std::string new_descriptors(const ProcessSample& start, const ProcessSample& end) {
+  std::string text;
+  for (const auto& fd : end.fd_targets)
+    if (!start.fd_targets.contains(fd)) text += (text.empty() ? "" : ", ") + fd;
+  return text.empty() ? "none (the same descriptors were reused)" : text;
+}
 
 inline ProcessSample sample_process() {
   // One sample at a time in the process: on the local backend the ranks are threads, and one
@@ -48,8 +60,13 @@ inline ProcessSample sample_process() {
       s.rss_bytes = resident * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
     std::fclose(statm);
   }
-  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/fd"))
+  std::error_code ignored;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
     ++s.open_fds;
+    // The iterator's own descriptor is gone by the time it is read: its target is empty.
+    const auto target = std::filesystem::read_symlink(entry.path(), ignored);
+    s.fd_targets.insert(entry.path().filename().string() + " -> " + target.string());
+  }
   return s;
 }
 
@@ -91,7 +108,7 @@ inline void soak(Backend& backend, long iterations) {
   EXPECT_EQ(pool_end.system_allocations, pool_warm.system_allocations);
   EXPECT_EQ(pool_end.bytes_in_use, step.bucket_bytes());  // every scratch block came back
   // No growth (samples are serialised across the rank threads, see sample_process).
-  EXPECT_LE(end.open_fds, warm.open_fds);
+  EXPECT_LE(end.open_fds, warm.open_fds) << "new descriptors: " << new_descriptors(warm, end);
   const double grown_mib =
       (static_cast<double>(end.rss_bytes) - static_cast<double>(warm.rss_bytes)) / (1 << 20);
   std::printf(

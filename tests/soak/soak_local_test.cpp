@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include <cstdio>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -22,44 +23,64 @@ TEST(Soak, LocalBackendThreeRanksStaysFlat) {
 }
 
 // Profiling on (LOOM_TRACE set: a trace written after every run, the profiler recording every
-// communication node): 100,000 runs of a small graph keep resident memory flat, and the
-// profiler keeps its aggregates over every run but only a bounded window of records (issue 12:
-// it used to keep one record per node per run, 1.3 KB per step without bound).
+// communication node): 100,000 runs of a small graph on two ranks keep resident memory flat,
+// and the profiler keeps its aggregates over every run but only a bounded window of records
+// (issue 12: it used to keep one record per node per run, 1.3 KB per step without bound). Each
+// run's sum is checked in the graph: rank r contributes r + 1 + run, so only a reduction over
+// both ranks of this very run gives 2 * run + 3.
 TEST(Soak, ProfiledRunsWithTraceKeepMemoryFlat) {
   const long runs = test::sanitized_build ? 20000 : 100000;
+  const long warmup = runs / 10;
   const std::string trace = testing::TempDir() + "soak_profiled_trace.json";
   ::setenv("LOOM_TRACE", trace.c_str(), 1);
-  auto backend = make_local_backend();
-  std::vector<float> grad(256, 1.0f);
-  Graph g;
-  auto produce = g.compute("produce", [&] { grad[0] = 1.0f; });
-  auto reduce = g.allreduce("grad.allreduce", Buffer::of(std::span(grad)));
-  auto consume = g.compute("consume", [&] {
-    if (grad[0] != 1.0f) ADD_FAILURE() << "wrong sum";
+  std::mutex mutex;
+  std::vector<std::string> failures;
+  LocalWorld::run(2, [&](Backend& backend) {
+    std::vector<float> grad(256, 0.0f);
+    long run = 0, right = 0;
+    Graph g;
+    auto produce =
+        g.compute("produce", [&] { grad[0] = static_cast<float>(backend.rank() + 1 + run); });
+    auto reduce = g.allreduce("grad.allreduce", Buffer::of(std::span(grad)));
+    auto consume = g.compute("consume", [&] {
+      if (grad[0] == static_cast<float>(2 * run + 3)) ++right;
+      ++run;
+    });
+    produce.precede(reduce);
+    reduce.precede(consume);
+    Executor ex(g, backend);
+    ex.run(static_cast<std::size_t>(warmup));
+    const auto warm = test::sample_process();
+    ex.run(static_cast<std::size_t>(runs - warmup));
+    const auto end = test::sample_process();
+    const double growth_mib =
+        (static_cast<double>(end.rss_bytes) - static_cast<double>(warm.rss_bytes)) / (1 << 20);
+    std::printf(
+        "profiled runs on rank %d: %ld (%ld summed right), resident %.1f -> %.1f MiB (%+.2f MiB), "
+        "profiler keeps %zu of %zu records\n",
+        backend.rank(), runs, right, static_cast<double>(warm.rss_bytes) / (1 << 20),
+        static_cast<double>(end.rss_bytes) / (1 << 20), growth_mib, ex.profiler().records().size(),
+        ex.profiler().total_recorded());
+    std::string failure;
+    if (right != runs) failure += " " + std::to_string(runs - right) + " runs summed wrong";
+    if (ex.profiler().total_recorded() != static_cast<std::size_t>(runs))
+      failure += " profiler recorded " + std::to_string(ex.profiler().total_recorded());
+    if (ex.profiler().records().size() != CommunicationProfiler::default_window)
+      failure += " profiler keeps " + std::to_string(ex.profiler().records().size());
+    if (ex.profiler().stats().size() != 1 || ex.profiler().stats()[0].count != std::size_t(runs))
+      failure += " profiler's aggregate is wrong";
+    if (test::rss_is_meaningful && growth_mib >= 2.0)  // was ~1.3 KB per run: 117 MiB
+      failure += " resident memory grew " + std::to_string(growth_mib) + " MiB";
+    if (!failure.empty()) {
+      std::lock_guard lock(mutex);
+      failures.push_back("rank " + std::to_string(backend.rank()) + ":" + failure);
+    }
   });
-  produce.precede(reduce);
-  reduce.precede(consume);
-  Executor ex(g, *backend);
   ::unsetenv("LOOM_TRACE");
-  const long warmup = runs / 10;
-  ex.run(static_cast<std::size_t>(warmup));
-  const auto warm = test::sample_process();
-  ex.run(static_cast<std::size_t>(runs - warmup));
-  const auto end = test::sample_process();
-  const double growth_mib =
-      (static_cast<double>(end.rss_bytes) - static_cast<double>(warm.rss_bytes)) / (1 << 20);
-  std::printf(
-      "profiled runs: %ld, resident %.1f -> %.1f MiB (%+.2f MiB), profiler keeps %zu of "
-      "%zu records\n",
-      runs, static_cast<double>(warm.rss_bytes) / (1 << 20),
-      static_cast<double>(end.rss_bytes) / (1 << 20), growth_mib, ex.profiler().records().size(),
-      ex.profiler().total_recorded());
-  EXPECT_EQ(ex.profiler().total_recorded(), static_cast<std::size_t>(runs));
-  EXPECT_EQ(ex.profiler().records().size(), CommunicationProfiler::default_window);
-  ASSERT_EQ(ex.profiler().stats().size(), 1u);
-  EXPECT_EQ(ex.profiler().stats()[0].count, static_cast<std::size_t>(runs));
-  if (test::rss_is_meaningful) EXPECT_LT(growth_mib, 2.0);  // was ~1.3 KB per run: 117 MiB
-  std::remove(trace.c_str());
+  EXPECT_TRUE(failures.empty()) << failures.front();
+  for (int r = 0; r < 2; ++r)
+    std::remove(
+        (testing::TempDir() + "soak_profiled_trace.rank" + std::to_string(r) + ".json").c_str());
 }
 
 }  // namespace

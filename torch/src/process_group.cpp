@@ -179,27 +179,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::collective(c10d::OpType type,
                                                             std::string_view name) {
   check_usable(to_string(args.op));
   const AlgorithmChoice choice = _selector.choose(args, *_backend);
-  // Into the backend's flight recorder and onto its rank board, as the executor does: the
+  // The backend records it (flight recorder, rank board), as it does the executor's: the
   // collective_seq_id counts this backend's collectives, the same on every rank.
-  Backend::OperationRecord operation;
-  std::unique_ptr<Work> work = _backend->start_recorded(
-      {name, to_string(args.op), args.send.dtype(), args.send.count(), to_string(choice.algorithm),
-       -1, true},
-      operation, [&] { return start_collective(*_backend, choice.algorithm, args); });
+  std::unique_ptr<Work> work = start_collective(*_backend, choice.algorithm, args, name);
   {
     std::lock_guard lock(_choice_mutex);
     _last_choice = choice;
   }
   auto result = c10::make_intrusive<LoomWork>(rank_, type, std::move(outputs));
-  return watch(std::move(work), std::move(result), timeout, operation,
+  return watch(std::move(work), std::move(result), timeout,
                "loom/census/" + std::to_string(_collectives++), std::move(after), std::move(keep));
-}
-
-Backend::OperationRecord ProcessGroupLoom::record_point_to_point(std::string_view op,
-                                                                 const Buffer& buffer, int peer) {
-  // Recorded once the transport took it (started); `op` is a literal (the ring keeps it).
-  return _backend->begin_operation({{}, op, buffer.dtype(), buffer.count(), "native", peer, false},
-                                   OperationState::started);
 }
 
 std::string ProcessGroupLoom::flight_record(std::string_view reason) const {
@@ -209,7 +198,6 @@ std::string ProcessGroupLoom::flight_record(std::string_view reason) const {
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::watch(std::unique_ptr<Work> work,
                                                        c10::intrusive_ptr<LoomWork> result,
                                                        std::chrono::milliseconds timeout,
-                                                       Backend::OperationRecord operation,
                                                        std::string census_key,
                                                        std::function<void()> after, Keep keep) {
   {
@@ -218,7 +206,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::watch(std::unique_ptr<Work> wor
   }
   _engine->watch(
       std::move(work),
-      [this, result, operation, census_key = std::move(census_key), after = std::move(after),
+      [this, result, census_key = std::move(census_key), after = std::move(after),
        keep = std::move(keep)](std::exception_ptr error) {
         if (!error && after) {
           try {
@@ -227,7 +215,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::watch(std::unique_ptr<Work> wor
             error = std::current_exception();
           }
         }
-        _backend->operation_ended(operation, !error);
         {
           std::lock_guard lock(_pending_mutex);
           _pending.erase(result.get());
@@ -488,10 +475,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::send(std::vector<at::Tensor>& t
   const at::Tensor& tensor = single(tensors, where);
   const Buffer buffer = to_buffer(tensor, *_backend, where);
   auto work = _backend->send_async(buffer, dst, tag);
-  const Backend::OperationRecord operation = record_point_to_point("send", buffer, dst);
   auto result =
       c10::make_intrusive<LoomWork>(rank_, c10d::OpType::SEND, std::vector<at::Tensor>{tensor});
-  return watch(std::move(work), std::move(result), c10d::kUnsetTimeout, operation, {}, {}, {});
+  return watch(std::move(work), std::move(result), c10d::kUnsetTimeout, {}, {}, {});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recv(std::vector<at::Tensor>& tensors, int src,
@@ -501,11 +487,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recv(std::vector<at::Tensor>& t
   const at::Tensor& tensor = single(tensors, where);
   const Buffer buffer = to_buffer(tensor, *_backend, where);
   auto work = _backend->recv_async(buffer, src, tag);
-  const Backend::OperationRecord operation = record_point_to_point("recv", buffer, src);
   auto result =
       c10::make_intrusive<LoomWork>(rank_, c10d::OpType::RECV, std::vector<at::Tensor>{tensor});
   result->set_source(src);
-  return watch(std::move(work), std::move(result), c10d::kUnsetTimeout, operation, {}, {}, {});
+  return watch(std::move(work), std::move(result), c10d::kUnsetTimeout, {}, {}, {});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recvAnysource(std::vector<at::Tensor>& tensors,
@@ -520,9 +505,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recvAnysource(std::vector<at::T
                     std::to_string(_backend->algorithm_max_tag()) + "]");
   auto result = c10::make_intrusive<LoomWork>(rank_, c10d::OpType::RECVANYSOURCE,
                                               std::vector<at::Tensor>{tensor});
-  auto work = std::make_unique<AnySourceRecv>(*_backend, buffer, tag, result);
-  const Backend::OperationRecord operation = record_point_to_point("recvAnysource", buffer, -1);
-  return watch(std::move(work), std::move(result), c10d::kUnsetTimeout, operation, {}, {}, {});
+  // Recorded while it probes (peer -1), and its receive again once the sender is known.
+  Backend::OperationRecord operation;
+  auto work = _backend->start_recorded(
+      {"recvAnysource", "recv", buffer.dtype(), buffer.count(), "native", -1, false}, operation,
+      [&] { return std::make_unique<AnySourceRecv>(*_backend, buffer, tag, result); });
+  return watch(std::move(work), std::move(result), c10d::kUnsetTimeout, {}, {}, {});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_bucket(at::Tensor bucket,

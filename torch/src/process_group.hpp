@@ -102,12 +102,9 @@ class ProcessGroupLoom final : public c10d::ProcessGroup {
                                             std::chrono::milliseconds timeout,
                                             std::function<void()> after = {}, Keep keep = {},
                                             std::string_view name = {});
-  Backend::OperationRecord record_point_to_point(std::string_view op, const Buffer& buffer,
-                                                 int peer);
   c10::intrusive_ptr<c10d::Work> watch(std::unique_ptr<Work> work,
                                        c10::intrusive_ptr<LoomWork> result,
-                                       std::chrono::milliseconds timeout,
-                                       Backend::OperationRecord operation, std::string census_key,
+                                       std::chrono::milliseconds timeout, std::string census_key,
                                        std::function<void()> after, Keep keep);
   void check_usable(std::string_view operation) const;
   std::chrono::nanoseconds timeout_of(std::chrono::milliseconds requested) const;

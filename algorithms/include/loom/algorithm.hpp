@@ -41,8 +41,12 @@ std::string cannot_run(Algorithm algorithm, const CollectiveArgs& args, const Ba
 /// operation advances whenever the handle is tested (e.g. by a ProgressEngine), so it overlaps
 /// with compute exactly as a native call does. Arguments are validated as the backend's own
 /// calls validate them. Throws ErrorCode::unsupported when cannot_run() says why not.
+/// Recorded in the backend's flight recorder as every asynchronous operation is (see
+/// Backend::collective_async): as `name` (empty: the collective's name), with the algorithm;
+/// `operation`, when given, receives its record.
 std::unique_ptr<Work> start_collective(Backend& backend, Algorithm algorithm,
-                                       const CollectiveArgs& args);
+                                       const CollectiveArgs& args, std::string_view name = {},
+                                       Backend::OperationRecord* operation = nullptr);
 
 /// @brief Performs `args` with `algorithm` and returns when it is done. `native` takes the
 /// backend's blocking path (Backend::collective), which for small messages is several times

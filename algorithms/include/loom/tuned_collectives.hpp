@@ -22,14 +22,18 @@ struct TunedCollectivesOptions {
   /// @brief Demand CUDA-aware MPI: the constructor throws ErrorCode::unsupported, naming what
   /// is missing, where detect_gpu_direct() says it is not there.
   bool gpu_direct = false;
-  /// @brief The selector's parameters; unset: LOOM_TUNING_FILE and LOOM_<COLL> overrides.
+  /// @brief The selector's parameters; unset: the selector an Executor on the same backend
+  /// makes (AlgorithmSelector::for_backend: LOOM_TUNING_FILE, LOOM_<COLL> overrides, the
+  /// calibration, the ranks' agreement), so both choose the same algorithm for the same call.
   std::optional<TuningParameters> tuning;
 };
 
 /// @brief Backend + AlgorithmSelector + PinnedPool + CommunicationProfiler for direct calls.
 ///
 /// Every rank must make the same calls in the same order (as with Backend); the selector
-/// decides alike on every rank. The backend must outlive it.
+/// decides alike on every rank. Constructing it is collective (the selector's agreement and
+/// calibration). Every operation is in the backend's flight recorder, as the backend records
+/// every operation. The backend must outlive it.
 class TunedCollectives {
  public:
   explicit TunedCollectives(Backend& backend, TunedCollectivesOptions options = {});

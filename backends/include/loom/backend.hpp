@@ -69,6 +69,13 @@ class Backend {
   Backend();
   virtual ~Backend();
 
+  /// @brief An asynchronous operation in flight_recorder() and, for a collective, on
+  /// rank_board(): what begin_operation returns and operation_started/operation_ended take.
+  struct OperationRecord {
+    std::uint64_t id = 0;   ///< its flight-recorder record
+    std::int64_t seq = -1;  ///< its collective_seq_id (the same on every rank); -1: point-to-point
+  };
+
   virtual int rank() const noexcept = 0;
   virtual int world_size() const noexcept = 0;
   /// @brief "local", "mpi" or "nccl".
@@ -87,17 +94,27 @@ class Backend {
   std::unique_ptr<Work> alltoall_async(Buffer send, Buffer recv);
   std::unique_ptr<Work> barrier_async();
   /// @brief The backend's own (native) call for `args`, validated like the calls above.
-  std::unique_ptr<Work> collective_async(const CollectiveArgs& args);
+  /// Every asynchronous operation (these, send_async, recv_async, loom's algorithms through
+  /// start_collective) is recorded by the backend itself: scheduled in flight_recorder() when
+  /// asked for, started when the transport took it, completed or failed when its Work ends
+  /// (abandoned: failed), and a collective published on rank_board(). `name` is what the record
+  /// calls it (empty: the operation's name); `operation`, when given, receives its record (its
+  /// collective_seq_id, for who_is_missing).
+  std::unique_ptr<Work> collective_async(const CollectiveArgs& args, std::string_view name = {},
+                                         OperationRecord* operation = nullptr);
   /// @brief The blocking form of collective_async: validated alike, then the transport's
   /// blocking path (run_allreduce and the like).
   void collective(const CollectiveArgs& args);
   /// @brief Throws the loom::Error the *_async call would throw for `args` (nothing if valid).
   void validate(const CollectiveArgs& args) const;
   /// @brief Sends `buffer` to `peer`; the buffer must stay valid until the work finishes.
-  std::unique_ptr<Work> send_async(Buffer buffer, int peer, int tag = 0);
+  /// Recorded as collective_async's operations are (`name`, `operation` alike).
+  std::unique_ptr<Work> send_async(Buffer buffer, int peer, int tag = 0, std::string_view name = {},
+                                   OperationRecord* operation = nullptr);
   /// @brief Receives exactly buffer.bytes() from `peer` (or any_source); a message of another
-  /// size fails with ErrorCode::mismatch naming both sizes.
-  std::unique_ptr<Work> recv_async(Buffer buffer, int peer, int tag = 0);
+  /// size fails with ErrorCode::mismatch naming both sizes. Recorded as send_async.
+  std::unique_ptr<Work> recv_async(Buffer buffer, int peer, int tag = 0, std::string_view name = {},
+                                   OperationRecord* operation = nullptr);
 
   /// @brief The blocking forms: the same checks as the asynchronous ones, then the
   /// transport's blocking path (see run_allreduce).
@@ -123,10 +140,10 @@ class Backend {
   std::string where(std::string_view operation) const;
 
   /// @brief Whether this backend has the private point-to-point channel that loom's own
-  /// collective algorithms (backends/algorithms) run on; without it only `native` runs.
+  /// collective algorithms (algorithms/) run on; without it only `native` runs.
   virtual bool has_algorithm_channel() const noexcept { return false; }
   /// @brief Sends on the algorithm channel: traffic there never matches a user's recv, and
-  /// `tag` may be any value in [0, algorithm_max_tag()]. For backends/algorithms.
+  /// `tag` may be any value in [0, algorithm_max_tag()]. For algorithms/.
   std::unique_ptr<Work> algorithm_send_async(Buffer buffer, int peer, int tag);
   /// @brief Receives exactly buffer.bytes() on the algorithm channel.
   std::unique_ptr<Work> algorithm_recv_async(Buffer buffer, int peer, int tag);
@@ -149,24 +166,19 @@ class Backend {
   /// transport has none (nccl).
   RankBoard* rank_board() noexcept { return _board.get(); }
   const RankBoard* rank_board() const noexcept { return _board.get(); }
-  /// @brief An asynchronous operation in flight_recorder() and, for a collective, on
-  /// rank_board(): what begin_operation returns and operation_started/operation_ended take.
-  struct OperationRecord {
-    std::uint64_t id = 0;   ///< its flight-recorder record
-    std::int64_t seq = -1;  ///< its collective_seq_id (the same on every rank); -1: point-to-point
-  };
   /// @brief Records `info` in `state` (scheduled: before the transport is asked; started: it
   /// already took it); a collective (info.collective) gets its collective_seq_id and is
-  /// published as started on rank_board(). The executor and the torch process group record
-  /// every operation through these three calls.
+  /// published as started on rank_board(). start_recorded is built on these three calls.
   OperationRecord begin_operation(const OperationInfo& info,
                                   OperationState state = OperationState::scheduled) noexcept;
   /// @brief The transport took it (scheduled -> started).
   void operation_started(const OperationRecord& operation) noexcept;
   /// @brief It ended: completed (a collective also completed on rank_board()) or failed.
   void operation_ended(const OperationRecord& operation, bool completed) noexcept;
-  /// @brief begin_operation(info) into `operation`, then `start()` (which returns the Work):
-  /// started when it returns, failed (and rethrown) when it throws.
+  /// @brief The one path that records an asynchronous operation: begin_operation(info) into
+  /// `operation`, then `start()` (which returns the transport's Work): started when it
+  /// returns, failed (and rethrown) when it throws. The Work returned wraps the transport's
+  /// and ends the record when it ends: completed, failed, or failed when abandoned.
   template <class Start>
   std::unique_ptr<Work> start_recorded(const OperationInfo& info, OperationRecord& operation,
                                        Start&& start) {
@@ -179,7 +191,7 @@ class Backend {
       throw;
     }
     operation_started(operation);
-    return work;
+    return recorded(std::move(work), operation);
   }
   /// @brief Every rank's `mine` (the same length on every rank; rank r's at r * mine.size()):
   /// an allgather recorded as `name`, waited for at most `limit` (0 or less: no limit). At the
@@ -273,6 +285,14 @@ class Backend {
 
  private:
   class BlockingCall;
+  class RecordedWork;
+  // Wraps a started operation's Work so that its end is recorded (start_recorded).
+  std::unique_ptr<Work> recorded(std::unique_ptr<Work> work, const OperationRecord& operation);
+  // The validated, unrecorded starts behind collective_async, send_async and recv_async (the
+  // blocking calls record themselves, as one BlockingCall).
+  std::unique_ptr<Work> start_checked(const CollectiveArgs& args);
+  std::unique_ptr<Work> start_checked_send(Buffer buffer, int peer, int tag);
+  std::unique_ptr<Work> start_checked_recv(Buffer buffer, int peer, int tag);
   void validate_or_publish(const CollectiveArgs& args);
   /// @brief Runs on the watchdog's thread when a watched call is overdue: reports and exits.
   [[noreturn]] void expire_blocking_call(std::uint64_t record) noexcept;

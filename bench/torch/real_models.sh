@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Real models (bench/torch/real_models.py) as DDP on Gloo, DDP on loom with loom's hook and
+# loom_torch.parallelize, at NP ranks and at 1 rank (the step without communication), all in one
+# netem namespace (bench/netem.sh; RATE "shm": shared memory), rounds interleaved inside each
+# launch; prints per model each mode's step, its ratio to DDP on Gloo, and its distance to the
+# bound max(1-rank step, wire time of one step's gradients).
+#   bench/torch/real_models.sh [RATE] [BUILD_DIR]
+#   MODELS="transformer convnet" NP=3 COMPRESSION=float16 bench/torch/real_models.sh 10gbit
+# Set-up: python3-torch (scripts/setup.sh) and, for resnet18/mobilenet_v2, python3-torchvision,
+# installed here when missing (the library and the tests never need it). RATE needs root.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+if [[ ${1:-} == --inner ]]; then
+  rate=$2 build=$3 out=$4
+else
+  rate=${1:-2gbit}
+  build=$(cd "${2:-$root/build}" && pwd)
+  out=${OUT:-$(mktemp -d)}
+fi
+models=${MODELS:-transformer resnet18 convnet mlp}
+np=${NP:-2}
+compression=${COMPRESSION:-none}
+modes=${MODES:-ddp-gloo,ddp-loom,parallelize}
+steps=${STEPS:-8}
+rounds=${ROUNDS:-3}
+python=${PYTHON:-/usr/bin/python3}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export PYTHONPATH=$build/python${PYTHONPATH:+:$PYTHONPATH}
+
+if [[ ${1:-} == --inner ]]; then
+  for model in $models; do
+    for n in "$np" 1; do
+      mpirun -np "$n" --bind-to none -x PYTHONPATH -x LOOM_CALIBRATION "$python" \
+        "$root/bench/torch/real_models.py" --model "$model" --modes "$modes" \
+        --compression "$compression" --steps "$steps" --rounds "$rounds" \
+        --json "$out/$model.np$n.json" >"$out/$model.np$n.txt" 2>&1 ||
+        { cat "$out/$model.np$n.txt" >&2; exit 1; }
+    done
+  done
+  exit 0
+fi
+
+if [[ " $models " =~ " resnet18 " || " $models " =~ " mobilenet_v2 " ]] &&
+  ! "$python" -c "import torchvision" 2>/dev/null; then
+  echo "real_models: installing python3-torchvision (the benchmark's set-up only)"
+  apt-get install -y -qq python3-torchvision >/dev/null
+fi
+mkdir -p "$out"
+load=$(cut -d' ' -f1 /proc/loadavg)
+# The calibration of a busy host is not cached and takes minutes: measure with the untuned
+# selector unless the caller asks otherwise.
+export LOOM_CALIBRATION=${LOOM_CALIBRATION:-0}
+if [[ $rate == shm ]]; then
+  "$0" --inner "$rate" "$build" "$out"
+else
+  "$root/bench/netem.sh" "$rate" -- "$0" --inner "$rate" "$build" "$out"
+fi
+"$python" - "$out" "$np" "$rate" "$compression" "$load" "$(cut -d' ' -f1 /proc/loadavg)" \
+  $models <<'PY'
+import json, sys
+out, np, rate, compression, load0, load1 = sys.argv[1:7]
+print("# real_models: %s ranks, %s, compression %s; load average %s -> %s" %
+      (np, rate, compression, load0, load1))
+print("%-12s %-12s %10s %9s %10s %10s %9s" %
+      ("model", "mode", "step ms", "/ddp", "1-rank ms", "wire ms", "/bound"))
+for model in sys.argv[7:]:
+    many = json.load(open("%s/%s.np%s.json" % (out, model, np)))
+    one = json.load(open("%s/%s.np1.json" % (out, model)))
+    ddp = many["modes"].get("ddp-gloo", {}).get("step_ms")
+    for mode, r in many["modes"].items():
+        alone = one["modes"][mode]["step_ms"]
+        bound = max(alone, many["wire_ms"])
+        print("%-12s %-12s %10.1f %9s %10.1f %10.1f %9.3f" %
+              (model, mode, r["step_ms"], "%.3f" % (r["step_ms"] / ddp) if ddp else "-",
+               alone, many["wire_ms"], r["step_ms"] / bound))
+PY
+echo "(files in $out)"
