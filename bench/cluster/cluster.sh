@@ -181,15 +181,16 @@ node_names=()
 for ((k = 0; k < nodes; k++)); do node_names+=("$name-node$k"); done
 
 job_pid=
-# Everything the cluster made, in reverse: the job, every process left in a node, the
-# namespaces, the bridge (each veth goes with its namespace), the files. Safe to call twice.
 # Whether process PID still runs (exists and is not a zombie).
 # shellcheck disable=SC2317  # called by teardown
 running() {
-  local state
-  state=$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) || return 1
-  [[ -n $state && $state != Z ]]
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  stat=${stat##*) } # the state follows the command name, which may hold spaces
+  [[ -n $stat && ${stat:0:1} != Z ]]
 }
+# Everything the cluster made, in reverse: the job, every process left in a node, the veths
+# and namespaces, the host-name mounts, the bridge, the files. Safe to call twice.
 # shellcheck disable=SC2317  # called by the traps
 teardown() {
   set +e

@@ -123,7 +123,9 @@ esac
 problems=$(leftovers)
 for p in $job_pids; do
   # a zombie has let go of everything; its parent (init: orted daemonizes) reaps it
-  state=$(awk '{print $3}' "/proc/$p/stat" 2>/dev/null) || continue
+  state=$(cat "/proc/$p/stat" 2>/dev/null) || continue
+  state=${state##*) } # the state follows the command name, which may hold spaces
+  state=${state:0:1}
   [[ $state == Z ]] || problems+=$'\n'"process $p ($(cat /proc/"$p"/comm 2>/dev/null), state $state)"
 done
 if [[ -n ${problems//[[:space:]]/} ]]; then
