@@ -289,7 +289,9 @@ void execute(const Signature& sig, Rendezvous& rv, int n) {
 
 class LocalBackend final : public Backend {
  public:
-  LocalBackend(std::shared_ptr<State> state, int rank) : _state(std::move(state)), _rank(rank) {
+  LocalBackend(std::shared_ptr<State> state, int rank, const Topology& topology)
+      : _state(std::move(state)), _rank(rank) {
+    set_topology(topology);
     std::vector<RankSlot*> slots;
     for (int r = 0; r < _state->size; ++r) slots.push_back(&_state->slots[r]);
     set_rank_board(std::make_unique<RankBoard>(rank, std::move(slots)));
@@ -469,14 +471,23 @@ class LocalBackend final : public Backend {
   std::uint64_t _next_sequence = 0;
 };
 
-}  // namespace
-
-LocalWorld::LocalWorld(int size) {
+// The topology of a world given by its size: threads of one process share one node.
+Topology one_node(int size) {
   if (size < 1)
     throw Error(ErrorCode::invalid_argument,
                 "local world size must be at least 1, got " + std::to_string(size));
+  return Topology::single_node(size);
+}
+
+}  // namespace
+
+LocalWorld::LocalWorld(int size) : LocalWorld(one_node(size)) {}
+
+LocalWorld::LocalWorld(const Topology& topology) {
+  const int size = topology.world_size();
   _state = std::make_shared<State>(size);
-  for (int r = 0; r < size; ++r) _ranks.push_back(std::make_shared<LocalBackend>(_state, r));
+  for (int r = 0; r < size; ++r)
+    _ranks.push_back(std::make_shared<LocalBackend>(_state, r, topology));
 }
 
 LocalWorld::~LocalWorld() = default;
@@ -501,7 +512,12 @@ void LocalWorld::abort(int rank, const std::string& reason) {
 }
 
 void LocalWorld::run(int size, const std::function<void(Backend&)>& fn) {
-  LocalWorld world(size);
+  run(one_node(size), fn);
+}
+
+void LocalWorld::run(const Topology& topology, const std::function<void(Backend&)>& fn) {
+  const int size = topology.world_size();
+  LocalWorld world(topology);
   std::vector<std::exception_ptr> errors(size);
   std::vector<std::thread> threads;
   threads.reserve(size);

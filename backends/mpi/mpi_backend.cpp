@@ -1,6 +1,7 @@
 // The Open MPI backend: each backend owns a duplicate of MPI_COMM_WORLD; every operation is a
 // nonblocking MPI call whose request a Work polls with MPI_Test.
 #include "mpi_runtime.hpp"  // first: it includes mpi.h without the C++ bindings
+#include "mpi_topology.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -218,6 +219,8 @@ class MpiBackend final : public Backend {
         _algorithm_communicator(std::make_shared<Communicator>()),
         _shared_board(std::make_unique<SharedBoard>(_communicator->get())) {
     set_rank_board(std::make_unique<RankBoard>(_communicator->rank(), _shared_board->slots()));
+    // Collective like the dup above: every rank constructs its backend at the same point.
+    set_topology(mpi::node_topology(_communicator->get()));
 #if LOOM_HAVE_CUDA
     _staging = std::make_unique<mpi::DeviceStaging>(
         config.staging_chunk_bytes, static_cast<cuda::NativeStream>(config.staging_input_stream));

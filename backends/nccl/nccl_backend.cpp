@@ -307,6 +307,7 @@ class NcclBackend final : public Backend {
         _device(device),
         _input_stream(config.input_stream),
         _run_on_input_stream(config.run_on_input_stream) {
+    set_topology(bootstrap.topology());  // the same ranks, on the same nodes
     // Every rank publishes its GPU (or why it has none) before NCCL is touched, so that a bad
     // layout fails on every rank with the same message instead of hanging some of them.
     const auto identities = nccl::gather_identities(bootstrap, nccl::device_identity(device));

@@ -14,7 +14,9 @@ namespace loom::testing {
 class ForcedAlgorithmBackend final : public Backend {
  public:
   ForcedAlgorithmBackend(Backend& inner, Algorithm algorithm)
-      : _inner(inner), _algorithm(algorithm) {}
+      : _inner(inner), _algorithm(algorithm) {
+    set_topology(inner.topology());
+  }
 
   int rank() const noexcept override { return _inner.rank(); }
   int world_size() const noexcept override { return _inner.world_size(); }

@@ -20,7 +20,10 @@ class FaultInjectingBackend final : public Backend {
  public:
   enum class When { at_start, at_completion };
 
-  explicit FaultInjectingBackend(Backend& inner) : _inner(inner) { share_records_of(inner); }
+  explicit FaultInjectingBackend(Backend& inner) : _inner(inner) {
+    share_records_of(inner);
+    set_topology(inner.topology());
+  }
 
   /// @brief The `index`-th collective started from now on (0: the next one) fails.
   void fail_collective(int index, When when) {

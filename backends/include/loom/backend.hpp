@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -20,6 +21,7 @@
 #include "loom/dtype.hpp"
 #include "loom/flight_recorder.hpp"
 #include "loom/rank_board.hpp"
+#include "loom/topology.hpp"
 #include "loom/work.hpp"
 
 namespace loom {
@@ -78,6 +80,9 @@ class Backend {
   virtual int world_size() const noexcept = 0;
   /// @brief "local", "mpi" or "nccl".
   virtual std::string_view name() const noexcept = 0;
+  /// @brief Which ranks share a node (and its memory), the same on every rank; a backend
+  /// that describes none (set_topology) has every rank on a node of its own.
+  const Topology& topology() const;
   /// @brief Whether buffers on `device` can be passed directly.
   virtual bool supports(Device device) const noexcept { return device.kind == DeviceKind::cpu; }
 
@@ -228,6 +233,8 @@ class Backend {
   /// @brief wait_or_abandon's expiry after `limit`: abandons `work`, publishes, dumps, throws.
   [[noreturn]] void give_up(Work& work, const std::string& what, std::int64_t seq,
                             std::chrono::nanoseconds limit);
+  /// @brief Installs topology() (derived constructors, before any call).
+  void set_topology(Topology topology);
   /// @brief Installs the board (derived constructors: MPI's shared window, local state).
   void set_rank_board(std::unique_ptr<RankBoard> board) noexcept { _board = std::move(board); }
   /// @brief For a backend that wraps another (a decorator): use its flight recorder and board,
@@ -297,6 +304,8 @@ class Backend {
   // a program calling from several threads at once is wrong only in what it reports).
   std::atomic<std::uint64_t> _blocking_record{0};
   std::atomic<std::int64_t> _blocking_seq{-1};
+  mutable std::once_flag _topology_default;
+  mutable std::shared_ptr<const Topology> _topology;
   // Last: its monitor thread reads the members above until it is joined.
   CallWatchdog _watchdog;
 };

@@ -18,7 +18,11 @@ namespace loom {
 /// every operation still pending on the other ranks fails with ErrorCode::cancelled.
 class LocalWorld {
  public:
+  /// @brief `size` ranks on one node.
   explicit LocalWorld(int size);
+  /// @brief topology.world_size() ranks placed on nodes as `topology` says (what
+  /// Backend::topology() gives each rank): tests of node-aware code on one process.
+  explicit LocalWorld(const Topology& topology);
   ~LocalWorld();
   LocalWorld(const LocalWorld&) = delete;
   LocalWorld& operator=(const LocalWorld&) = delete;
@@ -33,6 +37,8 @@ class LocalWorld {
   /// Rethrows the first failure (preferring the original error over the cancellations it
   /// caused on other ranks).
   static void run(int size, const std::function<void(Backend&)>& fn);
+  /// @brief The same on a world placed as `topology` says.
+  static void run(const Topology& topology, const std::function<void(Backend&)>& fn);
 
   struct State;  ///< shared by the ranks; defined in local_backend.cpp
 

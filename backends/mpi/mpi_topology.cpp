@@ -1,0 +1,39 @@
+// node_topology: an MPI communicator's ranks grouped by node (MPI_COMM_TYPE_SHARED).
+#include "mpi_topology.hpp"
+
+#include <string>
+#include <vector>
+
+#include "loom/error.hpp"
+
+namespace loom::mpi {
+namespace {
+
+void check(const char* call, int rc) {
+  if (rc != MPI_SUCCESS)
+    throw Error(ErrorCode::backend_failure,
+                std::string("mpi backend: finding which ranks share a node: ") + call +
+                    " failed: " + error_text(rc));
+}
+
+}  // namespace
+
+Topology node_topology(MPI_Comm comm) {
+  int rank = 0, size = 1;
+  check("MPI_Comm_rank", MPI_Comm_rank(comm, &rank));
+  check("MPI_Comm_size", MPI_Comm_size(comm, &size));
+  MPI_Comm node = MPI_COMM_NULL;
+  check("MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)",
+        MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));
+  // The node's name: its lowest rank (the node communicator's rank 0, split keyed by rank).
+  int leader = rank;
+  const int rc = MPI_Bcast(&leader, 1, MPI_INT, 0, node);
+  MPI_Comm_free(&node);
+  check("MPI_Bcast on the node", rc);
+  std::vector<int> leaders(static_cast<std::size_t>(size));
+  check("MPI_Allgather of the nodes",
+        MPI_Allgather(&leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, comm));
+  return Topology::from_node_ids(leaders);
+}
+
+}  // namespace loom::mpi
