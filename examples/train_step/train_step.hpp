@@ -58,8 +58,8 @@ Registration parse_registration(std::string_view name);
 /// fitted to the runs' measured communication. The simulator ranks; the step then times the
 /// shortlist (the best predicted plan for each in-flight limit, then the next best), all of
 /// them compiled at once and run in turn, and keeps the fastest measured: a fitted wire misjudges
-/// what few cores and TCP do to small messages (bench/RESULTS.md shows by how much). Rank 0 decides
-/// everything; every rank runs its plans.
+/// what few cores and TCP do to small messages (bench/results/2026-11-22_to_2026-11-24.md,
+/// "Automatic plan", shows by how much). Rank 0 decides everything; every rank runs its plans.
 struct PlanSearch {
   /// @brief Bucket caps tried (bytes).
   std::vector<std::size_t> caps_bytes = {

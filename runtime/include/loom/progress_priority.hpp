@@ -10,16 +10,16 @@ namespace loom {
 /// With every core computing, a progress thread at normal priority waits up to a scheduler
 /// slice (milliseconds) each time it wakes to poll, and a transport that moves data only when
 /// polled (Open MPI over TCP: rendezvous handshakes, socket reads) then idles the wire: a 1 MiB
-/// allreduce on a 2 Gbit/s link took 12-16 ms beside backward against 8.4 ms alone (RESULTS.md,
-/// "The progress thread's priority").
+/// allreduce on a 2 Gbit/s link took 12-16 ms beside backward against 8.4 ms alone
+/// (bench/results/2026-11-22_to_2026-11-24.md, "The progress thread's priority").
 enum class ProgressPriority {
   /// realtime where the process may (root, CAP_SYS_NICE or RLIMIT_RTPRIO >= 1), else
   /// short_slice where the kernel has it, else normal; never an error. Two exceptions:
   /// normal when the host is oversubscribed (the launcher puts more ranks on it than the
   /// process may use CPUs, or than are online when it is bound to one): every core then already
   /// runs several ranks, and a progress thread that preempts them makes each step slower
-  /// (shared memory, 3-4 ranks on 2 cores: 8-15%, RESULTS.md); and no realtime when the
-  /// process is bound to one CPU (see realtime)
+  /// (shared memory, 3-4 ranks on 2 cores: 8-15%, bench/results/2026-11-22_to_2026-11-24.md);
+  /// and no realtime when the process is bound to one CPU (see realtime)
   automatic,
   /// the default policy and slice of the process
   normal,
