@@ -33,7 +33,94 @@ std::string bytes_text(std::size_t bytes) {
   return out.str();
 }
 
+void check_order(const std::vector<std::size_t>& order, std::size_t n, const char* what) {
+  if (order.empty()) return;
+  if (order.size() != n)
+    invalid(std::string(what) + " has " + std::to_string(order.size()) + " entries for " +
+            std::to_string(n) + " parameters");
+  std::vector<char> seen(n, 0);
+  for (std::size_t p : order) {
+    if (p >= n) invalid(std::string(what) + " names parameter #" + std::to_string(p));
+    if (seen[p]++) invalid(std::string(what) + " names parameter #" + std::to_string(p) + " twice");
+  }
+}
+
+void check_plan(const ReducerPlan& plan, std::size_t n, const char* call) {
+  if (plan.bucket_cap_bytes == 0 || plan.first_bucket_bytes == 0)
+    invalid(std::string(call) + "bucket_cap_bytes and first_bucket_bytes must be > 0 (" +
+            describe(plan) + ")");
+  if (!(plan.wire_ratio > 0))
+    invalid(std::string(call) + "wire_ratio must be > 0 (got " + std::to_string(plan.wire_ratio) +
+            ")");
+  check_order(plan.ready_order, n, (std::string(call) + "ready_order").c_str());
+  check_order(plan.forward_order, n, (std::string(call) + "forward_order").c_str());
+}
+
 }  // namespace
+
+const char* to_string(IssuePriority priority) noexcept {
+  return priority == IssuePriority::forward ? "forward" : "ready";
+}
+
+std::vector<std::size_t> forward_issue_order(const std::vector<Bucket>& buckets,
+                                             const std::vector<std::size_t>& bytes,
+                                             const std::vector<std::size_t>& ready_order,
+                                             const std::vector<std::size_t>& forward_order,
+                                             double wire_ratio) {
+  const std::size_t n = bytes.size();
+  check_order(ready_order, n, "forward_issue_order: ready_order");
+  check_order(forward_order, n, "forward_issue_order: forward_order");
+  std::vector<std::size_t> ready = ready_order;
+  if (ready.empty())
+    for (std::size_t p = n; p-- > 0;) ready.push_back(p);
+  std::vector<std::size_t> forward_position(n);
+  for (std::size_t k = 0; k < n; ++k)
+    forward_position[forward_order.empty() ? k : forward_order[k]] = k;
+  double total = 0;
+  for (std::size_t b : bytes) total += double(b);
+  if (total <= 0) total = 1;
+  std::vector<double> ready_time(n);  // gradient p is ready at the share of bytes before it
+  double sum = 0;
+  for (std::size_t p : ready) {
+    sum += double(bytes[p]);
+    ready_time[p] = sum / total;
+  }
+  const std::size_t m = buckets.size();
+  std::vector<double> bucket_ready(m, 0), wire(m, 0);
+  std::vector<std::size_t> first_needed(m, n);
+  for (std::size_t b = 0; b < m; ++b) {
+    for (const BucketPiece& piece : buckets[b].pieces) {
+      if (piece.gradient >= n)
+        invalid("forward_issue_order: a bucket names gradient #" + std::to_string(piece.gradient));
+      bucket_ready[b] = std::max(bucket_ready[b], ready_time[piece.gradient]);
+      first_needed[b] = std::min(first_needed[b], forward_position[piece.gradient]);
+    }
+    wire[b] = double(buckets[b].bytes()) / total * wire_ratio;
+  }
+  std::vector<std::size_t> issue;
+  std::vector<char> issued(m, 0);
+  double now = 0;
+  const double slack = 1e-12;
+  while (issue.size() < m) {
+    std::size_t pick = m, next = m;
+    for (std::size_t b = 0; b < m; ++b) {
+      if (issued[b]) continue;
+      if (bucket_ready[b] <= now + slack) {
+        if (pick == m || first_needed[b] < first_needed[pick]) pick = b;
+      } else if (next == m || bucket_ready[b] < bucket_ready[next]) {
+        next = b;
+      }
+    }
+    if (pick == m) {  // the wire idles until the next bucket is ready
+      now = bucket_ready[next];
+      continue;
+    }
+    issued[pick] = 1;
+    issue.push_back(pick);
+    now += wire[pick];
+  }
+  return issue;
+}
 
 std::string describe(const ReducerPlan& plan) {
   std::string s =
@@ -41,7 +128,10 @@ std::string describe(const ReducerPlan& plan) {
   if (plan.partition_large) s += ", partition";
   if (plan.compression != Compression::none) s += ", " + std::string(to_string(plan.compression));
   if (plan.collectives_in_flight) s += ", in flight " + std::to_string(plan.collectives_in_flight);
-  if (!plan.issue_order.empty()) s += ", planned order";
+  if (!plan.issue_order.empty())
+    s += ", planned order";
+  else if (plan.priority == IssuePriority::forward && plan.collectives_in_flight)
+    s += ", forward priority";
   if (plan.track_usage) s += ", usage counted";
   return s;
 }
@@ -126,8 +216,15 @@ void GradientReducer::State::build() {
   AttachOptions attach;
   attach.order = BucketOrder::bucket;  // every gradient node is a source: the plan orders
   attach.issue_order = plan.issue_order;
+  if (attach.issue_order.empty() && plan.priority == IssuePriority::forward &&
+      plan.collectives_in_flight > 0) {
+    std::vector<std::size_t> bytes;
+    for (const ParameterSpec& p : parameters) bytes.push_back(p.count * dtype_size(p.dtype));
+    attach.issue_order = forward_issue_order(bucketer->buckets(), bytes, plan.ready_order,
+                                             plan.forward_order, plan.wire_ratio);
+  }
   bucket_tasks = bucketer->attach(g, gradient_nodes, backend.world_size(), attach);
-  issue = plan.issue_order;
+  issue = attach.issue_order;
   if (issue.empty()) {
     issue.resize(buckets);
     std::iota(issue.begin(), issue.end(), 0);
@@ -182,7 +279,10 @@ void GradientReducer::State::build() {
     }
   }
   executor.reset();  // the old executor refers to the old graph's memory
-  executor = Executor::compile(g, backend, executor_options);
+  ExecutorOptions compile_options = executor_options;
+  if (plan.collectives_in_flight)
+    compile_options.collectives_in_flight = plan.collectives_in_flight;
+  executor = Executor::compile(g, backend, compile_options);
   graph = std::move(g);
   handed = std::make_unique<std::atomic<bool>[]>(n);
   polled.assign(groups.size(), 0);
@@ -201,8 +301,7 @@ GradientReducer::GradientReducer(std::vector<ParameterSpec> parameters, Backend&
               " are both named '" + spec.name + "'");
     if (spec.count == 0) invalid("parameter '" + spec.name + "' has no elements");
   }
-  if (plan.bucket_cap_bytes == 0 || plan.first_bucket_bytes == 0)
-    invalid("bucket_cap_bytes and first_bucket_bytes must be > 0 (" + describe(plan) + ")");
+  check_plan(plan, parameters.size(), "");
   _state =
       std::make_unique<State>(std::move(parameters), backend, std::move(plan), std::move(executor));
   _state->factor = 1.0 / backend.world_size();
@@ -246,6 +345,10 @@ const ReducerPlan& GradientReducer::plan() const noexcept {
 
 const std::vector<Bucket>& GradientReducer::buckets() const noexcept {
   return _state->bucketer->buckets();
+}
+
+const std::vector<std::size_t>& GradientReducer::issue_order() const noexcept {
+  return _state->issue;
 }
 
 Buffer GradientReducer::gradient(std::size_t p) const {
@@ -394,8 +497,7 @@ void GradientReducer::finish() {
 void GradientReducer::replan(ReducerPlan plan) {
   State& s = *_state;
   if (s.in_step) invalid("replan: a step is in progress (finish() it first)");
-  if (plan.bucket_cap_bytes == 0 || plan.first_bucket_bytes == 0)
-    invalid("replan: bucket_cap_bytes and first_bucket_bytes must be > 0");
+  check_plan(plan, s.parameters.size(), "replan: ");
   s.plan = std::move(plan);
   s.build();
 }

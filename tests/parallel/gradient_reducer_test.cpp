@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <mutex>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -143,6 +144,105 @@ TEST(GradientReducer, AveragesWithoutExternalUpdatesAndWithAPlannedOrder) {
     std::iota(plan.issue_order.rbegin(), plan.issue_order.rend(), 0);
   }
   train_steps({3, plan, 1e-6f});
+}
+
+TEST(GradientReducer, AveragesOnThreeRanksWithForwardPriorityPartitioned) {
+  ReducerPlan plan;
+  plan.bucket_cap_bytes = 2048;
+  plan.first_bucket_bytes = 512;
+  plan.partition_large = true;
+  plan.collectives_in_flight = 1;
+  plan.priority = IssuePriority::forward;
+  plan.wire_ratio = 3;
+  train_steps({3, plan, 1e-6f});
+}
+
+// Four parameters of 400 bytes, one bucket each, ready in reverse registration order at 1/4,
+// 1/2, 3/4 and 1 of backward. With the wire taking twice the backward (1/2 a bucket): bucket0
+// (layer 3) at 1/4; at 3/4 bucket1 (layer 2) and bucket2 (layer 1) wait, layer 1 goes first;
+// at 5/4 bucket3 (layer 0, needed first) overtakes bucket1.
+std::vector<ParameterSpec> four_layers() {
+  return {{"l0.weight", "l0", 100},
+          {"l1.weight", "l1", 100},
+          {"l2.weight", "l2", 100},
+          {"l3.weight", "l3", 100}};
+}
+
+ReducerPlan one_per_bucket(std::size_t in_flight, IssuePriority priority, double wire_ratio) {
+  ReducerPlan plan;
+  plan.bucket_cap_bytes = 400;
+  plan.first_bucket_bytes = 400;
+  plan.collectives_in_flight = in_flight;
+  plan.priority = priority;
+  plan.wire_ratio = wire_ratio;
+  return plan;
+}
+
+TEST(GradientReducer, ForwardPriorityIssuesTheNextForwardsBucketsFirstOnEveryRank) {
+  std::mutex mutex;
+  std::vector<std::vector<std::string>> issued;
+  std::atomic<int> wrong{0};
+  LocalWorld::run(3, [&](Backend& backend) {
+    GradientReducer reducer(four_layers(), backend, one_per_bucket(1, IssuePriority::forward, 2.0),
+                            options());
+    const std::vector<std::size_t> expected = {0, 2, 3, 1};
+    wrong += reducer.issue_order() != expected;
+    for (std::size_t b = 0; b < 4; ++b)  // bucket b holds layer 3 - b
+      wrong += reducer.buckets()[b].pieces.at(0).gradient != 3 - b;
+    // Update groups follow the issue order.
+    for (std::size_t k = 0; k < 4; ++k)
+      wrong += reducer.update_group(k) != std::vector<std::size_t>{3 - expected[k]};
+    wrong += describe(reducer.plan()).find("forward priority") == std::string::npos;
+    std::lock_guard lock(mutex);
+    issued.push_back(reducer.executor().issue_order());
+  });
+  EXPECT_EQ(wrong.load(), 0);
+  ASSERT_EQ(issued.size(), 3u);
+  const std::vector<std::string> expected = {"bucket0.allreduce", "bucket2.allreduce",
+                                             "bucket3.allreduce", "bucket1.allreduce"};
+  for (const auto& order : issued) EXPECT_EQ(order, expected);
+}
+
+TEST(GradientReducer, ForwardPriorityKeepsTheReadyOrderWhereTheWireKeepsUpOrIsUnlimited) {
+  auto backend = make_local_backend();
+  const std::vector<std::size_t> ready = {0, 1, 2, 3};
+  GradientReducer keeps_up(four_layers(), *backend, one_per_bucket(1, IssuePriority::forward, 1.0),
+                           options());
+  EXPECT_EQ(keeps_up.issue_order(), ready);
+  GradientReducer unlimited(four_layers(), *backend, one_per_bucket(0, IssuePriority::forward, 2.0),
+                            options());
+  EXPECT_EQ(unlimited.issue_order(), ready);
+  GradientReducer by_ready(four_layers(), *backend, one_per_bucket(1, IssuePriority::ready, 2.0),
+                           options());
+  EXPECT_EQ(by_ready.issue_order(), ready);
+  // A slower wire: everything after the first bucket waits, and goes in forward order.
+  GradientReducer slow(four_layers(), *backend, one_per_bucket(1, IssuePriority::forward, 8.0),
+                       options());
+  EXPECT_EQ(slow.issue_order(), (std::vector<std::size_t>{0, 3, 2, 1}));
+  // The forward order is the plan's: here layer 3 is used first, so the ready order stays.
+  ReducerPlan reversed = one_per_bucket(1, IssuePriority::forward, 8.0);
+  reversed.forward_order = {3, 2, 1, 0};
+  GradientReducer other(four_layers(), *backend, reversed, options());
+  EXPECT_EQ(other.issue_order(), ready);
+  ReducerPlan bad = one_per_bucket(1, IssuePriority::forward, 0.0);
+  EXPECT_THROW(GradientReducer(four_layers(), *backend, bad, options()), Error);
+  bad.wire_ratio = 1;
+  bad.forward_order = {0, 1, 2};
+  EXPECT_THROW(GradientReducer(four_layers(), *backend, bad, options()), Error);
+}
+
+// A large gradient partitioned: its later pieces do not hold back the small bucket the next
+// forward needs first.
+TEST(GradientReducer, ForwardPriorityWithPartitionPutsTheFirstLayerAheadOfALargeGradient) {
+  auto backend = make_local_backend();
+  std::vector<ParameterSpec> specs = {{"l0.weight", "l0", 100}, {"l1.weight", "l1", 1000}};
+  ReducerPlan plan = one_per_bucket(1, IssuePriority::forward, 4.0);
+  plan.partition_large = true;
+  GradientReducer reducer(specs, *backend, plan, options());
+  // l1 in 10 pieces (buckets 0..9), l0 in bucket 10: issued right after the first piece.
+  ASSERT_EQ(reducer.buckets().size(), 11u);
+  EXPECT_EQ(reducer.issue_order()[0], 0u);
+  EXPECT_EQ(reducer.issue_order()[1], 10u);
 }
 
 TEST(GradientReducer, UpdateGroupsCoverEveryParameterOnce) {

@@ -204,6 +204,30 @@ def test_options_partition_in_flight_and_no_overlap_keep_the_numerics(world):
     assert_like_ddp(loom_model, ddp_model, gloo, n)
 
 
+@pytest.mark.parametrize("priority", ["forward", "ready"])
+def test_priority_orders_identically_on_every_rank_and_keeps_the_numerics(world, priority):
+    rank, n, gloo = world
+    ddp_model, _, _ = train("encoder", "sgd", rank, 8, gloo=gloo)
+    loom_model, net, _ = train("encoder", "sgd", rank, 8, collectives_in_flight=1,
+                               priority=priority)
+    net.synchronize()
+    plan, buckets = net.plan()
+    reducer = net._loom.reducer
+    order = reducer.bucket_issue_order()
+    assert sorted(order) == list(range(len(buckets))), order
+    if priority == "forward":  # partitioned by default with a limited wire
+        assert "forward priority" in plan and "partition" in plan, plan
+    else:
+        assert "priority" not in plan and "partition" not in plan, plan
+        assert order == list(range(len(buckets))), order
+    names = reducer.issue_order()
+    assert names == ["bucket%d.allreduce" % b for b in order], names
+    everyone = [None] * n
+    dist.all_gather_object(everyone, names, group=gloo)
+    assert all(o == names for o in everyone), everyone
+    assert_like_ddp(loom_model, ddp_model, gloo, n)
+
+
 def test_float16_compression_is_close_to_ddp_with_the_fp16_hook(world):
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     rank, n, gloo = world
@@ -330,6 +354,9 @@ def test_misuse_is_a_named_error(world):
     with pytest.raises(ValueError, match="compression must be"):
         loom_torch.parallelize(Mlp(), torch.optim.SGD(Mlp().parameters(), lr=0.1),
                                compression="int8")
+    with pytest.raises(ValueError, match="priority must be 'forward' or 'ready'"):
+        loom_torch.parallelize(Mlp(), torch.optim.SGD(Mlp().parameters(), lr=0.1),
+                               priority="size")
 
 
 def test_a_parameter_without_gradient_is_named_without_find_unused(world):

@@ -49,9 +49,9 @@ _COMPRESSIONS = {None: "none", "none": "none", "float16": "float16", "fp16": "fl
 
 
 def parallelize(model, optimizer, process_group=None, bucket_cap_mb=25, compression=None,
-                find_unused_parameters=False, first_bucket_mb=1, partition_large=False,
+                find_unused_parameters=False, first_bucket_mb=1, partition_large=None,
                 collectives_in_flight=0, overlap_forward=True, broadcast_buffers=True,
-                rebuild_buckets=True, profile=None):
+                rebuild_buckets=True, profile=None, priority="forward"):
     """Wraps `model` and `optimizer` for data-parallel training on a loom process group.
 
     Returns (net, optimizer): net is a module wrapping `model` (as DDP's, its state_dict keys
@@ -60,8 +60,13 @@ def parallelize(model, optimizer, process_group=None, bucket_cap_mb=25, compress
     process_group: a "loom" group (default: the default group). bucket_cap_mb / first_bucket_mb:
     DDP's bucket caps. compression: None, "float16" or "bfloat16" (cast, reduce, cast back).
     find_unused_parameters: as DDP's; parameters unused on every rank are left to the optimizer
-    with the .grad they had. partition_large: cut gradients larger than the cap across buckets.
-    collectives_in_flight: at most this many allreduces on the wire (0: no limit).
+    with the .grad they had. partition_large: cut gradients larger than the cap across buckets
+    (None: when forward priority is in effect). collectives_in_flight: at most this many
+    allreduces on the wire (0: no limit). priority: which ready bucket a limited wire
+    (collectives_in_flight > 0) takes first, as a fixed order identical on every rank: "forward"
+    (ByteScheduler's priority: buckets whose parameters the next forward needs earlier go ahead
+    of lower-priority ones expected to be waiting with them) or "ready" (DDP's order: as they
+    become ready). Without a limit every ready bucket is issued at once, in the ready order.
     overlap_forward: leave the updates of buckets still in flight at opt.step() to the next
     forward (False: opt.step() waits for every bucket). broadcast_buffers: rank 0's buffers before
     each forward, as DDP. rebuild_buckets: after the first step, rebuild the buckets in the order
@@ -71,6 +76,11 @@ def parallelize(model, optimizer, process_group=None, bucket_cap_mb=25, compress
     if bucket_cap_mb == "auto":
         raise ValueError("parallelize: bucket_cap_mb='auto' needs loom's step planner "
                          "(issue 22, item 1), which is not in this build; give a size in MiB")
+    if priority not in ("forward", "ready"):
+        raise ValueError("parallelize: priority must be 'forward' or 'ready', not %r"
+                         % (priority,))
+    if partition_large is None:
+        partition_large = priority == "forward" and int(collectives_in_flight) > 0
     if compression not in _COMPRESSIONS:
         raise ValueError("parallelize: compression must be None, 'float16' or 'bfloat16', not %r"
                          % (compression,))
@@ -88,7 +98,8 @@ def parallelize(model, optimizer, process_group=None, bucket_cap_mb=25, compress
     net = ParallelModule(model, optimizer, group, dict(
         bucket_cap_mb=float(bucket_cap_mb), first_bucket_mb=float(first_bucket_mb),
         partition_large=bool(partition_large), collectives_in_flight=int(collectives_in_flight),
-        compression=_COMPRESSIONS[compression], track_usage=bool(find_unused_parameters)),
+        compression=_COMPRESSIONS[compression], track_usage=bool(find_unused_parameters),
+        priority=priority),
         overlap_forward=overlap_forward, broadcast_buffers=broadcast_buffers,
         rebuild_buckets=rebuild_buckets, profile=profile)
     return net, optimizer
@@ -142,7 +153,8 @@ class _Engine:
         self.reducer = _C.GradientReducer(
             group, self.names, [owner.get(id(p), "") for p in self.params], self.params,
             plan["bucket_cap_mb"], plan["first_bucket_mb"], plan["partition_large"],
-            plan["collectives_in_flight"], plan["compression"], plan["track_usage"], profile)
+            plan["collectives_in_flight"], plan["compression"], plan["track_usage"], profile,
+            plan["priority"])
         self._layout()
         self.seen = [None] * len(self.params)
         self.seen_version = [0] * len(self.params)
@@ -164,13 +176,27 @@ class _Engine:
                 self.accumulators.append(accumulate)
         # Forward pre-hooks on every module that registers trainable parameters itself (not only
         # leaves: nn.MultiheadAttention's in_proj_weight belongs to a non-leaf module).
+        # A module whose forward is never called (nn.MultiheadAttention reads out_proj.weight
+        # itself) is learnt in the first forward: its parameters are then guarded by the nearest
+        # ancestor whose pre-hook fired (by the wrapper's forward if none did).
+        self.guards = {}   # module name -> the parameter indices its pre-hook waits for
+        self.root_guard = []
+        self.fired = set()
+        self.learning = True
         for mname, m in module.named_modules():
             mine = sorted({self.index[id(p)] for p in m.parameters(recurse=False)
                            if id(p) in self.index})
             if mine:
+                self.guards[mname] = mine
                 self.handles.append(m.register_forward_pre_hook(
-                    functools.partial(self._before_module, mine)))
+                    functools.partial(self._before_module, mname, mine)))
         self.signature = self._signature()
+        # Per step, a quick look at the trained parameters (moved, cast, frozen); the whole
+        # registration is compared every FULL_CHECK_EVERY steps (named_modules() costs ~1 ms per
+        # step on a model of 60 tensors: the per-step overhead DDP does not have).
+        self.quick = [(p, p.data_ptr()) for p in self.params]
+        self.checks = 0
+        self.buffers = list(module.buffers())  # as DDP: the buffers the model had when wrapped
         self.step_function = type(optimizer).step
 
     # -- layout (rebuilt after a replan) --------------------------------------------------------
@@ -189,7 +215,16 @@ class _Engine:
         return [(id(p), p.data_ptr() if p.requires_grad else 0, p.requires_grad)
                 for p in self.module.parameters()]
 
+    FULL_CHECK_EVERY = 64
+
     def check_registration(self):
+        self.checks += 1
+        if self.checks % self.FULL_CHECK_EVERY != 1:
+            for p, ptr in self.quick:
+                if p.data_ptr() != ptr or not p.requires_grad:
+                    break
+            else:
+                return
         now = self._signature()
         if now == self.signature:
             return
@@ -218,7 +253,24 @@ class _Engine:
             self._begin_backward()
         return None
 
+    def _learn_guards(self):
+        self.learning = False
+        for mname, mine in list(self.guards.items()):
+            if mname in self.fired:
+                continue
+            parts = mname.split(".") if mname else []
+            target = self.root_guard
+            while parts:
+                parts.pop()
+                ancestor = ".".join(parts)
+                if ancestor in self.fired:
+                    target = self.guards[ancestor]
+                    break
+            target[:] = sorted(set(target) | set(mine))
+
     def _begin_backward(self):
+        if self.learning:
+            self._learn_guards()
         if self.awaiting_step:
             raise RuntimeError(
                 "loom_torch.parallelize: backward on rank %d began, but optimizer.step() was not "
@@ -247,7 +299,7 @@ class _Engine:
         p = self.plan
         self.reducer.replan(p["bucket_cap_mb"], p["first_bucket_mb"], p["partition_large"],
                             p["collectives_in_flight"], p["compression"], p["track_usage"],
-                            agreed, [])
+                            agreed, [], p["priority"])
         self._layout()
 
     def _on_gradient(self, i, grad_inputs, grad_outputs):
@@ -349,7 +401,9 @@ class _Engine:
         for k in sorted({self.group_of[i] for i in indices}):
             self.wait_and_apply(k)
 
-    def _before_module(self, indices, module, inputs):
+    def _before_module(self, name, indices, module, inputs):
+        if self.learning:
+            self.fired.add(name)
         self.before_module(indices)
 
     def synchronize(self):
@@ -416,11 +470,13 @@ class ParallelModule(torch.nn.Module):
     def forward(self, *inputs, **kwargs):
         engine = self._loom
         engine.check_registration()
-        if self.broadcast_buffers and engine.world > 1:
-            buffers = [b for b in self.module.buffers()]
+        if self.broadcast_buffers and engine.world > 1 and engine.buffers:
+            buffers = engine.buffers
             if buffers:  # on the group's communicator, apart from the reducer's
                 dist._broadcast_coalesced(self.process_group, buffers, 250 * 1024 * 1024, 0)
         engine.sync = engine.no_sync_depth == 0
+        if engine.root_guard:
+            engine.before_module(engine.root_guard)
         output = self.module(*inputs, **kwargs)
         if engine.sync and torch.is_grad_enabled():
             first = _first_tensor_needing_grad(output)
@@ -473,7 +529,7 @@ class ParallelModule(torch.nn.Module):
         return self._loom.reducer.describe_plan(), self._loom.reducer.bucket_bytes()
 
     def replan(self, bucket_cap_mb=None, first_bucket_mb=None, partition_large=None,
-               collectives_in_flight=None, compression=None, issue_order=()):
+               collectives_in_flight=None, compression=None, issue_order=(), priority=None):
         """Rebuilds the buckets with another plan between steps (collective: every rank, with the
         same arguments). The hook a planner (bucket_cap_mb="auto") drives."""
         engine = self._loom
@@ -481,7 +537,8 @@ class ParallelModule(torch.nn.Module):
         p = engine.plan
         for key, value in (("bucket_cap_mb", bucket_cap_mb), ("first_bucket_mb", first_bucket_mb),
                            ("partition_large", partition_large),
-                           ("collectives_in_flight", collectives_in_flight)):
+                           ("collectives_in_flight", collectives_in_flight),
+                           ("priority", priority)):
             if value is not None:
                 p[key] = value
         if compression is not None:
@@ -491,5 +548,5 @@ class ParallelModule(torch.nn.Module):
             order = engine.reducer.agreed(order)
         engine.reducer.replan(p["bucket_cap_mb"], p["first_bucket_mb"], p["partition_large"],
                               p["collectives_in_flight"], p["compression"], p["track_usage"],
-                              order, list(issue_order))
+                              order, list(issue_order), p["priority"])
         engine._layout()

@@ -122,7 +122,11 @@ class TorchReducer {
 
 ReducerPlan make_plan(double cap_mb, double first_mb, bool partition, std::size_t in_flight,
                       const std::string& compression, bool track_usage,
-                      std::vector<std::size_t> ready_order, std::vector<std::size_t> issue_order) {
+                      std::vector<std::size_t> ready_order, std::vector<std::size_t> issue_order,
+                      const std::string& priority) {
+  if (priority != "forward" && priority != "ready")
+    throw Error(ErrorCode::invalid_argument,
+                "parallelize: priority must be 'forward' or 'ready', not '" + priority + "'");
   if (!(cap_mb > 0) || !(first_mb > 0))
     throw Error(ErrorCode::invalid_argument,
                 "parallelize: bucket_cap_mb and first_bucket_mb must be > 0 (got " +
@@ -139,6 +143,7 @@ ReducerPlan make_plan(double cap_mb, double first_mb, bool partition, std::size_
   plan.external_updates = true;
   plan.ready_order = std::move(ready_order);
   plan.issue_order = std::move(issue_order);
+  plan.priority = priority == "forward" ? IssuePriority::forward : IssuePriority::ready;
   return plan;
 }
 
@@ -155,17 +160,17 @@ void bind_gradient_reducer(py::module_& m) {
                        const std::vector<std::string>& modules,
                        const std::vector<at::Tensor>& parameters, double cap_mb, double first_mb,
                        bool partition, std::size_t in_flight, const std::string& compression,
-                       bool track_usage, std::optional<bool> profile) {
+                       bool track_usage, std::optional<bool> profile, const std::string& priority) {
+             const ReducerPlan plan = make_plan(cap_mb, first_mb, partition, in_flight, compression,
+                                                track_usage, {}, {}, priority);
              py::gil_scoped_release no_gil;
-             return std::make_shared<TorchReducer>(group, names, modules, parameters,
-                                                   make_plan(cap_mb, first_mb, partition, in_flight,
-                                                             compression, track_usage, {}, {}),
+             return std::make_shared<TorchReducer>(group, names, modules, parameters, plan,
                                                    profile);
            }),
            py::arg("group"), py::arg("names"), py::arg("modules"), py::arg("parameters"),
            py::arg("bucket_cap_mb"), py::arg("first_bucket_mb"), py::arg("partition_large"),
            py::arg("collectives_in_flight"), py::arg("compression"), py::arg("track_usage"),
-           py::arg("profile"))
+           py::arg("profile"), py::arg("priority") = "ready")
       .def("begin", [](TorchReducer& r) { r.reducer().begin(); })
       .def("in_step", [](TorchReducer& r) { return r.reducer().in_step(); })
       .def("ready", &TorchReducer::ready, py::arg("parameter"), py::arg("gradient"))
@@ -221,18 +226,33 @@ void bind_gradient_reducer(py::module_& m) {
           "replan",
           [](TorchReducer& r, double cap_mb, double first_mb, bool partition, std::size_t in_flight,
              const std::string& compression, bool track_usage, std::vector<std::size_t> ready_order,
-             std::vector<std::size_t> issue_order) {
+             std::vector<std::size_t> issue_order, const std::string& priority) {
             const ReducerPlan plan =
                 make_plan(cap_mb, first_mb, partition, in_flight, compression, track_usage,
-                          std::move(ready_order), std::move(issue_order));
+                          std::move(ready_order), std::move(issue_order), priority);
             py::gil_scoped_release no_gil;
             r.replan(plan);
           },
           py::arg("bucket_cap_mb"), py::arg("first_bucket_mb"), py::arg("partition_large"),
           py::arg("collectives_in_flight"), py::arg("compression"), py::arg("track_usage"),
-          py::arg("ready_order"), py::arg("issue_order"),
+          py::arg("ready_order"), py::arg("issue_order"), py::arg("priority") = "ready",
           "Rebuilds the buckets with a new plan (collective: every rank, between steps)")
       .def("issue_order", [](TorchReducer& r) { return r.reducer().executor().issue_order(); })
+      .def(
+          "bucket_issue_order", [](TorchReducer& r) { return r.reducer().issue_order(); },
+          "The buckets in the order their allreduces are issued")
+      .def(
+          "bucket_parameters",
+          [](TorchReducer& r) {
+            std::vector<std::vector<std::size_t>> out;
+            for (const Bucket& b : r.reducer().buckets()) {
+              std::vector<std::size_t> in;
+              for (const BucketPiece& piece : b.pieces) in.push_back(piece.gradient);
+              out.push_back(std::move(in));
+            }
+            return out;
+          },
+          "Per bucket, the parameters (indices) it holds pieces of")
       .def("dump_dot",
            [](TorchReducer& r, const std::string& path) {
              std::ofstream out(path);

@@ -26,6 +26,19 @@ struct ParameterSpec {
   DType dtype = DType::float32;
 };
 
+/// @brief Which bucket the reducer issues first when several are ready for a limited wire.
+enum class IssuePriority : unsigned char {
+  /// @brief The order the buckets are expected to become ready in (DDP's order).
+  ready,
+  /// @brief ByteScheduler's priority, as a fixed order: a bucket holding parameters the next
+  /// forward needs earlier goes before a lower-priority one expected to be waiting with it.
+  /// Applies with collectives_in_flight > 0 (without a limit every ready bucket is issued at
+  /// once, and a fixed order could only delay one).
+  forward,
+};
+
+const char* to_string(IssuePriority priority) noexcept;
+
 /// @brief How the reducer buckets, orders and reduces: the plan a planner (or the user) picks.
 struct ReducerPlan {
   /// @brief A bucket is closed once it holds this many bytes (DDP's bucket_cap_mb).
@@ -43,8 +56,17 @@ struct ReducerPlan {
   /// order, as DDP assumes before its first step).
   std::vector<std::size_t> ready_order;
   /// @brief The buckets' issue order (a permutation of the bucket indices; the same on every
-  /// rank). Empty: bucket order, i.e. the expected ready order.
+  /// rank). Empty: made from `priority` (bucket order, i.e. the expected ready order, or
+  /// forward_issue_order()).
   std::vector<std::size_t> issue_order;
+  /// @brief How the issue order is made when issue_order is empty.
+  IssuePriority priority = IssuePriority::ready;
+  /// @brief The order the next forward uses the parameters in (parameter indices, first
+  /// first), for IssuePriority::forward. Empty: registration order.
+  std::vector<std::size_t> forward_order;
+  /// @brief For IssuePriority::forward: the expected wire time of all gradients over the
+  /// backward's time (the model forward_issue_order() schedules with).
+  double wire_ratio = 1.0;
   /// @brief Count, per parameter, the ranks that produced its gradient in a step (DDP's
   /// find_unused_parameters): the client hands over unused ones with mark_unused() and learns
   /// after the step which were unused on every rank (globally_unused()). Costs one more
@@ -57,6 +79,20 @@ struct ReducerPlan {
 
 /// @brief "cap 25 MiB, first 1 MiB, 3 buckets, partition, float16, in flight 1".
 std::string describe(const ReducerPlan& plan);
+
+/// @brief The issue order IssuePriority::forward gives `buckets` (filled from gradients of
+/// `bytes` each): the order ByteScheduler's priority queue would issue them in on a wire
+/// carrying one bucket at a time, if the gradients became ready at a uniform rate per byte in
+/// `ready_order` over a backward of time 1 and the wire took `wire_ratio` for all of them.
+/// Whenever the wire frees, of the buckets expected to be ready it takes the one whose
+/// earliest parameter in `forward_order` comes first (ties: bucket index); when none is
+/// ready, the next to become ready. A function of its arguments only: the same on every rank.
+/// Empty ready_order: reverse registration; empty forward_order: registration order.
+std::vector<std::size_t> forward_issue_order(const std::vector<Bucket>& buckets,
+                                             const std::vector<std::size_t>& bytes,
+                                             const std::vector<std::size_t>& ready_order,
+                                             const std::vector<std::size_t>& forward_order,
+                                             double wire_ratio);
 
 /// @brief Averages the gradients of a model whose backward happens outside loom.
 ///
@@ -87,6 +123,8 @@ class GradientReducer {
   const ParameterSpec& parameter(std::size_t p) const;
   const ReducerPlan& plan() const noexcept;
   const std::vector<Bucket>& buckets() const noexcept;
+  /// @brief The buckets in the order their allreduces are issued (the same on every rank).
+  const std::vector<std::size_t>& issue_order() const noexcept;
   /// @brief Where parameter p's averaged gradient is once its buckets landed (loom's memory,
   /// valid until the next replan()).
   Buffer gradient(std::size_t p) const;
