@@ -121,6 +121,12 @@ class Tree:
         rank = re.fullmatch(r"np(\d+)", suffix)
         if rank and prefix in self.mpi_ranks:
             return rank.group(1) in self.mpi_ranks[prefix]
+        # tests/torch: loom_add_torch_test(NAME ...) registers torch_NAME.np2 and .np3 where
+        # loom_torch is built (not in the sanitizer builds).
+        torch_test = re.fullmatch(r"torch_(\w+)", prefix)
+        if rank and torch_test and rank.group(1) in ("2", "3"):
+            return any(re.search(r"\bloom_add_torch_test\(\s*%s\b" % torch_test.group(1), text)
+                       for text in self.cmake_files.values())
         for text in self.cmake_files.values():
             if name in text:
                 return True
