@@ -102,8 +102,8 @@ class AlgorithmSelector {
   // binary-searches instead of scanning the file's records.
   struct MeasuredSize {
     std::size_t bytes;
-    std::array<double, 8> seconds;  // by Algorithm; negative where not measured
-    std::array<double, 8> spread_seconds;
+    std::array<double, 9> seconds;  // by Algorithm; negative where not measured
+    std::array<double, 9> spread_seconds;
   };
   void index_measurements();
   void read_overrides();
