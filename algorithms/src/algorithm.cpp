@@ -26,28 +26,31 @@ std::string_view to_string(Algorithm algorithm) noexcept {
       return "halving";
     case Algorithm::scatter_allgather:
       return "scatter_allgather";
+    case Algorithm::hierarchical:
+      return "hierarchical";
   }
   return "unknown";
 }
 
 Algorithm parse_algorithm(std::string_view name) {
-  for (auto a : {Algorithm::native, Algorithm::ring, Algorithm::recursive_doubling,
-                 Algorithm::rabenseifner, Algorithm::binomial_tree, Algorithm::bruck,
-                 Algorithm::recursive_halving, Algorithm::scatter_allgather})
+  for (auto a :
+       {Algorithm::native, Algorithm::ring, Algorithm::recursive_doubling, Algorithm::rabenseifner,
+        Algorithm::binomial_tree, Algorithm::bruck, Algorithm::recursive_halving,
+        Algorithm::scatter_allgather, Algorithm::hierarchical})
     if (name == to_string(a)) return a;
   if (name == "recursive_doubling") return Algorithm::recursive_doubling;
   if (name == "binomial" || name == "binomial_tree") return Algorithm::binomial_tree;
   if (name == "recursive_halving") return Algorithm::recursive_halving;
   throw Error(ErrorCode::invalid_argument,
               "unknown algorithm '" + std::string(name) +
-                  "' (expected native, ring, rd, rabenseifner, tree, bruck, halving or "
-                  "scatter_allgather)");
+                  "' (expected native, ring, rd, rabenseifner, tree, bruck, halving, "
+                  "scatter_allgather or hierarchical)");
 }
 
 std::span<const Algorithm> candidates(Collective collective) noexcept {
   using A = Algorithm;
-  static constexpr std::array allreduce{A::native, A::ring, A::recursive_doubling, A::rabenseifner,
-                                        A::binomial_tree};
+  static constexpr std::array allreduce{A::native,       A::ring,          A::recursive_doubling,
+                                        A::rabenseifner, A::binomial_tree, A::hierarchical};
   static constexpr std::array allgather{A::native, A::ring, A::recursive_doubling, A::bruck};
   static constexpr std::array reduce_scatter{A::native, A::ring, A::recursive_halving};
   static constexpr std::array broadcast{A::native, A::binomial_tree, A::scatter_allgather};
@@ -117,6 +120,14 @@ std::string cannot_run(Algorithm algorithm, const CollectiveArgs& args, const Ba
         return "count " + std::to_string(count) + " < " + std::to_string(world) +
                " ranks (scatter_allgather needs one element per rank)";
       return {};
+    case Algorithm::hierarchical: {
+      const Topology& topology = backend.topology();
+      if (topology.node_count() < 2)
+        return "one node (hierarchical needs ranks on several nodes; flat algorithms serve one)";
+      if (topology.node_count() == world)
+        return "one rank per node (hierarchical would be the flat algorithm)";
+      return {};
+    }
     case Algorithm::recursive_doubling:
       if (args.op == Collective::allgather && (world & (world - 1)) != 0)
         return "rd allgather needs a power-of-two rank count, not " + std::to_string(world);
@@ -171,6 +182,8 @@ std::unique_ptr<Work> start_algorithm(Backend& backend, Algorithm algorithm,
       if (algorithm == Algorithm::rabenseifner)
         work = alg::rabenseifner_allreduce(backend, args, what);
       if (algorithm == Algorithm::binomial_tree) work = alg::tree_allreduce(backend, args, what);
+      if (algorithm == Algorithm::hierarchical)
+        work = alg::hierarchical_allreduce(backend, args, what);
       break;
     case Collective::allgather:
       if (algorithm == Algorithm::ring) work = alg::ring_allgather(backend, args, what);

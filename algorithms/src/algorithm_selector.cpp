@@ -256,9 +256,58 @@ double log2_ceil(int p) {
 // MPICH" (2005), with the fold for non-power-of-two rank counts; n in bytes.
 double AlgorithmSelector::predict(Algorithm algorithm, Collective collective, std::size_t bytes,
                                   int world) const {
+  return predict_with(_tuning.cost, algorithm, collective, bytes, world);
+}
+
+namespace {
+
+// Whether `topology` has the two levels hierarchical allreduce exploits: several nodes, some
+// of them with several ranks. Elsewhere every prediction is the flat, one-level model's.
+bool two_levels(const Topology& t) {
+  return t.node_count() >= 2 && t.node_count() < t.world_size();
+}
+
+}  // namespace
+
+double AlgorithmSelector::predict(Algorithm algorithm, Collective collective, std::size_t bytes,
+                                  const Topology& topology) const {
+  const int world = topology.world_size();
+  if (!two_levels(topology)) {
+    if (algorithm == Algorithm::hierarchical) return std::numeric_limits<double>::infinity();
+    return predict(algorithm, collective, bytes, world);
+  }
+  CostParameters inter = _tuning.cost;
+  inter.beta_s_per_byte *= inter_node_beta_factor;
+  if (algorithm != Algorithm::hierarchical || collective != Collective::allreduce)
+    return algorithm == Algorithm::hierarchical
+               ? std::numeric_limits<double>::infinity()
+               : predict_with(inter, algorithm, collective, bytes, world);
+  // hierarchical_allreduce.cpp: an intra-node reduce-scatter into m shards (an owner takes
+  // k - 1 pieces of n/m), recursive doubling of each shard among the N nodes (the node's m
+  // owners share its link: n bytes per exchange), an intra-node allgather (n bytes in).
   const double a = _tuning.cost.alpha_s;
   const double b = _tuning.cost.beta_s_per_byte;
   const double g = _tuning.cost.gamma_s_per_byte;
+  const double n = static_cast<double>(bytes);
+  const int nodes = topology.node_count();
+  std::size_t fewest = topology.ranks_of_node(0).size(), most = fewest;
+  for (int node = 1; node < nodes; ++node) {
+    fewest = std::min(fewest, topology.ranks_of_node(node).size());
+    most = std::max(most, topology.ranks_of_node(node).size());
+  }
+  const double m = static_cast<double>(fewest), k = static_cast<double>(most);
+  const int p2 = algorithms::power_of_two_below(nodes);
+  const double exchanges = log2_ceil(p2) + (p2 != nodes ? 2 : 0);
+  const double bi = inter.beta_s_per_byte;
+  return 2 * a + (k - 1) * (n / m) * (b + g) + n * b + exchanges * (a + n * bi) +
+         exchanges * (n / m) * g;
+}
+
+double AlgorithmSelector::predict_with(const CostParameters& cost, Algorithm algorithm,
+                                       Collective collective, std::size_t bytes, int world) const {
+  const double a = cost.alpha_s;
+  const double b = cost.beta_s_per_byte;
+  const double g = cost.gamma_s_per_byte;
   const double n = static_cast<double>(bytes);
   const double p = world;
   if (world <= 1) return 0;
@@ -284,7 +333,7 @@ double AlgorithmSelector::predict(Algorithm algorithm, Collective collective, st
       if (collective == Collective::allreduce &&
           (c == Algorithm::ring || c == Algorithm::rabenseifner))
         continue;
-      best = std::min(best, predict(c, collective, bytes, world));
+      best = std::min(best, predict_with(cost, c, collective, bytes, world));
     }
     return std::isfinite(best) ? best : lg * a + n * b;
   }
@@ -430,7 +479,7 @@ AlgorithmChoice AlgorithmSelector::choose(const CollectiveArgs& args,
     std::optional<MeasuredTime> m;
     if (tuned_here) m = measured(a, args.op, bytes, world);
     any_measured = any_measured || m.has_value();
-    scored.push_back({a, m ? m->seconds : predict(a, args.op, bytes, world),
+    scored.push_back({a, m ? m->seconds : predict(a, args.op, bytes, backend.topology()),
                       m ? m->spread_seconds : 0, m.has_value()});
   }
   // With measurements, a candidate without one (it could not run when measured) is ranked

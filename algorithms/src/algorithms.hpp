@@ -29,6 +29,11 @@ std::unique_ptr<ChannelWork> recursive_doubling_allreduce(Backend& b, const Coll
                                                           std::string what);
 std::unique_ptr<ChannelWork> rabenseifner_allreduce(Backend& b, const CollectiveArgs& a,
                                                     std::string what);
+std::unique_ptr<ChannelWork> hierarchical_allreduce(Backend& b, const CollectiveArgs& a,
+                                                    std::string what);
+/// @brief How many shards hierarchical allreduce cuts the vector into: the fewest ranks any
+/// node of `topology` holds.
+int hierarchical_shards(const Topology& topology);
 std::unique_ptr<ChannelWork> tree_allreduce(Backend& b, const CollectiveArgs& a, std::string what);
 std::unique_ptr<ChannelWork> tree_reduce(Backend& b, const CollectiveArgs& a, std::string what);
 std::unique_ptr<ChannelWork> tree_broadcast(Backend& b, const CollectiveArgs& a, std::string what);

@@ -78,7 +78,7 @@ Algorithm algorithm(std::string_view token, const std::string& where) {
   } catch (const Error&) {
     bad(where + ": '" + std::string(token) +
         "' is not an algorithm (native, ring, rd, rabenseifner, tree, bruck, halving, "
-        "scatter_allgather)");
+        "scatter_allgather, hierarchical)");
   }
 }
 
@@ -243,7 +243,7 @@ std::vector<AlgorithmRange> parse_algorithm_ranges(std::string_view text) {
     } catch (const Error&) {
       bad("'" + std::string(entry.substr(0, colon)) + "' in '" + token +
           "' is not an algorithm (native, ring, rd, rabenseifner, tree, bruck, halving, "
-          "scatter_allgather)");
+          "scatter_allgather, hierarchical)");
     }
     const std::string_view span = entry.substr(colon + 1);
     const auto dash = span.find('-');

@@ -39,7 +39,8 @@ po::options_description describe_options() {
       ("check,c", po::value<std::string>(), "1: verify every result element, 0: not (default 1)")
       ("algo,a", po::value<std::string>(),
        "comma list of native (loom's backend call), loom's algorithms (ring, rd, "
-       "rabenseifner, tree, bruck, halving, scatter_allgather), auto (the algorithm "
+       "rabenseifner, tree, bruck, halving, scatter_allgather, hierarchical), auto (the "
+       "algorithm "
        "selector's choice), mpi-raw (the MPI call made directly), or all (default native)")
       ("json", po::value<std::string>(), "also write the rows to this file, as a JSON array")
       ("backend", po::value<std::string>(),
@@ -205,12 +206,13 @@ Options parse_options(int argc, const char* const* argv) {
       }
       if (std::find(known_algorithms.begin(), known_algorithms.end(), name) ==
           known_algorithms.end())
-        throw UsageError(bad_value("-a/--algo", *v,
-                                   "'" + name +
-                                       "' is not an algorithm (expected native, ring, rd, "
-                                       "rabenseifner, tree, bruck, halving, "
-                                       "scatter_allgather, auto, mpi-raw, all or a comma "
-                                       "list of them)"));
+        throw UsageError(
+            bad_value("-a/--algo", *v,
+                      "'" + name +
+                          "' is not an algorithm (expected native, ring, rd, "
+                          "rabenseifner, tree, bruck, halving, "
+                          "scatter_allgather, hierarchical, auto, mpi-raw, all or a comma "
+                          "list of them)"));
       if (std::find(options.algorithms.begin(), options.algorithms.end(), name) ==
           options.algorithms.end())
         options.algorithms.push_back(name);

@@ -53,7 +53,8 @@ std::size_t parse_size(const std::string& text, const std::string& flag);
 
 /// @brief The algorithms -a accepts ("all" stands for every one of them).
 inline const std::vector<std::string> known_algorithms{
-    "native", "ring",   "rd", "rabenseifner", "tree", "bruck", "halving", "scatter_allgather",
-    "auto",   "mpi-raw"};
+    "native",       "ring",  "rd",      "rabenseifner",
+    "tree",         "bruck", "halving", "scatter_allgather",
+    "hierarchical", "auto",  "mpi-raw"};
 
 }  // namespace loom::bench

@@ -90,6 +90,41 @@ TEST(AlgorithmSelector, WithoutAFitALargeAllreduceGoesToABandwidthOptimalAlgorit
   }
 }
 
+// On two levels (2 nodes x 2 ranks, 2 x 3) the model picks hierarchical for large allreduces
+// and, at 2 x 2, a latency-optimal one for small; on one node, or one rank per node, never. (At 2 +
+// 1 + 3 its leader-based form, recursive doubling with the fold among 3 nodes, moves more over a
+// node's link than the flat ring, and the model says so.)
+TEST(AlgorithmSelector, HierarchicalOnlyOnSeveralNodesAndForLargeSizes) {
+  for (const AlgorithmSelector& s : {AlgorithmSelector(simple_model()), AlgorithmSelector()}) {
+    std::vector<float> large(16u << 20), small(8);
+    for (const Topology& t : {Topology::blocks(4, 2), Topology::blocks(6, 3)}) {
+      LocalWorld two_levels(t);
+      EXPECT_EQ(s.choose(allreduce_of(large), two_levels.backend(0)).algorithm,
+                Algorithm::hierarchical)
+          << t.describe();
+      // At 2 x 2 recursive doubling takes as few steps (2) as hierarchical (3 with its
+      // intra-node ones): small sizes stay flat. (At 2 x 3 hierarchical's 3 steps beat the
+      // fold's 4, and the model takes it for every size.)
+      if (t.world_size() == 4)
+        EXPECT_NE(s.choose(allreduce_of(small), two_levels.backend(0)).algorithm,
+                  Algorithm::hierarchical);
+      EXPECT_LT(s.predict(Algorithm::hierarchical, Collective::allreduce, 64u << 20, t),
+                s.predict(Algorithm::ring, Collective::allreduce, 64u << 20, t));
+    }
+    for (const Topology& t : {Topology::single_node(4), Topology::node_per_rank(3)}) {
+      LocalWorld flat(t);
+      for (std::vector<float>* v : {&large, &small}) {
+        const AlgorithmChoice c = s.choose(allreduce_of(*v), flat.backend(0));
+        EXPECT_NE(c.algorithm, Algorithm::hierarchical) << t.describe();
+        EXPECT_EQ(c.reason.find("hierarchical"), std::string::npos) << c.reason;
+        EXPECT_DOUBLE_EQ(
+            s.predict(Algorithm::ring, Collective::allreduce, v->size() * 4, t),
+            s.predict(Algorithm::ring, Collective::allreduce, v->size() * 4, t.world_size()));
+      }
+    }
+  }
+}
+
 TEST(AlgorithmSelector, MeasurementsBeatTheModelNearTheirSize) {
   TuningParameters t = simple_model();
   t.measured.push_back({Collective::allreduce, 4, 4096, Algorithm::native, 50e-6});

@@ -59,6 +59,70 @@ INSTANTIATE_TEST_SUITE_P(AllCases, LocalAlgorithms,
                                   std::string(to_string(pair.second));
                          });
 
+// Hierarchical allreduce on configured node layouts (even, one rank per node, uneven, one
+// node): every dtype and op, counts below the rank count and odd, in and out of place; it runs
+// exactly where cannot_run says it can (several nodes, some node with several ranks).
+class HierarchicalLayouts : public ::testing::TestWithParam<std::vector<int>> {};
+
+TEST_P(HierarchicalLayouts, MatchIndependentValues) {
+  const std::vector<int>& node_ids = GetParam();
+  const Topology topology = Topology::from_node_ids(node_ids);
+  const bool expect_run =
+      topology.node_count() >= 2 && topology.node_count() < topology.world_size();
+  for (DType dtype : all_dtypes) {
+    for (const auto& c : testing::cases_for(Collective::allreduce, dtype, algorithm_counts)) {
+      std::mutex mutex;
+      std::vector<std::string> failures;
+      LocalWorld::run(topology, [&](Backend& inner) {
+        testing::ForcedAlgorithmBackend forced(inner, Algorithm::hierarchical);
+        std::string result = testing::check(forced, c);
+        const bool ran = forced.last_algorithm() == Algorithm::hierarchical;
+        if (result.empty() && c.count != 0 && ran != expect_run)
+          result = testing::describe(c) + ": hierarchical " + (ran ? "ran" : "did not run") +
+                   " on " + topology.describe();
+        if (!result.empty()) {
+          std::lock_guard lock(mutex);
+          failures.push_back(topology.describe() + ": " + result);
+        }
+      });
+      ASSERT_TRUE(failures.empty()) << failures.front();
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, HierarchicalLayouts,
+                         ::testing::Values(std::vector<int>{0, 0, 1, 1}, std::vector<int>{0, 1, 2},
+                                           std::vector<int>{0, 0, 0, 1, 1, 1},
+                                           std::vector<int>{0, 0, 1, 2, 2, 2},
+                                           std::vector<int>{0, 0, 0, 0},
+                                           std::vector<int>{0, 1, 0, 1, 1},
+                                           std::vector<int>{0, 0, 1, 1, 1, 2, 2, 2, 2}),
+                         [](const auto& info) {
+                           std::string name = "n";
+                           for (int id : info.param) name += std::to_string(id);
+                           return name;
+                         });
+
+TEST(Algorithms, HierarchicalCannotRunOnOneNodeOrOneRankPerNode) {
+  std::vector<float> v(8);
+  const CollectiveArgs args{Collective::allreduce, Buffer::of(std::span(v)),
+                            Buffer::of(std::span(v)), ReduceOp::sum, 0};
+  LocalWorld one_node(4);
+  EXPECT_NE(cannot_run(Algorithm::hierarchical, args, one_node.backend(0)).find("one node"),
+            std::string::npos);
+  LocalWorld spread(Topology::node_per_rank(3));
+  EXPECT_NE(cannot_run(Algorithm::hierarchical, args, spread.backend(0)).find("one rank per node"),
+            std::string::npos);
+  LocalWorld two_by_two(Topology::blocks(4, 2));
+  EXPECT_EQ(cannot_run(Algorithm::hierarchical, args, two_by_two.backend(0)), "");
+  std::vector<float> gathered(32);
+  const CollectiveArgs gather{Collective::allgather, Buffer::of(std::span(v)),
+                              Buffer::of(std::span(gathered)), ReduceOp::sum, 0};
+  EXPECT_NE(
+      cannot_run(Algorithm::hierarchical, gather, two_by_two.backend(0)).find("does not implement"),
+      std::string::npos);
+}
+
 TEST(Algorithms, CannotRunExplainsWhy) {
   LocalWorld world(3);
   std::vector<float> v(2);

@@ -3,12 +3,18 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <cstdlib>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "backends/mpi_world.hpp"
+#include "loom/algorithm.hpp"
+#include "loom/algorithm_selector.hpp"
 #include "loom/topology.hpp"
 
 namespace loom {
@@ -67,6 +73,56 @@ TEST(ClusterTopology, MyNodeIsTheHostIRunOn) {
     failure = "rank " + std::to_string(rank) + ": leader " +
               std::to_string(t.leader_of_node(node)) + ", local rank " +
               std::to_string(t.local_rank(rank));
+  expect_all_ranks_ok(failure);
+}
+
+// Hierarchical allreduce across the cluster's nodes, chosen by LOOM_ALLREDUCE=hierarchical:0-max:
+// exact sums, maxima and averages at counts below the rank count, odd and large; where the
+// cluster has one rank per node the selector falls back to a flat algorithm and says why.
+TEST(ClusterTopology, HierarchicalAllreduceIsExact) {
+  Backend& b = world();
+  const int n = b.world_size();
+  const Topology& t = b.topology();
+  ::setenv("LOOM_ALLREDUCE", "hierarchical:0-max", 1);
+  const AlgorithmSelector selector = AlgorithmSelector::from_environment();
+  ::unsetenv("LOOM_ALLREDUCE");
+  const bool can = t.node_count() < n;
+  std::string failure;
+  for (std::size_t count : {std::size_t{1}, std::size_t{3}, std::size_t{7}, std::size_t{1} << 20,
+                            (std::size_t{1} << 20) + 3}) {
+    std::vector<double> sum(count), avg(count);
+    std::vector<std::int32_t> max(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      sum[i] = avg[i] = b.rank() + static_cast<double>(i);
+      max[i] = static_cast<std::int32_t>((b.rank() * 7 + i) % 11);
+    }
+    std::vector<double> sum_out(count);
+    const CollectiveArgs sum_args{Collective::allreduce, Buffer::of(std::span(sum)),
+                                  Buffer::of(std::span(sum_out)), ReduceOp::sum, 0};
+    const AlgorithmChoice choice = selector.choose(sum_args, b);
+    if ((choice.algorithm == Algorithm::hierarchical) != can)
+      failure += " count " + std::to_string(count) + " chose " +
+                 std::string(to_string(choice.algorithm)) + " (" + choice.reason + ")";
+    run_collective(b, choice.algorithm, sum_args);
+    run_collective(b, choice.algorithm,
+                   {Collective::allreduce, Buffer::of(std::span(avg)), Buffer::of(std::span(avg)),
+                    ReduceOp::avg, 0});
+    run_collective(b, choice.algorithm,
+                   {Collective::allreduce, Buffer::of(std::span(max)), Buffer::of(std::span(max)),
+                    ReduceOp::max, 0});
+    const double ranks = n * (n - 1) / 2.0;
+    for (std::size_t i = 0; i < count && failure.empty(); ++i) {
+      std::int32_t expected_max = 0;
+      for (int r = 0; r < n; ++r)
+        expected_max = std::max(expected_max, static_cast<std::int32_t>((r * 7 + i) % 11));
+      if (sum_out[i] != ranks + n * static_cast<double>(i) ||
+          std::abs(avg[i] - (ranks / n + static_cast<double>(i))) > 1e-9 * (1 + avg[i]) ||
+          max[i] != expected_max)
+        failure = "count " + std::to_string(count) + " element " + std::to_string(i) + ": sum " +
+                  std::to_string(sum_out[i]) + " avg " + std::to_string(avg[i]) + " max " +
+                  std::to_string(max[i]);
+    }
+  }
   expect_all_ranks_ok(failure);
 }
 

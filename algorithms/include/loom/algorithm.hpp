@@ -21,10 +21,12 @@ enum class Algorithm : unsigned char {
   bruck,               ///< allgather, any rank count
   recursive_halving,   ///< "halving": reduce_scatter (non-power-of-two fold)
   scatter_allgather,   ///< broadcast: scatter from the root + ring allgather
+  hierarchical,        ///< allreduce over the Topology: intra-node reduce-scatter, inter-node
+                       ///< allreduce per shard, intra-node allgather (needs several nodes)
 };
 
 /// @brief The short name used in LOOM_<COLL> ranges, tuning files and -a: "native", "ring",
-/// "rd", "rabenseifner", "tree", "bruck", "halving", "scatter_allgather".
+/// "rd", "rabenseifner", "tree", "bruck", "halving", "scatter_allgather", "hierarchical".
 std::string_view to_string(Algorithm algorithm) noexcept;
 /// @brief Parses a short name (also "recursive_doubling", "binomial", "recursive_halving");
 /// throws ErrorCode::invalid_argument naming the token otherwise.

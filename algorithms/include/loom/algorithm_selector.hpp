@@ -77,6 +77,17 @@ class AlgorithmSelector {
   /// size of the buffer the *_async call gets as send; allgather: the gathered buffer) over
   /// `world` ranks.
   double predict(Algorithm algorithm, Collective collective, std::size_t bytes, int world) const;
+  /// @brief The same on `topology`. Where it has two levels (several nodes, some with several
+  /// ranks) the flat algorithms' messages are taken to cross the inter-node link, at beta x
+  /// inter_node_beta_factor, and hierarchical allreduce pays that only for the bytes a node's
+  /// link carries (n per inter-node exchange) and beta inside the node; elsewhere it is
+  /// predict(..., world) and hierarchical (which cannot run there) is infinite.
+  double predict(Algorithm algorithm, Collective collective, std::size_t bytes,
+                 const Topology& topology) const;
+  /// @brief How much slower a byte crosses between nodes than inside one, in the model (the
+  /// tuning file measures one level; nodes are joined by networks ten to a hundred times
+  /// slower than their memory).
+  static constexpr double inter_node_beta_factor = 10;
 
   /// @brief A digest of the whole configuration (the tuning file's parameters and
   /// measurements, every override): equal digests choose alike. Compile compares it across
@@ -102,9 +113,11 @@ class AlgorithmSelector {
   // binary-searches instead of scanning the file's records.
   struct MeasuredSize {
     std::size_t bytes;
-    std::array<double, 8> seconds;  // by Algorithm; negative where not measured
-    std::array<double, 8> spread_seconds;
+    std::array<double, 9> seconds;  // by Algorithm; negative where not measured
+    std::array<double, 9> spread_seconds;
   };
+  double predict_with(const CostParameters& cost, Algorithm algorithm, Collective collective,
+                      std::size_t bytes, int world) const;
   void index_measurements();
   void read_overrides();
 
