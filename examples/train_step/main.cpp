@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include <malloc.h>
 #include <unistd.h>
 
 #include <boost/program_options.hpp>
@@ -42,7 +43,10 @@ struct Flags {
 };
 
 // Resident memory of this process (bytes), from /proc/self/statm; 0 where it cannot be read.
+// Freed heap memory goes back to the system first (malloc_trim), so what is counted is what the
+// program holds, not what glibc's per-thread arenas keep cached after a busy moment.
 std::size_t resident_bytes() {
+  ::malloc_trim(0);
   std::size_t pages = 0, resident = 0;
   if (std::FILE* statm = std::fopen("/proc/self/statm", "r")) {
     if (std::fscanf(statm, "%zu %zu", &pages, &resident) != 2) resident = 0;
