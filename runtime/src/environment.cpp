@@ -49,7 +49,8 @@ constexpr std::array<Variable, 16> all_variables{{
      "$XDG_CACHE_HOME/loom, else ~/.cache/loom", "a writable directory (created if missing)"},
     {"LOOM_ALLREDUCE",
      "algorithms by size range for allreduce, e.g. "
-     "\"rd:0-8K;rabenseifner:8K-1M;ring:1M-max\"",
+     "\"rd:0-8K;rabenseifner:8K-1M;ring:1M-max\" (names: native, ring, rd, rabenseifner, tree, "
+     "hierarchical)",
      "unset: the selector decides", "name:lo-hi;... (K, M, G, max)"},
     {"LOOM_ALLGATHER", "the same for allgather", "unset", "as LOOM_ALLREDUCE"},
     {"LOOM_REDUCE_SCATTER", "the same for reduce_scatter", "unset", "as LOOM_ALLREDUCE"},
