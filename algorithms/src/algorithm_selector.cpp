@@ -323,10 +323,11 @@ double AlgorithmSelector::predict_with(const CostParameters& cost, Algorithm alg
     // No fit: the library is assumed to run the best of the same algorithms, minus loom's
     // per-message overhead, which alpha includes; for allreduce, the best of the latency-optimal
     // ones only (recursive doubling, binomial tree). Measured (Open MPI 4.1, vader, 2 ranks, see
-    // bench/results/2026-11-22_to_2026-11-24.md, "Why loom lost from 2 MiB up"): MPI_Allreduce and MPI_Iallreduce take 2-3x loom's
-    // ring and Rabenseifner from 4 MiB up, as a library moving the whole buffer per step does,
-    // so an untuned model that let native tie with the bandwidth-optimal algorithms (and win the
-    // tie) chose the slowest candidate for every large allreduce. loom-tune's fit replaces this.
+    // bench/results/2026-11-22_to_2026-11-24.md, "Why loom lost from 2 MiB up"): MPI_Allreduce and
+    // MPI_Iallreduce take 2-3x loom's ring and Rabenseifner from 4 MiB up, as a library moving the
+    // whole buffer per step does, so an untuned model that let native tie with the
+    // bandwidth-optimal algorithms (and win the tie) chose the slowest candidate for every large
+    // allreduce. loom-tune's fit replaces this.
     double best = std::numeric_limits<double>::infinity();
     for (Algorithm c : candidates(collective)) {
       if (c == Algorithm::native) continue;
