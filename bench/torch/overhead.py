@@ -87,12 +87,7 @@ def main():
     ap.add_argument("--profile", help="rank 0 writes a cProfile of parallelize's steps here")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    for var, names in (("RANK", ("OMPI_COMM_WORLD_RANK", "PMIX_RANK")),
-                       ("WORLD_SIZE", ("OMPI_COMM_WORLD_SIZE",))):
-        for n in names:
-            if n in os.environ and var not in os.environ:
-                os.environ[var] = os.environ[n]
-    import loom_torch  # noqa: F401  registers "loom", agrees on MASTER_ADDR/PORT
+    import loom_torch  # noqa: F401  registers "loom"; fills RANK, WORLD_SIZE and MASTER_* from mpirun
     dist.init_process_group("loom")
     groups = {"loom": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
     rank, world = dist.get_rank(), dist.get_world_size()
