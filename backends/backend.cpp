@@ -164,9 +164,8 @@ std::vector<std::int64_t> Backend::agree_on_root(std::string_view name,
       exchange_int64(name, std::span(&length, 1), limit, what);
   const auto [low, high] = std::minmax_element(lengths.begin(), lengths.end());
   if (same_length && *low != *high)
-    throw Error(ErrorCode::mismatch, what() + " on rank " + std::to_string(rank()) +
-                                         ": ranks hold between " + std::to_string(*low) + " and " +
-                                         std::to_string(*high) + " values (this rank " +
+    throw Error(ErrorCode::mismatch, what() + ": ranks hold between " + std::to_string(*low) +
+                                         " and " + std::to_string(*high) + " values (this rank " +
                                          std::to_string(length) + ")");
   if (lengths.front() == 0) return {};
   // On the heap: abandoned at the deadline, the broadcast may still write it.

@@ -482,7 +482,8 @@ std::vector<std::size_t> Bucketer::agreed_ready_order(std::span<const std::size_
   const std::vector<std::int64_t> mine(order.begin(), order.end());
   const std::vector<std::int64_t> root = backend.agree_on_root(
       "Bucketer::agreed_ready_order", mine, backend.timeout(),
-      [&] { return "Bucketer::agreed_ready_order"; }, /*same_length=*/true);
+      [&] { return "Bucketer::agreed_ready_order on rank " + std::to_string(backend.rank()); },
+      /*same_length=*/true);
   return {root.begin(), root.end()};
 }
 

@@ -218,13 +218,15 @@ TEST(StepPlanner, AgreeOnRootNamesRanksWithAnotherLength) {
     const std::vector<std::int64_t> same = {7, 8, 9};
     const auto root = backend.agree_on_root(
         "test", backend.rank() == 0 ? same : std::vector<std::int64_t>{0, 0, 0},
-        std::chrono::seconds(20), [] { return std::string("agreeing"); }, true);
+        std::chrono::seconds(20),
+        [&] { return "agreeing on rank " + std::to_string(backend.rank()); }, true);
     EXPECT_EQ(root, same) << "rank " << backend.rank();
     // Rank 2 holds 5 values, the others 3.
     const std::vector<std::int64_t> mine(backend.rank() == 2 ? 5 : 3, backend.rank());
     try {
       backend.agree_on_root(
-          "test", mine, std::chrono::seconds(20), [] { return std::string("agreeing"); }, true);
+          "test", mine, std::chrono::seconds(20),
+          [&] { return "agreeing on rank " + std::to_string(backend.rank()); }, true);
       errors[backend.rank()] = "no error";
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), ErrorCode::mismatch);
