@@ -94,6 +94,26 @@ std::vector<std::size_t> forward_issue_order(const std::vector<Bucket>& buckets,
                                              const std::vector<std::size_t>& forward_order,
                                              double wire_ratio);
 
+/// @brief The order GradientReducer issues `buckets` (filled from `parameters` under `plan`)
+/// in: plan.issue_order if given, else forward_issue_order() under IssuePriority::forward with
+/// a collective limit, else bucket order (the expected ready order).
+std::vector<std::size_t> planned_issue_order(const std::vector<Bucket>& buckets,
+                                             const std::vector<ParameterSpec>& parameters,
+                                             const ReducerPlan& plan);
+
+/// @brief The parameters updated together: a parameter goes with the last of its buckets to be
+/// issued; groups in issue order.
+struct UpdateGroups {
+  std::vector<std::vector<std::size_t>> parameters;  ///< per group
+  std::vector<std::vector<std::size_t>> buckets;     ///< per group, in issue order
+  std::vector<std::size_t> group_of;                 ///< per parameter
+};
+
+/// @brief The update groups of `bucketer`'s buckets issued in `issue_order` (as GradientReducer
+/// makes them).
+UpdateGroups make_update_groups(const Bucketer& bucketer,
+                                const std::vector<std::size_t>& issue_order);
+
 /// @brief Averages the gradients of a model whose backward happens outside loom.
 ///
 /// The step is a Graph compiled once: one external node per gradient ("grad.<name>", in the
@@ -174,8 +194,11 @@ class GradientReducer {
   std::vector<std::size_t> agreed(const std::vector<std::size_t>& order);
 
   Executor& executor() noexcept;
+  /// @brief The options the executor was compiled with, unset fields from the environment.
+  ExecutorOptions executor_options() const;
   const Graph& graph() const noexcept;
   Backend& backend() noexcept;
+  const Backend& backend() const noexcept;
   /// @brief The "why exposed" report of the last finished (profiled) step, one line per
   /// bucket, naming the modules whose gradients it holds.
   std::string explain() const;
