@@ -373,6 +373,15 @@ ReducerMeasurements measure_reducer_steps(const GradientReducer& reducer,
     m.forward[j].module = reference[j];
     m.forward[j].parameters = steps.back().client.forward[j].parameters;
   }
+  // Steps whose period is over twice the median had something else between them and the next
+  // step (an evaluation, a checkpoint, another model's steps): left out.
+  std::vector<double> periods;
+  for (const ReducerStepRecord& step : steps)
+    if (module_names(step.client) == reference) periods.push_back(step.client.end_s);
+  std::nth_element(periods.begin(),
+                   periods.begin() + static_cast<std::ptrdiff_t>(periods.size() / 2),
+                   periods.end());
+  const double longest = 2 * periods[periods.size() / 2];
   std::vector<std::array<double, 3>> update_samples;
   double pack_s = 0, unpack_s = 0, pack_bytes = 0, unpack_bytes = 0;
   std::size_t used = 0;
@@ -382,6 +391,7 @@ ReducerMeasurements measure_reducer_steps(const GradientReducer& reducer,
     const std::string which =
         "measure_reducer_steps: step #" + std::to_string(s) + " of " + std::to_string(steps.size());
     if (module_names(t) != reference) continue;  // another forward (evaluation, a changed model)
+    if (t.end_s > longest) continue;
     if (step.run.empty())
       invalid(which +
               " has no profiled run (profiling is off: ExecutorOptions::profile or "

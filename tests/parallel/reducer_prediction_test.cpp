@@ -208,8 +208,12 @@ TEST(ReducerPrediction, PredictsTheMeasuredStepOfItsOwnRecords) {
   ReducerPrediction p;
   LocalWorld::run(2, [&](Backend& backend) {
     GradientReducer reducer(two_parameters(), backend, one_bucket(), options());
-    const std::vector<ReducerStepRecord> steps{one_bucket_step(), one_bucket_step()};
+    // The second step's period is 10x: something else ran before the next step; left out.
+    ReducerStepRecord interrupted = one_bucket_step();
+    interrupted.client.end_s = 0.630;
+    const std::vector<ReducerStepRecord> steps{one_bucket_step(), interrupted, one_bucket_step()};
     const ReducerMeasurements m = measure_reducer_steps(reducer, steps, 0);
+    EXPECT_EQ(m.steps, 2u);
     const ReducerPrediction mine = predict_reducer_step(reducer, m, reducer.plan());
     if (backend.rank() != 0) return;
     std::lock_guard lock(mutex);

@@ -93,10 +93,11 @@ struct ReducerMeasurements {
 };
 
 /// @brief The measurements of `steps`, all run under `reducer`'s current plan (records made
-/// before its last replan() would name other update groups). ErrorCode::invalid_argument
-/// naming the step and what is missing when a record has no profiled run (profiling off), a
-/// gradient that never arrived, no forward, or a forward whose modules differ from the last
-/// step's; steps of a different forward are dropped when a later step has the last one's.
+/// before its last replan() would name other update groups). Steps whose forward's modules
+/// differ from the last step's, or whose period is over twice the median (something else ran
+/// before the next step: an evaluation, a checkpoint, another model), are left out.
+/// ErrorCode::invalid_argument naming the step and what is missing when a record has no
+/// profiled run (profiling off), a gradient that never arrived, or the last step no forward.
 ReducerMeasurements measure_reducer_steps(const GradientReducer& reducer,
                                           std::span<const ReducerStepRecord> steps,
                                           double latency_s = 50e-6);
