@@ -342,8 +342,8 @@ ReducerPrediction simulate_step(const ReducerMeasurements& m, const ReducerPlan&
 }
 
 // What rank 0 sends: success, the plan's fields (its orders are the reducer's own, the same on
-// every rank), the candidates' count and three predictions.
-constexpr std::size_t plan_fields = 11;
+// every rank), the candidates' count, three predictions and whether the plan changes.
+constexpr std::size_t plan_fields = 12;
 
 }  // namespace
 
@@ -569,8 +569,12 @@ AutomaticPlan plan_automatically(GradientReducer& reducer, std::span<const Reduc
     try {
       const ReducerMeasurements measured = measure_reducer_steps(reducer, steps);
       const std::vector<ReducerPrediction> ranked = rank_plans(reducer, measured, space);
-      const ReducerPlan& best = ranked.front().plan;
       const double current = predict_reducer_step(reducer, measured, reducer.plan()).step_s;
+      // A plan replaces the running one only if it is predicted faster by more than the
+      // prediction misses the running plan's measured step.
+      const double doubt = std::abs(current - measured.step_s);
+      const bool change = ranked.front().step_s < current - doubt;
+      const ReducerPlan& best = change ? ranked.front().plan : reducer.plan();
       mine = {1,
               static_cast<std::int64_t>(best.bucket_cap_bytes),
               static_cast<std::int64_t>(best.first_bucket_bytes),
@@ -579,9 +583,10 @@ AutomaticPlan plan_automatically(GradientReducer& reducer, std::span<const Reduc
               static_cast<std::int64_t>(best.priority),
               std::bit_cast<std::int64_t>(best.wire_ratio),
               static_cast<std::int64_t>(ranked.size()),
-              std::bit_cast<std::int64_t>(ranked.front().step_s),
+              std::bit_cast<std::int64_t>(change ? ranked.front().step_s : current),
               std::bit_cast<std::int64_t>(current),
-              std::bit_cast<std::int64_t>(measured.step_s)};
+              std::bit_cast<std::int64_t>(measured.step_s),
+              change ? 1 : 0};
     } catch (const Error& e) {
       failure = e;
       mine = {};
@@ -611,7 +616,8 @@ AutomaticPlan plan_automatically(GradientReducer& reducer, std::span<const Reduc
   chosen.predicted_step_s = std::bit_cast<double>(zero[8]);
   chosen.current_predicted_step_s = std::bit_cast<double>(zero[9]);
   chosen.measured_step_s = std::bit_cast<double>(zero[10]);
-  reducer.replan(plan);
+  chosen.changed = zero[11] != 0;
+  if (chosen.changed) reducer.replan(plan);
   chosen.plan = reducer.plan();
   return chosen;
 }

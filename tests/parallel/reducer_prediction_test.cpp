@@ -291,6 +291,7 @@ TEST(ReducerPrediction, RanksPlansAndAgreesOnRankZerosChoice) {
     EXPECT_DOUBLE_EQ(a.predicted_step_s, ranked_first[0]);
     EXPECT_NEAR(a.measured_step_s, 0.190, 1e-9);
     EXPECT_LT(a.predicted_step_s, a.current_predicted_step_s);
+    EXPECT_TRUE(a.changed);
   }
   ASSERT_FALSE(ranked_current.empty());
   EXPECT_DOUBLE_EQ(decided[0].current_predicted_step_s, ranked_current[0]);

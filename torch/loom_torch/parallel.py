@@ -350,12 +350,13 @@ class _Engine:
         # steps and every rank replans to its choice.
         self.automatic = False
         chosen = self.reducer.plan_automatically()
-        for key in ("bucket_cap_mb", "first_bucket_mb", "partition_large",
-                    "collectives_in_flight", "priority", "wire_ratio"):
-            self.plan[key] = chosen[key]
         self.automatic_plan = chosen
-        self.steps_since_plan = 0
-        self._layout()
+        if chosen["changed"]:
+            for key in ("bucket_cap_mb", "first_bucket_mb", "partition_large",
+                        "collectives_in_flight", "priority", "wire_ratio"):
+                self.plan[key] = chosen[key]
+            self.steps_since_plan = 0
+            self._layout()
 
     def _rebuild_buckets(self):
         # As DDP after its first iteration: buckets filled in the order the gradients became
@@ -675,6 +676,8 @@ class ParallelModule(torch.nn.Module):
     @property
     def automatic_plan(self):
         """bucket_cap_mb="auto": what the automatic plan chose (a dict: "plan", its fields,
-        "predicted_ms", and the plan it replaced as predicted and measured,
-        "replaced_predicted_ms", "replaced_measured_ms"); None until it is made."""
+        "predicted_ms", "candidates", "changed" (False: the starting plan stayed, since no
+        candidate was predicted faster by more than the prediction's own error on it), and the
+        starting plan as predicted and measured, "replaced_predicted_ms" and
+        "replaced_measured_ms"); None until it is made."""
         return self._loom.automatic_plan

@@ -384,6 +384,7 @@ void bind_gradient_reducer(py::module_& m) {
             d["replaced_predicted_ms"] = chosen.current_predicted_step_s * 1e3;
             d["replaced_measured_ms"] = chosen.measured_step_s * 1e3;
             d["candidates"] = chosen.candidates;
+            d["changed"] = chosen.changed;
             d["bucket_cap_mb"] = static_cast<double>(chosen.plan.bucket_cap_bytes) / (1 << 20);
             d["first_bucket_mb"] = static_cast<double>(chosen.plan.first_bucket_bytes) / (1 << 20);
             d["partition_large"] = chosen.plan.partition_large;

@@ -161,12 +161,17 @@ struct AutomaticPlan {
   double current_predicted_step_s = 0;  ///< the plan it replaced, predicted alike
   double measured_step_s = 0;           ///< the plan it replaced, measured
   std::size_t candidates = 0;
+  /// @brief Whether the plan changed (replan() ran).
+  bool changed = false;
 };
 
 /// @brief Collective (every rank, between steps, at the same step): rank 0 measures `steps`
 /// (its own), ranks the plans of `space` and sends its fastest; every rank replans to it
-/// (GradientReducer::replan) and gets the same AutomaticPlan. Rank 0's failure to predict
-/// (ErrorCode::invalid_argument naming why) is thrown on every rank, the plan left as it was.
+/// (GradientReducer::replan) and gets the same AutomaticPlan. The running plan stays unless
+/// the fastest is predicted faster by more than the prediction of the running plan misses
+/// its measured step (on a loaded host the model's error can exceed a candidate's gain). Rank 0's
+/// failure to predict (ErrorCode::invalid_argument naming why) is thrown on every rank, the plan
+/// left as it was.
 AutomaticPlan plan_automatically(GradientReducer& reducer, std::span<const ReducerStepRecord> steps,
                                  const PlanSearchSpace& space = {});
 
