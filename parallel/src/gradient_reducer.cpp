@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <numeric>
@@ -216,6 +217,10 @@ struct GradientReducer::State {
   std::vector<char> signalled;                  // per group: updated() this step
   std::mutex log_mutex;
   std::vector<std::size_t> ready_log, last_ready_order;
+  // When each parameter was handed over, in seconds since begin() (-1: not yet), this step's and
+  // the last finished one's.
+  std::chrono::steady_clock::time_point begun;
+  std::vector<double> handed_at, last_handed_at;
 
   State(std::vector<ParameterSpec> p, Backend& b, ReducerPlan pl, ExecutorOptions o)
       : parameters(std::move(p)), backend(b), plan(std::move(pl)), executor_options(std::move(o)) {}
@@ -241,8 +246,11 @@ struct GradientReducer::State {
       invalid(std::string(call) + ": " + where(p) +
               " was already handed over in this step (a second backward through it before the "
               "step finished?)");
+    const double at =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - begun).count();
     std::lock_guard lock(log_mutex);
     ready_log.push_back(p);
+    handed_at[p] = at;
   }
 };
 
@@ -397,6 +405,8 @@ void GradientReducer::begin() {
   {
     std::lock_guard lock(s.log_mutex);
     s.ready_log.clear();
+    s.handed_at.assign(s.parameters.size(), -1);
+    s.begun = std::chrono::steady_clock::now();
   }
   s.executor->start();
   s.in_step = true;
@@ -507,6 +517,7 @@ void GradientReducer::finish() {
   s.executor->wait();
   std::lock_guard lock(s.log_mutex);
   if (s.ready_log.size() == s.parameters.size()) s.last_ready_order = s.ready_log;
+  s.last_handed_at = s.handed_at;
 }
 
 void GradientReducer::replan(ReducerPlan plan) {
@@ -520,6 +531,11 @@ void GradientReducer::replan(ReducerPlan plan) {
 std::vector<std::size_t> GradientReducer::observed_ready_order() const {
   std::lock_guard lock(_state->log_mutex);
   return _state->last_ready_order;
+}
+
+std::vector<double> GradientReducer::handed_over_seconds() const {
+  std::lock_guard lock(_state->log_mutex);
+  return _state->last_handed_at;
 }
 
 std::vector<std::size_t> GradientReducer::agreed(const std::vector<std::size_t>& order) {

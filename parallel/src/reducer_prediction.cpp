@@ -443,6 +443,12 @@ ReducerMeasurements measure_reducer_steps(const GradientReducer& reducer,
       if (auto it = index.find(timing.name); it != index.end())
         arrival[it->second] = seconds(timing.end_ns);
     }
+    if (!step.handed_over_s.empty()) {
+      if (step.handed_over_s.size() != n)
+        invalid(which + " has " + std::to_string(step.handed_over_s.size()) +
+                " hand-over times for " + std::to_string(n) + " parameters");
+      arrival = step.handed_over_s;
+    }
     for (std::size_t p = 0; p < n; ++p)
       if (arrival[p] < 0)
         invalid(which + ": the gradient of '" + reducer.parameter(p).name +

@@ -325,6 +325,9 @@ TEST(ReducerPrediction, BadRecordsAreNamedErrors) {
     ReducerStepRecord lost = one_bucket_step();
     lost.run.erase(lost.run.begin());
     mine.push_back(message({lost}));
+    ReducerStepRecord short_times = one_bucket_step();
+    short_times.handed_over_s = {0.01};
+    mine.push_back(message({short_times}));
     // rank 1 fails to plan on rank 0's failure too
     std::string automatic = "no error";
     try {
@@ -341,7 +344,7 @@ TEST(ReducerPrediction, BadRecordsAreNamedErrors) {
       messages.push_back("rank 1: " + automatic);
     }
   });
-  ASSERT_EQ(messages.size(), 6u) << (messages.empty() ? "" : messages.back());
+  ASSERT_EQ(messages.size(), 7u) << (messages.empty() ? "" : messages.back());
   EXPECT_NE(messages[0].find("no profiled step"), std::string::npos) << messages[0];
   EXPECT_NE(messages[1].find("has no profiled run (profiling is off"), std::string::npos)
       << messages[1];
@@ -349,7 +352,9 @@ TEST(ReducerPrediction, BadRecordsAreNamedErrors) {
   EXPECT_NE(messages[3].find("update group #7 of 1"), std::string::npos) << messages[3];
   EXPECT_NE(messages[4].find("the gradient of 'out.weight' has no time"), std::string::npos)
       << messages[4];
-  EXPECT_NE(messages[5].find("no profiled step"), std::string::npos) << messages[5];
+  EXPECT_NE(messages[5].find("has 1 hand-over times for 2 parameters"), std::string::npos)
+      << messages[5];
+  EXPECT_NE(messages[6].find("no profiled step"), std::string::npos) << messages[6];
 }
 
 TEST(ReducerPrediction, MeasuresARealProfiledRun) {
@@ -393,6 +398,7 @@ TEST(ReducerPrediction, MeasuresARealProfiledRun) {
       reducer.finish();
       r.client.waits.push_back({w, since(begun)});
       r.run = reducer.executor().last_run();
+      r.handed_over_s = reducer.handed_over_seconds();
       r.client.end_s = since(begun);
       steps.push_back(std::move(r));
     }
@@ -404,7 +410,10 @@ TEST(ReducerPrediction, MeasuresARealProfiledRun) {
     p = predicted;
   });
   ASSERT_EQ(m.ready_s.size(), 3u);
-  EXPECT_EQ(m.steps, 4u);
+  // At least the 3 of 4 periods up to the median are kept (the longer ones may be dropped as
+  // interrupted on a loaded host).
+  EXPECT_GE(m.steps, 3u);
+  EXPECT_LE(m.steps, 4u);
   EXPECT_LT(m.ready_s[2], m.ready_s[1]);
   EXPECT_LT(m.ready_s[1], m.ready_s[0]);
   EXPECT_GE(m.ready_s[2], 0.002);  // each hand-over after a 2 ms sleep

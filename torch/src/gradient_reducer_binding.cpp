@@ -126,7 +126,8 @@ class TorchReducer {
   /// predict(); the last `kept` steps since the plan changed.
   void record_step(ClientTimeline client) {
     if (!_profiling) return;
-    _records.push_back({_reducer->executor().last_run(), std::move(client)});
+    _records.push_back(
+        {_reducer->executor().last_run(), std::move(client), _reducer->handed_over_seconds()});
     while (_records.size() > kept) _records.pop_front();
   }
 

@@ -189,6 +189,9 @@ class GradientReducer {
   /// @brief The order the gradients were handed over in the last finished step (parameter
   /// indices), for ReducerPlan::ready_order; empty before.
   std::vector<std::size_t> observed_ready_order() const;
+  /// @brief When each parameter's gradient was handed over (ready or mark_unused) in the last
+  /// finished step, in seconds since its begin() (-1: not handed over); empty before.
+  std::vector<double> handed_over_seconds() const;
   /// @brief Rank 0's `order` on every rank (a collective on the reducer's backend, with its
   /// timeout): ready orders differ slightly between ranks and buckets must not.
   std::vector<std::size_t> agreed(const std::vector<std::size_t>& order);

@@ -45,10 +45,14 @@ struct ClientTimeline {
 };
 
 /// @brief One profiled step: the executor's timings of its run (Executor::last_run() after
-/// finish()) and the client's timeline.
+/// finish()), the client's timeline and the reducer's hand-over times.
 struct ReducerStepRecord {
   std::vector<NodeTiming> run;
   ClientTimeline client;
+  /// @brief When each gradient was handed over (GradientReducer::handed_over_seconds()). Empty:
+  /// the end of its "grad.<name>" node in `run`, which is later when the executor armed the
+  /// node after the hand-over (a loaded host's late worker at the run's start).
+  std::vector<double> handed_over_s;
 };
 
 /// @brief A forward pre-hook's share of the forward, on the client's compute clock.
