@@ -341,9 +341,9 @@ ReducerPrediction simulate_step(const ReducerMeasurements& m, const ReducerPlan&
   return out;
 }
 
-// What rank 0 sends: success, the plan's fields (its orders are the reducer's own, the same on
-// every rank), the candidates' count, three predictions and whether the plan changes.
-constexpr std::size_t plan_fields = 12;
+// What rank 0 sends: the plan's fields (its orders are the reducer's own, the same on every
+// rank), the candidates' count, three predictions and whether the plan changes.
+constexpr std::size_t plan_fields = 11;
 
 }  // namespace
 
@@ -569,7 +569,7 @@ AutomaticPlan plan_automatically(GradientReducer& reducer, std::span<const Reduc
                                  const PlanSearchSpace& space) {
   if (reducer.in_step()) invalid("plan_automatically: a step is in progress (finish() it first)");
   Backend& backend = reducer.backend();
-  std::array<std::int64_t, plan_fields> mine{};
+  std::vector<std::int64_t> mine;  // rank 0's decision; empty elsewhere and on its failure
   std::optional<Error> failure;
   if (backend.rank() == 0) {
     try {
@@ -581,8 +581,7 @@ AutomaticPlan plan_automatically(GradientReducer& reducer, std::span<const Reduc
       const double doubt = std::abs(current - measured.step_s);
       const bool change = ranked.front().step_s < current - doubt;
       const ReducerPlan& best = change ? ranked.front().plan : reducer.plan();
-      mine = {1,
-              static_cast<std::int64_t>(best.bucket_cap_bytes),
+      mine = {static_cast<std::int64_t>(best.bucket_cap_bytes),
               static_cast<std::int64_t>(best.first_bucket_bytes),
               best.partition_large ? 1 : 0,
               static_cast<std::int64_t>(best.collectives_in_flight),
@@ -595,34 +594,33 @@ AutomaticPlan plan_automatically(GradientReducer& reducer, std::span<const Reduc
               change ? 1 : 0};
     } catch (const Error& e) {
       failure = e;
-      mine = {};
+      mine.clear();
     }
   }
   const auto timeout =
       std::chrono::duration_cast<std::chrono::nanoseconds>(*reducer.executor_options().timeout);
-  const std::vector<std::int64_t> all = backend.exchange_int64(
+  const std::vector<std::int64_t> zero = backend.agree_on_root(
       "GradientReducer::plan_automatically", mine, timeout,
       [&] { return "plan_automatically on rank " + std::to_string(backend.rank()); });
-  const std::span<const std::int64_t> zero(all.data(), plan_fields);
-  if (zero[0] != 1) {
+  if (zero.size() != plan_fields) {
     if (failure) throw *failure;
     invalid("plan_automatically on rank " + std::to_string(backend.rank()) +
             ": rank 0 could not predict the plans (its error says why); the plan is unchanged");
   }
   ReducerPlan plan = reducer.plan();
-  plan.bucket_cap_bytes = static_cast<std::size_t>(zero[1]);
-  plan.first_bucket_bytes = static_cast<std::size_t>(zero[2]);
-  plan.partition_large = zero[3] != 0;
-  plan.collectives_in_flight = static_cast<std::size_t>(zero[4]);
-  plan.priority = static_cast<IssuePriority>(zero[5]);
-  plan.wire_ratio = std::bit_cast<double>(zero[6]);
+  plan.bucket_cap_bytes = static_cast<std::size_t>(zero[0]);
+  plan.first_bucket_bytes = static_cast<std::size_t>(zero[1]);
+  plan.partition_large = zero[2] != 0;
+  plan.collectives_in_flight = static_cast<std::size_t>(zero[3]);
+  plan.priority = static_cast<IssuePriority>(zero[4]);
+  plan.wire_ratio = std::bit_cast<double>(zero[5]);
   plan.issue_order.clear();
   AutomaticPlan chosen;
-  chosen.candidates = static_cast<std::size_t>(zero[7]);
-  chosen.predicted_step_s = std::bit_cast<double>(zero[8]);
-  chosen.current_predicted_step_s = std::bit_cast<double>(zero[9]);
-  chosen.measured_step_s = std::bit_cast<double>(zero[10]);
-  chosen.changed = zero[11] != 0;
+  chosen.candidates = static_cast<std::size_t>(zero[6]);
+  chosen.predicted_step_s = std::bit_cast<double>(zero[7]);
+  chosen.current_predicted_step_s = std::bit_cast<double>(zero[8]);
+  chosen.measured_step_s = std::bit_cast<double>(zero[9]);
+  chosen.changed = zero[10] != 0;
   if (chosen.changed) reducer.replan(plan);
   chosen.plan = reducer.plan();
   return chosen;
