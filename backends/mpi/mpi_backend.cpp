@@ -169,8 +169,16 @@ class SharedBoard {
     if (MPI_Win_allocate_shared(sizeof(RankSlot), 1, MPI_INFO_NULL, _host, &base, &_window) !=
         MPI_SUCCESS) {
       _window = MPI_WIN_NULL;
+      mpi::MpiRuntime::instance().free_at_finalize(_window, _host);
       return;
     }
+    // Freed just before MPI_Finalize with every other board's window, in the order they were
+    // made (the same on every rank: backends are made collectively), whether this board is
+    // destroyed by then or not: freeing is collective, and ranks destroy their backends in
+    // different orders (Python's garbage collector frees loom_torch's reducers when it runs) or
+    // not at all, which in destruction order would leave each rank waiting in another window's
+    // free.
+    mpi::MpiRuntime::instance().free_at_finalize(_window, _host);
     new (base) RankSlot();  // zero: nothing started, completed or failed
     MPI_Barrier(_host);     // every slot constructed before anyone reads one
     int host_size = 1;
@@ -194,11 +202,8 @@ class SharedBoard {
     }
   }
   // Freeing the window is collective, and a peer may be stopped or dead: it is freed just
-  // before MPI_Finalize (MpiRuntime::free_at_finalize), never here.
-  ~SharedBoard() {
-    if (mpi::finalized()) return;
-    mpi::MpiRuntime::instance().free_at_finalize(_window, _host);
-  }
+  // before MPI_Finalize (registered when it was made), never here.
+  ~SharedBoard() = default;
   SharedBoard(const SharedBoard&) = delete;
   SharedBoard& operator=(const SharedBoard&) = delete;
 

@@ -71,9 +71,11 @@ class MpiRuntime {
   /// @brief The MPI_Op computing `op` on `dtype`; avg maps to sum (the caller divides).
   MPI_Op op(ReduceOp op, DType dtype) const noexcept;
 
-  /// @brief Frees `window` and `comm` just before MPI_Finalize instead of now: freeing a window
-  /// is collective, and a backend destroyed while a peer is stopped or dead (after a failure)
-  /// must not block; at finalize every rank is there, or the finalize watchdog ends the wait.
+  /// @brief Frees `window` and `comm` just before MPI_Finalize, in the order of the calls:
+  /// freeing a window is collective, and a backend destroyed while a peer is stopped or dead
+  /// (after a failure) must not block; at finalize every rank is there, or the finalize
+  /// watchdog ends the wait. Called when the window is made (the same order on every rank),
+  /// not when its owner is destroyed (an order, and a set, that differ between ranks).
   void free_at_finalize(MPI_Win window, MPI_Comm comm) const;
 
  private:

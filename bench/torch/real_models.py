@@ -17,7 +17,11 @@ Every mode starts from the same weights (seeded), sees the same batches, and ste
 (momentum 0.9, lr 0.01), DDP's bucket_cap_mb 25 (--bucket-cap-mb). Rounds interleave the modes
 (each mode runs --steps steps per round, every step after a barrier); a step is zero_grad,
 forward, loss, backward, optimizer step, timed on every rank, the slowest rank's counting.
---modes picks the rows; "parallelize" needs loom_torch.parallelize. --compression float16 uses
+--modes picks the rows; "parallelize" needs loom_torch.parallelize, "parallelize-auto" is it
+with bucket_cap_mb="auto". The parallelize rows are profiled (--no-predict: not) and carry the
+step simulator's prediction (net.predict(), rank 0's): "pred_ms" beside "period_ms", the mean
+measured period of the same steps (one backward's start to the next: the timed step plus the
+barrier and the batch between steps), and "err" = (pred - period) / period. --compression float16 uses
 DDP's fp16_compress_hook on Gloo and loom's float16 on loom. One thread per rank (torch and
 OpenBLAS), as bench/torch/ddp_step.py. Rank 0 prints one line per mode and writes --json.
 """
@@ -132,12 +136,13 @@ class Trainer:
         self.mode = mode
         self.params = sum(p.numel() for p in model.parameters())
         optimizer = lambda params: torch.optim.SGD(params, lr=0.01, momentum=0.9)  # noqa: E731
-        if mode == "parallelize":
+        if mode in ("parallelize", "parallelize-auto"):
             import loom_torch
             self.net, self.opt = loom_torch.parallelize(
                 model, optimizer(model.parameters()), process_group=groups["loom"],
-                bucket_cap_mb=args.bucket_cap_mb,
-                compression=None if args.compression == "none" else args.compression)
+                bucket_cap_mb="auto" if mode == "parallelize-auto" else args.bucket_cap_mb,
+                compression=None if args.compression == "none" else args.compression,
+                profile=True if args.predict else None)
         else:
             group = groups["gloo" if mode == "ddp-gloo" else "loom"]
             self.net = DDP(model, process_group=group, bucket_cap_mb=args.bucket_cap_mb)
@@ -176,6 +181,8 @@ def main():
     ap.add_argument("--warmups", type=int, default=3)
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--json", help="rank 0 writes the medians here")
+    ap.add_argument("--no-predict", dest="predict", action="store_false",
+                    help="parallelize rows unprofiled, without the simulator's prediction")
     args = ap.parse_args()
     torch.set_num_threads(1)
     modes = args.modes.split(",")
@@ -215,6 +222,18 @@ def main():
         dist.all_reduce(times, op=dist.ReduceOp.MAX, group=sync)
         result["modes"][t.mode] = {"step_ms": statistics.median(times.tolist()) * 1e3,
                                    "final_loss": t.loss}
+        if t.mode.startswith("parallelize"):
+            net = t.net
+            net.synchronize()
+            row = result["modes"][t.mode]
+            row["plan"] = net.plan()[0]
+            if net.automatic_plan is not None:
+                row["automatic_plan"] = net.automatic_plan
+            if args.predict:
+                p = net.predict()
+                row.update(pred_ms=p["predicted_ms"], period_ms=p["measured_ms"],
+                           err=p["error"], pred_steps=p["steps"], breakdown=p["breakdown"],
+                           measured=p["measured"])
     if rank == 0:
         print("# real_models: %s, %d parameters, %d ranks, compression %s, buckets %g MB, "
               "median of %d steps (%d rounds, modes interleaved)"
@@ -226,6 +245,10 @@ def main():
             ratio = " %.3fx ddp-gloo" % (r["step_ms"] / base) if base else ""
             print("%-12s step %9.3f ms  loss %.5f%s" % (mode, r["step_ms"], r["final_loss"],
                                                        ratio))
+            if "pred_ms" in r:
+                print("%-12s predicted %9.3f ms, measured period %9.3f ms (%+.1f%%, %d steps), "
+                      "plan %s" % ("", r["pred_ms"], r["period_ms"], 100 * r["err"],
+                                   r["pred_steps"], r["plan"]))
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=1)

@@ -3,7 +3,9 @@
 # loom_torch.parallelize, at NP ranks and at 1 rank (the step without communication), all in one
 # netem namespace (bench/netem.sh; RATE "shm": shared memory), rounds interleaved inside each
 # launch; prints per model each mode's step, its ratio to DDP on Gloo, and its distance to the
-# bound max(1-rank step, wire time of one step's gradients).
+# bound max(1-rank step, wire time of one step's gradients); parallelize rows also the step
+# simulator's prediction of their period (net.predict(), rank 0's) and its error against the
+# period measured over the same steps (MODES may add parallelize-auto: bucket_cap_mb="auto").
 #   bench/torch/real_models.sh [RATE] [BUILD_DIR]
 #   MODELS="transformer convnet" NP=3 COMPRESSION=float16 bench/torch/real_models.sh 10gbit
 # Set-up: python3-torch (scripts/setup.sh) and, for resnet18/mobilenet_v2, python3-torchvision,
@@ -62,8 +64,9 @@ import json, sys
 out, np, rate, compression, load0, load1 = sys.argv[1:7]
 print("# real_models: %s ranks, %s, compression %s; load average %s -> %s" %
       (np, rate, compression, load0, load1))
-print("%-12s %-12s %10s %9s %10s %10s %9s" %
-      ("model", "mode", "step ms", "/ddp", "1-rank ms", "wire ms", "/bound"))
+print("%-12s %-16s %10s %9s %10s %10s %9s %10s %10s %7s" %
+      ("model", "mode", "step ms", "/ddp", "1-rank ms", "wire ms", "/bound", "period ms",
+       "pred ms", "|err|"))
 for model in sys.argv[7:]:
     many = json.load(open("%s/%s.np%s.json" % (out, model, np)))
     one = json.load(open("%s/%s.np1.json" % (out, model)))
@@ -71,8 +74,10 @@ for model in sys.argv[7:]:
     for mode, r in many["modes"].items():
         alone = one["modes"][mode]["step_ms"]
         bound = max(alone, many["wire_ms"])
-        print("%-12s %-12s %10.1f %9s %10.1f %10.1f %9.3f" %
+        predicted = ("%10.1f %10.1f %6.1f%%" % (r["period_ms"], r["pred_ms"], 100 * abs(r["err"]))
+                     if "pred_ms" in r else "%10s %10s %7s" % ("-", "-", "-"))
+        print("%-12s %-16s %10.1f %9s %10.1f %10.1f %9.3f %s" %
               (model, mode, r["step_ms"], "%.3f" % (r["step_ms"] / ddp) if ddp else "-",
-               alone, many["wire_ms"], r["step_ms"] / bound))
+               alone, many["wire_ms"], r["step_ms"] / bound, predicted))
 PY
 echo "(files in $out)"

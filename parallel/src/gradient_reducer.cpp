@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <numeric>
@@ -122,6 +123,58 @@ std::vector<std::size_t> forward_issue_order(const std::vector<Bucket>& buckets,
   return issue;
 }
 
+std::vector<std::size_t> planned_issue_order(const std::vector<Bucket>& buckets,
+                                             const std::vector<ParameterSpec>& parameters,
+                                             const ReducerPlan& plan) {
+  if (!plan.issue_order.empty()) return plan.issue_order;
+  if (plan.priority == IssuePriority::forward && plan.collectives_in_flight > 0) {
+    std::vector<std::size_t> bytes;
+    for (const ParameterSpec& p : parameters) bytes.push_back(p.count * dtype_size(p.dtype));
+    return forward_issue_order(buckets, bytes, plan.ready_order, plan.forward_order,
+                               plan.wire_ratio);
+  }
+  std::vector<std::size_t> issue(buckets.size());
+  std::iota(issue.begin(), issue.end(), 0);
+  return issue;
+}
+
+UpdateGroups make_update_groups(const Bucketer& bucketer,
+                                const std::vector<std::size_t>& issue_order) {
+  const std::size_t buckets = bucketer.buckets().size();
+  const std::size_t n = bucketer.num_gradients();
+  if (issue_order.size() != buckets)
+    invalid("make_update_groups: an issue order of " + std::to_string(issue_order.size()) +
+            " buckets for " + std::to_string(buckets));
+  std::vector<std::size_t> position(buckets);
+  for (std::size_t k = 0; k < buckets; ++k) position[issue_order[k]] = k;
+  // A parameter is updated with the last of its buckets to be issued.
+  std::vector<std::vector<std::size_t>> by_position(buckets);
+  std::vector<std::vector<std::size_t>> buckets_of(n);
+  for (std::size_t p = 0; p < n; ++p) {
+    buckets_of[p] = bucketer.buckets_of(p);
+    std::size_t last = 0;
+    for (std::size_t b : buckets_of[p]) last = std::max(last, position[b]);
+    by_position[last].push_back(p);
+  }
+  UpdateGroups out;
+  out.group_of.assign(n, 0);
+  for (std::size_t k = 0; k < buckets; ++k) {
+    if (by_position[k].empty()) continue;
+    std::set<std::size_t> in;
+    for (std::size_t p : by_position[k]) {
+      out.group_of[p] = out.parameters.size();
+      in.insert(buckets_of[p].begin(), buckets_of[p].end());
+    }
+    // Waited for in issue order.
+    std::vector<std::size_t> ordered(in.begin(), in.end());
+    std::sort(ordered.begin(), ordered.end(),
+              [&](std::size_t a, std::size_t b) { return position[a] < position[b]; });
+    out.parameters.push_back(by_position[k]);
+    out.buckets.push_back(std::move(ordered));
+  }
+  return out;
+}
+
 std::string describe(const ReducerPlan& plan) {
   std::string s =
       "cap " + bytes_text(plan.bucket_cap_bytes) + ", first " + bytes_text(plan.first_bucket_bytes);
@@ -164,6 +217,10 @@ struct GradientReducer::State {
   std::vector<char> signalled;                  // per group: updated() this step
   std::mutex log_mutex;
   std::vector<std::size_t> ready_log, last_ready_order;
+  // When each parameter was handed over, in seconds since begin() (-1: not yet), this step's and
+  // the last finished one's.
+  std::chrono::steady_clock::time_point begun;
+  std::vector<double> handed_at, last_handed_at;
 
   State(std::vector<ParameterSpec> p, Backend& b, ReducerPlan pl, ExecutorOptions o)
       : parameters(std::move(p)), backend(b), plan(std::move(pl)), executor_options(std::move(o)) {}
@@ -189,8 +246,11 @@ struct GradientReducer::State {
       invalid(std::string(call) + ": " + where(p) +
               " was already handed over in this step (a second backward through it before the "
               "step finished?)");
+    const double at =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - begun).count();
     std::lock_guard lock(log_mutex);
     ready_log.push_back(p);
+    handed_at[p] = at;
   }
 };
 
@@ -207,7 +267,6 @@ void GradientReducer::State::build() {
   options.average = false;  // the 1 / world size is applied as each gradient is copied in
   bucketer = std::make_unique<Bucketer>(std::move(specs), options);
   if (!plan.ready_order.empty()) bucketer->rebuild(plan.ready_order);
-  const std::size_t buckets = bucketer->buckets().size();
 
   Graph g;
   gradient_nodes.clear();
@@ -215,49 +274,13 @@ void GradientReducer::State::build() {
     gradient_nodes.push_back(g.external("grad." + p.name, {.group = p.module}));
   AttachOptions attach;
   attach.order = BucketOrder::bucket;  // every gradient node is a source: the plan orders
-  attach.issue_order = plan.issue_order;
-  if (attach.issue_order.empty() && plan.priority == IssuePriority::forward &&
-      plan.collectives_in_flight > 0) {
-    std::vector<std::size_t> bytes;
-    for (const ParameterSpec& p : parameters) bytes.push_back(p.count * dtype_size(p.dtype));
-    attach.issue_order = forward_issue_order(bucketer->buckets(), bytes, plan.ready_order,
-                                             plan.forward_order, plan.wire_ratio);
-  }
+  attach.issue_order = planned_issue_order(bucketer->buckets(), parameters, plan);
   bucket_tasks = bucketer->attach(g, gradient_nodes, backend.world_size(), attach);
   issue = attach.issue_order;
-  if (issue.empty()) {
-    issue.resize(buckets);
-    std::iota(issue.begin(), issue.end(), 0);
-  }
-  std::vector<std::size_t> position(buckets);
-  for (std::size_t k = 0; k < buckets; ++k) position[issue[k]] = k;
-
-  // A parameter is updated with the last of its buckets to be issued.
-  std::vector<std::vector<std::size_t>> by_position(buckets);
-  std::vector<std::vector<std::size_t>> buckets_of(n);
-  for (std::size_t p = 0; p < n; ++p) {
-    buckets_of[p] = bucketer->buckets_of(p);
-    std::size_t last = 0;
-    for (std::size_t b : buckets_of[p]) last = std::max(last, position[b]);
-    by_position[last].push_back(p);
-  }
-  groups.clear();
-  group_buckets.clear();
-  group_of.assign(n, 0);
-  for (std::size_t k = 0; k < buckets; ++k) {
-    if (by_position[k].empty()) continue;
-    std::set<std::size_t> in;
-    for (std::size_t p : by_position[k]) {
-      group_of[p] = groups.size();
-      in.insert(buckets_of[p].begin(), buckets_of[p].end());
-    }
-    // Waited for in issue order.
-    std::vector<std::size_t> ordered(in.begin(), in.end());
-    std::sort(ordered.begin(), ordered.end(),
-              [&](std::size_t a, std::size_t b) { return position[a] < position[b]; });
-    groups.push_back(by_position[k]);
-    group_buckets.push_back(std::move(ordered));
-  }
+  UpdateGroups update_groups = make_update_groups(*bucketer, issue);
+  groups = std::move(update_groups.parameters);
+  group_buckets = std::move(update_groups.buckets);
+  group_of = std::move(update_groups.group_of);
 
   usage.assign(n, 0);
   usage_ready = usage_reduce = Task{};
@@ -382,6 +405,8 @@ void GradientReducer::begin() {
   {
     std::lock_guard lock(s.log_mutex);
     s.ready_log.clear();
+    s.handed_at.assign(s.parameters.size(), -1);
+    s.begun = std::chrono::steady_clock::now();
   }
   s.executor->start();
   s.in_step = true;
@@ -492,6 +517,7 @@ void GradientReducer::finish() {
   s.executor->wait();
   std::lock_guard lock(s.log_mutex);
   if (s.ready_log.size() == s.parameters.size()) s.last_ready_order = s.ready_log;
+  s.last_handed_at = s.handed_at;
 }
 
 void GradientReducer::replan(ReducerPlan plan) {
@@ -505,6 +531,11 @@ void GradientReducer::replan(ReducerPlan plan) {
 std::vector<std::size_t> GradientReducer::observed_ready_order() const {
   std::lock_guard lock(_state->log_mutex);
   return _state->last_ready_order;
+}
+
+std::vector<double> GradientReducer::handed_over_seconds() const {
+  std::lock_guard lock(_state->log_mutex);
+  return _state->last_handed_at;
 }
 
 std::vector<std::size_t> GradientReducer::agreed(const std::vector<std::size_t>& order) {
@@ -526,11 +557,19 @@ Executor& GradientReducer::executor() noexcept {
   return *_state->executor;
 }
 
+ExecutorOptions GradientReducer::executor_options() const {
+  return _state->executor_options.resolved();
+}
+
 const Graph& GradientReducer::graph() const noexcept {
   return _state->graph;
 }
 
 Backend& GradientReducer::backend() noexcept {
+  return _state->backend;
+}
+
+const Backend& GradientReducer::backend() const noexcept {
   return _state->backend;
 }
 

@@ -21,6 +21,10 @@ What happens underneath, each step:
   those that landed since and returns; the rest are applied by forward pre-hooks on every module
   (each waits only for its own parameters' bucket), so the next forward overlaps the
   communication tail. Hyperparameters are those the param groups had when backward began.
+* With profiling on, each step's timeline (when each gradient was handed over, each bucket's
+  allreduce, each update applied, the next forward's modules) is kept, and net.predict() replays
+  it in loom's step simulator (parallel/src/reducer_prediction.cpp): the predicted step beside
+  the measured one. bucket_cap_mb="auto" ranks candidate plans with the same prediction.
 * net.synchronize() applies everything still pending; net.state_dict(), net.load_state_dict(),
   opt.state_dict(), opt.load_state_dict(), net.dump_dot(), net.write_trace() and net.explain() call
   it first. Code that reads the parameters through the unwrapped model right after opt.step()
@@ -33,6 +37,7 @@ re-registered after wrapping (wrap it after .to(...)).
 """
 import contextlib
 import functools
+import time
 import types
 import weakref
 
@@ -58,7 +63,14 @@ def parallelize(model, optimizer, process_group=None, bucket_cap_mb=25, compress
     start with "module."); optimizer is the same object, its step() taken over.
 
     process_group: a "loom" group (default: the default group). bucket_cap_mb / first_bucket_mb:
-    DDP's bucket caps. compression: None, "float16" or "bfloat16" (cast, reduce, cast back).
+    DDP's bucket caps. bucket_cap_mb="auto": loom plans the buckets itself: the first steps run
+    with DDP's 25 MiB (rebuilt in the observed order after the first step), profiled; after
+    three profiled steps the step simulator predicts every candidate plan from them (bucket cap
+    1 to 50 MiB x first bucket x partitioning x collectives in flight 0 to 3 x priority) on a
+    wire fitted to the measured communication, rank 0's fastest is sent to every rank and all
+    replan to it at the same step (net.automatic_plan says what was chosen and why); the
+    first_bucket_mb, partition_large, collectives_in_flight and priority given are those of the
+    starting plan. "auto" profiles every step (profile=False is refused). compression: None, "float16" or "bfloat16" (cast, reduce, cast back).
     find_unused_parameters: as DDP's; parameters unused on every rank are left to the optimizer
     with the .grad they had. partition_large: cut gradients larger than the cap across buckets
     (None: when forward priority is in effect). collectives_in_flight: at most this many
@@ -71,11 +83,18 @@ def parallelize(model, optimizer, process_group=None, bucket_cap_mb=25, compress
     forward (False: opt.step() waits for every bucket). broadcast_buffers: rank 0's buffers before
     each forward, as DDP. rebuild_buckets: after the first step, rebuild the buckets in the order
     the gradients became ready (rank 0's), as DDP. profile: record each step's timeline for
-    write_trace()/explain()/dump_dot() durations (None: LOOM_TRACE decides).
+    write_trace()/explain()/dump_dot() durations and net.predict() (None: LOOM_TRACE decides).
     """
-    if bucket_cap_mb == "auto":
-        raise ValueError("parallelize: bucket_cap_mb='auto' needs loom's step planner "
-                         "(issue 22, item 1), which is not in this build; give a size in MiB")
+    automatic = isinstance(bucket_cap_mb, str)
+    if automatic:
+        if bucket_cap_mb != "auto":
+            raise ValueError("parallelize: bucket_cap_mb must be a size in MiB or 'auto', not %r"
+                             % (bucket_cap_mb,))
+        if profile is False:
+            raise ValueError("parallelize: bucket_cap_mb='auto' plans from profiled steps; it "
+                             "cannot run with profile=False")
+        profile = True
+        bucket_cap_mb = 25  # DDP's, until the plan is made
     if priority not in ("forward", "ready"):
         raise ValueError("parallelize: priority must be 'forward' or 'ready', not %r"
                          % (priority,))
@@ -99,9 +118,9 @@ def parallelize(model, optimizer, process_group=None, bucket_cap_mb=25, compress
         bucket_cap_mb=float(bucket_cap_mb), first_bucket_mb=float(first_bucket_mb),
         partition_large=bool(partition_large), collectives_in_flight=int(collectives_in_flight),
         compression=_COMPRESSIONS[compression], track_usage=bool(find_unused_parameters),
-        priority=priority),
+        priority=priority, wire_ratio=1.0),
         overlap_forward=overlap_forward, broadcast_buffers=broadcast_buffers,
-        rebuild_buckets=rebuild_buckets, profile=profile)
+        rebuild_buckets=rebuild_buckets, profile=profile, automatic=automatic)
     return net, optimizer
 
 
@@ -124,7 +143,12 @@ def _first_tensor_needing_grad(value):
 class _Engine:
     """The per-step state machine between autograd, the optimizer and loom's GradientReducer."""
 
-    def __init__(self, module, optimizer, group, plan, overlap_forward, rebuild_buckets, profile):
+    # bucket_cap_mb="auto": the plan is made once this many steps were profiled under the
+    # starting plan (after DDP's rebuild of the buckets in the observed order, when enabled).
+    AUTO_PLAN_AFTER = 3
+
+    def __init__(self, module, optimizer, group, plan, overlap_forward, rebuild_buckets, profile,
+                 automatic=False):
         self.module = module
         self.optimizer = optimizer
         self.group = group
@@ -156,6 +180,15 @@ class _Engine:
             plan["collectives_in_flight"], plan["compression"], plan["track_usage"], profile,
             plan["priority"])
         self._layout()
+        # The step's timeline for the simulator (net.predict(), bucket_cap_mb="auto"): what
+        # this thread did, in ns since the step's begin(); kept only while profiling.
+        self.profiling = self.reducer.profiling()
+        self.t0 = None               # monotonic ns of the open step's begin()
+        self.timeline_updates, self.timeline_waits = [], []
+        self.timeline_forward, self.timeline_forward_end = [], 0
+        self.automatic = automatic   # a plan still to be made (bucket_cap_mb="auto")
+        self.automatic_plan = None   # what the automatic plan decided
+        self.steps_since_plan = 0
         self.seen = [None] * len(self.params)
         self.seen_version = [0] * len(self.params)
         # Step state.
@@ -278,14 +311,52 @@ class _Engine:
                 "gradients land, so every backward is followed by optimizer.step() (accumulate "
                 "gradients with `with net.no_sync():`)" % self.rank)
         self.synchronize()
+        self._record_step()
         if self.rebuild_pending:
             self._rebuild_buckets()
+        if self.automatic and self.steps_since_plan >= self.AUTO_PLAN_AFTER:
+            self._plan_automatically()
         self.hyper = [{key: value for key, value in g.items() if key != "params"}
                       for g in self.optimizer.param_groups]
+        if self.profiling:
+            self.timeline_updates, self.timeline_waits = [], []
+            self.timeline_forward, self.timeline_forward_end = [], 0
+            self.t0 = time.monotonic_ns()
         self.reducer.begin()
+        self.steps_since_plan += 1
         self.applied = [False] * len(self.groups)
         self.in_backward = True
         Variable._execution_engine.queue_callback(self._end_backward)
+
+    def _record_step(self):
+        # The step that just finished, up to now (the next begin()), for the simulator.
+        if self.t0 is None:
+            return
+        end = time.monotonic_ns() - self.t0
+        self.t0 = None
+        if not self.timeline_forward:
+            return  # no forward since its backward: nothing to gate on its updates
+        s = 1e-9
+        self.reducer.record_step(
+            end * s,
+            [(name, indices, entered * s, resumed * s)
+             for name, indices, entered, resumed in self.timeline_forward],
+            self.timeline_forward_end * s,
+            [(k, start * s, stop * s) for k, start, stop in self.timeline_updates],
+            [(start * s, stop * s) for start, stop in self.timeline_waits])
+
+    def _plan_automatically(self):
+        # Collective, at the same step on every rank: rank 0 ranks the plans from its profiled
+        # steps and every rank replans to its choice.
+        self.automatic = False
+        chosen = self.reducer.plan_automatically()
+        self.automatic_plan = chosen
+        if chosen["changed"]:
+            for key in ("bucket_cap_mb", "first_bucket_mb", "partition_large",
+                        "collectives_in_flight", "priority", "wire_ratio"):
+                self.plan[key] = chosen[key]
+            self.steps_since_plan = 0
+            self._layout()
 
     def _rebuild_buckets(self):
         # As DDP after its first iteration: buckets filled in the order the gradients became
@@ -299,7 +370,8 @@ class _Engine:
         p = self.plan
         self.reducer.replan(p["bucket_cap_mb"], p["first_bucket_mb"], p["partition_large"],
                             p["collectives_in_flight"], p["compression"], p["track_usage"],
-                            agreed, [], p["priority"])
+                            agreed, [], p["priority"], p["wire_ratio"])
+        self.steps_since_plan = 0
         self._layout()
 
     def _on_gradient(self, i, grad_inputs, grad_outputs):
@@ -354,6 +426,14 @@ class _Engine:
     def _apply(self, k):
         if self.applied[k]:
             return
+        if self.t0 is not None:
+            start = time.monotonic_ns() - self.t0
+            self._apply_group(k)
+            self.timeline_updates.append((k, start, time.monotonic_ns() - self.t0))
+        else:
+            self._apply_group(k)
+
+    def _apply_group(self, k):
         self.applied[k] = True
         swapped = []
         track = self.plan["track_usage"]
@@ -392,7 +472,12 @@ class _Engine:
 
     def wait_and_apply(self, k):
         if not self.applied[k]:
-            self.reducer.wait_update(k)
+            if self.t0 is not None:
+                start = time.monotonic_ns() - self.t0
+                self.reducer.wait_update(k)
+                self.timeline_waits.append((start, time.monotonic_ns() - self.t0))
+            else:
+                self.reducer.wait_update(k)
             self._apply(k)
 
     def before_module(self, indices):
@@ -404,7 +489,12 @@ class _Engine:
     def _before_module(self, name, indices, module, inputs):
         if self.learning:
             self.fired.add(name)
-        self.before_module(indices)
+        if self.t0 is not None and not self.in_backward:
+            entered = time.monotonic_ns() - self.t0
+            self.before_module(indices)
+            self.timeline_forward.append((name, indices, entered, time.monotonic_ns() - self.t0))
+        else:
+            self.before_module(indices)
 
     def synchronize(self):
         """Applies every pending update and ends the step's run (raises its failure)."""
@@ -416,7 +506,12 @@ class _Engine:
             for k in range(len(self.groups)):
                 self.wait_and_apply(k)
         finally:
-            self.reducer.finish()
+            if self.t0 is not None:
+                start = time.monotonic_ns() - self.t0
+                self.reducer.finish()
+                self.timeline_waits.append((start, time.monotonic_ns() - self.t0))
+            else:
+                self.reducer.finish()
 
     def step(self, closure=None):
         if closure is not None:
@@ -438,7 +533,7 @@ class ParallelModule(torch.nn.Module):
     """The model as loom_torch.parallelize wraps it (the model is `self.module`)."""
 
     def __init__(self, module, optimizer, group, plan, overlap_forward=True,
-                 broadcast_buffers=True, rebuild_buckets=True, profile=None):
+                 broadcast_buffers=True, rebuild_buckets=True, profile=None, automatic=False):
         super().__init__()
         self.module = module
         self.process_group = group
@@ -448,7 +543,8 @@ class ParallelModule(torch.nn.Module):
                  if isinstance(t, torch.Tensor)]
         if state and dist.get_world_size(group) > 1:
             dist._broadcast_coalesced(group, state, 250 * 1024 * 1024, 0)
-        engine = _Engine(module, optimizer, group, plan, overlap_forward, rebuild_buckets, profile)
+        engine = _Engine(module, optimizer, group, plan, overlap_forward, rebuild_buckets, profile,
+                         automatic)
         object.__setattr__(self, "_loom", engine)
         optimizer._loom_engine = engine
         # A method of the optimizer itself, so that LR schedulers can wrap and count it.
@@ -469,6 +565,10 @@ class ParallelModule(torch.nn.Module):
 
     def forward(self, *inputs, **kwargs):
         engine = self._loom
+        timed = engine.t0 is not None and not engine.in_backward
+        if timed:  # a new forward: the step's timeline keeps the last one before backward
+            entered = time.monotonic_ns() - engine.t0
+            engine.timeline_forward = []
         engine.check_registration()
         if self.broadcast_buffers and engine.world > 1 and engine.buffers:
             buffers = engine.buffers
@@ -477,7 +577,12 @@ class ParallelModule(torch.nn.Module):
         engine.sync = engine.no_sync_depth == 0
         if engine.root_guard:
             engine.before_module(engine.root_guard)
+        if timed:
+            engine.timeline_forward.append(("", engine.root_guard, entered,
+                                            time.monotonic_ns() - engine.t0))
         output = self.module(*inputs, **kwargs)
+        if timed:
+            engine.timeline_forward_end = time.monotonic_ns() - engine.t0
         if engine.sync and torch.is_grad_enabled():
             first = _first_tensor_needing_grad(output)
             if first is not None:
@@ -548,5 +653,31 @@ class ParallelModule(torch.nn.Module):
             order = engine.reducer.agreed(order)
         engine.reducer.replan(p["bucket_cap_mb"], p["first_bucket_mb"], p["partition_large"],
                               p["collectives_in_flight"], p["compression"], p["track_usage"],
-                              order, list(issue_order), p["priority"])
+                              order, list(issue_order), p["priority"], p["wire_ratio"])
+        engine.steps_since_plan = 0
         engine._layout()
+
+    def predict(self):
+        """The step simulator's prediction of this plan's step, from the profiled steps since
+        the plan was last made (up to 16; a step is kept once the next one begins), beside
+        their measured mean. A dict: "predicted_ms" and "measured_ms" (the period from one
+        backward's start to the next, the loop's whole iteration), "error" ((predicted -
+        measured) / measured), "steps", "plan", "buckets", "breakdown" (the predicted step's
+        backward, forward, other and update compute of this thread, the wire time of the
+        buckets alone on the wire fitted to the measured communication, the communication
+        exposed, this thread's wait for it, the fitted link) and "measured" (wait, update and
+        communication time as measured). Needs profile=True (or LOOM_TRACE)."""
+        engine = self._loom
+        if not engine.profiling:
+            raise RuntimeError("loom_torch.parallelize: predict() needs profiled steps: wrap "
+                               "with parallelize(..., profile=True) or set LOOM_TRACE")
+        return engine.reducer.predict()
+
+    @property
+    def automatic_plan(self):
+        """bucket_cap_mb="auto": what the automatic plan chose (a dict: "plan", its fields,
+        "predicted_ms", "candidates", "changed" (False: the starting plan stayed, since no
+        candidate was predicted faster by more than the prediction's own error on it), and the
+        starting plan as predicted and measured, "replaced_predicted_ms" and
+        "replaced_measured_ms"); None until it is made."""
+        return self._loom.automatic_plan

@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 #include <torch/python.h>
 
+#include <deque>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -14,6 +15,7 @@
 
 #include "loom/error.hpp"
 #include "loom/gradient_reducer.hpp"
+#include "loom/reducer_prediction.hpp"
 #include "process_group.hpp"
 #include "tensors.hpp"
 
@@ -49,6 +51,7 @@ class TorchReducer {
     ExecutorOptions options;
     options.timeout = std::chrono::duration<double>(group.timeout_seconds());
     options.profile = profile;
+    _profiling = options.resolved().profile.value_or(false);
     _reducer = std::make_unique<GradientReducer>(std::move(specs), *_backend, plan, options);
     _shapes.reserve(parameters.size());
     for (const at::Tensor& t : parameters) _shapes.push_back(t.sizes().vec());
@@ -112,18 +115,61 @@ class TorchReducer {
     return out;
   }
 
-  void replan(const ReducerPlan& plan) { _reducer->replan(plan); }
+  void replan(const ReducerPlan& plan) {
+    _reducer->replan(plan);
+    _records.clear();  // they name the old plan's update groups
+  }
+
+  bool profiling() const { return _profiling; }
+
+  /// Keeps the step just finished (its run's timings and the client's timeline) for
+  /// predict(); the last `kept` steps since the plan changed.
+  void record_step(ClientTimeline client) {
+    if (!_profiling) return;
+    _records.push_back(
+        {_reducer->executor().last_run(), std::move(client), _reducer->handed_over_seconds()});
+    while (_records.size() > kept) _records.pop_front();
+  }
+
+  std::vector<ReducerStepRecord> records() const { return {_records.begin(), _records.end()}; }
+  void clear_records() { _records.clear(); }
+
+  static constexpr std::size_t kept = 16;
 
  private:
   std::shared_ptr<Backend> _backend;
   std::unique_ptr<GradientReducer> _reducer;
   std::vector<std::vector<std::int64_t>> _shapes;
+  bool _profiling = false;
+  std::deque<ReducerStepRecord> _records;
 };
+
+py::dict prediction_dict(const ReducerPrediction& p, std::size_t steps) {
+  py::dict d;
+  d["plan"] = describe(p.plan);
+  d["buckets"] = p.buckets;
+  d["predicted_ms"] = p.step_s * 1e3;
+  d["measured_ms"] = p.measured_step_s * 1e3;
+  d["error"] = p.measured_step_s > 0 ? (p.step_s - p.measured_step_s) / p.measured_step_s : 0.0;
+  d["steps"] = steps;
+  py::dict parts;
+  parts["backward_ms"] = p.backward_s * 1e3;
+  parts["forward_ms"] = p.forward_s * 1e3;
+  parts["other_ms"] = p.other_s * 1e3;
+  parts["update_ms"] = p.update_s * 1e3;
+  parts["wire_ms"] = p.wire_s * 1e3;
+  parts["comm_ms"] = p.comm_s * 1e3;
+  parts["exposed_ms"] = p.exposed_s * 1e3;
+  parts["wait_ms"] = p.wait_s * 1e3;
+  parts["link_gbit_s"] = p.link_bits_per_s * 1e-9;
+  d["breakdown"] = parts;
+  return d;
+}
 
 ReducerPlan make_plan(double cap_mb, double first_mb, bool partition, std::size_t in_flight,
                       const std::string& compression, bool track_usage,
                       std::vector<std::size_t> ready_order, std::vector<std::size_t> issue_order,
-                      const std::string& priority) {
+                      const std::string& priority, double wire_ratio = 1.0) {
   if (priority != "forward" && priority != "ready")
     throw Error(ErrorCode::invalid_argument,
                 "parallelize: priority must be 'forward' or 'ready', not '" + priority + "'");
@@ -144,6 +190,7 @@ ReducerPlan make_plan(double cap_mb, double first_mb, bool partition, std::size_
   plan.ready_order = std::move(ready_order);
   plan.issue_order = std::move(issue_order);
   plan.priority = priority == "forward" ? IssuePriority::forward : IssuePriority::ready;
+  plan.wire_ratio = wire_ratio;
   return plan;
 }
 
@@ -226,16 +273,17 @@ void bind_gradient_reducer(py::module_& m) {
           "replan",
           [](TorchReducer& r, double cap_mb, double first_mb, bool partition, std::size_t in_flight,
              const std::string& compression, bool track_usage, std::vector<std::size_t> ready_order,
-             std::vector<std::size_t> issue_order, const std::string& priority) {
+             std::vector<std::size_t> issue_order, const std::string& priority, double wire_ratio) {
             const ReducerPlan plan =
                 make_plan(cap_mb, first_mb, partition, in_flight, compression, track_usage,
-                          std::move(ready_order), std::move(issue_order), priority);
+                          std::move(ready_order), std::move(issue_order), priority, wire_ratio);
             py::gil_scoped_release no_gil;
             r.replan(plan);
           },
           py::arg("bucket_cap_mb"), py::arg("first_bucket_mb"), py::arg("partition_large"),
           py::arg("collectives_in_flight"), py::arg("compression"), py::arg("track_usage"),
           py::arg("ready_order"), py::arg("issue_order"), py::arg("priority") = "ready",
+          py::arg("wire_ratio") = 1.0,
           "Rebuilds the buckets with a new plan (collective: every rank, between steps)")
       .def("issue_order", [](TorchReducer& r) { return r.reducer().executor().issue_order(); })
       .def(
@@ -276,6 +324,78 @@ void bind_gradient_reducer(py::module_& m) {
           "Writes this rank's Chrome trace of the last finished step (path gets .rank<r> with "
           "several ranks); returns the path written")
       .def("explain", [](TorchReducer& r) { return r.reducer().explain(); })
+      .def("profiling", &TorchReducer::profiling)
+      .def(
+          "record_step",
+          [](TorchReducer& r, double end_s,
+             const std::vector<std::tuple<std::string, std::vector<std::size_t>, double, double>>&
+                 forward,
+             double forward_end_s,
+             const std::vector<std::tuple<std::size_t, double, double>>& updates,
+             const std::vector<std::pair<double, double>>& waits) {
+            ClientTimeline t;
+            t.end_s = end_s;
+            for (const auto& [module, parameters, entered, resumed] : forward)
+              t.forward.push_back({module, parameters, entered, resumed});
+            t.forward_end_s = forward_end_s;
+            for (const auto& [k, start, end] : updates) t.updates.push_back({k, {start, end}});
+            for (const auto& [start, end] : waits) t.waits.push_back({start, end});
+            r.record_step(std::move(t));
+          },
+          py::arg("end_s"), py::arg("forward"), py::arg("forward_end_s"), py::arg("updates"),
+          py::arg("waits"),
+          "Keeps the step just finished for predict() (seconds since its begin(); a no-op "
+          "unless profiling)")
+      .def("num_records", [](TorchReducer& r) { return r.records().size(); })
+      .def("clear_records", &TorchReducer::clear_records)
+      .def(
+          "predict",
+          [](TorchReducer& r) {
+            const std::vector<ReducerStepRecord> records = r.records();
+            ReducerMeasurements m;
+            ReducerPrediction p;
+            {
+              py::gil_scoped_release no_gil;
+              m = measure_reducer_steps(r.reducer(), records);
+              p = predict_reducer_step(r.reducer(), m, r.reducer().plan());
+            }
+            py::dict d = prediction_dict(p, m.steps);
+            py::dict measured;
+            measured["wait_ms"] = m.wait_s * 1e3;
+            measured["update_ms"] = m.update_s * 1e3;
+            measured["comm_ms"] = m.comm_s * 1e3;
+            d["measured"] = measured;
+            return d;
+          },
+          "The plan in force's step predicted by the step simulator from the recorded steps, "
+          "beside their measured mean")
+      .def(
+          "plan_automatically",
+          [](TorchReducer& r) {
+            const std::vector<ReducerStepRecord> records = r.records();
+            AutomaticPlan chosen;
+            {
+              py::gil_scoped_release no_gil;
+              chosen = plan_automatically(r.reducer(), records);
+            }
+            r.clear_records();
+            py::dict d;
+            d["plan"] = describe(chosen.plan);
+            d["predicted_ms"] = chosen.predicted_step_s * 1e3;
+            d["replaced_predicted_ms"] = chosen.current_predicted_step_s * 1e3;
+            d["replaced_measured_ms"] = chosen.measured_step_s * 1e3;
+            d["candidates"] = chosen.candidates;
+            d["changed"] = chosen.changed;
+            d["bucket_cap_mb"] = static_cast<double>(chosen.plan.bucket_cap_bytes) / (1 << 20);
+            d["first_bucket_mb"] = static_cast<double>(chosen.plan.first_bucket_bytes) / (1 << 20);
+            d["partition_large"] = chosen.plan.partition_large;
+            d["collectives_in_flight"] = chosen.plan.collectives_in_flight;
+            d["priority"] = std::string(to_string(chosen.plan.priority));
+            d["wire_ratio"] = chosen.plan.wire_ratio;
+            return d;
+          },
+          "Collective: rank 0 predicts the candidate plans from its recorded steps and every "
+          "rank replans to its fastest")
       .def("rank", [](TorchReducer& r) { return r.backend().rank(); })
       .def("world_size", [](TorchReducer& r) { return r.backend().world_size(); })
       .def("flight_record", [](TorchReducer& r) {

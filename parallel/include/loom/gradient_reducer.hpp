@@ -94,6 +94,26 @@ std::vector<std::size_t> forward_issue_order(const std::vector<Bucket>& buckets,
                                              const std::vector<std::size_t>& forward_order,
                                              double wire_ratio);
 
+/// @brief The order GradientReducer issues `buckets` (filled from `parameters` under `plan`)
+/// in: plan.issue_order if given, else forward_issue_order() under IssuePriority::forward with
+/// a collective limit, else bucket order (the expected ready order).
+std::vector<std::size_t> planned_issue_order(const std::vector<Bucket>& buckets,
+                                             const std::vector<ParameterSpec>& parameters,
+                                             const ReducerPlan& plan);
+
+/// @brief The parameters updated together: a parameter goes with the last of its buckets to be
+/// issued; groups in issue order.
+struct UpdateGroups {
+  std::vector<std::vector<std::size_t>> parameters;  ///< per group
+  std::vector<std::vector<std::size_t>> buckets;     ///< per group, in issue order
+  std::vector<std::size_t> group_of;                 ///< per parameter
+};
+
+/// @brief The update groups of `bucketer`'s buckets issued in `issue_order` (as GradientReducer
+/// makes them).
+UpdateGroups make_update_groups(const Bucketer& bucketer,
+                                const std::vector<std::size_t>& issue_order);
+
 /// @brief Averages the gradients of a model whose backward happens outside loom.
 ///
 /// The step is a Graph compiled once: one external node per gradient ("grad.<name>", in the
@@ -169,13 +189,19 @@ class GradientReducer {
   /// @brief The order the gradients were handed over in the last finished step (parameter
   /// indices), for ReducerPlan::ready_order; empty before.
   std::vector<std::size_t> observed_ready_order() const;
+  /// @brief When each parameter's gradient was handed over (ready or mark_unused) in the last
+  /// finished step, in seconds since its begin() (-1: not handed over); empty before.
+  std::vector<double> handed_over_seconds() const;
   /// @brief Rank 0's `order` on every rank (a collective on the reducer's backend, with its
   /// timeout): ready orders differ slightly between ranks and buckets must not.
   std::vector<std::size_t> agreed(const std::vector<std::size_t>& order);
 
   Executor& executor() noexcept;
+  /// @brief The options the executor was compiled with, unset fields from the environment.
+  ExecutorOptions executor_options() const;
   const Graph& graph() const noexcept;
   Backend& backend() noexcept;
+  const Backend& backend() const noexcept;
   /// @brief The "why exposed" report of the last finished (profiled) step, one line per
   /// bucket, naming the modules whose gradients it holds.
   std::string explain() const;

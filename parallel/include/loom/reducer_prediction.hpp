@@ -1,0 +1,182 @@
+// The step of a GradientReducer's client predicted by the step simulator: profiled steps (the
+// reducer's executor timings and what the client's thread did) made into a StepProfile for the
+// plan in force or any other, and the automatic plan chosen from those predictions.
+#pragma once
+
+#include <cstddef>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "loom/executor.hpp"
+#include "loom/gradient_reducer.hpp"
+#include "loom/step_profile.hpp"
+#include "loom/step_simulator.hpp"
+
+namespace loom {
+
+/// @brief What the client's thread (the one running backward, the optimizer and the next
+/// forward) did in one step besides handing gradients over, in seconds since that step's
+/// GradientReducer::begin(). The step ends where the next one begins.
+struct ClientTimeline {
+  struct Span {
+    double start_s = 0;
+    double end_s = 0;
+  };
+  /// @brief A forward pre-hook of the next forward: the parameters it waits for, when it was
+  /// entered and when it let its module run (after waiting for and applying their updates).
+  struct ModuleEntry {
+    std::string module;  ///< "layers.2.self_attn"; "" for the model itself
+    std::vector<std::size_t> parameters;
+    double entered_s = 0;
+    double resumed_s = 0;
+  };
+  /// @brief The next step's begin(): the step's period.
+  double end_s = 0;
+  /// @brief The next forward's pre-hooks in the order they fired (the model's own first).
+  std::vector<ModuleEntry> forward;
+  /// @brief When the next forward returned.
+  double forward_end_s = 0;
+  /// @brief (update group, when the client applied it) for each group applied.
+  std::vector<std::pair<std::size_t, Span>> updates;
+  /// @brief When the client waited for the reducer (wait_update, finish).
+  std::vector<Span> waits;
+};
+
+/// @brief One profiled step: the executor's timings of its run (Executor::last_run() after
+/// finish()), the client's timeline and the reducer's hand-over times.
+struct ReducerStepRecord {
+  std::vector<NodeTiming> run;
+  ClientTimeline client;
+  /// @brief When each gradient was handed over (GradientReducer::handed_over_seconds()). Empty:
+  /// the end of its "grad.<name>" node in `run`, which is later when the executor armed the
+  /// node after the hand-over (a loaded host's late worker at the run's start).
+  std::vector<double> handed_over_s;
+};
+
+/// @brief A forward pre-hook's share of the forward, on the client's compute clock.
+struct ForwardPart {
+  std::string module;
+  std::vector<std::size_t> parameters;
+  double duration_s = 0;
+};
+
+/// @brief A cost a + b x + c y fitted to measurements (x, y: what the cost grows with).
+struct LinearCost {
+  double a = 0, b = 0, c = 0;
+  double at(double x, double y = 0) const { return a + b * x + c * y; }
+};
+
+/// @brief What profiled steps say about a reducer's step apart from its plan: the client's
+/// compute (its clock stopped while it applied updates or waited for the reducer), the
+/// updates' cost, the wire. Means over the steps.
+struct ReducerMeasurements {
+  int ranks = 1;
+  std::size_t steps = 0;
+  /// @brief Per parameter: when its gradient was handed over, on the client's compute clock.
+  std::vector<double> ready_s;
+  /// @brief From the last gradient to the next forward: the rest of backward, optimizer.step(),
+  /// the loop's own work.
+  double after_backward_s = 0;
+  std::vector<ForwardPart> forward;
+  /// @brief From the forward's end to the next begin(): the loss, backward down to the model.
+  double after_forward_s = 0;
+  /// @brief An update group's application: a + b tensors + c elements.
+  LinearCost update;
+  /// @brief Compression's casts per bucket: a + b bytes (zero without compression).
+  LinearCost pack, unpack;
+  /// @brief The wire fitted to the measured communication (NetworkModel::fitted).
+  double link_bits_per_s = 0;
+  double latency_s = 0;
+  // As measured.
+  double step_s = 0;    ///< the period, begin() to the next begin()
+  double wait_s = 0;    ///< the client waiting for the reducer
+  double update_s = 0;  ///< the client applying updates
+  double comm_s = 0;    ///< the union of the collectives' intervals
+};
+
+/// @brief The measurements of `steps`, all run under `reducer`'s current plan (records made
+/// before its last replan() would name other update groups). Steps whose forward's modules
+/// differ from the last step's, or whose period is over twice the median (something else ran
+/// before the next step: an evaluation, a checkpoint, another model), are left out.
+/// ErrorCode::invalid_argument naming the step and what is missing when a record has no
+/// profiled run (profiling off), a gradient that never arrived, or the last step no forward.
+ReducerMeasurements measure_reducer_steps(const GradientReducer& reducer,
+                                          std::span<const ReducerStepRecord> steps,
+                                          double latency_s = 50e-6);
+
+/// @brief A plan's predicted step.
+struct ReducerPrediction {
+  ReducerPlan plan;
+  std::size_t buckets = 0;
+  double step_s = 0;           ///< predicted period
+  double measured_step_s = 0;  ///< the measurements' (the plan measured, when it is in force)
+  // The predicted step's parts.
+  double backward_s = 0;  ///< the client's compute until its last gradient
+  double forward_s = 0;   ///< the next forward's compute
+  double other_s = 0;     ///< the client's other compute (after backward, after forward)
+  double update_s = 0;    ///< applying the updates
+  double wire_s = 0;      ///< the collectives, each alone on the fitted wire, summed
+  double comm_s = 0;      ///< the union of the collectives' intervals
+  double exposed_s = 0;   ///< communication no compute hid
+  double wait_s = 0;      ///< the client waiting for the reducer
+  double link_bits_per_s = 0;
+  StepProfile profile;  ///< what was simulated
+  Prediction simulated;
+};
+
+/// @brief The step `plan` would take, simulated from `measured`: the client's compute as one
+/// chain (each gradient handed over after its measured gap, then the rest of backward, the
+/// next forward's modules, each after the updates of the parameters it waits for, and the
+/// rest), the plan's buckets (pack, allreduce on the fitted wire, unpack) in its issue order
+/// and collective limit, and an update node per update group at the fitted cost. One worker:
+/// the client's thread does the updates between its own work (in backward as buckets land,
+/// in the forward only where a module needs them), as loom_torch.parallelize does.
+/// `plan` keeps the reducer's parameters; ErrorCode::invalid_argument for a bad plan.
+ReducerPrediction predict_reducer_step(const GradientReducer& reducer,
+                                       const ReducerMeasurements& measured,
+                                       const ReducerPlan& plan);
+
+/// @brief The plans the automatic plan chooses among.
+struct PlanSearchSpace {
+  std::vector<std::size_t> caps_bytes{std::size_t{1} << 20, std::size_t{4} << 20,
+                                      std::size_t{10} << 20, std::size_t{25} << 20,
+                                      std::size_t{50} << 20};
+  /// @brief First-bucket sizes tried below each cap (the cap itself is always tried).
+  std::vector<std::size_t> first_bucket_bytes{std::size_t{256} << 10, std::size_t{1} << 20};
+  bool try_partition = true;
+  std::size_t max_in_flight = 3;
+  /// @brief Try IssuePriority::forward beside ready (with a collective limit).
+  bool try_forward_priority = true;
+};
+
+/// @brief Every plan of `space` (compression, usage counting and orders as the reducer's
+/// plan; IssuePriority::forward with the measured wire-to-backward ratio) predicted from
+/// `measured`, fastest first; the reducer's own plan first among equals.
+std::vector<ReducerPrediction> rank_plans(const GradientReducer& reducer,
+                                          const ReducerMeasurements& measured,
+                                          const PlanSearchSpace& space = {});
+
+/// @brief What plan_automatically() decided.
+struct AutomaticPlan {
+  ReducerPlan plan;  ///< now in force on every rank
+  double predicted_step_s = 0;
+  double current_predicted_step_s = 0;  ///< the plan it replaced, predicted alike
+  double measured_step_s = 0;           ///< the plan it replaced, measured
+  std::size_t candidates = 0;
+  /// @brief Whether the plan changed (replan() ran).
+  bool changed = false;
+};
+
+/// @brief Collective (every rank, between steps, at the same step): rank 0 measures `steps`
+/// (its own), ranks the plans of `space` and sends its fastest; every rank replans to it
+/// (GradientReducer::replan) and gets the same AutomaticPlan. The running plan stays unless
+/// the fastest is predicted faster by more than the prediction of the running plan misses
+/// its measured step (on a loaded host the model's error can exceed a candidate's gain). Rank 0's
+/// failure to predict (ErrorCode::invalid_argument naming why) is thrown on every rank, the plan
+/// left as it was.
+AutomaticPlan plan_automatically(GradientReducer& reducer, std::span<const ReducerStepRecord> steps,
+                                 const PlanSearchSpace& space = {});
+
+}  // namespace loom
