@@ -49,7 +49,10 @@ TEST(ClusterTopology, NodesAreTheClustersNodes) {
   ASSERT_FALSE(nodes.empty()) << "LOOM_CLUSTER_NODES is not set: run under cluster.sh";
   ASSERT_EQ(world().world_size(), static_cast<int>(node_of.size()));
   const Topology& t = world().topology();
-  const Topology expected = Topology::from_node_ids(node_of);
+  // Named by the nodes' host names, which the MPI backend gathers.
+  std::vector<std::string> name_of_rank;
+  for (int node : node_of) name_of_rank.push_back(nodes.at(static_cast<std::size_t>(node)));
+  const Topology expected = Topology::from_node_ids(node_of).with_node_names(name_of_rank);
   std::string failure;
   if (t != expected)
     failure = "rank " + std::to_string(world().rank()) + " sees " + t.describe() +
@@ -69,6 +72,9 @@ TEST(ClusterTopology, MyNodeIsTheHostIRunOn) {
   if (node >= static_cast<int>(nodes.size()) || nodes[node] != host)
     failure = "rank " + std::to_string(rank) + " runs on " + host + " but its node is " +
               std::to_string(node);
+  else if (t.node_name(node) != host)
+    failure = "rank " + std::to_string(rank) + " runs on " + host + " but its node is named '" +
+              t.node_name(node) + "'";
   else if (t.leader_of_node(node) != rank - t.local_rank(rank))
     failure = "rank " + std::to_string(rank) + ": leader " +
               std::to_string(t.leader_of_node(node)) + ", local rank " +
