@@ -245,6 +245,76 @@ void hierarchical_allreduce(Replay& r, const Topology& t, double n) {
   r.step(back, 0);
 }
 
+// The leaders' ring of hierarchical allgather and reduce_scatter: N - 1 steps, leader v sending
+// node (v - s)'s segment (`per_rank` bytes per rank of it) to leader v + 1.
+void leaders_ring(Replay& r, const Topology& t, double per_rank, bool reduces) {
+  const int nodes = t.node_count();
+  for (int s = 0; s < nodes - 1; ++s) {
+    std::vector<Message> m;
+    double reduced = 0;
+    for (int v = 0; v < nodes; ++v) {
+      const int segment = ((v - s) % nodes + nodes) % nodes;
+      const double bytes = per_rank * static_cast<double>(t.ranks_of_node(segment).size());
+      m.push_back({t.leader_of_node(v), t.leader_of_node((v + 1) % nodes), bytes});
+      reduced = std::max(reduced, bytes);
+    }
+    r.step(m, reduces ? reduced : 0);
+  }
+}
+
+std::size_t most_ranks(const Topology& t) {
+  std::size_t most = 0;
+  for (int node = 0; node < t.node_count(); ++node)
+    most = std::max(most, t.ranks_of_node(node).size());
+  return most;
+}
+
+// hierarchical_allgather.cpp: blocks to the leader, the leaders' ring, the result to the node.
+void hierarchical_allgather(Replay& r, const Topology& t, double n) {
+  const double block = n / t.world_size();
+  std::vector<Message> in, out;
+  for (int q = 0; q < t.world_size(); ++q) {
+    const int leader = t.leader_of_node(t.node_of(q));
+    in.push_back({q, leader, block});
+    out.push_back({leader, q, n});
+  }
+  r.step(in, 0);
+  leaders_ring(r, t, block, false);
+  r.step(out, 0);
+}
+
+// hierarchical_reduce_scatter.cpp: vectors to the leader (reduced there), the leaders' ring,
+// each rank's block from its leader.
+void hierarchical_reduce_scatter(Replay& r, const Topology& t, double n) {
+  const double block = n / t.world_size();
+  std::vector<Message> in, out;
+  for (int q = 0; q < t.world_size(); ++q) {
+    const int leader = t.leader_of_node(t.node_of(q));
+    in.push_back({q, leader, n});
+    out.push_back({leader, q, block});
+  }
+  r.step(in, static_cast<double>(most_ranks(t) - 1) * n);
+  leaders_ring(r, t, block, true);
+  r.step(out, 0);
+}
+
+// hierarchical_broadcast.cpp from rank 0: a binomial tree of the nodes' leaders, then each
+// leader to its node.
+void hierarchical_broadcast(Replay& r, const Topology& t, double n) {
+  const int nodes = t.node_count();
+  const int steps = ceil_log2(nodes);
+  for (int k = 0; k < steps; ++k) {
+    const int mask = 1 << (steps - 1 - k);
+    std::vector<Message> m;
+    for (int v = 0; v + mask < nodes; v += 2 * mask)
+      m.push_back({t.leader_of_node(v), t.leader_of_node(v + mask), n});
+    r.step(m, 0);
+  }
+  std::vector<Message> inside;
+  for (int q = 0; q < t.world_size(); ++q) inside.push_back({t.leader_of_node(t.node_of(q)), q, n});
+  r.step(inside, 0);
+}
+
 void ring_allgather(Replay& r, int p, double n) {
   r.step(shifted(p, 1, n / p), 0, p - 1);
 }
@@ -335,7 +405,10 @@ ClusterCost cluster_cost(const ClusterNetwork& cluster, Algorithm algorithm, Col
       break;
     case A::hierarchical:
       if (t.node_count() < 2 || t.node_count() == p) return {infinite, 0, 0, 0};
-      hierarchical_allreduce(r, t, n);
+      if (collective == C::allreduce) hierarchical_allreduce(r, t, n);
+      if (collective == C::allgather) hierarchical_allgather(r, t, n);
+      if (collective == C::reduce_scatter) hierarchical_reduce_scatter(r, t, n);
+      if (collective == C::broadcast) hierarchical_broadcast(r, t, n);
       break;
   }
   return r.cost();

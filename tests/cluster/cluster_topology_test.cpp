@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "backends/collective_checks.hpp"
+#include "backends/forced_algorithm_backend.hpp"
 #include "backends/mpi_world.hpp"
 #include "loom/algorithm.hpp"
 #include "loom/algorithm_selector.hpp"
@@ -129,6 +131,27 @@ TEST(ClusterTopology, HierarchicalAllreduceIsExact) {
                   std::to_string(max[i]);
     }
   }
+  expect_all_ranks_ok(failure);
+}
+
+// Hierarchical allgather, reduce_scatter and broadcast across the cluster's nodes: every dtype
+// and op against independent values (tests/backends/collective_checks.cpp) at counts below the
+// rank count, odd and large; where the cluster has one rank per node they cannot run, and say so.
+TEST(ClusterTopology, HierarchicalAllgatherReduceScatterBroadcastAreExact) {
+  Backend& b = world();
+  const Topology& t = b.topology();
+  const bool can = t.node_count() < b.world_size();
+  std::string failure;
+  for (Collective op : {Collective::allgather, Collective::reduce_scatter, Collective::broadcast})
+    for (DType dtype : {DType::float32, DType::float64, DType::int32, DType::bfloat16})
+      for (const auto& c : testing::cases_for(op, dtype, {1, 7, (std::size_t{1} << 16) + 3})) {
+        if (!failure.empty()) break;
+        testing::ForcedAlgorithmBackend forced(b, Algorithm::hierarchical);
+        failure = testing::check(forced, c);
+        if (failure.empty() && (forced.last_algorithm() == Algorithm::hierarchical) != can)
+          failure = testing::describe(c) + ": hierarchical " +
+                    (can ? "did not run" : "ran on one rank per node") + " on " + t.describe();
+      }
   expect_all_ranks_ok(failure);
 }
 
