@@ -48,10 +48,10 @@ struct ClusterCost {
 /// latency where a message crosses) and its memory's bytes (at the intra rate, plus the intra
 /// latency), then its largest reduction at gamma (the ring allreduce overlaps the two: it is
 /// pipelined). Hierarchical allgather, reduce_scatter and broadcast as in
-/// algorithms/src/hierarchical_*.cpp (through each node's leader). Infinite where the algorithm
-/// cannot run: native (the library's own, not modelled
-/// here), hierarchical on one node or on one rank per node, rd allgather at a non-power-of-two
-/// count. Throws ErrorCode::invalid_argument when `algorithm` does not implement `collective`.
+/// algorithms/src/hierarchical_allgather.cpp, hierarchical_reduce_scatter.cpp and
+/// hierarchical_broadcast.cpp (through each node's leader). Infinite where the algorithm
+/// cannot run: native (the library's own, not modelled here), hierarchical on one node or on
+/// one rank per node, rd allgather at a non-power-of-two count. Throws ErrorCode::invalid_argument when `algorithm` does not implement `collective`.
 ClusterCost cluster_cost(const ClusterNetwork& cluster, Algorithm algorithm, Collective collective,
                          std::size_t bytes);
 
