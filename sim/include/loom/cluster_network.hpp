@@ -51,7 +51,8 @@ struct ClusterCost {
 /// algorithms/src/hierarchical_allgather.cpp, hierarchical_reduce_scatter.cpp and
 /// hierarchical_broadcast.cpp (through each node's leader). Infinite where the algorithm
 /// cannot run: native (the library's own, not modelled here), hierarchical on one node or on
-/// one rank per node, rd allgather at a non-power-of-two count. Throws ErrorCode::invalid_argument when `algorithm` does not implement `collective`.
+/// one rank per node, rd allgather at a non-power-of-two count. Throws ErrorCode::invalid_argument
+/// when `algorithm` does not implement `collective`.
 ClusterCost cluster_cost(const ClusterNetwork& cluster, Algorithm algorithm, Collective collective,
                          std::size_t bytes);
 
