@@ -125,6 +125,35 @@ TEST(ClusterNetwork, OtherCollectives) {
           .seconds));
 }
 
+TEST(ClusterNetwork, HierarchicalAllgatherReduceScatterBroadcastCrossOncePerNode) {
+  const ClusterNetwork c = link_only(2, 2);
+  // Allgather of a 64 MiB result: each leader sends its node's two 16 MiB blocks across once;
+  // the flat ring moves 3 blocks through each link.
+  const ClusterCost gather = cluster_cost(c, Algorithm::hierarchical, Collective::allgather, size);
+  EXPECT_DOUBLE_EQ(gather.link_bytes, 32 * MiB);
+  EXPECT_EQ(gather.steps, 3);  // to the leader, the leaders' ring (1 step), to the node
+  EXPECT_LT(gather.link_bytes,
+            cluster_cost(c, Algorithm::ring, Collective::allgather, size).link_bytes);
+  // Reduce_scatter of 64 MiB: the leaders trade the other node's two blocks.
+  EXPECT_DOUBLE_EQ(
+      cluster_cost(c, Algorithm::hierarchical, Collective::reduce_scatter, size).link_bytes,
+      32 * MiB);
+  // Broadcast: the vector crosses once, then the leader copies it to its node's other rank.
+  const ClusterCost broadcast =
+      cluster_cost(c, Algorithm::hierarchical, Collective::broadcast, size);
+  EXPECT_DOUBLE_EQ(broadcast.link_bytes, 64 * MiB);
+  EXPECT_DOUBLE_EQ(broadcast.memory_bytes, 64 * MiB);
+  EXPECT_EQ(broadcast.steps, 2);
+  // 2 + 1 + 3: the leaders' ring takes 2 steps, the busiest link 3 blocks (of 6) in each.
+  const std::vector<int> nodes{0, 0, 1, 2, 2, 2};
+  const ClusterNetwork uneven = c.on(Topology::from_node_ids(nodes));
+  EXPECT_DOUBLE_EQ(
+      cluster_cost(uneven, Algorithm::hierarchical, Collective::allgather, size).link_bytes,
+      64 * MiB);
+  EXPECT_TRUE(std::isinf(
+      cluster_cost(link_only(3, 1), Algorithm::hierarchical, Collective::broadcast, size).seconds));
+}
+
 TEST(ClusterNetwork, BadInputIsNamed) {
   EXPECT_THROW(ClusterNetwork::uniform(0, 8, gbit, 1e9), Error);
   EXPECT_THROW(ClusterNetwork::uniform(2, 8, 0, 1e9), Error);
