@@ -129,8 +129,7 @@ std::vector<ClusterNetwork> parse_clusters(const Flags& f) {
 
 std::string placement(const Topology& t) {
   std::string text;
-  bool uniform = t.uniform();
-  if (uniform)
+  if (t.uniform())
     return std::to_string(t.node_count()) + "x" + std::to_string(t.ranks_of_node(0).size());
   for (int n = 0; n < t.node_count(); ++n)
     text += (n ? "+" : "") + std::to_string(t.ranks_of_node(n).size());
