@@ -43,6 +43,9 @@ class NetworkModel {
   /// `cluster` (cluster_cost: a node's shared memory, each node's link shared by its ranks).
   /// At a rank count other than the cluster's, nodes of as many ranks as its node 0 holds, in
   /// blocks (what-if at another scale with the same node). A send or receive crosses a link.
+  /// Under simulate(), collectives in flight share this network as they share one wire: each
+  /// progresses at 1/k of its two-level time alone (a memory-bound and a link-bound collective
+  /// are not told apart).
   static NetworkModel two_level(ClusterNetwork cluster);
 
   /// @brief `op` on `bytes` over `ranks` (0 at one rank).
