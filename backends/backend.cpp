@@ -1,6 +1,7 @@
 // Backend: argument validation shared by every transport, then dispatch to its start_* calls.
 #include "loom/backend.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -151,6 +152,40 @@ std::vector<std::int64_t> Backend::exchange_int64(std::string_view name,
     throw;
   }
   return std::move(recv);
+}
+
+std::vector<std::int64_t> Backend::agree_on_root(std::string_view name,
+                                                 std::span<const std::int64_t> mine,
+                                                 std::chrono::nanoseconds limit,
+                                                 const std::function<std::string()>& what,
+                                                 bool same_length) {
+  const std::int64_t length = static_cast<std::int64_t>(mine.size());
+  const std::vector<std::int64_t> lengths =
+      exchange_int64(name, std::span(&length, 1), limit, what);
+  const auto [low, high] = std::minmax_element(lengths.begin(), lengths.end());
+  if (same_length && *low != *high)
+    throw Error(ErrorCode::mismatch, what() + " on rank " + std::to_string(rank()) +
+                                         ": ranks hold between " + std::to_string(*low) + " and " +
+                                         std::to_string(*high) + " values (this rank " +
+                                         std::to_string(length) + ")");
+  if (lengths.front() == 0) return {};
+  // On the heap: abandoned at the deadline, the broadcast may still write it.
+  auto values = std::make_shared<std::vector<std::int64_t>>(
+      rank() == 0 ? std::vector<std::int64_t>(mine.begin(), mine.end())
+                  : std::vector<std::int64_t>(static_cast<std::size_t>(lengths.front())));
+  const Buffer buffer = Buffer::of(std::span(*values));
+  OperationRecord operation;
+  auto work =
+      collective_async({Collective::broadcast, buffer, buffer, ReduceOp::sum, 0}, name, &operation);
+  try {
+    wait_or_abandon(
+        *work, [&] { return what() + " (collective #" + std::to_string(operation.seq) + ")"; },
+        operation.seq, limit);
+  } catch (...) {
+    keep_until_exit(values);
+    throw;
+  }
+  return *values;
 }
 
 void Backend::publish_failure(std::string_view message, bool drained, bool consequence) noexcept {

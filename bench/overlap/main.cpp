@@ -14,7 +14,6 @@
 #include <sstream>
 
 #include <oneapi/tbb/global_control.h>
-#include <oneapi/tbb/task_arena.h>
 #include <boost/program_options.hpp>
 
 #include "loom/error.hpp"
@@ -240,9 +239,6 @@ int main(int argc, char** argv) {
   std::optional<tbb::global_control> threads;
   if (flags.threads > 0)
     threads.emplace(tbb::global_control::max_allowed_parallelism, flags.threads);
-  flags.plan.workers = static_cast<int>(std::min<std::size_t>(
-      tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism),
-      static_cast<std::size_t>(tbb::this_task_arena::max_concurrency())));
   try {
     std::vector<bench::ModeResult> results;
     std::string backend_name;

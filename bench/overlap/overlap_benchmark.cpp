@@ -138,7 +138,7 @@ std::vector<ModeResult> run_modes(Backend& backend, std::vector<examples::TrainC
                       std::to_string(shape.batch);
       profile.backend = std::string(backend.name());
       profile.ranks = backend.world_size();
-      profile.workers = plan.workers;
+      profile.workers = steps[k]->executor().workers();
       // A planned order runs one collective at a time (TrainStep::schedule_from_last_run).
       const std::size_t in_flight = configs[k].executor.collectives_in_flight;
       profile.collectives_in_flight = steps[k]->plan() ? steps[k]->plan()->collectives_in_flight

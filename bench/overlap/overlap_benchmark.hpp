@@ -56,7 +56,6 @@ struct RunPlan {
   /// @brief Rank 0 writes each mode's step profile (its graph, each node's median duration
   /// over the measured steps: what loom-predict reads) to "<prefix>.<mode>.json" ("" = none).
   std::string profile_prefix;
-  int workers = 1;  ///< compute workers per rank, recorded in the profiles
   /// @brief Per configuration (when not empty): its label in the results and profile names.
   std::vector<std::string> labels;
 };

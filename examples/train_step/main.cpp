@@ -55,6 +55,23 @@ std::size_t resident_bytes() {
   return resident * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
 }
 
+// Heap bytes the program holds (every arena's allocated chunks plus mmapped blocks), the
+// measure of what it records: resident memory also moves with how glibc's per-thread arenas
+// happen to be fragmented when the machine is loaded and threads migrate between them.
+std::size_t heap_bytes() {
+  const struct mallinfo2 info = ::mallinfo2();
+  return info.uordblks + info.hblkhd;
+}
+
+struct MemorySample {
+  std::size_t heap = 0;
+  std::size_t resident = 0;
+};
+
+MemorySample sample_memory() {
+  return {heap_bytes(), resident_bytes()};
+}
+
 // "trace.json" -> "trace.rank1.json" with several ranks; rank -1: "trace.rank*.json".
 std::string rank_path(const std::string& path, int rank, int world) {
   if (world == 1) return path;
@@ -80,7 +97,7 @@ int train_on(Backend& backend, const Flags& flags) {
         step.parameters().size(), step.bucketer().buckets().size(), flags.mode.c_str());
   // Running medians: fixed memory however many steps run.
   StreamingQuantile step_ms, efficiency;
-  std::size_t memory_start = 0;
+  MemorySample memory_start;
   for (int s = 0; s < flags.steps; ++s) {
     const auto start = std::chrono::steady_clock::now();
     step.run();
@@ -93,7 +110,7 @@ int train_on(Backend& backend, const Flags& flags) {
       step_ms.add(ms);
       efficiency.add(metrics.overlap_efficiency);
     }
-    if (flags.memory_after > 0 && s + 1 == flags.memory_after) memory_start = resident_bytes();
+    if (flags.memory_after > 0 && s + 1 == flags.memory_after) memory_start = sample_memory();
     if (root && (s % flags.print_every == 0 || s + 1 == flags.steps))
       std::printf(
           "step %3d  loss %.6f  step %.3f ms  compute %.3f ms  comm %.3f ms  overlap %.2f\n", s,
@@ -106,7 +123,7 @@ int train_on(Backend& backend, const Flags& flags) {
     }
   }
   // Before the files and reports below, which allocate once.
-  const std::size_t memory_end = flags.memory_after > 0 ? resident_bytes() : 0;
+  const MemorySample memory_end = flags.memory_after > 0 ? sample_memory() : MemorySample{};
   // Data parallelism keeps every rank's weights identical: compare checksums across ranks.
   const auto params = step.parameters();
   double sum = 0;
@@ -134,12 +151,14 @@ int train_on(Backend& backend, const Flags& flags) {
     std::printf("median step %.3f ms, median overlap efficiency %.2f (steps 1..%d)\n",
                 step_ms.median(), efficiency.median(), flags.steps - 1);
     if (flags.memory_after > 0 && flags.memory_after < flags.steps) {
-      const std::size_t end = memory_end;
-      const double per_step = (static_cast<double>(end) - static_cast<double>(memory_start)) /
-                              (flags.steps - flags.memory_after);
-      std::printf(
-          "resident memory %zu bytes after step %d, %zu after step %d: %+.3f bytes per step\n",
-          memory_start, flags.memory_after - 1, end, flags.steps - 1, per_step);
+      const double steps = flags.steps - flags.memory_after;
+      const auto report = [&](const char* what, std::size_t start, std::size_t end) {
+        std::printf("%s %zu bytes after step %d, %zu after step %d: %+.3f bytes per step\n", what,
+                    start, flags.memory_after - 1, end, flags.steps - 1,
+                    (static_cast<double>(end) - static_cast<double>(start)) / steps);
+      };
+      report("heap in use", memory_start.heap, memory_end.heap);
+      report("resident memory", memory_start.resident, memory_end.resident);
     }
     std::printf("weights %s on every rank (checksum %.9g)\n",
                 range[0] == -range[1] ? "identical" : "DIFFER", sum);

@@ -12,7 +12,7 @@ if(NOT OPENBLAS_FOUND OR NOT Boost_PROGRAM_OPTIONS_FOUND)
   return()
 endif()
 set(dir ${PROJECT_SOURCE_DIR}/examples/train_step)
-add_library(loom_train_step STATIC ${dir}/mlp.cpp ${dir}/train_step.cpp ${dir}/step_plan.cpp
+add_library(loom_train_step STATIC ${dir}/mlp.cpp ${dir}/train_step.cpp
             ${dir}/train_options.cpp)
 target_include_directories(loom_train_step PUBLIC ${dir})
 target_compile_options(loom_train_step PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic>)

@@ -59,7 +59,7 @@ std::vector<NodeTiming> Executor::last_run() const {
     out.push_back({node.name, node.kind, r.start_ns, r.end_ns, r.lane, detail::bytes_of(node),
                    m.plan.issue_index[i],
                    m.plan.communicates(i) ? m.algorithms.algorithm_of[i] : "",
-                   m.algorithms.reason_of[i], m.plan.communicates(i) ? r.ready_ns : -1});
+                   m.algorithms.reason_of[i], m.plan.communicates(i) ? r.ready_ns : -1, i});
   }
   return out;
 }

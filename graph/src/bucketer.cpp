@@ -10,8 +10,6 @@
 #include <tuple>
 #include <unordered_map>
 
-#include "analysis.hpp"
-#include "graph_state.hpp"
 #include "loom/error.hpp"
 #include "loom/executor.hpp"
 #include "loom/kernels/cast.hpp"
@@ -387,8 +385,7 @@ std::vector<BucketTasks> Bucketer::attach(Graph& graph, std::span<const Task> pr
 
   // Compile-time readiness: where each bucket's last producer comes in the graph's
   // deterministic topological order (the executor's own schedule order).
-  detail::check_acyclic(*graph._state);
-  const std::vector<std::uint32_t> order = detail::schedule_order(*graph._state);
+  const std::vector<std::size_t> order = graph.topological_order();
   std::vector<std::size_t> position(order.size());
   for (std::size_t k = 0; k < order.size(); ++k) position[order[k]] = k;
   const std::size_t n = s.buckets.size();
@@ -480,20 +477,13 @@ std::vector<std::size_t> Bucketer::ready_order(std::span<const NodeTiming> timin
 
 std::vector<std::size_t> Bucketer::agreed_ready_order(std::span<const std::size_t> order,
                                                       Backend& backend) {
-  // Agree on the length first (max of n and of -n), so a rank with another model fails on
-  // every rank instead of hanging in a broadcast of the wrong size.
-  std::int64_t lengths[2] = {static_cast<std::int64_t>(order.size()),
-                             -static_cast<std::int64_t>(order.size())};
-  backend.allreduce(Buffer(lengths, 2, DType::int64), ReduceOp::max);
-  if (lengths[0] != -lengths[1])
-    throw Error(ErrorCode::mismatch, "Bucketer::agreed_ready_order on rank " +
-                                         std::to_string(backend.rank()) + ": ranks have between " +
-                                         std::to_string(-lengths[1]) + " and " +
-                                         std::to_string(lengths[0]) + " gradients (this rank " +
-                                         std::to_string(order.size()) + ")");
-  std::vector<std::int64_t> wire(order.begin(), order.end());
-  backend.broadcast(Buffer::of(std::span(wire)), 0);
-  return {wire.begin(), wire.end()};
+  // The lengths are agreed first, so a rank with another model fails on every rank instead of
+  // hanging in a broadcast of the wrong size; each wait has the backend's timeout.
+  const std::vector<std::int64_t> mine(order.begin(), order.end());
+  const std::vector<std::int64_t> root = backend.agree_on_root(
+      "Bucketer::agreed_ready_order", mine, backend.timeout(),
+      [&] { return "Bucketer::agreed_ready_order"; }, /*same_length=*/true);
+  return {root.begin(), root.end()};
 }
 
 }  // namespace loom

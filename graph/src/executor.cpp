@@ -7,6 +7,7 @@
 #include <map>
 #include <tuple>
 
+#include <oneapi/tbb/global_control.h>
 #include <oneapi/tbb/info.h>
 #include <oneapi/tbb/task_arena.h>
 
@@ -366,6 +367,13 @@ std::vector<std::string> Executor::issue_order() const {
 
 std::size_t Executor::size() const noexcept {
   return _impl->graph.nodes.size();
+}
+
+int Executor::workers() const {
+  if (_impl->arena) return _impl->arena->max_concurrency();
+  return static_cast<int>(std::min<std::size_t>(
+      tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism),
+      static_cast<std::size_t>(tbb::this_task_arena::max_concurrency())));
 }
 
 std::string Executor::progress_priority() const {

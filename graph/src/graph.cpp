@@ -358,6 +358,12 @@ void Graph::set_group(Task task, std::string group) {
   _state->nodes[task._id].group = std::move(group);
 }
 
+std::vector<std::size_t> Graph::topological_order() const {
+  detail::check_acyclic(*_state);
+  const std::vector<std::uint32_t> order = detail::schedule_order(*_state);
+  return {order.begin(), order.end()};
+}
+
 void Graph::dump_dot(std::ostream& out, DotOptions options) const {
   detail::write_dot(out, *_state, nullptr, options);
 }

@@ -515,10 +515,11 @@ std::vector<std::size_t> GradientReducer::agreed(const std::vector<std::size_t>&
   std::vector<std::int64_t> mine(order.begin(), order.end());
   const ExecutorOptions resolved = s.executor_options.resolved();
   const auto limit = std::chrono::duration_cast<std::chrono::nanoseconds>(*resolved.timeout);
-  const std::vector<std::int64_t> all = s.backend.exchange_int64(
+  const std::vector<std::int64_t> root = s.backend.agree_on_root(
       "GradientReducer::agreed", mine, limit,
-      [&] { return "GradientReducer::agreed on rank " + std::to_string(s.backend.rank()); });
-  return {all.begin(), all.begin() + static_cast<std::ptrdiff_t>(order.size())};
+      [&] { return "GradientReducer::agreed on rank " + std::to_string(s.backend.rank()); },
+      /*same_length=*/true);
+  return {root.begin(), root.end()};
 }
 
 Executor& GradientReducer::executor() noexcept {

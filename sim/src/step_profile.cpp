@@ -50,10 +50,17 @@ StepProfile profile_step(const Graph& graph, std::span<const std::vector<NodeTim
   std::vector<std::vector<double>> durations(profile.nodes.size());
   for (const auto& run : runs)
     for (const NodeTiming& t : run) {
-      auto it = ids.find(t.name);
-      if (it == ids.end() || (t.start_ns == 0 && t.end_ns == 0)) continue;
-      durations[it->second].push_back(static_cast<double>(t.end_ns - t.start_ns) * 1e-9);
-      profile.nodes[it->second].issue_index = t.issue_index;
+      if (t.start_ns == 0 && t.end_ns == 0) continue;
+      // By the task id the timing carries when it is this graph's node of that name (the
+      // runs of the graph itself); by name otherwise (runs of another graph with those nodes).
+      std::size_t id = t.task;
+      if (id >= profile.nodes.size() || profile.nodes[id].name != t.name) {
+        const auto it = ids.find(t.name);
+        if (it == ids.end()) continue;
+        id = it->second;
+      }
+      durations[id].push_back(static_cast<double>(t.end_ns - t.start_ns) * 1e-9);
+      profile.nodes[id].issue_index = t.issue_index;
     }
   for (std::size_t id = 0; id < durations.size(); ++id)
     profile.nodes[id].duration_s = mean(durations[id]);

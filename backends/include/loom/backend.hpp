@@ -203,6 +203,16 @@ class Backend {
                                            std::span<const std::int64_t> mine,
                                            std::chrono::nanoseconds limit,
                                            const std::function<std::string()>& what);
+  /// @brief Rank 0's `mine` on every rank: the lengths exchanged first (exchange_int64), then
+  /// rank 0's values broadcast, both recorded as `name` and each waited for at most `limit`
+  /// (an expiry as in exchange_int64). With `same_length`, ranks holding other lengths throw
+  /// ErrorCode::mismatch on every rank, "<what()> on rank <r>: ranks hold between <min> and
+  /// <max> values (this rank <n>)", before anything is broadcast. The one way loom's layers
+  /// agree on rank 0's decision (a bucket order, a plan) without a wait that can hang.
+  std::vector<std::int64_t> agree_on_root(std::string_view name, std::span<const std::int64_t> mine,
+                                          std::chrono::nanoseconds limit,
+                                          const std::function<std::string()>& what,
+                                          bool same_length = false);
   /// @brief Publishes a failure of this rank on rank_board() (see RankBoard::publish_failure).
   void publish_failure(std::string_view message, bool drained, bool consequence = false) noexcept;
   /// @brief Why collective `seq` did not complete: the ranks that did not arrive, from

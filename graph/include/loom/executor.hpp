@@ -61,6 +61,9 @@ struct NodeTiming {
   /// @brief communication: when its predecessors were done (it may then wait for its turn in
   /// the issue order until start_ns); -1 for compute
   std::int64_t ready_ns = -1;
+  /// @brief The node's Task::id() in the graph the executor was compiled from (last_run()[i]
+  /// is task i): planners find the nodes they built by id, not by parsing names.
+  std::size_t task = 0;
 };
 
 /// @brief Runs a compiled Graph on TBB workers, communication through a Backend.
@@ -142,6 +145,10 @@ class Executor {
   std::vector<std::string> issue_order() const;
   /// @brief Node count of the compiled graph.
   std::size_t size() const noexcept;
+  /// @brief How many TBB workers run this executor's compute nodes (its own arena's, for a
+  /// graph with external nodes; else what the calling thread's arena and
+  /// tbb::global_control allow): what a step simulation of it should assume.
+  int workers() const;
   /// @brief How the progress thread is scheduled, as ProgressEngine::priority_note() says it
   /// ("realtime (SCHED_FIFO 1)"); "none" when the graph needs no progress thread.
   std::string progress_priority() const;

@@ -202,6 +202,12 @@ class Graph {
   /// @brief Also checks collectives against `world_size` (counts, roots, peers).
   void validate(int world_size) const;
 
+  /// @brief Task ids in the executor's deterministic schedule order: a topological order, ties
+  /// broken by priority, then insertion order (the same on every rank for the same graph).
+  /// The order Executor fixes collectives' issue indices in and Bucketer's ready order uses.
+  /// ErrorCode::graph_invalid naming a cycle.
+  std::vector<std::size_t> topological_order() const;
+
   /// @brief Puts `task` in `group` (see ComputeOptions::group).
   void set_group(Task task, std::string group);
 
@@ -211,7 +217,6 @@ class Graph {
  private:
   friend class Executor;
   friend class Task;
-  friend class Bucketer;  // reads the structure to order buckets by readiness
   Task add(detail::NodeData&& node);
   std::unique_ptr<detail::GraphState> _state;
 };

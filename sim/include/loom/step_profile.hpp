@@ -49,8 +49,10 @@ struct StepProfile {
 };
 
 /// @brief The profile of `graph` from profiled runs of its executor (Executor::last_run() of
-/// each): each node's mean duration over `runs`. Nodes are matched by name; the runs'
-/// ranks/workers/etc. are left for the caller to fill in.
+/// each): each node's mean duration over `runs`. profile.nodes[i] is graph.task(i). A timing is
+/// matched by its task id (NodeTiming::task) when that node has its name, else by name, so the
+/// runs of one graph can profile another built with the same node names (a candidate plan's);
+/// the runs' ranks/workers/etc. are left for the caller to fill in.
 StepProfile profile_step(const Graph& graph, std::span<const std::vector<NodeTiming>> runs);
 
 /// @brief JSON ("loom-step-profile": 1) that read_step_profile reads back.

@@ -1,0 +1,273 @@
+// The step planner on a synthetic step (no model at all): a backward chain producing four
+// gradients, the Bucketer's chains and an update per bucket, with profiled runs made up by the
+// test; the shortlist, the round-robin trials, rank 0's plans on every rank, and what the planner
+// stands on (Graph::topological_order, NodeTiming::task, Backend::agree_on_root).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "loom/error.hpp"
+#include "loom/local.hpp"
+#include "loom/step_planner.hpp"
+
+namespace loom {
+namespace {
+
+constexpr std::size_t kGradients = 4;
+constexpr std::size_t kCount = 65536;  // 256 KiB of float32 each
+
+std::unique_ptr<Bucketer> make_bucketer(const BucketerOptions& options) {
+  std::vector<GradientSpec> specs;
+  for (std::size_t i = 0; i < kGradients; ++i) specs.push_back({"g" + std::to_string(i), kCount});
+  return std::make_unique<Bucketer>(std::move(specs), options);
+}
+
+// backward3 -> backward2 -> backward1 -> backward0 (backward i produces g_i), the buckets, and
+// "bucket<b>.update" after each.
+PlanGraph build(const Bucketer& bucketer, std::span<const std::size_t> order) {
+  PlanGraph g;
+  std::vector<Task> producers(kGradients);
+  Task previous;
+  for (std::size_t i = kGradients; i-- > 0;) {
+    producers[i] = g.graph.compute("backward" + std::to_string(i), [] {});
+    if (previous.valid()) previous.precede(producers[i]);
+    previous = producers[i];
+  }
+  AttachOptions attach;
+  attach.issue_order.assign(order.begin(), order.end());
+  g.buckets = bucketer.attach(g.graph, producers, 2, attach);
+  for (std::size_t b = 0; b < g.buckets.size(); ++b) {
+    g.updates.push_back(g.graph.compute("bucket" + std::to_string(b) + ".update", [] {}));
+    g.buckets[b].done().precede(g.updates.back());
+  }
+  return g;
+}
+
+// A run of `g` as a profiler would record it: backward nodes 5 ms each, one after another; each
+// allreduce issued when its bucket is ready and on a wire of 20 ms per MiB, one at a time;
+// each update 0.1 ms per MiB after its allreduce.
+std::vector<NodeTiming> made_up_run(const PlanGraph& g, const Bucketer& bucketer) {
+  constexpr std::int64_t ms = 1'000'000;
+  std::vector<NodeTiming> run(g.graph.size());
+  std::vector<std::int64_t> produced(kGradients);
+  for (std::size_t i = kGradients; i-- > 0;) {
+    const std::int64_t start = std::int64_t(kGradients - 1 - i) * 5 * ms;
+    const Task t = g.graph.find("backward" + std::to_string(i));
+    run[t.id()] = {t.name(), t.kind(), start, start + 5 * ms};
+    produced[i] = start + 5 * ms;
+  }
+  std::int64_t wire_free = 0;
+  for (std::size_t b = 0; b < g.buckets.size(); ++b) {
+    std::int64_t ready = 0;
+    for (const BucketPiece& p : bucketer.buckets()[b].pieces)
+      ready = std::max(ready, produced[p.gradient]);
+    const double mib = double(bucketer.buckets()[b].bytes()) / double(1 << 20);
+    const std::int64_t start = std::max(ready, wire_free);
+    const std::int64_t end = start + std::int64_t(20 * ms * mib);
+    wire_free = end;
+    const Task r = g.buckets[b].reduce;
+    run[r.id()] = {r.name(), r.kind(), start, end};
+    run[r.id()].bytes = bucketer.buckets()[b].bytes();
+    const Task u = g.updates[b];
+    run[u.id()] = {u.name(), u.kind(), end, end + std::int64_t(0.1 * ms * mib) + 1000};
+  }
+  for (std::size_t id = 0; id < run.size(); ++id) run[id].task = id;
+  return run;
+}
+
+TEST(StepPlanner, RanksEveryCandidateAndPrefersBucketsThatOverlapBackward) {
+  // Running: one bucket for everything (cap 25 MiB): its 20 ms allreduce waits for the whole
+  // 20 ms backward. Buckets of one gradient each hide three quarters of it.
+  BucketerOptions running_options;
+  running_options.cap_bytes = std::size_t{25} << 20;
+  running_options.first_bucket_bytes = std::size_t{25} << 20;
+  const auto running_bucketer = make_bucketer(running_options);
+  ASSERT_EQ(running_bucketer->buckets().size(), 1u);
+  const PlanGraph running = build(*running_bucketer, {});
+  const std::vector<std::vector<NodeTiming>> runs{made_up_run(running, *running_bucketer),
+                                                  made_up_run(running, *running_bucketer)};
+  PlanSearch search;
+  search.caps_bytes = {std::size_t{256} << 10, std::size_t{512} << 10, std::size_t{25} << 20};
+  search.first_bucket_bytes = {std::size_t{256} << 10};
+  search.max_in_flight = 1;
+  search.latency_s = 0;
+  PlanInputs inputs;
+  inputs.running = &running;
+  inputs.bucketer = running_bucketer.get();
+  inputs.runs = runs;
+  inputs.ranks = 2;
+  inputs.workers = 1;
+  const std::vector<StepPlan> plans = search_plans(search, inputs, make_bucketer, build);
+  // Candidates: (25 MiB, 25 MiB) running; 256 KiB; 512 KiB x first {512, 256}; 25 MiB x first
+  // 256 KiB; each with and without split: 1 + 1*2 + 2*2 + 1*2 - (running's own, no split) ...
+  std::set<std::tuple<std::size_t, std::size_t, bool>> bucketings;
+  for (const StepPlan& p : plans) {
+    bucketings.insert({p.cap_bytes, p.first_bucket_bytes, p.split_large});
+    std::vector<std::size_t> order = p.issue_order;
+    std::sort(order.begin(), order.end());
+    std::vector<std::size_t> all(p.buckets);
+    std::iota(all.begin(), all.end(), std::size_t{0});
+    EXPECT_EQ(order, all) << describe(p) << ": not a permutation of its buckets";
+    EXPECT_LE(p.collectives_in_flight, 1u);
+    EXPECT_GT(p.predicted_step_s, 0);
+  }
+  // cap x first (<= cap) x split: 256K {256K} x2, 512K {512K, 256K} x2, 25M {25M, 256K} x2.
+  EXPECT_EQ(bucketings.size(), 10u);
+  EXPECT_EQ(plans.size(), bucketings.size() * 2);  // in flight 0 and 1 each
+  EXPECT_TRUE(std::is_sorted(plans.begin(), plans.end(), [](const StepPlan& a, const StepPlan& b) {
+    return a.predicted_step_s < b.predicted_step_s;
+  }));
+  // The running plan is predicted as measured (~20 ms backward + 20 ms wire); the best hides
+  // the wire behind backward: ~20 ms + the last 5 ms bucket.
+  const auto one_bucket = std::find_if(plans.begin(), plans.end(), [](const StepPlan& p) {
+    return p.buckets == 1 && p.collectives_in_flight == 0;
+  });
+  ASSERT_NE(one_bucket, plans.end());
+  EXPECT_NEAR(one_bucket->predicted_step_s, 0.040, 0.004) << describe(*one_bucket);
+  EXPECT_GE(plans.front().buckets, 4u) << describe(plans.front());
+  EXPECT_NEAR(plans.front().predicted_step_s, 0.025, 0.004) << describe(plans.front());
+
+  // The shortlist: the best of each in-flight limit first.
+  const std::vector<StepPlan> shortlist = shortlist_plans(plans, 3);
+  ASSERT_EQ(shortlist.size(), 3u);
+  EXPECT_NE(shortlist[0].collectives_in_flight, shortlist[1].collectives_in_flight);
+  EXPECT_EQ(describe(shortlist[0]), describe(plans[0]));
+
+  // A search without a profiled run, or with a bad field, is a named error.
+  PlanInputs no_runs = inputs;
+  no_runs.runs = {};
+  EXPECT_THROW(search_plans(search, no_runs, make_bucketer, build), Error);
+  PlanSearch bad = search;
+  bad.trial_runs = 1;
+  try {
+    search_plans(bad, inputs, make_bucketer, build);
+    ADD_FAILURE() << "trial_runs 1 accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("trial_runs >= 2"), std::string::npos) << e.what();
+  }
+}
+
+StepPlan plan_with(std::size_t cap, std::size_t in_flight) {
+  StepPlan p;
+  p.cap_bytes = cap;
+  p.first_bucket_bytes = cap;
+  p.collectives_in_flight = in_flight;
+  return p;
+}
+
+TEST(StepPlanner, TrialsRunRoundRobinAndDecideOnTheMediansAfterTheFirstRound) {
+  PlanTrials trials({plan_with(1, 0), plan_with(2, 1), plan_with(3, 2)}, 3);
+  // Round 1 (not counted: plan 2 looks fastest), rounds 2 and 3 (plan 1 is).
+  const double times[3][3] = {{0.9, 0.9, 0.1}, {0.5, 0.3, 0.6}, {0.5, 0.2, 0.6}};
+  for (int round = 0; round < 3; ++round)
+    for (std::size_t k = 0; k < 3; ++k) {
+      EXPECT_FALSE(trials.done());
+      EXPECT_EQ(trials.current(), k);
+      EXPECT_EQ(trials.record(times[round][k]), (k + 1) % 3);
+    }
+  EXPECT_TRUE(trials.done());
+  const std::vector<StepPlan> measured = trials.measured();
+  EXPECT_DOUBLE_EQ(measured[0].measured_step_s, 0.5);
+  EXPECT_DOUBLE_EQ(measured[1].measured_step_s, 0.25);
+  EXPECT_DOUBLE_EQ(measured[2].measured_step_s, 0.6);
+  EXPECT_EQ(PlanTrials::fastest(measured), 1u);
+  EXPECT_THROW(trials.record(0.1), Error);
+  EXPECT_THROW(PlanTrials({}, 3), Error);
+  EXPECT_THROW(PlanTrials({plan_with(1, 0)}, 1), Error);
+  EXPECT_THROW(PlanTrials({plan_with(1, 0)}, 2).measured(), Error);
+}
+
+TEST(StepPlanner, EveryRankGetsRankZerosPlans) {
+  std::vector<std::vector<StepPlan>> got(3);
+  LocalWorld::run(3, [&](Backend& backend) {
+    // Every rank searched something different; rank 0's count.
+    std::vector<StepPlan> mine;
+    for (int i = 0; i <= backend.rank(); ++i) {
+      StepPlan p = plan_with(std::size_t(1000 * (backend.rank() + 1) + i), std::size_t(i));
+      p.buckets = 3;
+      p.issue_order = {2, 0, 1};
+      p.predicted_step_s = 0.125 + backend.rank();
+      p.measured_step_s = 1.0 / 3.0;
+      mine.push_back(p);
+    }
+    got[backend.rank()] = agree_on_plans(backend, mine, std::chrono::seconds(20));
+    // Rank 0 with nothing (its search failed): nothing on every rank.
+    const auto none = agree_on_plans(backend, backend.rank() == 0 ? std::vector<StepPlan>{} : mine,
+                                     std::chrono::seconds(20));
+    EXPECT_TRUE(none.empty()) << "rank " << backend.rank();
+  });
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_EQ(got[r].size(), 1u) << "rank " << r;
+    const StepPlan& p = got[r][0];
+    EXPECT_EQ(p.cap_bytes, 1000u);
+    EXPECT_EQ(p.issue_order, (std::vector<std::size_t>{2, 0, 1}));
+    EXPECT_EQ(p.buckets, 3u);
+    EXPECT_DOUBLE_EQ(p.predicted_step_s, 0.125);
+    EXPECT_DOUBLE_EQ(p.measured_step_s, 1.0 / 3.0);  // bit-exact through the wire
+  }
+}
+
+TEST(StepPlanner, AgreeOnRootNamesRanksWithAnotherLength) {
+  std::vector<std::string> errors(3);
+  LocalWorld::run(3, [&](Backend& backend) {
+    const std::vector<std::int64_t> same = {7, 8, 9};
+    const auto root = backend.agree_on_root(
+        "test", backend.rank() == 0 ? same : std::vector<std::int64_t>{0, 0, 0},
+        std::chrono::seconds(20), [] { return std::string("agreeing"); }, true);
+    EXPECT_EQ(root, same) << "rank " << backend.rank();
+    // Rank 2 holds 5 values, the others 3.
+    const std::vector<std::int64_t> mine(backend.rank() == 2 ? 5 : 3, backend.rank());
+    try {
+      backend.agree_on_root(
+          "test", mine, std::chrono::seconds(20), [] { return std::string("agreeing"); }, true);
+      errors[backend.rank()] = "no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::mismatch);
+      errors[backend.rank()] = e.what();
+    }
+  });
+  for (int r = 0; r < 3; ++r)
+    EXPECT_NE(errors[r].find("agreeing on rank " + std::to_string(r) +
+                             ": ranks hold between 3 and 5 values"),
+              std::string::npos)
+        << errors[r];
+}
+
+TEST(StepPlanner, TimingsCarryTaskIdsAndTheGraphSaysItsScheduleOrder) {
+  Graph g;
+  Task a = g.compute("a", [] {});
+  Task low = g.compute("low", [] {}, {.priority = 0});
+  Task high = g.compute("high", [] {}, {.priority = 5});
+  a.precede(low);
+  a.precede(high);
+  // Among nodes ready together, higher priority first, then insertion order.
+  EXPECT_EQ(g.topological_order(), (std::vector<std::size_t>{0, 2, 1}));
+  Graph cyclic;
+  Task x = cyclic.compute("x", [] {});
+  Task y = cyclic.compute("y", [] {});
+  x.precede(y);
+  y.precede(x);
+  EXPECT_THROW(cyclic.topological_order(), Error);
+
+  LocalWorld::run(1, [&](Backend& backend) {
+    ExecutorOptions o;
+    o.profile = true;
+    auto executor = Executor::compile(g, backend, o);
+    EXPECT_GE(executor->workers(), 1);
+    executor->run();
+    const auto run = executor->last_run();
+    ASSERT_EQ(run.size(), 3u);
+    for (std::size_t i = 0; i < run.size(); ++i) {
+      EXPECT_EQ(run[i].task, i);
+      EXPECT_EQ(run[i].name, g.task(i).name());
+    }
+  });
+}
+
+}  // namespace
+}  // namespace loom
