@@ -84,6 +84,37 @@ std::span<const int> Topology::ranks_of_node(int node) const {
   return _ranks_of_node[node];
 }
 
+Topology Topology::with_node_names(std::span<const std::string> name_of_rank) const {
+  if (static_cast<int>(name_of_rank.size()) != world_size())
+    throw Error(ErrorCode::invalid_argument,
+                "Topology::with_node_names: " + std::to_string(name_of_rank.size()) +
+                    " names for " + std::to_string(world_size()) + " ranks");
+  Topology t = *this;
+  t._node_names.assign(_ranks_of_node.size(), "");
+  for (int node = 0; node < node_count(); ++node) {
+    const int leader = _ranks_of_node[node].front();
+    for (int r : _ranks_of_node[node])
+      if (name_of_rank[r] != name_of_rank[leader])
+        throw Error(ErrorCode::invalid_argument,
+                    "Topology::with_node_names: rank " + std::to_string(r) + " names node " +
+                        std::to_string(node) + " '" + name_of_rank[r] + "' but rank " +
+                        std::to_string(leader) + " names it '" + name_of_rank[leader] + "'");
+    t._node_names[node] = name_of_rank[leader];
+  }
+  return t;
+}
+
+const std::string& Topology::node_name(int node) const {
+  static const std::string none;
+  ranks_of_node(node);  // the range check
+  return _node_names.empty() ? none : _node_names[node];
+}
+
+std::string Topology::node_label(int node) const {
+  const std::string& name = node_name(node);
+  return "node " + std::to_string(node) + (name.empty() ? "" : " (" + name + ")");
+}
+
 std::vector<int> Topology::leaders() const {
   std::vector<int> leaders;
   leaders.reserve(_ranks_of_node.size());
@@ -107,6 +138,8 @@ std::string Topology::describe() const {
       text += std::to_string(ranks[k]);
     }
     text += '}';
+    if (!_node_names.empty() && !_node_names[&ranks - _ranks_of_node.data()].empty())
+      text += " on " + _node_names[&ranks - _ranks_of_node.data()];
   }
   return text;
 }

@@ -51,9 +51,12 @@ std::span<const Algorithm> candidates(Collective collective) noexcept {
   using A = Algorithm;
   static constexpr std::array allreduce{A::native,       A::ring,          A::recursive_doubling,
                                         A::rabenseifner, A::binomial_tree, A::hierarchical};
-  static constexpr std::array allgather{A::native, A::ring, A::recursive_doubling, A::bruck};
-  static constexpr std::array reduce_scatter{A::native, A::ring, A::recursive_halving};
-  static constexpr std::array broadcast{A::native, A::binomial_tree, A::scatter_allgather};
+  static constexpr std::array allgather{A::native, A::ring, A::recursive_doubling, A::bruck,
+                                        A::hierarchical};
+  static constexpr std::array reduce_scatter{A::native, A::ring, A::recursive_halving,
+                                             A::hierarchical};
+  static constexpr std::array broadcast{A::native, A::binomial_tree, A::scatter_allgather,
+                                        A::hierarchical};
   static constexpr std::array reduce{A::native, A::binomial_tree};
   static constexpr std::array native_only{A::native};
   switch (collective) {
@@ -190,16 +193,22 @@ std::unique_ptr<Work> start_algorithm(Backend& backend, Algorithm algorithm,
       if (algorithm == Algorithm::recursive_doubling)
         work = alg::recursive_doubling_allgather(backend, args, what);
       if (algorithm == Algorithm::bruck) work = alg::bruck_allgather(backend, args, what);
+      if (algorithm == Algorithm::hierarchical)
+        work = alg::hierarchical_allgather(backend, args, what);
       break;
     case Collective::reduce_scatter:
       if (algorithm == Algorithm::ring) work = alg::ring_reduce_scatter(backend, args, what);
       if (algorithm == Algorithm::recursive_halving)
         work = alg::recursive_halving_reduce_scatter(backend, args, what);
+      if (algorithm == Algorithm::hierarchical)
+        work = alg::hierarchical_reduce_scatter(backend, args, what);
       break;
     case Collective::broadcast:
       if (algorithm == Algorithm::binomial_tree) work = alg::tree_broadcast(backend, args, what);
       if (algorithm == Algorithm::scatter_allgather)
         work = alg::scatter_allgather_broadcast(backend, args, what);
+      if (algorithm == Algorithm::hierarchical)
+        work = alg::hierarchical_broadcast(backend, args, what);
       break;
     case Collective::reduce:
       if (algorithm == Algorithm::binomial_tree) work = alg::tree_reduce(backend, args, what);

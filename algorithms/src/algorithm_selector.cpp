@@ -278,13 +278,8 @@ double AlgorithmSelector::predict(Algorithm algorithm, Collective collective, st
   }
   CostParameters inter = _tuning.cost;
   inter.beta_s_per_byte *= inter_node_beta_factor;
-  if (algorithm != Algorithm::hierarchical || collective != Collective::allreduce)
-    return algorithm == Algorithm::hierarchical
-               ? std::numeric_limits<double>::infinity()
-               : predict_with(inter, algorithm, collective, bytes, world);
-  // hierarchical_allreduce.cpp: an intra-node reduce-scatter into m shards (an owner takes
-  // k - 1 pieces of n/m), recursive doubling of each shard among the N nodes (the node's m
-  // owners share its link: n bytes per exchange), an intra-node allgather (n bytes in).
+  if (algorithm != Algorithm::hierarchical)
+    return predict_with(inter, algorithm, collective, bytes, world);
   const double a = _tuning.cost.alpha_s;
   const double b = _tuning.cost.beta_s_per_byte;
   const double g = _tuning.cost.gamma_s_per_byte;
@@ -296,9 +291,29 @@ double AlgorithmSelector::predict(Algorithm algorithm, Collective collective, st
     most = std::max(most, topology.ranks_of_node(node).size());
   }
   const double m = static_cast<double>(fewest), k = static_cast<double>(most);
+  const double bi = inter.beta_s_per_byte;
+  const double N = nodes, block = n / world;
+  // hierarchical_{broadcast,allgather,reduce_scatter}.cpp: through each node's leader (k - 1
+  // messages in its memory), a tree (broadcast) or a ring (N - 1 steps, a node's k blocks per
+  // step) of the leaders.
+  switch (collective) {
+    case Collective::broadcast:
+      return log2_ceil(nodes) * (a + n * bi) + a + (k - 1) * n * b;
+    case Collective::allgather:  // n: the gathered buffer
+      return a + (k - 1) * block * b + (N - 1) * (a + k * block * bi) + a + (k - 1) * n * b;
+    case Collective::reduce_scatter:  // n: the whole send buffer
+      return a + (k - 1) * n * (b + g) + (N - 1) * (a + k * block * (bi + g)) + a +
+             (k - 1) * block * b;
+    case Collective::allreduce:
+      break;
+    default:
+      return std::numeric_limits<double>::infinity();
+  }
+  // hierarchical_allreduce.cpp: an intra-node reduce-scatter into m shards (an owner takes
+  // k - 1 pieces of n/m), recursive doubling of each shard among the N nodes (the node's m
+  // owners share its link: n bytes per exchange), an intra-node allgather (n bytes in).
   const int p2 = algorithms::power_of_two_below(nodes);
   const double exchanges = log2_ceil(p2) + (p2 != nodes ? 2 : 0);
-  const double bi = inter.beta_s_per_byte;
   return 2 * a + (k - 1) * (n / m) * (b + g) + n * b + exchanges * (a + n * bi) +
          exchanges * (n / m) * g;
 }

@@ -31,6 +31,12 @@ std::unique_ptr<ChannelWork> rabenseifner_allreduce(Backend& b, const Collective
                                                     std::string what);
 std::unique_ptr<ChannelWork> hierarchical_allreduce(Backend& b, const CollectiveArgs& a,
                                                     std::string what);
+std::unique_ptr<ChannelWork> hierarchical_allgather(Backend& b, const CollectiveArgs& a,
+                                                    std::string what);
+std::unique_ptr<ChannelWork> hierarchical_reduce_scatter(Backend& b, const CollectiveArgs& a,
+                                                         std::string what);
+std::unique_ptr<ChannelWork> hierarchical_broadcast(Backend& b, const CollectiveArgs& a,
+                                                    std::string what);
 /// @brief How many shards hierarchical allreduce cuts the vector into: the fewest ranks any
 /// node of `topology` holds.
 int hierarchical_shards(const Topology& topology);

@@ -1,5 +1,6 @@
 // The Open MPI backend: each backend owns a duplicate of MPI_COMM_WORLD; every operation is a
 // nonblocking MPI call whose request a Work polls with MPI_Test.
+#include "board_exchange.hpp"
 #include "mpi_runtime.hpp"  // first: it includes mpi.h without the C++ bindings
 #include "mpi_topology.hpp"
 
@@ -223,9 +224,25 @@ class MpiBackend final : public Backend {
         _communicator(std::make_shared<Communicator>()),
         _algorithm_communicator(std::make_shared<Communicator>()),
         _shared_board(std::make_unique<SharedBoard>(_communicator->get())) {
-    set_rank_board(std::make_unique<RankBoard>(_communicator->rank(), _shared_board->slots()));
     // Collective like the dup above: every rank constructs its backend at the same point.
-    set_topology(mpi::node_topology(_communicator->get()));
+    Topology topology = mpi::node_topology(_communicator->get());
+    auto board = std::make_unique<RankBoard>(_communicator->rank(), _shared_board->slots());
+    if (topology.node_count() > 1) {
+      // The board of another host is out of reach: at a timeout, ask the hosts (2 s at most).
+      _board_exchange = std::make_unique<mpi::BoardExchange>(
+          _communicator->get(), topology, _shared_board->slots(), std::chrono::seconds(2));
+      std::vector<std::string> hosts;
+      for (int r = 0; r < topology.world_size(); ++r) {
+        const int node = topology.node_of(r);
+        hosts.push_back(topology.node_name(node).empty() ? topology.node_label(node)
+                                                         : topology.node_name(node));
+      }
+      board->set_remote(std::move(hosts), [exchange = _board_exchange.get()](std::int64_t seq) {
+        return exchange->ask(seq);
+      });
+    }
+    set_rank_board(std::move(board));
+    set_topology(std::move(topology));
 #if LOOM_HAVE_CUDA
     _staging = std::make_unique<mpi::DeviceStaging>(
         config.staging_chunk_bytes, static_cast<cuda::NativeStream>(config.staging_input_stream));
@@ -693,6 +710,7 @@ class MpiBackend final : public Backend {
   std::shared_ptr<const Communicator> _communicator;
   std::shared_ptr<const Communicator> _algorithm_communicator;
   std::unique_ptr<SharedBoard> _shared_board;
+  std::unique_ptr<mpi::BoardExchange> _board_exchange;  // several hosts only
 };
 
 }  // namespace

@@ -3,6 +3,10 @@
 //   loom-predict step.loom.json --link 2gbit --latency 20us
 //   loom-predict step.loom.json --ranks 8,64,1024 --link 100gbit --latency 5us
 //   loom-predict step.loom.json --fit          (a wire calibrated on the profile itself)
+//   loom-predict --nodes 2,16,128 --ranks-per-node 8 --link 100gbit --intra 200GB/s
+//       --collective allreduce --sizes 1M,64M    (each algorithm on two levels, no profile)
+//   loom-predict step.loom.json --nodes 128 --ranks-per-node 8 --link 100gbit --intra 200GB/s
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <optional>
@@ -35,6 +39,14 @@ struct Flags {
   double compute_scale = 1;
   bool best = true;
   bool json = false;
+  // Two levels (--nodes, --ranks-per-node, --intra).
+  std::string nodes;
+  std::string ranks_per_node;
+  std::string intra;
+  std::string intra_latency = "1us";
+  std::string gamma;
+  std::string collective;
+  std::string sizes;
 };
 
 std::vector<int> parse_ranks(const std::string& text, int fallback) {
@@ -53,6 +65,140 @@ std::vector<int> parse_ranks(const std::string& text, int fallback) {
     }
   }
   return out;
+}
+
+// "4M", "64K", "1G" (powers of 1024), "100" bytes.
+std::vector<std::size_t> parse_sizes(const std::string& text) {
+  std::vector<std::size_t> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    std::size_t used = 0, value = 0;
+    try {
+      value = std::stoull(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    std::size_t scale = 1;
+    const std::string unit = used > 0 ? item.substr(used) : "";
+    if (unit == "K" || unit == "k") scale = std::size_t{1} << 10;
+    if (unit == "M" || unit == "m") scale = std::size_t{1} << 20;
+    if (unit == "G" || unit == "g") scale = std::size_t{1} << 30;
+    if (used == 0 || value == 0 || (scale == 1 && !unit.empty()))
+      throw Error(ErrorCode::invalid_argument,
+                  "--sizes: '" + item + "' is not a size in bytes like 8, 64K, 16M or 1G");
+    out.push_back(value * scale);
+  }
+  if (out.empty()) throw Error(ErrorCode::invalid_argument, "--sizes: no size given");
+  return out;
+}
+
+// --nodes N[,N...] and --ranks-per-node L (or one count per node: 2,1,3): the clusters asked
+// about, with the rates of --link, --latency, --intra, --intra-latency and --gamma.
+std::vector<ClusterNetwork> parse_clusters(const Flags& f) {
+  if (f.ranks_per_node.empty() || f.link.empty() || f.intra.empty())
+    throw Error(ErrorCode::invalid_argument,
+                "two levels need --ranks-per-node, --link (each node's link) and --intra (a "
+                "node's memory, e.g. 200GB/s)");
+  const double link = parse_link_rate(f.link);
+  const double intra = parse_byte_rate(f.intra);
+  const double latency = parse_duration(f.latency);
+  const double intra_latency = parse_duration(f.intra_latency);
+  const double gamma =
+      f.gamma.empty() ? default_tuning().cost.gamma_s_per_byte : parse_duration(f.gamma);
+  std::vector<int> per_node = parse_ranks(f.ranks_per_node, 0);
+  std::vector<ClusterNetwork> out;
+  if (per_node.size() > 1) {
+    if (!f.nodes.empty() && parse_ranks(f.nodes, 0) != std::vector<int>{int(per_node.size())})
+      throw Error(ErrorCode::invalid_argument, "--ranks-per-node '" + f.ranks_per_node +
+                                                   "' gives " + std::to_string(per_node.size()) +
+                                                   " nodes, --nodes says '" + f.nodes + "'");
+    std::vector<int> ids;
+    for (std::size_t node = 0; node < per_node.size(); ++node)
+      ids.insert(ids.end(), per_node[node], static_cast<int>(node));
+    out.push_back(ClusterNetwork::uniform(1, 1, link, intra, latency, intra_latency, gamma)
+                      .on(Topology::from_node_ids(ids)));
+    return out;
+  }
+  if (f.nodes.empty()) throw Error(ErrorCode::invalid_argument, "two levels need --nodes");
+  for (int n : parse_ranks(f.nodes, 0))
+    out.push_back(
+        ClusterNetwork::uniform(n, per_node[0], link, intra, latency, intra_latency, gamma));
+  return out;
+}
+
+std::string placement(const Topology& t) {
+  std::string text;
+  if (t.uniform())
+    return std::to_string(t.node_count()) + "x" + std::to_string(t.ranks_of_node(0).size());
+  for (int n = 0; n < t.node_count(); ++n)
+    text += (n ? "+" : "") + std::to_string(t.ranks_of_node(n).size());
+  return text;
+}
+
+// Each of `collective`'s algorithms on each cluster at each size: ms, and x the link bound for
+// allreduce.
+int collective_table(const std::vector<ClusterNetwork>& clusters, Collective collective,
+                     const std::vector<std::size_t>& sizes, bool json) {
+  std::vector<Algorithm> algorithms;
+  for (Algorithm a : candidates(collective))
+    if (a != Algorithm::native) algorithms.push_back(a);
+  if (algorithms.empty())
+    throw Error(ErrorCode::invalid_argument,
+                "loom has no algorithm of its own for " + std::string(to_string(collective)));
+  const ClusterNetwork& first = clusters.front();
+  if (!json) {
+    std::printf(
+        "# loom-predict: %s on two levels: link %.3f Gbit/s each way per node, alpha %.2f us; "
+        "a node's memory %.3f GB/s, alpha %.2f us; gamma %.3f ns/B. ms (x the link bound)\n",
+        std::string(to_string(collective)).c_str(), first.link_bytes_per_s * 8e-9,
+        first.link_latency_s * 1e6, first.intra_bytes_per_s * 1e-9, first.intra_latency_s * 1e6,
+        first.gamma_s_per_byte * 1e9);
+    std::printf("# %-9s %6s %10s %10s", "nodes", "ranks", "bytes", "bound_ms");
+    for (Algorithm a : algorithms) std::printf(" %20s", std::string(to_string(a)).c_str());
+    std::printf(" %-12s\n", "best");
+  }
+  for (const ClusterNetwork& c : clusters)
+    for (std::size_t bytes : sizes) {
+      const double bound =
+          collective == Collective::allreduce ? allreduce_link_bound(c, bytes) : 0.0;
+      Algorithm best = algorithms.front();
+      double best_s = INFINITY;
+      std::string cells, fields;
+      for (Algorithm a : algorithms) {
+        const ClusterCost cost = cluster_cost(c, a, collective, bytes);
+        const std::string name(to_string(a));
+        char cell[64];
+        if (!std::isfinite(cost.seconds)) {
+          std::snprintf(cell, sizeof cell, " %20s", "-");
+        } else if (bound > 0) {
+          std::snprintf(cell, sizeof cell, " %11.3f (%5.2fx)", cost.seconds * 1e3,
+                        cost.seconds / bound);
+        } else {
+          std::snprintf(cell, sizeof cell, " %20.3f", cost.seconds * 1e3);
+        }
+        cells += cell;
+        if (std::isfinite(cost.seconds)) {
+          fields += ", \"" + name + "_ms\": " + std::to_string(cost.seconds * 1e3) + ", \"" + name +
+                    "_link_bytes\": " + std::to_string(cost.link_bytes);
+          if (cost.seconds < best_s) {
+            best_s = cost.seconds;
+            best = a;
+          }
+        }
+      }
+      if (json)
+        std::printf(
+            "{\"placement\": \"%s\", \"ranks\": %d, \"bytes\": %zu, \"bound_ms\": %.6f%s, "
+            "\"best\": \"%s\"}\n",
+            placement(c.topology).c_str(), c.topology.world_size(), bytes, bound * 1e3,
+            fields.c_str(), std::string(to_string(best)).c_str());
+      else
+        std::printf("  %-9s %6d %10zu %10.3f%s %-12s\n", placement(c.topology).c_str(),
+                    c.topology.world_size(), bytes, bound * 1e3, cells.c_str(),
+                    std::string(to_string(best)).c_str());
+    }
+  return 0;
 }
 
 // The largest collective's algorithm names the row (the one that dominates the wire).
@@ -96,12 +242,27 @@ int main(int argc, char** argv) {
       "compute-scale", po::value(&flags.compute_scale)->default_value(1),
       "multiply every compute and copy duration (what if compute were 10x faster: 0.1)")(
       "no-best", "skip the search for the best schedule")("json", po::bool_switch(&flags.json),
-                                                          "one JSON object per rank count");
+                                                          "one JSON object per rank count")(
+      "nodes", po::value(&flags.nodes),
+      "two levels: comma-separated node counts (with --ranks-per-node, --link, --intra)")(
+      "ranks-per-node", po::value(&flags.ranks_per_node),
+      "ranks on each node, or one count per node (2,1,3: uneven, 3 nodes)")(
+      "intra", po::value(&flags.intra),
+      "a node's memory, shared by its ranks' messages (200GB/s, 5GB/s, 400gbit)")(
+      "intra-latency", po::value(&flags.intra_latency)->default_value(flags.intra_latency),
+      "alpha of a message inside a node (--latency is the link's)")(
+      "gamma", po::value(&flags.gamma),
+      "seconds per byte reduced (0.25ns; default: the built-in tuning's)")(
+      "collective", po::value(&flags.collective),
+      "no profile: each algorithm of this collective (allreduce, allgather, ...) on the "
+      "clusters, at --sizes")("sizes", po::value(&flags.sizes),
+                              "with --collective: comma-separated sizes (4M,64M)");
   po::positional_options_description positional;
   positional.add("profile", 1);
   std::vector<int> ranks;
   std::optional<NetworkModel> network;
   StepProfile profile;
+  std::vector<ClusterNetwork> clusters;
   try {
     po::variables_map vm;
     po::store(po::command_line_parser(argc, argv).options(options).positional(positional).run(),
@@ -112,15 +273,47 @@ int main(int argc, char** argv) {
     }
     po::notify(vm);
     flags.best = vm.count("no-best") == 0;
+    const bool two_levels = !flags.nodes.empty() || !flags.ranks_per_node.empty();
+    if (two_levels) clusters = parse_clusters(flags);
+    if (!flags.collective.empty()) {
+      if (!two_levels)
+        throw Error(ErrorCode::invalid_argument,
+                    "--collective needs a cluster: --nodes, --ranks-per-node, --link, --intra");
+      if (!flags.profile.empty())
+        throw Error(ErrorCode::invalid_argument, "give a profile or --collective, not both");
+      Collective op = Collective::allreduce;
+      bool known = false;
+      for (Collective c : {Collective::allreduce, Collective::allgather, Collective::reduce_scatter,
+                           Collective::broadcast, Collective::reduce})
+        if (flags.collective == to_string(c)) {
+          op = c;
+          known = true;
+        }
+      if (!known)
+        throw Error(ErrorCode::invalid_argument,
+                    "--collective: unknown '" + flags.collective +
+                        "' (allreduce, allgather, reduce_scatter, broadcast or reduce)");
+      return collective_table(clusters, op, parse_sizes(flags.sizes.empty() ? "1M" : flags.sizes),
+                              flags.json);
+    }
     if (flags.profile.empty()) throw Error(ErrorCode::invalid_argument, "no profile given");
     const int wires =
         !flags.link.empty() + !flags.tuning.empty() + flags.fit + !flags.fit_from.empty();
+    if (two_levels &&
+        (!flags.tuning.empty() || flags.fit || !flags.fit_from.empty() || !flags.ranks.empty()))
+      throw Error(ErrorCode::invalid_argument,
+                  "two levels take --link and --intra (not --tuning, --fit, --fit-from) and "
+                  "the rank counts from --nodes x --ranks-per-node (not --ranks)");
     if (wires != 1)
       throw Error(ErrorCode::invalid_argument,
                   "give the wire with exactly one of --link, "
                   "--tuning, --fit and --fit-from");
     profile = load_step_profile(flags.profile);
     ranks = parse_ranks(flags.ranks, profile.ranks);
+    if (two_levels) {
+      ranks.clear();
+      for (const ClusterNetwork& c : clusters) ranks.push_back(c.topology.world_size());
+    }
     if (!(flags.compute_scale > 0))
       throw Error(ErrorCode::invalid_argument, "--compute-scale must be > 0");
     for (ProfiledNode& node : profile.nodes)
@@ -128,7 +321,9 @@ int main(int argc, char** argv) {
           node.kind == NodeKind::external)
         node.duration_s *= flags.compute_scale;
     const double latency = parse_duration(flags.latency);
-    if (!flags.link.empty())
+    if (two_levels)
+      network.reset();
+    else if (!flags.link.empty())
       network = NetworkModel::from_link(parse_link_rate(flags.link), latency);
     else if (!flags.tuning.empty())
       network = NetworkModel(load_tuning_file(flags.tuning));
@@ -141,6 +336,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
+    if (!network) network = NetworkModel::two_level(clusters.front());
     const double beta = network->tuning().cost.beta_s_per_byte;
     if (!flags.json)
       std::printf(
@@ -154,7 +350,14 @@ int main(int argc, char** argv) {
       std::printf("# %6s %-12s %9s %10s %9s %9s %10s %9s %9s %8s %10s %s\n", "ranks", "algorithm",
                   "step_ms", "compute_ms", "comm_ms", "hidden_ms", "exposed_ms", "overlap",
                   "critical", "best_ms", "step/best", "best schedule");
-    for (int r : ranks) {
+    if (!clusters.empty() && !flags.json)
+      std::printf(
+          "# two levels: a node's memory %.3f GB/s, alpha %.2f us; the wire above is "
+          "each node's link\n",
+          clusters.front().intra_bytes_per_s * 1e-9, clusters.front().intra_latency_s * 1e6);
+    for (std::size_t i = 0; i < ranks.size(); ++i) {
+      const int r = ranks[i];
+      if (!clusters.empty()) network = NetworkModel::two_level(clusters[i]);
       SimulationOptions sim;
       sim.ranks = r;
       sim.workers = flags.workers > 0 ? flags.workers : profile.workers;

@@ -80,10 +80,22 @@ std::optional<RankBoard::Failure> RankBoard::take_stale_run_failure(std::int64_t
   return found;
 }
 
+void RankBoard::set_remote(std::vector<std::string> host_of_rank, RemoteQuery ask) {
+  _hosts = std::move(host_of_rank);
+  _ask = std::move(ask);
+}
+
 std::string RankBoard::who_is_missing(std::int64_t seq, const FlightRecorder& recorder,
                                       int* failed_rank) const {
   if (failed_rank) *failed_rank = -1;
   std::string missing, unknown, late;
+  std::vector<std::optional<Peer>> remote;  // what the other hosts said, asked once
+  bool asked = false;
+  // The ranks of each host that did not answer, in order of first appearance.
+  std::vector<std::pair<std::string, std::string>> silent;
+  auto host = [&](int r) {
+    return r < static_cast<int>(_hosts.size()) ? _hosts[r] : std::string();
+  };
   auto named = [&](std::int64_t s) {
     if (s < 0) return std::string("nothing yet");
     std::string text = "#" + std::to_string(s);
@@ -93,18 +105,37 @@ std::string RankBoard::who_is_missing(std::int64_t seq, const FlightRecorder& re
   };
   for (int r = 0; r < world_size(); ++r) {
     if (r == _rank) continue;
-    const Peer p = read(r);
+    Peer p = read(r);
+    if (!p.visible && _ask) {
+      if (!asked) {
+        remote = _ask(seq);
+        asked = true;
+      }
+      if (r < static_cast<int>(remote.size()) && remote[r]) {
+        p = *remote[r];
+        p.visible = true;
+      } else {
+        auto it = std::find_if(silent.begin(), silent.end(),
+                               [&](const auto& s) { return s.first == host(r); });
+        if (it == silent.end()) it = silent.insert(silent.end(), {host(r), ""});
+        it->second += (it->second.empty() ? "" : ", ") + std::to_string(r);
+        continue;
+      }
+    }
     if (!p.visible) {
       unknown += (unknown.empty() ? "" : ", ") + std::to_string(r);
       continue;
     }
     if (p.last_started >= seq) {
-      if (p.last_completed < seq) late += (late.empty() ? "" : ", ") + std::to_string(r);
+      if (p.last_completed < seq)
+        late += (late.empty() ? "" : ", ") + std::to_string(r) +
+                (host(r).empty() || host(r) == host(_rank) ? "" : " on host " + host(r));
       continue;
     }
     if (!missing.empty()) missing += "; ";
-    missing += "rank " + std::to_string(r) + " did not arrive (last started " +
-               named(p.last_started) + ")";
+    missing += "rank " + std::to_string(r) +
+               (host(r).empty() || host(r) == host(_rank) ? "" : " on host " + host(r)) +
+               " did not arrive (last started " + named(p.last_started) + ")";
     if (p.failures != 0 && p.failed_seq <= seq) {
       if (p.consequence) {
         missing += ": it gave up waiting too";
@@ -115,6 +146,13 @@ std::string RankBoard::who_is_missing(std::int64_t seq, const FlightRecorder& re
     }
   }
   std::string text = missing;
+  for (const auto& [name, ranks] : silent) {
+    if (!text.empty()) text += "; ";
+    const bool several = ranks.find(',') != std::string::npos;
+    const std::string where = name.empty() ? "another host" : "host " + name;
+    text += (several ? "ranks " : "rank ") + ranks + " on " + where + (several ? " are" : " is") +
+            " missing: no rank of " + where + " answered (the node is down, stopped or cut off)";
+  }
   if (text.empty())
     text = late.empty() ? std::string("every rank this process can see started it")
                         : (late.find(',') == std::string::npos

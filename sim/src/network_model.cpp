@@ -51,6 +51,19 @@ double parse_link_rate(std::string_view text) {
   return rate;
 }
 
+double parse_byte_rate(std::string_view text) {
+  if (text.size() > 2 &&
+      (text.substr(text.size() - 2) == "/s" || text.substr(text.size() - 2) == "/S")) {
+    const double rate = number_with_unit(
+        text.substr(0, text.size() - 2),
+        {{"b", 1}, {"kb", 1e3}, {"mb", 1e6}, {"gb", 1e9}, {"tb", 1e12}}, "byte rate");
+    if (rate <= 0)
+      throw Error(ErrorCode::invalid_argument, "byte rate '" + std::string(text) + "' is 0");
+    return rate;
+  }
+  return parse_link_rate(text) / 8;
+}
+
 double parse_duration(std::string_view text) {
   return number_with_unit(text, {{"", 1}, {"s", 1}, {"ms", 1e-3}, {"us", 1e-6}, {"ns", 1e-9}},
                           "duration");
@@ -102,8 +115,41 @@ NetworkModel NetworkModel::fitted(const StepProfile& profile, double latency_s) 
   return from_link(8.0 / std::sqrt(lo * hi), latency_s);
 }
 
+NetworkModel NetworkModel::two_level(ClusterNetwork cluster) {
+  TuningParameters t = default_tuning();
+  t.cost.alpha_s = cluster.link_latency_s;
+  t.cost.beta_s_per_byte = 1 / cluster.link_bytes_per_s;
+  t.cost.gamma_s_per_byte = cluster.gamma_s_per_byte;
+  t.native.clear();
+  t.measured.clear();
+  NetworkModel model(std::move(t));
+  model._cluster = std::move(cluster);
+  return model;
+}
+
+ClusterNetwork NetworkModel::cluster_at(int ranks) const {
+  if (!_cluster) throw Error(ErrorCode::invalid_argument, "this network model has one level");
+  if (ranks < 1)
+    throw Error(ErrorCode::invalid_argument, "a cluster of " + std::to_string(ranks) + " ranks");
+  if (ranks == _cluster->topology.world_size()) return *_cluster;
+  const int per_node = static_cast<int>(_cluster->topology.ranks_of_node(0).size());
+  return _cluster->on(Topology::blocks(ranks, per_node));
+}
+
 CollectiveCost NetworkModel::collective(Collective op, std::size_t bytes, int ranks) const {
   if (ranks <= 1) return {Algorithm::native, 0};
+  if (_cluster) {
+    const ClusterNetwork at = cluster_at(ranks);
+    CollectiveCost best{Algorithm::native, std::numeric_limits<double>::infinity()};
+    for (Algorithm a : candidates(op)) {
+      const double s = cluster_cost(at, a, op, bytes).seconds;
+      if (s < best.seconds) best = {a, s};
+    }
+    if (!std::isfinite(best.seconds))
+      throw Error(ErrorCode::unsupported, "no two-level model for " + std::string(to_string(op)) +
+                                              " (loom has no algorithm of its own for it)");
+    return best;
+  }
   CollectiveCost best{Algorithm::native, std::numeric_limits<double>::infinity()};
   for (Algorithm a : candidates(op)) {
     if (a == Algorithm::native) continue;
@@ -120,6 +166,8 @@ CollectiveCost NetworkModel::collective(Collective op, std::size_t bytes, int ra
 }
 
 double NetworkModel::point_to_point(std::size_t bytes) const {
+  if (_cluster)
+    return _cluster->link_latency_s + static_cast<double>(bytes) / _cluster->link_bytes_per_s;
   return tuning().cost.alpha_s + static_cast<double>(bytes) * tuning().cost.beta_s_per_byte;
 }
 

@@ -94,6 +94,27 @@ TEST(AlgorithmSelector, WithoutAFitALargeAllreduceGoesToABandwidthOptimalAlgorit
 // and, at 2 x 2, a latency-optimal one for small; on one node, or one rank per node, never. (At 2 +
 // 1 + 3 its leader-based form, recursive doubling with the fold among 3 nodes, moves more over a
 // node's link than the flat ring, and the model says so.)
+// Hierarchical broadcast, allgather and reduce_scatter on two levels: a broadcast crosses each
+// link once where the flat tree crosses it log2(p) times, so at 2 x 4 and 64 MiB the model takes
+// it (3 crossings at 10 beta against 1 and 3 copies at beta inside the node); on one node it is
+// infinite.
+TEST(AlgorithmSelector, HierarchicalBroadcastAllgatherReduceScatterOnTwoLevels) {
+  const AlgorithmSelector s(simple_model());
+  const Topology two_by_four = Topology::blocks(8, 4);
+  const std::size_t n = 64u << 20;
+  EXPECT_LT(s.predict(Algorithm::hierarchical, Collective::broadcast, n, two_by_four),
+            s.predict(Algorithm::binomial_tree, Collective::broadcast, n, two_by_four) / 2);
+  for (Collective op : {Collective::allgather, Collective::reduce_scatter})
+    EXPECT_TRUE(std::isfinite(s.predict(Algorithm::hierarchical, op, n, two_by_four)));
+  for (Collective op : {Collective::broadcast, Collective::allgather, Collective::reduce_scatter})
+    EXPECT_TRUE(std::isinf(s.predict(Algorithm::hierarchical, op, n, Topology::single_node(8))));
+  std::vector<float> data(n / 4);
+  LocalWorld world(two_by_four);
+  const CollectiveArgs broadcast{Collective::broadcast, Buffer::of(std::span(data)),
+                                 Buffer::of(std::span(data)), ReduceOp::sum, 0};
+  EXPECT_EQ(s.choose(broadcast, world.backend(0)).algorithm, Algorithm::hierarchical);
+}
+
 TEST(AlgorithmSelector, HierarchicalOnlyOnSeveralNodesAndForLargeSizes) {
   for (const AlgorithmSelector& s : {AlgorithmSelector(simple_model()), AlgorithmSelector()}) {
     std::vector<float> large(16u << 20), small(8);

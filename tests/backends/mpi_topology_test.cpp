@@ -1,6 +1,7 @@
 // MpiBackend's topology under a plain mpirun (one host): every rank on one node, the same
 // value on every rank. tests/cluster/cluster_topology_test.cpp checks it across nodes.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <string>
@@ -16,10 +17,15 @@ using testing::expect_all_ranks_ok;
 using testing::world;
 
 TEST(MpiTopology, OneHostIsOneNode) {
+  // One node, named by this host (MPI_Get_processor_name: the host name under Open MPI).
   const Topology& t = world().topology();
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  const std::vector<std::string> names(static_cast<std::size_t>(world().world_size()), host);
   std::string failure;
-  if (t != Topology::single_node(world().world_size()))
-    failure = "rank " + std::to_string(world().rank()) + " sees " + t.describe();
+  if (t != Topology::single_node(world().world_size()).with_node_names(names))
+    failure = "rank " + std::to_string(world().rank()) + " sees " + t.describe() +
+              ", expected one node on " + host;
   expect_all_ranks_ok(failure);
 }
 

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <string>
 #include <vector>
 
 #include "loom/error.hpp"
@@ -62,6 +63,34 @@ TEST(Topology, SingleNodeAndNodePerRank) {
   EXPECT_EQ(apart.local_rank(2), 0);
   EXPECT_TRUE(apart.uniform());
   EXPECT_NE(one, apart);
+}
+
+TEST(Topology, NodesNamedByTheirHosts) {
+  const std::vector<int> ids = {5, 5, 9};
+  const Topology t = Topology::from_node_ids(ids);
+  EXPECT_EQ(t.node_name(1), "");
+  EXPECT_EQ(t.node_label(1), "node 1");
+  const std::vector<std::string> names = {"host-a", "host-a", "host-b"};
+  const Topology named = t.with_node_names(names);
+  EXPECT_EQ(named.node_name(0), "host-a");
+  EXPECT_EQ(named.node_name(1), "host-b");
+  EXPECT_EQ(named.node_label(1), "node 1 (host-b)");
+  EXPECT_EQ(named.describe(), "2 nodes: {0,1} on host-a {2} on host-b");
+  EXPECT_NE(named, t);
+  const std::vector<std::string> split = {"host-a", "host-c", "host-b"};
+  try {
+    t.with_node_names(split);
+    FAIL() << "two names for one node accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("rank 1 names node 0 'host-c' but rank 0 names it "
+                                         "'host-a'"),
+              std::string::npos)
+        << e.what();
+  }
+  const std::vector<std::string> short_list = {"host-a"};
+  EXPECT_THROW(t.with_node_names(short_list), Error);
+  EXPECT_THROW(t.node_name(2), Error);
 }
 
 TEST(Topology, BadArgumentsNameTheValue) {

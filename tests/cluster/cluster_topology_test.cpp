@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "backends/collective_checks.hpp"
+#include "backends/forced_algorithm_backend.hpp"
 #include "backends/mpi_world.hpp"
 #include "loom/algorithm.hpp"
 #include "loom/algorithm_selector.hpp"
@@ -49,7 +51,10 @@ TEST(ClusterTopology, NodesAreTheClustersNodes) {
   ASSERT_FALSE(nodes.empty()) << "LOOM_CLUSTER_NODES is not set: run under cluster.sh";
   ASSERT_EQ(world().world_size(), static_cast<int>(node_of.size()));
   const Topology& t = world().topology();
-  const Topology expected = Topology::from_node_ids(node_of);
+  // Named by the nodes' host names, which the MPI backend gathers.
+  std::vector<std::string> name_of_rank;
+  for (int node : node_of) name_of_rank.push_back(nodes.at(static_cast<std::size_t>(node)));
+  const Topology expected = Topology::from_node_ids(node_of).with_node_names(name_of_rank);
   std::string failure;
   if (t != expected)
     failure = "rank " + std::to_string(world().rank()) + " sees " + t.describe() +
@@ -69,6 +74,9 @@ TEST(ClusterTopology, MyNodeIsTheHostIRunOn) {
   if (node >= static_cast<int>(nodes.size()) || nodes[node] != host)
     failure = "rank " + std::to_string(rank) + " runs on " + host + " but its node is " +
               std::to_string(node);
+  else if (t.node_name(node) != host)
+    failure = "rank " + std::to_string(rank) + " runs on " + host + " but its node is named '" +
+              t.node_name(node) + "'";
   else if (t.leader_of_node(node) != rank - t.local_rank(rank))
     failure = "rank " + std::to_string(rank) + ": leader " +
               std::to_string(t.leader_of_node(node)) + ", local rank " +
@@ -123,6 +131,27 @@ TEST(ClusterTopology, HierarchicalAllreduceIsExact) {
                   std::to_string(max[i]);
     }
   }
+  expect_all_ranks_ok(failure);
+}
+
+// Hierarchical allgather, reduce_scatter and broadcast across the cluster's nodes: every dtype
+// and op against independent values (tests/backends/collective_checks.cpp) at counts below the
+// rank count, odd and large; where the cluster has one rank per node they cannot run, and say so.
+TEST(ClusterTopology, HierarchicalAllgatherReduceScatterBroadcastAreExact) {
+  Backend& b = world();
+  const Topology& t = b.topology();
+  const bool can = t.node_count() < b.world_size();
+  std::string failure;
+  for (Collective op : {Collective::allgather, Collective::reduce_scatter, Collective::broadcast})
+    for (DType dtype : {DType::float32, DType::float64, DType::int32, DType::bfloat16})
+      for (const auto& c : testing::cases_for(op, dtype, {1, 7, (std::size_t{1} << 16) + 3})) {
+        if (!failure.empty()) break;
+        testing::ForcedAlgorithmBackend forced(b, Algorithm::hierarchical);
+        failure = testing::check(forced, c);
+        if (failure.empty() && (forced.last_algorithm() == Algorithm::hierarchical) != can)
+          failure = testing::describe(c) + ": hierarchical " +
+                    (can ? "did not run" : "ran on one rank per node") + " on " + t.describe();
+      }
   expect_all_ranks_ok(failure);
 }
 

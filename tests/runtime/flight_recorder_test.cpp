@@ -147,6 +147,54 @@ TEST(RankBoard, SaysWhoDidNotArriveAndWhoFailed) {
   EXPECT_NE(text.find("rank 1 started it but has not completed it"), std::string::npos) << text;
 }
 
+TEST(RankBoard, NamesTheRanksOfOtherHostsAsTheirHostsAnswered) {
+  // Ranks 0-1 on host a (visible), 2-3 on host b (answered: 2 started #57, 3 is at #56 and
+  // failed), 4-5 on host c (no answer).
+  std::vector<RankSlot> slots(2);
+  std::vector<RankSlot*> pointers{&slots[0], &slots[1], nullptr, nullptr, nullptr, nullptr};
+  RankBoard r0(0, pointers), r1(1, pointers);
+  FlightRecorder recorder(16);
+  for (int k = 0; k < 58; ++k) recorder.record(collective("bucket" + std::to_string(k)));
+  r0.started(57);
+  r1.started(57);
+  int asked = 0;
+  std::int64_t asked_for = -1;
+  r0.set_remote({"a", "a", "b", "b", "c", "c"}, [&](std::int64_t seq) {
+    ++asked;
+    asked_for = seq;
+    std::vector<std::optional<RankBoard::Peer>> said(6);
+    said[2] = RankBoard::Peer{.visible = true, .last_started = 57, .last_completed = 56};
+    said[3] = RankBoard::Peer{.visible = true,
+                              .last_started = 56,
+                              .last_completed = 56,
+                              .failures = 1,
+                              .failed_seq = 57,
+                              .failure = "compute node 'loss' failed"};
+    return said;
+  });
+  int failed = -1;
+  const std::string text = r0.who_is_missing(57, recorder, &failed);
+  EXPECT_EQ(asked, 1);  // once per message, not once per rank
+  EXPECT_EQ(asked_for, 57);
+  EXPECT_EQ(failed, 3);
+  EXPECT_EQ(text.find("rank 2"), std::string::npos) << text;
+  EXPECT_NE(text.find("rank 3 on host b did not arrive (last started #56 'bucket56'): it failed: "
+                      "compute node 'loss' failed"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("ranks 4, 5 on host c are missing: no rank of host c answered"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("not visible"), std::string::npos) << text;
+  // One silent rank alone.
+  r1.set_remote({"a", "a", "b", "b", "c", "c"}, [](std::int64_t) {
+    std::vector<std::optional<RankBoard::Peer>> said(6);
+    for (int r : {2, 3, 4}) said[r] = RankBoard::Peer{.visible = true, .last_started = 57};
+    return said;
+  });
+  EXPECT_NE(r1.who_is_missing(57, recorder).find("rank 5 on host c is missing"), std::string::npos);
+}
+
 TEST(RankBoard, ARunIsStaleOnlyWhenAPeerDrainedOneOfItsCollectives) {
   std::vector<RankSlot> slots(2);
   std::vector<RankSlot*> pointers{&slots[0], &slots[1]};

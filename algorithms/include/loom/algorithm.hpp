@@ -21,8 +21,10 @@ enum class Algorithm : unsigned char {
   bruck,               ///< allgather, any rank count
   recursive_halving,   ///< "halving": reduce_scatter (non-power-of-two fold)
   scatter_allgather,   ///< broadcast: scatter from the root + ring allgather
-  hierarchical,        ///< allreduce over the Topology: intra-node reduce-scatter, inter-node
-                       ///< allreduce per shard, intra-node allgather (needs several nodes)
+  hierarchical,        ///< over the Topology (needs several nodes, one with several ranks):
+                       ///< allreduce (intra-node reduce-scatter, inter-node allreduce per
+                       ///< shard, intra-node allgather), allgather and reduce_scatter (through
+                       ///< each node's leader, a ring of leaders), broadcast (a tree of nodes)
 };
 
 /// @brief The short name used in LOOM_<COLL> ranges, tuning files and -a: "native", "ring",

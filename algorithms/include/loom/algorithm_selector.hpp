@@ -80,8 +80,10 @@ class AlgorithmSelector {
   /// @brief The same on `topology`. Where it has two levels (several nodes, some with several
   /// ranks) the flat algorithms' messages are taken to cross the inter-node link, at beta x
   /// inter_node_beta_factor, and hierarchical allreduce pays that only for the bytes a node's
-  /// link carries (n per inter-node exchange) and beta inside the node; elsewhere it is
-  /// predict(..., world) and hierarchical (which cannot run there) is infinite.
+  /// link carries (n per inter-node exchange) and beta inside the node (hierarchical allgather,
+  /// reduce_scatter and broadcast: their leaders' ring or tree at the inter-node beta, their
+  /// gathers and scatters inside the node at beta); elsewhere it is predict(..., world) and
+  /// hierarchical (which cannot run there) is infinite.
   double predict(Algorithm algorithm, Collective collective, std::size_t bytes,
                  const Topology& topology) const;
   /// @brief How much slower a byte crosses between nodes than inside one, in the model (the

@@ -25,6 +25,10 @@ class Topology {
   /// @brief Ranks in blocks of `ranks_per_node` (0..k-1 on node 0, ...); the last node holds
   /// the remainder when it does not divide `world_size`.
   static Topology blocks(int world_size, int ranks_per_node);
+  /// @brief The same topology with each node named (its host name): `name_of_rank[r]` is rank
+  /// r's. Throws ErrorCode::invalid_argument when the count differs from the world size or two
+  /// ranks of one node give different names.
+  Topology with_node_names(std::span<const std::string> name_of_rank) const;
 
   int world_size() const noexcept { return static_cast<int>(_node_of.size()); }
   int node_count() const noexcept { return static_cast<int>(_ranks_of_node.size()); }
@@ -38,6 +42,10 @@ class Topology {
   int leader_of_node(int node) const { return ranks_of_node(node).front(); }
   /// @brief Every node's leader, by node.
   std::vector<int> leaders() const;
+  /// @brief The name of `node` (its host name under MPI), "" where none was given.
+  const std::string& node_name(int node) const;
+  /// @brief "node 1 (host-b)", or "node 1" without a name: how messages name a node.
+  std::string node_label(int node) const;
   /// @brief Whether every node holds the same number of ranks.
   bool uniform() const noexcept;
   /// @brief "2 nodes: {0,1} {2,3}".
@@ -49,6 +57,7 @@ class Topology {
   std::vector<int> _node_of;
   std::vector<int> _local_rank;
   std::vector<std::vector<int>> _ranks_of_node;
+  std::vector<std::string> _node_names;  // by node; empty: none given
 };
 
 }  // namespace loom

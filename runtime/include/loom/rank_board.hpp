@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -65,6 +66,14 @@ class RankBoard {
   };
   Peer read(int r) const;
 
+  /// @brief How this rank learns about the ranks it cannot see: `host_of_rank[r]` names rank
+  /// r's host (node) in messages, and `ask(seq)` asks the other hosts for their boards when a
+  /// timeout in collective `seq` needs them (the MPI backend exchanges them across hosts with a
+  /// deadline): entry r is what rank r's host said of it, or empty where no rank of that host
+  /// answered. Set once, before the board is shared between threads.
+  using RemoteQuery = std::function<std::vector<std::optional<Peer>>(std::int64_t seq)>;
+  void set_remote(std::vector<std::string> host_of_rank, RemoteQuery ask);
+
   /// @brief A peer failure that makes this rank's run stale: a peer that failed before
   /// issuing a collective in [first_seq, end_seq) and drained it (so the collective completed
   /// here with its stale data). Failures already reported, and those of earlier collectives,
@@ -78,8 +87,10 @@ class RankBoard {
 
   /// @brief Why collective `seq` has not completed here, for a timeout message: "rank 2 did
   /// not arrive (last started #56 'bucket2.allreduce')", the failure of a missing rank that
-  /// published one, or that every rank started it. `failed_rank` gets a missing rank that
-  /// published a failure (else -1).
+  /// published one, or that every rank started it; with set_remote, ranks on other hosts as
+  /// their hosts answered, each missing one with its host ("rank 2 on host b did not arrive"),
+  /// and the ranks of a host that did not answer named with it ("ranks 2, 3 on host b: no rank
+  /// of host b answered"). `failed_rank` gets a missing rank that published a failure (else -1).
   std::string who_is_missing(std::int64_t seq, const FlightRecorder& recorder,
                              int* failed_rank = nullptr) const;
 
@@ -89,6 +100,8 @@ class RankBoard {
   RankSlot* _mine;
   std::mutex _mutex;                 // guards _seen
   std::vector<std::uint64_t> _seen;  // failures of each peer already consumed
+  std::vector<std::string> _hosts;   // by rank; empty: unknown
+  RemoteQuery _ask;
 };
 
 }  // namespace loom

@@ -3,10 +3,12 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <string_view>
 
 #include "loom/algorithm.hpp"
 #include "loom/algorithm_selector.hpp"
+#include "loom/cluster_network.hpp"
 #include "loom/tuning.hpp"
 
 namespace loom {
@@ -37,20 +39,37 @@ class NetworkModel {
   /// as wire: fit on a profile whose compute has no gaps (sequential mode). Needs
   /// measured_comm_s > 0.
   static NetworkModel fitted(const StepProfile& profile, double latency_s);
+  /// @brief Two levels: each collective the cheapest of loom's algorithms replayed on
+  /// `cluster` (cluster_cost: a node's shared memory, each node's link shared by its ranks).
+  /// At a rank count other than the cluster's, nodes of as many ranks as its node 0 holds, in
+  /// blocks (what-if at another scale with the same node). A send or receive crosses a link.
+  /// Under simulate(), collectives in flight share this network as they share one wire: each
+  /// progresses at 1/k of its two-level time alone (a memory-bound and a link-bound collective
+  /// are not told apart).
+  static NetworkModel two_level(ClusterNetwork cluster);
 
   /// @brief `op` on `bytes` over `ranks` (0 at one rank).
   CollectiveCost collective(Collective op, std::size_t bytes, int ranks) const;
   /// @brief A send or receive of `bytes`: alpha + bytes beta.
   double point_to_point(std::size_t bytes) const;
   const TuningParameters& tuning() const noexcept { return _selector.tuning(); }
+  /// @brief The two-level network, if this model has one.
+  const std::optional<ClusterNetwork>& cluster() const noexcept { return _cluster; }
+  /// @brief The two-level network at `ranks` (see two_level()); ErrorCode::invalid_argument
+  /// when this model has none.
+  ClusterNetwork cluster_at(int ranks) const;
 
  private:
   AlgorithmSelector _selector;
+  std::optional<ClusterNetwork> _cluster;
 };
 
 /// @brief "2gbit", "100Gbit", "500mbit", "10gbps" (bytes), "1e9" (bits) to bits per second;
 /// ErrorCode::invalid_argument naming the text otherwise.
 double parse_link_rate(std::string_view text);
+/// @brief "200GB/s", "4.5gb/s", "500MB/s" (powers of 1000) or a link rate as parse_link_rate
+/// reads it ("100gbit") to bytes per second; ErrorCode::invalid_argument naming the text.
+double parse_byte_rate(std::string_view text);
 /// @brief "20us", "1.5ms", "0", "3e-6s" to seconds; ErrorCode::invalid_argument otherwise.
 double parse_duration(std::string_view text);
 

@@ -1,0 +1,219 @@
+// Tests of sim/cluster_network and NetworkModel::two_level: each algorithm's traffic through a
+// node's link and memory computed by hand from its messages, at 2 x 2, 3 x 1, round-robin and
+// uneven placements, and a step simulated on two levels.
+#include "loom/cluster_network.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "loom/error.hpp"
+#include "loom/step_simulator.hpp"
+
+namespace loom {
+namespace {
+
+constexpr double MiB = 1 << 20;
+constexpr std::size_t size = 64 << 20;
+constexpr double gbit = 1e9;  // 125 MB/s each way
+
+// The rates of the emulated cluster at 1 Gbit/s, with a memory so fast it does not count.
+ClusterNetwork link_only(int nodes, int ranks_per_node) {
+  return ClusterNetwork::uniform(nodes, ranks_per_node, gbit, 1e18);
+}
+
+TEST(ClusterNetwork, HierarchicalAtTwoByTwoMovesTheLinkBound) {
+  const ClusterNetwork c = link_only(2, 2);
+  const ClusterCost h = cluster_cost(c, Algorithm::hierarchical, Collective::allreduce, size);
+  // Each node's 2 shard owners send their 32 MiB shard across at once: 64 MiB each way, the
+  // bound 2 (n-1)/n size at n = 2 nodes.
+  EXPECT_DOUBLE_EQ(h.link_bytes, 64 * MiB);
+  EXPECT_NEAR(h.seconds, 64 * MiB / 125e6, 1e-9);
+  EXPECT_NEAR(allreduce_link_bound(c, size), 64 * MiB / 125e6, 1e-12);
+  // Reduce-scatter, one exchange, allgather.
+  EXPECT_EQ(h.steps, 3);
+  // In the node: 32 MiB each way in the reduce-scatter and in the allgather.
+  EXPECT_DOUBLE_EQ(h.memory_bytes, 128 * MiB);
+}
+
+TEST(ClusterNetwork, FlatRingCrossesTheLinkOncePerNodeInBlocksAndLTimesRoundRobin) {
+  // Blocks: 1 -> 2 and 3 -> 0 cross; 2 (p-1) = 6 steps of size/4 each way: 1.5 size.
+  const ClusterNetwork blocks = link_only(2, 2);
+  const ClusterCost ring = cluster_cost(blocks, Algorithm::ring, Collective::allreduce, size);
+  EXPECT_DOUBLE_EQ(ring.link_bytes, 1.5 * 64 * MiB);
+  EXPECT_NEAR(ring.seconds, 1.5 * 64 * MiB / 125e6, 1e-9);
+  EXPECT_EQ(ring.steps, 6);
+  // Round-robin placement (0, 2 on node 0; 1, 3 on node 1): every ring edge crosses, so each
+  // node's 2 ranks send at once: L = 2 times the traffic of the blocks' ring.
+  const std::vector<int> round_robin{0, 1, 0, 1};
+  const ClusterNetwork rr = blocks.on(Topology::from_node_ids(round_robin));
+  const ClusterCost ring_rr = cluster_cost(rr, Algorithm::ring, Collective::allreduce, size);
+  EXPECT_DOUBLE_EQ(ring_rr.link_bytes, 2 * ring.link_bytes);
+  EXPECT_NEAR(ring_rr.seconds, 2 * ring.seconds, 1e-9);
+  // Hierarchical follows the topology, not the rank order: the bound on both.
+  EXPECT_NEAR(cluster_cost(rr, Algorithm::hierarchical, Collective::allreduce, size).seconds,
+              64 * MiB / 125e6, 1e-9);
+  // At 8 ranks per node in blocks the ring's bound is 2 (p-1)/p: 15/8 size against size.
+  const ClusterCost ring8 =
+      cluster_cost(link_only(2, 8), Algorithm::ring, Collective::allreduce, size);
+  EXPECT_DOUBLE_EQ(ring8.link_bytes, 2.0 * 15 / 16 * 64 * MiB);
+}
+
+TEST(ClusterNetwork, ThreeNodesOfOneRankFoldAndUnfold) {
+  const ClusterNetwork c = link_only(3, 1);
+  // rd on 3: rank 0 hands its vector to 1, 1 and 2 exchange, 1 hands the result back.
+  const ClusterCost rd =
+      cluster_cost(c, Algorithm::recursive_doubling, Collective::allreduce, size);
+  EXPECT_EQ(rd.steps, 3);
+  EXPECT_DOUBLE_EQ(rd.link_bytes, 3 * 64 * MiB);
+  // The ring: 4 steps of size/3, every edge across.
+  const ClusterCost ring = cluster_cost(c, Algorithm::ring, Collective::allreduce, size);
+  EXPECT_NEAR(ring.link_bytes, 4.0 / 3 * 64 * MiB, 1e-3);
+  EXPECT_NEAR(ring.seconds, 4.0 / 3 * 64 * MiB / 125e6, 1e-9);
+  // Hierarchical needs a node with several ranks.
+  EXPECT_TRUE(
+      std::isinf(cluster_cost(c, Algorithm::hierarchical, Collective::allreduce, size).seconds));
+  EXPECT_TRUE(std::isinf(
+      cluster_cost(link_only(1, 4), Algorithm::hierarchical, Collective::allreduce, size).seconds));
+}
+
+TEST(ClusterNetwork, UnevenPlacementRunsTheLeaderVariant) {
+  // 2 + 1 + 3 ranks: m = 1 shard, so the leaders fold and exchange the whole vector.
+  const std::vector<int> nodes{0, 0, 1, 2, 2, 2};
+  const ClusterNetwork c = link_only(1, 1).on(Topology::from_node_ids(nodes));
+  const ClusterCost h = cluster_cost(c, Algorithm::hierarchical, Collective::allreduce, size);
+  // Gather to the leader, fold (node 0 -> 1), exchange (1 <-> 2), unfold, broadcast.
+  EXPECT_EQ(h.steps, 5);
+  EXPECT_DOUBLE_EQ(h.link_bytes, 3 * 64 * MiB);
+  // Node 2's leader takes 2 pieces of the whole vector and sends it to 2 ranks.
+  EXPECT_DOUBLE_EQ(h.memory_bytes, 4 * 64 * MiB);
+}
+
+TEST(ClusterNetwork, ANodesRanksShareItsMemory) {
+  // One node of 4 ranks at 1 GB/s: the ring moves 4 blocks of size/4 per step through the one
+  // memory, 6 steps.
+  const ClusterNetwork c = ClusterNetwork::uniform(1, 4, gbit, 1e9, 0, 2e-6);
+  const ClusterCost ring = cluster_cost(c, Algorithm::ring, Collective::allreduce, size);
+  EXPECT_DOUBLE_EQ(ring.link_bytes, 0);
+  EXPECT_DOUBLE_EQ(ring.memory_bytes, 6 * 64 * MiB);
+  EXPECT_NEAR(ring.seconds, 6 * (2e-6 + 64 * MiB / 1e9), 1e-9);
+}
+
+TEST(ClusterNetwork, LatencyAndReductionAddPerStep) {
+  // 2 x 1, 10 us per message, 1 ns per byte reduced: rd is one exchange of the whole vector
+  // and one reduction of it; the ring overlaps its reduction with the wire (pipelined).
+  const ClusterNetwork c = ClusterNetwork::uniform(2, 1, gbit, 1e18, 10e-6, 0, 1e-9);
+  const ClusterCost rd =
+      cluster_cost(c, Algorithm::recursive_doubling, Collective::allreduce, size);
+  EXPECT_NEAR(rd.seconds, 10e-6 + 64 * MiB / 125e6 + 64 * MiB * 1e-9, 1e-9);
+  const ClusterCost ring = cluster_cost(c, Algorithm::ring, Collective::allreduce, size);
+  EXPECT_NEAR(ring.seconds, 2 * (10e-6 + 32 * MiB / 125e6), 1e-9);
+}
+
+TEST(ClusterNetwork, OtherCollectives) {
+  const ClusterNetwork c = link_only(2, 2);
+  // Ring allgather of a 64 MiB result: 3 steps of 16 MiB, one edge per node across.
+  EXPECT_DOUBLE_EQ(cluster_cost(c, Algorithm::ring, Collective::allgather, size).link_bytes,
+                   3 * 16 * MiB);
+  // Binomial broadcast from 0 on 4 ranks: 0 -> 2 across, then 0 -> 1 and 2 -> 3 inside.
+  const ClusterCost tree = cluster_cost(c, Algorithm::binomial_tree, Collective::broadcast, size);
+  EXPECT_DOUBLE_EQ(tree.link_bytes, 64 * MiB);
+  EXPECT_EQ(tree.steps, 2);
+  // rd allgather only at a power of two.
+  EXPECT_TRUE(std::isinf(
+      cluster_cost(link_only(3, 1), Algorithm::recursive_doubling, Collective::allgather, size)
+          .seconds));
+}
+
+TEST(ClusterNetwork, HierarchicalAllgatherReduceScatterBroadcastCrossOncePerNode) {
+  const ClusterNetwork c = link_only(2, 2);
+  // Allgather of a 64 MiB result: each leader sends its node's two 16 MiB blocks across once;
+  // the flat ring moves 3 blocks through each link.
+  const ClusterCost gather = cluster_cost(c, Algorithm::hierarchical, Collective::allgather, size);
+  EXPECT_DOUBLE_EQ(gather.link_bytes, 32 * MiB);
+  EXPECT_EQ(gather.steps, 3);  // to the leader, the leaders' ring (1 step), to the node
+  EXPECT_LT(gather.link_bytes,
+            cluster_cost(c, Algorithm::ring, Collective::allgather, size).link_bytes);
+  // Reduce_scatter of 64 MiB: the leaders trade the other node's two blocks.
+  EXPECT_DOUBLE_EQ(
+      cluster_cost(c, Algorithm::hierarchical, Collective::reduce_scatter, size).link_bytes,
+      32 * MiB);
+  // Broadcast: the vector crosses once, then the leader copies it to its node's other rank.
+  const ClusterCost broadcast =
+      cluster_cost(c, Algorithm::hierarchical, Collective::broadcast, size);
+  EXPECT_DOUBLE_EQ(broadcast.link_bytes, 64 * MiB);
+  EXPECT_DOUBLE_EQ(broadcast.memory_bytes, 64 * MiB);
+  EXPECT_EQ(broadcast.steps, 2);
+  // 2 + 1 + 3: the leaders' ring takes 2 steps, the busiest link 3 blocks (of 6) in each.
+  const std::vector<int> nodes{0, 0, 1, 2, 2, 2};
+  const ClusterNetwork uneven = c.on(Topology::from_node_ids(nodes));
+  EXPECT_DOUBLE_EQ(
+      cluster_cost(uneven, Algorithm::hierarchical, Collective::allgather, size).link_bytes,
+      64 * MiB);
+  EXPECT_TRUE(std::isinf(
+      cluster_cost(link_only(3, 1), Algorithm::hierarchical, Collective::broadcast, size).seconds));
+}
+
+TEST(ClusterNetwork, BadInputIsNamed) {
+  EXPECT_THROW(ClusterNetwork::uniform(0, 8, gbit, 1e9), Error);
+  EXPECT_THROW(ClusterNetwork::uniform(2, 8, 0, 1e9), Error);
+  EXPECT_THROW(ClusterNetwork::uniform(2, 8, gbit, 1e9, -1), Error);
+  try {
+    cluster_cost(link_only(2, 2), Algorithm::bruck, Collective::allreduce, 8);
+    FAIL() << "bruck allreduce accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("bruck does not implement allreduce"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_DOUBLE_EQ(parse_byte_rate("200GB/s"), 200e9);
+  EXPECT_DOUBLE_EQ(parse_byte_rate("4.5gb/s"), 4.5e9);
+  EXPECT_DOUBLE_EQ(parse_byte_rate("100gbit"), 12.5e9);
+  EXPECT_THROW(parse_byte_rate("fast"), Error);
+  EXPECT_THROW(parse_byte_rate("5parsecs/s"), Error);
+}
+
+TEST(NetworkModelTwoLevel, ChoosesPerSizeAndScale) {
+  // 100 Gbit/s links, 200 GB/s inside, 5 us across, 1 us inside.
+  const NetworkModel net =
+      NetworkModel::two_level(ClusterNetwork::uniform(2, 4, 100 * gbit, 200e9, 5e-6, 1e-6));
+  // 2 x 4, 64 MiB: hierarchical moves the bound (size); the blocks' ring 7/4 size.
+  const CollectiveCost big = net.collective(Collective::allreduce, size, 8);
+  EXPECT_EQ(big.algorithm, Algorithm::hierarchical);
+  const ClusterCost ring =
+      cluster_cost(net.cluster_at(8), Algorithm::ring, Collective::allreduce, size);
+  EXPECT_LT(big.seconds, ring.seconds);
+  // 128 x 4 (another rank count: nodes of 4): hierarchical's rd between the nodes moves the
+  // vector 7 times through each link; the ring about twice: the ring wins at 64 MiB.
+  const ClusterNetwork at_scale = net.cluster_at(512);
+  EXPECT_EQ(at_scale.topology.node_count(), 128);
+  EXPECT_DOUBLE_EQ(
+      cluster_cost(at_scale, Algorithm::hierarchical, Collective::allreduce, size).link_bytes,
+      7 * 64 * MiB);
+  EXPECT_NE(net.collective(Collective::allreduce, size, 512).algorithm, Algorithm::hierarchical);
+  // A send crosses the link.
+  EXPECT_NEAR(net.point_to_point(12'500'000), 5e-6 + 1e-3, 1e-12);
+  EXPECT_THROW(NetworkModel::from_link(gbit, 0).cluster_at(4), Error);
+}
+
+TEST(NetworkModelTwoLevel, SimulatesAStepOnTheCluster) {
+  // compute 10 ms, then an allreduce of 64 MiB: the step is the compute plus the chosen
+  // algorithm's time on 2 x 2 at 1 Gbit/s.
+  StepProfile p;
+  p.nodes.push_back({.name = "backward", .kind = NodeKind::compute, .duration_s = 10e-3});
+  p.nodes.push_back(
+      {.name = "grads", .kind = NodeKind::collective, .op = Collective::allreduce, .bytes = size});
+  p.edges = {{0, 1}};
+  const NetworkModel net = NetworkModel::two_level(ClusterNetwork::uniform(2, 2, gbit, 5e9));
+  const Prediction r = simulate(p, net, {.ranks = 4});
+  const double h =
+      cluster_cost(net.cluster_at(4), Algorithm::hierarchical, Collective::allreduce, size).seconds;
+  EXPECT_EQ(r.nodes[1].algorithm, "hierarchical");
+  EXPECT_NEAR(r.step_s, 10e-3 + h, 1e-9);
+  // 64 MiB / 125 MB/s across; inside, 32 MiB each way in the reduce-scatter and the allgather
+  // through the node's one memory at 5 GB/s.
+  EXPECT_NEAR(h, 64 * MiB / 125e6 + 2 * 64 * MiB / 5e9, 1e-9);
+}
+
+}  // namespace
+}  // namespace loom
