@@ -83,6 +83,36 @@ class TinyGpt(nn.Module):
         return self.out(self.block(h, src_mask=self.mask))
 
 
+class InvertedResidual(nn.Module):
+    def __init__(self, channels, expanded):
+        super().__init__()
+        self.expand = nn.Sequential(nn.Conv2d(channels, expanded, 1, bias=False),
+                                    nn.BatchNorm2d(expanded), nn.ReLU6())
+        self.depthwise = nn.Sequential(
+            nn.Conv2d(expanded, expanded, 3, padding=1, groups=expanded, bias=False),
+            nn.BatchNorm2d(expanded), nn.ReLU6())
+        self.project = nn.Sequential(nn.Conv2d(expanded, channels, 1, bias=False),
+                                     nn.BatchNorm2d(channels))
+
+    def forward(self, x):
+        return x + self.project(self.depthwise(self.expand(x)))
+
+
+class TinyMobile(nn.Module):
+    """mobilenet_v2's shape in small (the test command never needs torchvision): inverted
+    residual blocks, each conv followed by BatchNorm, so many small tensors (32) and buffers."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8),
+                                  nn.ReLU6())
+        self.blocks = nn.Sequential(*[InvertedResidual(8, 16) for _ in range(3)])
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.head(self.blocks(self.stem(x)).mean(dim=(2, 3)))
+
+
 def data(kind, rank, step):
     g = torch.Generator().manual_seed(1000 * rank + step)
     if kind == "image":
@@ -106,6 +136,7 @@ MODELS = {
     "encoder": (lambda: Encoder(), "sequence"),
     "convnet": (lambda: ConvNet(), "image"),
     "gpt": (lambda: TinyGpt(), "tokens"),
+    "mobile": (lambda: TinyMobile(), "image"),
     "frozen": (lambda: Mlp(frozen_first=True), "vector"),
     "unused": (lambda: Mlp(unused=True), "vector"),
 }
@@ -182,6 +213,7 @@ def assert_like_ddp(loom_model, ddp_model, gloo, n):
     ("encoder", "adam", True),
     ("convnet", "sgd", False),
     ("gpt", "adamw", False),
+    ("mobile", "sgd", False),
     ("frozen", "sgd", False),
     ("unused", "adamw", False),
 ])
