@@ -207,8 +207,9 @@ class Backend {
   /// rank 0's values broadcast, both recorded as `name` and each waited for at most `limit`
   /// (an expiry as in exchange_int64). With `same_length`, ranks holding other lengths throw
   /// ErrorCode::mismatch on every rank, "<what()>: ranks hold between <min> and <max> values
-  /// (this rank <n>)", before anything is broadcast (what() names the caller and its rank). The one way loom's layers
-  /// agree on rank 0's decision (a bucket order, a plan) without a wait that can hang.
+  /// (this rank <n>)", before anything is broadcast (what() names the caller and its rank). The one
+  /// way loom's layers agree on rank 0's decision (a bucket order, a plan) without a wait that can
+  /// hang.
   std::vector<std::int64_t> agree_on_root(std::string_view name, std::span<const std::int64_t> mine,
                                           std::chrono::nanoseconds limit,
                                           const std::function<std::string()>& what,
