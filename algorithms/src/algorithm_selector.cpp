@@ -276,11 +276,19 @@ double AlgorithmSelector::predict(Algorithm algorithm, Collective collective, st
     if (algorithm == Algorithm::hierarchical) return std::numeric_limits<double>::infinity();
     return predict(algorithm, collective, bytes, world);
   }
+  // The inter-node level: measured (TuningParameters::inter_node), else modelled as the
+  // intra-node one with beta inter_node_beta_factor times higher.
   CostParameters inter = _tuning.cost;
-  inter.beta_s_per_byte *= inter_node_beta_factor;
+  if (_tuning.inter_node) {
+    inter.alpha_s = _tuning.inter_node->alpha_s;
+    inter.beta_s_per_byte = _tuning.inter_node->beta_s_per_byte;
+  } else {
+    inter.beta_s_per_byte *= inter_node_beta_factor;
+  }
   if (algorithm != Algorithm::hierarchical)
     return predict_with(inter, algorithm, collective, bytes, world);
   const double a = _tuning.cost.alpha_s;
+  const double ai = inter.alpha_s;
   const double b = _tuning.cost.beta_s_per_byte;
   const double g = _tuning.cost.gamma_s_per_byte;
   const double n = static_cast<double>(bytes);
@@ -298,11 +306,11 @@ double AlgorithmSelector::predict(Algorithm algorithm, Collective collective, st
   // step) of the leaders.
   switch (collective) {
     case Collective::broadcast:
-      return log2_ceil(nodes) * (a + n * bi) + a + (k - 1) * n * b;
+      return log2_ceil(nodes) * (ai + n * bi) + a + (k - 1) * n * b;
     case Collective::allgather:  // n: the gathered buffer
-      return a + (k - 1) * block * b + (N - 1) * (a + k * block * bi) + a + (k - 1) * n * b;
+      return a + (k - 1) * block * b + (N - 1) * (ai + k * block * bi) + a + (k - 1) * n * b;
     case Collective::reduce_scatter:  // n: the whole send buffer
-      return a + (k - 1) * n * (b + g) + (N - 1) * (a + k * block * (bi + g)) + a +
+      return a + (k - 1) * n * (b + g) + (N - 1) * (ai + k * block * bi + k * block * g) + a +
              (k - 1) * block * b;
     case Collective::allreduce:
       break;
@@ -314,7 +322,7 @@ double AlgorithmSelector::predict(Algorithm algorithm, Collective collective, st
   // owners share its link: n bytes per exchange), an intra-node allgather (n bytes in).
   const int p2 = algorithms::power_of_two_below(nodes);
   const double exchanges = log2_ceil(p2) + (p2 != nodes ? 2 : 0);
-  return 2 * a + (k - 1) * (n / m) * (b + g) + n * b + exchanges * (a + n * bi) +
+  return 2 * a + (k - 1) * (n / m) * (b + g) + n * b + exchanges * (ai + n * bi) +
          exchanges * (n / m) * g;
 }
 

@@ -215,8 +215,19 @@ std::optional<CalibrationOptions> CalibrationOptions::from_environment() {
 }
 
 std::string CalibrationKey::file_name() const {
-  return host + "." + backend + "." + std::to_string(world) + "ranks." + transport + "." +
-         std::string(to_string(collective)) + ".tuning";
+  return host + "." + backend + "." + std::to_string(world) + "ranks." + nodes + "." + transport +
+         "." + (link.empty() ? "" : link + ".") + std::string(to_string(collective)) + ".tuning";
+}
+
+std::string nodes_key(const Topology& topology) {
+  if (topology.node_count() == 1) return "1node";
+  if (topology.uniform())
+    return std::to_string(topology.node_count()) + "x" +
+           std::to_string(topology.ranks_of_node(0).size()) + "nodes";
+  std::string text;
+  for (int node = 0; node < topology.node_count(); ++node)
+    text += (node ? "+" : "") + std::to_string(topology.ranks_of_node(node).size());
+  return text + "nodes";
 }
 
 namespace {
@@ -229,8 +240,15 @@ CalibrationKey key_from_hosts(Backend& backend, const std::vector<std::int64_t>&
   // Rank 0's view, broadcast: the ranks' environments may differ in OMPI_MCA_btl.
   const std::string transport =
       broadcast_text(backend, one_host && btl_allows_shared_memory() ? "shm" : "tcp");
-  return {broadcast_text(backend, host_name()), std::string(backend.name()), backend.world_size(),
-          transport, collective};
+  CalibrationKey key{broadcast_text(backend, host_name()), std::string(backend.name()),
+                     backend.world_size(), transport, collective};
+  key.nodes = nodes_key(backend.topology());
+  // Rank 0's LOOM_LINK, kept to characters that are safe in a file name.
+  std::string link;
+  for (char c : environment::text("LOOM_LINK").value_or(""))
+    link += std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' ? c : '_';
+  key.link = broadcast_text(backend, link);
+  return key;
 }
 
 }  // namespace

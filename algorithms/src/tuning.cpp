@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "loom/error.hpp"
@@ -101,6 +102,7 @@ TuningParameters parse_tuning_file(std::string_view text) {
   TuningParameters t;
   bool header = false;
   bool have_alpha = false, have_beta = false, have_gamma = false;
+  std::optional<double> inter_alpha, inter_beta;
   int line_number = 0;
   for (std::string_view line : split(text, '\n')) {
     ++line_number;
@@ -130,6 +132,12 @@ TuningParameters parse_tuning_file(std::string_view text) {
       expect_fields(w, 2, where, "nanoseconds per byte");
       t.cost.gamma_s_per_byte = number(w[1], where) * 1e-9;
       have_gamma = true;
+    } else if (w[0] == "inter_alpha_us") {
+      expect_fields(w, 2, where, "microseconds");
+      inter_alpha = number(w[1], where) * 1e-6;
+    } else if (w[0] == "inter_beta_ns_per_byte") {
+      expect_fields(w, 2, where, "nanoseconds per byte");
+      inter_beta = number(w[1], where) * 1e-9;
     } else if (w[0] == "native") {
       expect_fields(w, 5, where, "collective world alpha_us beta_ns_per_byte");
       NativeFit fit;
@@ -158,8 +166,8 @@ TuningParameters parse_tuning_file(std::string_view text) {
       t.measured.push_back(m);
     } else {
       bad(where + ": unknown key '" + std::string(w[0]) +
-          "' (expected backend, alpha_us, beta_ns_per_byte, gamma_ns_per_byte, native or "
-          "measured)");
+          "' (expected backend, alpha_us, beta_ns_per_byte, gamma_ns_per_byte, inter_alpha_us, "
+          "inter_beta_ns_per_byte, native or measured)");
     }
   }
   if (!header) bad("tuning file: empty (expected the header 'loom-tuning 1')");
@@ -167,6 +175,12 @@ TuningParameters parse_tuning_file(std::string_view text) {
     bad(std::string("tuning file: missing ") + (!have_alpha  ? "alpha_us"
                                                 : !have_beta ? "beta_ns_per_byte"
                                                              : "gamma_ns_per_byte"));
+  if (inter_alpha.has_value() != inter_beta.has_value())
+    bad(std::string("tuning file: ") + (inter_alpha ? "inter_alpha_us" : "inter_beta_ns_per_byte") +
+        " without " + (inter_alpha ? "inter_beta_ns_per_byte" : "inter_alpha_us") +
+        " (the inter-node level needs both)");
+  if (inter_alpha)
+    t.inter_node = CostParameters{*inter_alpha, *inter_beta, t.cost.gamma_s_per_byte};
   return t;
 }
 
@@ -178,6 +192,10 @@ std::string format_tuning_file(const TuningParameters& t) {
   out << "alpha_us " << format_double(t.cost.alpha_s * 1e6) << "\n";
   out << "beta_ns_per_byte " << format_double(t.cost.beta_s_per_byte * 1e9) << "\n";
   out << "gamma_ns_per_byte " << format_double(t.cost.gamma_s_per_byte * 1e9) << "\n";
+  if (t.inter_node) {
+    out << "inter_alpha_us " << format_double(t.inter_node->alpha_s * 1e6) << "\n";
+    out << "inter_beta_ns_per_byte " << format_double(t.inter_node->beta_s_per_byte * 1e9) << "\n";
+  }
   for (const NativeFit& f : t.native)
     out << "native " << to_string(f.collective) << " " << f.world << " "
         << format_double(f.alpha_s * 1e6) << " " << format_double(f.beta_s_per_byte * 1e9) << "\n";

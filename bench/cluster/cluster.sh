@@ -337,6 +337,8 @@ mpirun_options=(
   --hostfile "$cluster_dir/hostfile"
   --mca plm_rsh_agent "$agent $cluster_dir"
   --mca plm_rsh_no_tree_spawn 1
+  # the link's name keys loom's calibration cache (LOOM_LINK, README "Environment")
+  -x LOOM_LINK
   # TCP (and Open MPI's own connections) on the private range only
   --mca btl_tcp_if_include "$subnet.0/24" --mca oob_tcp_if_include "$subnet.0/24"
 )
@@ -351,6 +353,8 @@ mpi_defaults=(
   OMPI_MCA_btl_tcp_links=2
   # the nodes share this machine's cores: let the kernel place the ranks
   OMPI_MCA_hwloc_base_binding_policy=none
+  # loom's calibration of one link rate is not reused at another
+  "LOOM_LINK=$link"
 )
 if ((ranks > $(nproc))); then
   # ranks busy-polling on shared cores delay one another by a scheduler slice per message

@@ -18,7 +18,8 @@ Every mode starts from the same weights (seeded), sees the same batches, and ste
 (each mode runs --steps steps per round, every step after a barrier); a step is zero_grad,
 forward, loss, backward, optimizer step, timed on every rank, the slowest rank's counting.
 --modes picks the rows; "parallelize" needs loom_torch.parallelize, "parallelize-auto" is it
-with bucket_cap_mb="auto". The parallelize rows are profiled (--no-predict: not) and carry the
+with bucket_cap_mb="auto" (its warm-up runs until the automatic plan decided, so its row is
+the chosen plan's step). The parallelize rows are profiled (--no-predict: not) and carry the
 step simulator's prediction (net.predict(), rank 0's): "pred_ms" beside "period_ms", the mean
 measured period of the same steps (one backward's start to the next: the timed step plus the
 barrier and the batch between steps), and "err" = (pred - period) / period. --compression float16 uses
@@ -196,6 +197,17 @@ def main():
         for _ in range(args.warmups):
             dist.barrier(group=sync)
             t.step()
+        # bucket_cap_mb="auto" profiles, then times its shortlist one step per plan: the rows
+        # measure the plan it chose, so its warm-up lasts until it decided (the same step on
+        # every rank: the decision is collective).
+        extra = 0
+        while t.mode == "parallelize-auto" and t.net.automatic_plan is None:
+            if extra == 100:
+                raise RuntimeError("parallelize-auto decided no plan in %d steps" % (
+                    args.warmups + extra))
+            dist.barrier(group=sync)
+            t.step()
+            extra += 1
         t.times.clear()
     for _ in range(args.rounds):
         for t in trainers:

@@ -1,4 +1,5 @@
-// loom-tune: measures alpha and beta (ping-pong on loom's algorithm channel), gamma (the
+// loom-tune: measures alpha and beta (ping-pong on loom's algorithm channel; on a job spanning
+// nodes, inside a node and between two nodes' leaders: the two levels), gamma (the
 // reduction kernel) and a line per native collective, and with --full times every candidate
 // at power-of-two sizes; writes a tuning file that LOOM_TUNING_FILE points the selector at.
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <iostream>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <unistd.h>
@@ -39,6 +41,7 @@ struct Options {
                                       Collective::reduce};
   std::string backend;
   int ranks = 2;
+  int ranks_per_node = 0;  // local backend: 0 = one node
   double seconds_per_point = 0.05;
   int rounds = 7;
   bool asynchronous = false;
@@ -46,13 +49,17 @@ struct Options {
 
 const char* usage_text =
     "usage: loom-tune [-o FILE] [--full] [-b MIN] [-e MAX] [-o FILE] [--collectives LIST]\n"
-    "                 [--backend local|mpi] [--ranks N] [--time SECONDS] [--rounds N] [--async]\n"
+    "                 [--backend local|mpi] [--ranks N] [--ranks-per-node K] [--time SECONDS]\n"
+    "                 [--rounds N] [--async]\n"
     "  -o FILE          tuning file to write (loom.tuning); point LOOM_TUNING_FILE at it\n"
     "  --full           also time every candidate of every collective at power-of-two sizes\n"
     "  -b, -e           smallest and largest size for --full (8, 64M; K, M, G = 1024^n)\n"
     "  --collectives    comma list (allreduce,allgather,reduce_scatter,broadcast,reduce)\n"
     "  --backend        local or mpi (mpi under mpirun, else local)\n"
     "  --ranks N        ranks of the local backend (2)\n"
+    "  --ranks-per-node K  the local backend's ranks placed K per node (default: one node);\n"
+    "                   on several nodes, some holding two ranks, alpha and beta are measured\n"
+    "                   inside a node and between nodes (under mpirun: the nodes MPI reports)\n"
     "  --time SECONDS   time spent per measured point (0.05), split over the rounds\n"
     "  --rounds N       --full times every candidate at every size once per round, N rounds\n"
     "                   (7) spread over the run, and keeps each one's median and quartiles,\n"
@@ -92,6 +99,11 @@ Options parse(int argc, char** argv) {
       o.ranks = std::atoi(v.c_str());
       if (o.ranks < 1 || o.ranks > 64)
         throw Error(ErrorCode::invalid_argument, "--ranks '" + v + "': expected 1..64");
+    } else if (a == "--ranks-per-node") {
+      const std::string v = value(i);
+      o.ranks_per_node = std::atoi(v.c_str());
+      if (o.ranks_per_node < 1 || o.ranks_per_node > 64)
+        throw Error(ErrorCode::invalid_argument, "--ranks-per-node '" + v + "': expected 1..64");
     } else if (a == "--time") {
       const std::string v = value(i);
       o.seconds_per_point = std::atof(v.c_str());
@@ -191,24 +203,26 @@ class Progress {
 
 constexpr int ping_pong_points = 8;  // 8 B .. 16 MiB, x8
 
-// alpha, beta: half the round trip of rank 0 <-> rank 1 on the algorithm channel.
-CostParameters measure_point_to_point(Backend& b, const Options& o, Progress& progress) {
+// alpha, beta: half the round trip of ranks `from` <-> `to` on the algorithm channel (`level`
+// names the pair in the progress lines).
+CostParameters measure_point_to_point(Backend& b, const Options& o, Progress& progress, int from,
+                                      int to, const std::string& level) {
   std::vector<double> sizes, times;
   std::vector<std::byte> buffer(std::size_t{16} << 20);
   for (std::size_t bytes = 8, k = 0; k < ping_pong_points; bytes *= 8, ++k) {
     const Buffer message(buffer.data(), bytes, DType::uint8);
     const double t = time_collectively(b, o.seconds_per_point, [&] {
-      if (b.rank() == 0) {
-        b.algorithm_send_async(message, 1, 1)->wait();
-        b.algorithm_recv_async(message, 1, 1)->wait();
-      } else if (b.rank() == 1) {
-        b.algorithm_recv_async(message, 0, 1)->wait();
-        b.algorithm_send_async(message, 0, 1)->wait();
+      if (b.rank() == from) {
+        b.algorithm_send_async(message, to, 1)->wait();
+        b.algorithm_recv_async(message, to, 1)->wait();
+      } else if (b.rank() == to) {
+        b.algorithm_recv_async(message, from, 1)->wait();
+        b.algorithm_send_async(message, from, 1)->wait();
       }
     });
     sizes.push_back(static_cast<double>(bytes));
     times.push_back(t / 2);
-    progress.step("ping-pong " + std::to_string(bytes) + " B");
+    progress.step("ping-pong " + level + " " + std::to_string(bytes) + " B");
   }
   CostParameters c;
   std::tie(c.alpha_s, c.beta_s_per_byte) = fit_line(sizes, times);
@@ -236,13 +250,31 @@ int run(Backend& b, const Options& o) {
   const std::vector<std::size_t> native_sizes{1 << 10, 64 << 10, 1 << 20, 8 << 20};
   std::vector<std::size_t> full_sizes;
   for (std::size_t s = o.min_bytes; s <= o.max_bytes; s *= 2) full_sizes.push_back(s);
-  int total = ping_pong_points + 1 + static_cast<int>(o.collectives.size() * native_sizes.size());
+  // The two levels: ranks sharing a node (the first node holding two), and the leaders of
+  // nodes 0 and 1 when the job spans nodes and some node holds two ranks. One level otherwise:
+  // ranks 0 and 1, wherever they run.
+  const Topology& topology = b.topology();
+  std::pair<int, int> intra{0, 1};
+  bool two_levels = false;
+  for (int node = 0; node < topology.node_count(); ++node)
+    if (topology.ranks_of_node(node).size() >= 2) {
+      intra = {topology.ranks_of_node(node)[0], topology.ranks_of_node(node)[1]};
+      two_levels = topology.node_count() >= 2;
+      break;
+    }
+  int total = ping_pong_points * (two_levels ? 2 : 1) + 1 +
+              static_cast<int>(o.collectives.size() * native_sizes.size());
   if (o.full) total += o.rounds;
   Progress progress(printing, total);
 
   TuningParameters t;
   t.backend = std::string(b.name());
-  t.cost = measure_point_to_point(b, o, progress);
+  t.cost = measure_point_to_point(
+      b, o, progress, intra.first, intra.second,
+      two_levels ? "inside node " + std::to_string(topology.node_of(intra.first)) : "");
+  if (two_levels)
+    t.inter_node = measure_point_to_point(b, o, progress, topology.leader_of_node(0),
+                                          topology.leader_of_node(1), "between nodes 0 and 1");
   t.cost.gamma_s_per_byte = measure_reduction(b, o, progress);
 
   std::vector<float> send, recv;
@@ -279,6 +311,12 @@ int run(Backend& b, const Options& o) {
   out << format_tuning_file(t);
   out.close();
   if (!out) throw Error(ErrorCode::invalid_argument, "cannot write '" + o.output + "'");
+  if (t.inter_node)
+    std::fprintf(stderr,
+                 "loom-tune: %s; between nodes: alpha %.3g us, beta %.3g ns/B (%.2f GB/s)\n",
+                 topology.describe().c_str(), t.inter_node->alpha_s * 1e6,
+                 t.inter_node->beta_s_per_byte * 1e9,
+                 t.inter_node->beta_s_per_byte > 0 ? 1e-9 / t.inter_node->beta_s_per_byte : 0.0);
   std::fprintf(stderr,
                "loom-tune: %s backend, %d ranks: alpha %.3g us, beta %.3g ns/B (%.2f GB/s), gamma "
                "%.3g ns/B; %zu native fits, %zu measurements -> %s\n"
@@ -299,11 +337,17 @@ int main(int argc, char** argv) {
     std::string backend = o.backend;
     if (backend.empty()) backend = launched_by_mpirun() ? "mpi" : "local";
     if (backend == "mpi") {
+      if (o.ranks_per_node > 0)
+        throw Error(ErrorCode::invalid_argument,
+                    "--ranks-per-node places the local backend's ranks; under mpirun the nodes "
+                    "are those MPI reports (MPI_Comm_split_type)");
       auto b = create_backend("mpi");
       return run(*b, o);
     }
     std::atomic<int> status{0};
-    LocalWorld::run(o.ranks, [&](Backend& b) {
+    const Topology topology = o.ranks_per_node > 0 ? Topology::blocks(o.ranks, o.ranks_per_node)
+                                                   : Topology::single_node(o.ranks);
+    LocalWorld::run(topology, [&](Backend& b) {
       const int s = run(b, o);
       if (b.rank() == 0) status = s;
     });

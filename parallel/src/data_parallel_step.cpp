@@ -75,6 +75,7 @@ struct DataParallelStep::State {
   struct AutomaticPlan {
     std::vector<std::vector<NodeTiming>> runs;  // profiled, at most PlanSearch::profile_runs
     std::vector<Compiled> compiled;             // each shortlisted plan's; the running one empty
+    std::vector<StepPlan> shortlist;            // while it is timed
     std::optional<PlanTrials> trials;           // while the shortlist is timed
     std::vector<StepPlan> tried;                // once decided
     bool decided = false;
@@ -474,7 +475,8 @@ void DataParallelStep::State::advance_automatic_plan(double run_s) {
       apply_plan(shortlist[k]);
       swap_compiled(a.compiled[k]);
     }
-    a.trials.emplace(std::move(shortlist), std::max(2, search.trial_runs));
+    a.trials.emplace(shortlist.size(), std::max(2, search.trial_runs));
+    a.shortlist = std::move(shortlist);
     swap_compiled(a.compiled[0]);
     return;
   }
@@ -486,19 +488,24 @@ void DataParallelStep::State::advance_automatic_plan(double run_s) {
     return;
   }
   // Rank 0's measurements decide (and are what every rank reports).
-  a.tried = agree_on_plans(backend, a.trials->measured(), limit());
+  const std::vector<double> medians = a.trials->medians_s();
+  for (std::size_t k = 0; k < medians.size(); ++k) a.shortlist[k].measured_step_s = medians[k];
+  a.tried = agree_on_plans(backend, a.shortlist, limit());
   if (a.tried.size() != a.compiled.size())
     throw Error(ErrorCode::mismatch, "DataParallelStep's automatic plan on rank " +
                                          std::to_string(backend.rank()) + ": rank 0 timed " +
                                          std::to_string(a.tried.size()) + " plans, this rank " +
                                          std::to_string(a.compiled.size()));
-  const std::size_t fastest = PlanTrials::fastest(a.tried);
+  std::vector<double> agreed;
+  for (const StepPlan& p : a.tried) agreed.push_back(p.measured_step_s);
+  const std::size_t fastest = PlanTrials::fastest(agreed);
   if (fastest != current) {
     swap_compiled(a.compiled[current]);
     swap_compiled(a.compiled[fastest]);
   }
   plan = a.tried[fastest];  // with rank 0's measurement
   a.compiled.clear();
+  a.shortlist.clear();
   a.trials.reset();
   a.decided = true;
   // Profiling was for the search: without it asked for, the plan runs unprofiled (compiling

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -13,6 +14,7 @@
 #include <optional>
 
 #include "loom/error.hpp"
+#include "loom/step_planner.hpp"
 
 namespace loom {
 
@@ -341,9 +343,43 @@ ReducerPrediction simulate_step(const ReducerMeasurements& m, const ReducerPlan&
   return out;
 }
 
-// What rank 0 sends: the plan's fields (its orders are the reducer's own, the same on every
-// rank), the candidates' count, three predictions and whether the plan changes.
-constexpr std::size_t plan_fields = 11;
+// A plan as rank 0 sends it: the fields a search varies (its orders and compression are the
+// reducer's own, the same on every rank).
+constexpr std::size_t plan_fields = 6;
+
+void encode_plan(const ReducerPlan& plan, std::vector<std::int64_t>& out) {
+  out.push_back(static_cast<std::int64_t>(plan.bucket_cap_bytes));
+  out.push_back(static_cast<std::int64_t>(plan.first_bucket_bytes));
+  out.push_back(plan.partition_large ? 1 : 0);
+  out.push_back(static_cast<std::int64_t>(plan.collectives_in_flight));
+  out.push_back(static_cast<std::int64_t>(plan.priority));
+  out.push_back(std::bit_cast<std::int64_t>(plan.wire_ratio));
+}
+
+// The reducer's plan with the fields at `at` (plan_fields of them).
+ReducerPlan decode_plan(const GradientReducer& reducer, const std::int64_t* at) {
+  ReducerPlan plan = reducer.plan();
+  plan.bucket_cap_bytes = static_cast<std::size_t>(at[0]);
+  plan.first_bucket_bytes = static_cast<std::size_t>(at[1]);
+  plan.partition_large = at[2] != 0;
+  plan.collectives_in_flight = static_cast<std::size_t>(at[3]);
+  plan.priority = static_cast<IssuePriority>(at[4]);
+  plan.wire_ratio = std::bit_cast<double>(at[5]);
+  plan.issue_order.clear();
+  return plan;
+}
+
+bool same_plan(const ReducerPlan& a, const ReducerPlan& b) {
+  return a.bucket_cap_bytes == b.bucket_cap_bytes && a.first_bucket_bytes == b.first_bucket_bytes &&
+         a.partition_large == b.partition_large &&
+         a.collectives_in_flight == b.collectives_in_flight && a.priority == b.priority &&
+         (a.priority != IssuePriority::forward || a.wire_ratio == b.wire_ratio) &&
+         a.issue_order == b.issue_order;
+}
+
+std::chrono::nanoseconds agreement_limit(const GradientReducer& reducer) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(*reducer.executor_options().timeout);
+}
 
 }  // namespace
 
@@ -581,47 +617,133 @@ AutomaticPlan plan_automatically(GradientReducer& reducer, std::span<const Reduc
       const double doubt = std::abs(current - measured.step_s);
       const bool change = ranked.front().step_s < current - doubt;
       const ReducerPlan& best = change ? ranked.front().plan : reducer.plan();
-      mine = {static_cast<std::int64_t>(best.bucket_cap_bytes),
-              static_cast<std::int64_t>(best.first_bucket_bytes),
-              best.partition_large ? 1 : 0,
-              static_cast<std::int64_t>(best.collectives_in_flight),
-              static_cast<std::int64_t>(best.priority),
-              std::bit_cast<std::int64_t>(best.wire_ratio),
-              static_cast<std::int64_t>(ranked.size()),
-              std::bit_cast<std::int64_t>(change ? ranked.front().step_s : current),
-              std::bit_cast<std::int64_t>(current),
-              std::bit_cast<std::int64_t>(measured.step_s),
-              change ? 1 : 0};
+      encode_plan(best, mine);
+      mine.push_back(static_cast<std::int64_t>(ranked.size()));
+      mine.push_back(std::bit_cast<std::int64_t>(change ? ranked.front().step_s : current));
+      mine.push_back(std::bit_cast<std::int64_t>(current));
+      mine.push_back(std::bit_cast<std::int64_t>(measured.step_s));
+      mine.push_back(change ? 1 : 0);
     } catch (const Error& e) {
       failure = e;
       mine.clear();
     }
   }
-  const auto timeout =
-      std::chrono::duration_cast<std::chrono::nanoseconds>(*reducer.executor_options().timeout);
+  // The plan, the candidates' count, three predictions and whether the plan changes.
   const std::vector<std::int64_t> zero = backend.agree_on_root(
-      "GradientReducer::plan_automatically", mine, timeout,
+      "GradientReducer::plan_automatically", mine, agreement_limit(reducer),
       [&] { return "plan_automatically on rank " + std::to_string(backend.rank()); });
-  if (zero.size() != plan_fields) {
+  if (zero.size() != plan_fields + 5) {
     if (failure) throw *failure;
     invalid("plan_automatically on rank " + std::to_string(backend.rank()) +
             ": rank 0 could not predict the plans (its error says why); the plan is unchanged");
   }
-  ReducerPlan plan = reducer.plan();
-  plan.bucket_cap_bytes = static_cast<std::size_t>(zero[0]);
-  plan.first_bucket_bytes = static_cast<std::size_t>(zero[1]);
-  plan.partition_large = zero[2] != 0;
-  plan.collectives_in_flight = static_cast<std::size_t>(zero[3]);
-  plan.priority = static_cast<IssuePriority>(zero[4]);
-  plan.wire_ratio = std::bit_cast<double>(zero[5]);
-  plan.issue_order.clear();
+  const ReducerPlan plan = decode_plan(reducer, zero.data());
+  const std::int64_t* tail = zero.data() + plan_fields;
   AutomaticPlan chosen;
-  chosen.candidates = static_cast<std::size_t>(zero[6]);
-  chosen.predicted_step_s = std::bit_cast<double>(zero[7]);
-  chosen.current_predicted_step_s = std::bit_cast<double>(zero[8]);
-  chosen.measured_step_s = std::bit_cast<double>(zero[9]);
-  chosen.changed = zero[10] != 0;
+  chosen.candidates = static_cast<std::size_t>(tail[0]);
+  chosen.predicted_step_s = std::bit_cast<double>(tail[1]);
+  chosen.current_predicted_step_s = std::bit_cast<double>(tail[2]);
+  chosen.measured_step_s = std::bit_cast<double>(tail[3]);
+  chosen.changed = tail[4] != 0;
   if (chosen.changed) reducer.replan(plan);
+  chosen.plan = reducer.plan();
+  return chosen;
+}
+
+ReducerShortlist shortlist_reducer_plans(GradientReducer& reducer,
+                                         std::span<const ReducerStepRecord> steps,
+                                         const PlanSearchSpace& space, std::size_t keep) {
+  if (keep == 0) invalid("shortlist_reducer_plans: keep must be at least 1 (the running plan)");
+  if (reducer.in_step())
+    invalid("shortlist_reducer_plans: a step is in progress (finish() it first)");
+  Backend& backend = reducer.backend();
+  // Rank 0's: candidates, the running plan's measured step, then per plan its fields and its
+  // prediction. Empty elsewhere and on its failure.
+  std::vector<std::int64_t> mine;
+  std::optional<Error> failure;
+  if (backend.rank() == 0) {
+    try {
+      const ReducerMeasurements measured = measure_reducer_steps(reducer, steps);
+      const std::vector<ReducerPrediction> ranked = rank_plans(reducer, measured, space);
+      const ReducerPrediction current = predict_reducer_step(reducer, measured, reducer.plan());
+      std::vector<const ReducerPrediction*> picked{&current};
+      for (const ReducerPrediction& p : ranked) {
+        if (picked.size() >= keep || !(p.step_s < current.step_s)) break;
+        const bool twin = std::any_of(picked.begin(), picked.end(), [&](const auto* q) {
+          return same_plan(q->plan, p.plan) ||
+                 (q->buckets == p.buckets && std::abs(q->step_s - p.step_s) <= 1e-9 * q->step_s);
+        });
+        if (!twin) picked.push_back(&p);
+      }
+      mine.push_back(static_cast<std::int64_t>(ranked.size()));
+      mine.push_back(std::bit_cast<std::int64_t>(measured.step_s));
+      for (const ReducerPrediction* p : picked) {
+        encode_plan(p->plan, mine);
+        mine.push_back(std::bit_cast<std::int64_t>(p->step_s));
+      }
+    } catch (const Error& e) {
+      failure = e;
+      mine.clear();
+    }
+  }
+  const std::vector<std::int64_t> zero = backend.agree_on_root(
+      "GradientReducer::shortlist_plans", mine, agreement_limit(reducer),
+      [&] { return "shortlist_reducer_plans on rank " + std::to_string(backend.rank()); });
+  constexpr std::size_t per_plan = plan_fields + 1;
+  if (zero.size() < 2 + per_plan || (zero.size() - 2) % per_plan != 0) {
+    if (failure) throw *failure;
+    invalid("shortlist_reducer_plans on rank " + std::to_string(backend.rank()) +
+            ": rank 0 could not predict the plans (its error says why); the plan is unchanged");
+  }
+  ReducerShortlist out;
+  out.candidates = static_cast<std::size_t>(zero[0]);
+  out.measured_step_s = std::bit_cast<double>(zero[1]);
+  for (std::size_t at = 2; at < zero.size(); at += per_plan) {
+    TimedPlan t;
+    t.plan = decode_plan(reducer, zero.data() + at);
+    t.predicted_step_s = std::bit_cast<double>(zero[at + plan_fields]);
+    out.plans.push_back(std::move(t));
+  }
+  // The running plan keeps its own orders (a planned issue order is not sent).
+  out.plans.front().plan = reducer.plan();
+  return out;
+}
+
+AutomaticPlan decide_reducer_plan(GradientReducer& reducer, const ReducerShortlist& shortlist,
+                                  std::span<const double> measured_s) {
+  Backend& backend = reducer.backend();
+  const std::string who = "decide_reducer_plan on rank " + std::to_string(backend.rank());
+  if (reducer.in_step()) invalid(who + ": a step is in progress (finish() it first)");
+  if (shortlist.plans.empty()) invalid(who + ": an empty shortlist");
+  if (measured_s.size() != shortlist.plans.size())
+    invalid(who + ": " + std::to_string(measured_s.size()) + " measurements for " +
+            std::to_string(shortlist.plans.size()) + " shortlisted plans");
+  std::vector<std::int64_t> mine;
+  for (double v : measured_s) {
+    if (!std::isfinite(v) || v < 0)
+      invalid(who + ": a plan's measured step is " + std::to_string(v) + " s");
+    mine.push_back(std::bit_cast<std::int64_t>(v));
+  }
+  const std::vector<std::int64_t> zero = backend.agree_on_root(
+      "GradientReducer::decide_plan", mine, agreement_limit(reducer),
+      [&] { return "decide_reducer_plan on rank " + std::to_string(backend.rank()); },
+      /*same_length=*/true);
+  AutomaticPlan chosen;
+  chosen.candidates = shortlist.candidates;
+  chosen.measured_step_s = shortlist.measured_step_s;
+  chosen.current_predicted_step_s = shortlist.plans.front().predicted_step_s;
+  std::vector<double> agreed;
+  for (std::size_t k = 0; k < zero.size(); ++k) {
+    TimedPlan t = shortlist.plans[k];
+    t.measured_step_s = std::bit_cast<double>(zero[k]);
+    agreed.push_back(t.measured_step_s);
+    chosen.timed.push_back(std::move(t));
+  }
+  const std::size_t fastest = PlanTrials::fastest(agreed);
+  const TimedPlan& best = chosen.timed[fastest];
+  chosen.predicted_step_s = best.predicted_step_s;
+  chosen.changed = fastest != 0;  // the replaced plan is the shortlist's first
+  if (!same_plan(best.plan, reducer.plan())) reducer.replan(best.plan);
   chosen.plan = reducer.plan();
   return chosen;
 }

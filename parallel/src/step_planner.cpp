@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <map>
@@ -318,11 +319,9 @@ std::vector<StepPlan> agree_on_plans(Backend& backend, const std::vector<StepPla
   return plans;
 }
 
-PlanTrials::PlanTrials(std::vector<StepPlan> shortlist, int rounds)
-    : _plans(std::move(shortlist)),
-      _runs_s(_plans.size()),
-      _rounds(static_cast<std::size_t>(std::max(0, rounds))) {
-  if (_plans.empty()) invalid("PlanTrials: an empty shortlist");
+PlanTrials::PlanTrials(std::size_t plans, int rounds)
+    : _runs_s(plans), _rounds(static_cast<std::size_t>(std::max(0, rounds))) {
+  if (plans == 0) invalid("PlanTrials: an empty shortlist");
   if (rounds < 2)
     invalid("PlanTrials: at least 2 rounds (the first is not counted), got " +
             std::to_string(rounds));
@@ -330,8 +329,11 @@ PlanTrials::PlanTrials(std::vector<StepPlan> shortlist, int rounds)
 
 std::size_t PlanTrials::record(double run_s) {
   if (done()) invalid("PlanTrials::record: every plan already ran its rounds");
+  if (!std::isfinite(run_s) || run_s < 0)
+    invalid("PlanTrials::record: plan " + std::to_string(_current) + "'s run took " +
+            std::to_string(run_s) + " s (a time is finite and not negative)");
   _runs_s[_current].push_back(run_s);
-  _current = (_current + 1) % _plans.size();
+  _current = (_current + 1) % _runs_s.size();
   return _current;
 }
 
@@ -339,25 +341,23 @@ bool PlanTrials::done() const noexcept {
   return _runs_s.back().size() >= _rounds;
 }
 
-std::vector<StepPlan> PlanTrials::measured() const {
-  if (!done()) invalid("PlanTrials::measured before every plan ran its rounds");
-  std::vector<StepPlan> out = _plans;
-  for (std::size_t k = 0; k < out.size(); ++k) {
-    std::vector<double> v(_runs_s[k].begin() + 1, _runs_s[k].end());
+std::vector<double> PlanTrials::medians_s() const {
+  if (!done()) invalid("PlanTrials::medians_s before every plan ran its rounds");
+  std::vector<double> out;
+  out.reserve(_runs_s.size());
+  for (const std::vector<double>& runs : _runs_s) {
+    std::vector<double> v(runs.begin() + 1, runs.end());
     std::sort(v.begin(), v.end());
     const std::size_t h = v.size() / 2;
-    out[k].measured_step_s = v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
+    out.push_back(v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2);
   }
   return out;
 }
 
-std::size_t PlanTrials::fastest(const std::vector<StepPlan>& plans) {
-  if (plans.empty()) invalid("PlanTrials::fastest of no plans");
-  return static_cast<std::size_t>(std::min_element(plans.begin(), plans.end(),
-                                                   [](const StepPlan& x, const StepPlan& y) {
-                                                     return x.measured_step_s < y.measured_step_s;
-                                                   }) -
-                                  plans.begin());
+std::size_t PlanTrials::fastest(std::span<const double> seconds) {
+  if (seconds.empty()) invalid("PlanTrials::fastest of no plans");
+  return static_cast<std::size_t>(std::min_element(seconds.begin(), seconds.end()) -
+                                  seconds.begin());
 }
 
 }  // namespace loom

@@ -115,6 +115,39 @@ TEST(AlgorithmSelector, HierarchicalBroadcastAllgatherReduceScatterOnTwoLevels) 
   EXPECT_EQ(s.choose(broadcast, world.backend(0)).algorithm, Algorithm::hierarchical);
 }
 
+// A measured inter-node level replaces the model's beta x inter_node_beta_factor: at 2 x 2 and
+// 16 MiB, ring's flat messages all cross the link (2(p-1)/p n of them at the inter-node beta)
+// and its alpha is the inter-node one; a link as fast as memory leaves hierarchical's
+// extra intra-node steps nothing to save, and the model then prefers the flat ring.
+TEST(AlgorithmSelector, AMeasuredInterNodeLevelReplacesTheFactor) {
+  const Topology two_by_two = Topology::blocks(4, 2);
+  const std::size_t n = 16u << 20;
+  TuningParameters slow = simple_model();
+  slow.inter_node = CostParameters{1e-6, 10e-9, 0};  // as the factor would make it
+  const AlgorithmSelector by_factor(simple_model()), measured_alike(slow);
+  for (Algorithm a : {Algorithm::ring, Algorithm::hierarchical, Algorithm::recursive_doubling})
+    EXPECT_DOUBLE_EQ(measured_alike.predict(a, Collective::allreduce, n, two_by_two),
+                     by_factor.predict(a, Collective::allreduce, n, two_by_two))
+        << to_string(a);
+  TuningParameters fast = simple_model();
+  fast.inter_node = CostParameters{1e-6, 1e-9, 0};  // the link as fast as memory
+  const AlgorithmSelector flat_link(fast);
+  // ring: 2(p-1) chunked steps of alpha, 2(p-1)/p n at the link's beta, (p-1)/p n of reduction
+  const double ring_fast = flat_link.predict(Algorithm::ring, Collective::allreduce, n, two_by_two);
+  EXPECT_DOUBLE_EQ(ring_fast, flat_link.predict(Algorithm::ring, Collective::allreduce, n, 4));
+  EXPECT_LT(ring_fast,
+            flat_link.predict(Algorithm::hierarchical, Collective::allreduce, n, two_by_two));
+  EXPECT_GT(measured_alike.predict(Algorithm::ring, Collective::allreduce, n, two_by_two),
+            measured_alike.predict(Algorithm::hierarchical, Collective::allreduce, n, two_by_two));
+  // The inter-node alpha counts per message that crosses: a 1 ms link alpha makes an 8 B
+  // allreduce cost at least one crossing's alpha.
+  TuningParameters far = simple_model();
+  far.inter_node = CostParameters{1e-3, 10e-9, 0};
+  EXPECT_GT(AlgorithmSelector(far).predict(Algorithm::recursive_doubling, Collective::allreduce, 8,
+                                           two_by_two),
+            1e-3);
+}
+
 TEST(AlgorithmSelector, HierarchicalOnlyOnSeveralNodesAndForLargeSizes) {
   for (const AlgorithmSelector& s : {AlgorithmSelector(simple_model()), AlgorithmSelector()}) {
     std::vector<float> large(16u << 20), small(8);

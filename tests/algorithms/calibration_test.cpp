@@ -5,9 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <mutex>
 #include <set>
+#include <vector>
 
 #include "loom/error.hpp"
+#include "loom/local.hpp"
+#include "loom/topology.hpp"
 
 namespace loom {
 namespace {
@@ -67,7 +71,7 @@ TEST(CalibrationOptions, DefaultsToTheUserCacheAndSixteenBytesToSixteenMebibytes
 
 TEST(CalibrationKey, EveryPartNamesAnotherFile) {
   const CalibrationKey key{"node1", "mpi", 4, "shm", Collective::allreduce};
-  EXPECT_EQ(key.file_name(), "node1.mpi.4ranks.shm.allreduce.tuning");
+  EXPECT_EQ(key.file_name(), "node1.mpi.4ranks.1node.shm.allreduce.tuning");
   std::set<std::string> names{key.file_name()};
   CalibrationKey k = key;
   k.host = "node2";
@@ -81,7 +85,41 @@ TEST(CalibrationKey, EveryPartNamesAnotherFile) {
   k = key;
   k.collective = Collective::allgather;
   names.insert(k.file_name());
-  EXPECT_EQ(names.size(), 5u);
+  k = key;
+  k.nodes = "2x2nodes";
+  names.insert(k.file_name());
+  k.link = "1gbit";
+  EXPECT_EQ(k.file_name(), "node1.mpi.4ranks.2x2nodes.shm.1gbit.allreduce.tuning");
+  names.insert(k.file_name());
+  EXPECT_EQ(names.size(), 7u);
+}
+
+TEST(CalibrationKey, ComesFromTheRanksPlacementAndLoomLink) {
+  const ScopedVariable link("LOOM_LINK", "10gbit/s");
+  std::mutex mutex;
+  std::vector<CalibrationKey> keys;
+  LocalWorld::run(Topology::blocks(3, 2), [&](Backend& b) {
+    const CalibrationKey key = calibration_key(b, Collective::allgather);
+    std::lock_guard lock(mutex);
+    keys.push_back(key);
+  });
+  ASSERT_EQ(keys.size(), 3u);
+  for (const CalibrationKey& k : keys) {
+    EXPECT_EQ(k.nodes, "2+1nodes");
+    EXPECT_EQ(k.link, "10gbit_s");  // '/' cannot be in a file name
+    EXPECT_EQ(k.world, 3);
+    EXPECT_EQ(k.backend, "local");
+    EXPECT_EQ(k.file_name(), keys.front().file_name());
+  }
+}
+
+TEST(CalibrationKey, NodesNameThePlacement) {
+  EXPECT_EQ(nodes_key(Topology::single_node(4)), "1node");
+  EXPECT_EQ(nodes_key(Topology::blocks(4, 2)), "2x2nodes");
+  EXPECT_EQ(nodes_key(Topology::blocks(5, 2)), "2+2+1nodes");
+  EXPECT_EQ(nodes_key(Topology::node_per_rank(3)), "3x1nodes");
+  const int ids[] = {7, 7, 7, 9};
+  EXPECT_EQ(nodes_key(Topology::from_node_ids(ids)), "3+1nodes");
 }
 
 }  // namespace

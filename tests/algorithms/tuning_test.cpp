@@ -71,6 +71,14 @@ TEST(TuningFile, RoundTrips) {
   EXPECT_DOUBLE_EQ(back.measured[0].spread_seconds, 12.5e-6);
   EXPECT_EQ(back.measured[1].algorithm, Algorithm::bruck);
   EXPECT_EQ(back.measured[1].spread_seconds, 0);
+  EXPECT_FALSE(back.inter_node.has_value());
+  // The inter-node level round-trips too.
+  t.inter_node = CostParameters{48e-6, 8.125e-9, 0};
+  const TuningParameters two = parse_tuning_file(format_tuning_file(t));
+  ASSERT_TRUE(two.inter_node.has_value());
+  EXPECT_DOUBLE_EQ(two.inter_node->alpha_s, 48e-6);
+  EXPECT_DOUBLE_EQ(two.inter_node->beta_s_per_byte, 8.125e-9);
+  EXPECT_DOUBLE_EQ(two.cost.beta_s_per_byte, 0.125e-9);
 }
 
 TEST(TuningFile, TheSpreadOfAMeasurementIsOptional) {
@@ -116,6 +124,12 @@ TEST(TuningFile, MalformedLinesAreNamed) {
                {"line 5", "'measured' takes 5 values", "[spread_us]"});
   expect_error([] { parse_tuning_file("loom-tuning 1\nalpha_us 1\nbeta_ns_per_byte 1\n"); },
                {"missing gamma_ns_per_byte"});
+  expect_error([&] { parse_tuning_file(head + "inter_alpha_us 40\n"); },
+               {"inter_alpha_us without inter_beta_ns_per_byte"});
+  expect_error([&] { parse_tuning_file(head + "inter_beta_ns_per_byte 8\n"); },
+               {"inter_beta_ns_per_byte without inter_alpha_us"});
+  expect_error([&] { parse_tuning_file(head + "inter_beta_ns_per_byte slow\n"); },
+               {"line 5", "'slow'"});
   expect_error([] { load_tuning_file("/nonexistent/loom.tuning"); }, {"/nonexistent/loom.tuning"});
 }
 

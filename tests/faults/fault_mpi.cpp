@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -33,9 +34,9 @@ constexpr const char* stop_node = "backward2";
 // Exit statuses the driver checks.
 constexpr int exit_loom_error = 3, exit_other_error = 4, exit_finished = 5, exit_usage = 2;
 
-const char* const modes[] = {"stop-graph", "stop-blocking", "stop-compile",   "kill",
-                             "skip",       "reorder",       "priority",       "tuning",
-                             "throw",      "bad-count",     "bad-count-graph"};
+const char* const modes[] = {"stop-graph", "stop-blocking", "stop-compile", "stop-agree",
+                             "kill",       "skip",          "reorder",      "priority",
+                             "tuning",     "throw",         "bad-count",    "bad-count-graph"};
 
 int usage() {
   std::fprintf(stderr, "usage: fault_mpi MODE, MODE one of:");
@@ -107,6 +108,22 @@ int main(int argc, char** argv) {
       if (victim) announce(rank, 0, ("compiling a different graph: " + mode).c_str());
       ex = std::make_unique<loom::Executor>(two->graph, *backend);
       for (int k = 0; k < 3; ++k) ex->run();
+      std::printf("loom-fault: rank %d finished without an error\n", rank);
+      std::fflush(stdout);
+      return exit_finished;
+    }
+    if (mode == "stop-agree") {
+      // Backend::agree_on_root, the agreement every planner uses (bucket orders, plans): the
+      // victim stops before it; the others must get a timeout naming it, not hang.
+      if (victim) {
+        announce(rank, 0, "SIGSTOP to myself before agree_on_root");
+        ::raise(SIGSTOP);
+      }
+      const std::vector<std::int64_t> mine = {7, 11, 13};
+      const auto limit = std::chrono::duration_cast<std::chrono::nanoseconds>(
+          *loom::ExecutorOptions{}.resolved().timeout);
+      backend->agree_on_root("fault.agree", mine, limit,
+                             [&] { return "agree_on_root on rank " + std::to_string(rank); });
       std::printf("loom-fault: rank %d finished without an error\n", rank);
       std::fflush(stdout);
       return exit_finished;

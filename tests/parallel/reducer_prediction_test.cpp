@@ -17,6 +17,7 @@
 #include "loom/local.hpp"
 #include "loom/network_model.hpp"
 #include "loom/reducer_prediction.hpp"
+#include "loom/step_planner.hpp"
 
 namespace loom {
 namespace {
@@ -295,6 +296,138 @@ TEST(ReducerPrediction, RanksPlansAndAgreesOnRankZerosChoice) {
   }
   ASSERT_FALSE(ranked_current.empty());
   EXPECT_DOUBLE_EQ(decided[0].current_predicted_step_s, ranked_current[0]);
+}
+
+// Twelve layers of 64 KiB in one 64 MiB bucket, handed over in reverse 5 ms apart, a wire
+// measured at 100 ms for all of them (as in RanksPlansAndAgreesOnRankZerosChoice).
+std::vector<ParameterSpec> twelve_layers() {
+  std::vector<ParameterSpec> params;
+  for (int l = 0; l < 12; ++l)
+    params.push_back(
+        {"layers." + std::to_string(l) + ".weight", "layers." + std::to_string(l), 16384});
+  return params;
+}
+
+ReducerStepRecord twelve_layer_step(const std::vector<ParameterSpec>& params) {
+  ReducerStepRecord r;
+  for (int l = 0; l < 12; ++l)
+    r.run.push_back(timing("grad." + params[l].name, NodeKind::external, 0,
+                           0.005 * static_cast<double>(12 - l)));
+  r.run.push_back(timing("bucket0.allreduce", NodeKind::collective, 0.060, 0.160));
+  r.client.updates = {{0, {0.160, 0.162}}};
+  r.client.waits = {{0.062, 0.160}};
+  for (int l = 0; l < 12; ++l)
+    r.client.forward.push_back(
+        {params[l].module, {static_cast<std::size_t>(l)}, 0.162 + 0.002 * l, 0.162 + 0.002 * l});
+  r.client.forward_end_s = 0.186;
+  r.client.end_s = 0.190;
+  return r;
+}
+
+TEST(ReducerPrediction, ShortlistIsTimedAndRankZerosMediansDecide) {
+  // 3 ranks: rank 0 shortlists; each plan then "runs" (replanned to) in turn for 3 rounds, and
+  // each rank records its own times: rank 0's say plan 1 is fastest, the others' that plan 0
+  // is. Every rank must end on plan 1, with rank 0's medians.
+  std::mutex mutex;
+  std::vector<std::string> described, running, firsts;
+  std::vector<AutomaticPlan> decided;
+  std::vector<std::size_t> lengths;
+  std::vector<ErrorCode> mismatches;
+  std::string refused;
+  LocalWorld::run(3, [&](Backend& backend) {
+    const std::vector<ParameterSpec> params = twelve_layers();
+    ReducerPlan plan;
+    plan.bucket_cap_bytes = std::size_t{64} << 20;
+    plan.first_bucket_bytes = std::size_t{64} << 20;
+    GradientReducer reducer(params, backend, plan, options());
+    std::vector<ReducerStepRecord> steps{twelve_layer_step(params)};
+    if (backend.rank() != 0) steps.clear();
+    PlanSearchSpace space;
+    space.caps_bytes = {std::size_t{128} << 10, std::size_t{256} << 10, std::size_t{1} << 20};
+    space.first_bucket_bytes = {std::size_t{64} << 10};
+    const ReducerShortlist list = shortlist_reducer_plans(reducer, steps, space, 3);
+    const std::string first = describe(list.plans.front().plan);
+    const std::string before = describe(reducer.plan());
+    PlanTrials trials(list.plans.size(), 3);
+    for (std::size_t run = 0; !trials.done(); ++run) {
+      const std::size_t k = trials.current();
+      // Rounds after the first: rank 0 times plan 1 at 0.1 s and the rest at 0.2 s; the others
+      // time plan 0 fastest. The first round is not counted (its 0.01 s for plan 2 is noise).
+      double t = 0.2;
+      if (backend.rank() == 0 ? k == 1 : k == 0) t = 0.1;
+      if (k == 2 && run < list.plans.size() && backend.rank() == 0) t = 0.01;
+      const std::size_t next = trials.record(t);
+      if (!trials.done()) reducer.replan(list.plans[next].plan);
+    }
+    const AutomaticPlan chosen = decide_reducer_plan(reducer, list, trials.medians_s());
+    // A rank holding a shorter shortlist than rank 0's: mismatch, named on every rank.
+    ReducerShortlist shorter = list;
+    if (backend.rank() == 2) shorter.plans.pop_back();
+    std::vector<double> times(shorter.plans.size(), 0.1);
+    ErrorCode code = ErrorCode::internal;
+    try {
+      decide_reducer_plan(reducer, shorter, times);
+    } catch (const Error& e) {
+      code = e.code();
+    }
+    std::string no_keep;
+    try {
+      shortlist_reducer_plans(reducer, steps, space, 0);
+    } catch (const Error& e) {
+      no_keep = e.what();
+    }
+    std::lock_guard lock(mutex);
+    described.push_back(describe(reducer.plan()));
+    running.push_back(before);
+    firsts.push_back(first);
+    decided.push_back(chosen);
+    lengths.push_back(list.plans.size());
+    mismatches.push_back(code);
+    if (backend.rank() == 0) refused = no_keep;
+  });
+  ASSERT_EQ(decided.size(), 3u);
+  ASSERT_EQ(lengths[0], 3u);  // the running plan and two predicted faster
+  for (std::size_t r = 0; r < 3; ++r) {
+    EXPECT_EQ(lengths[r], lengths[0]);
+    EXPECT_EQ(firsts[r], running[r]) << "the running plan is shortlisted first";
+    const AutomaticPlan& a = decided[r];
+    ASSERT_EQ(a.timed.size(), 3u);
+    EXPECT_DOUBLE_EQ(a.timed[0].measured_step_s, 0.2);
+    EXPECT_DOUBLE_EQ(a.timed[1].measured_step_s, 0.1);
+    EXPECT_DOUBLE_EQ(a.timed[2].measured_step_s, 0.2);
+    EXPECT_TRUE(a.changed);
+    EXPECT_EQ(describe(a.plan), describe(a.timed[1].plan));
+    EXPECT_EQ(described[r], describe(a.timed[1].plan));
+    EXPECT_DOUBLE_EQ(a.predicted_step_s, a.timed[1].predicted_step_s);
+    EXPECT_LT(a.timed[1].predicted_step_s, a.timed[0].predicted_step_s);
+    EXPECT_LT(a.timed[2].predicted_step_s, a.timed[0].predicted_step_s);
+    EXPECT_DOUBLE_EQ(a.current_predicted_step_s, a.timed[0].predicted_step_s);
+    EXPECT_NEAR(a.measured_step_s, 0.190, 1e-9);
+    EXPECT_EQ(mismatches[r], ErrorCode::mismatch) << "rank " << r;
+  }
+  EXPECT_NE(refused.find("keep must be at least 1"), std::string::npos) << refused;
+}
+
+TEST(ReducerPrediction, NothingPredictedFasterShortlistsOnlyTheRunningPlan) {
+  std::mutex mutex;
+  std::vector<std::size_t> lengths;
+  LocalWorld::run(2, [&](Backend& backend) {
+    const std::vector<ParameterSpec> params = twelve_layers();
+    ReducerPlan plan;
+    plan.bucket_cap_bytes = std::size_t{64} << 20;
+    plan.first_bucket_bytes = std::size_t{64} << 20;
+    GradientReducer reducer(params, backend, plan, options());
+    std::vector<ReducerStepRecord> steps{twelve_layer_step(params)};
+    // Only the running plan's cap is searched, without partitioning or a collective limit.
+    PlanSearchSpace space;
+    space.caps_bytes = {std::size_t{64} << 20};
+    space.first_bucket_bytes = {};
+    space.max_in_flight = 0;
+    const ReducerShortlist list = shortlist_reducer_plans(reducer, steps, space, 3);
+    std::lock_guard lock(mutex);
+    lengths.push_back(list.plans.size());
+  });
+  EXPECT_EQ(lengths, (std::vector<std::size_t>{1, 1}));
 }
 
 TEST(ReducerPrediction, BadRecordsAreNamedErrors) {

@@ -478,9 +478,20 @@ def test_auto_plan_keeps_the_numerics_and_every_rank_ends_on_the_same_plan(world
     chosen = net.automatic_plan
     assert chosen is not None and chosen["candidates"] > 1, chosen
     assert chosen["predicted_ms"] <= chosen["replaced_predicted_ms"] + 1e-9, chosen
+    # The shortlist was timed: the starting plan first, each plan with rank 0's median step,
+    # and the plan in force is the fastest measured.
+    timed = chosen["timed"]
+    assert 1 <= len(timed) <= 3, chosen
+    assert timed[0]["predicted_ms"] == pytest.approx(chosen["replaced_predicted_ms"]), chosen
+    assert all(t["measured_ms"] > 0 for t in timed), chosen
+    fastest = min(timed, key=lambda t: t["measured_ms"])
+    assert chosen["plan"] == fastest["plan"], chosen
+    assert chosen["changed"] == (fastest is not timed[0]), chosen
+    assert all(t["predicted_ms"] < timed[0]["predicted_ms"] for t in timed[1:]), chosen
     plan, buckets = net.plan()
     assert plan == chosen["plan"], (plan, chosen)
-    mine = (plan, buckets, net._loom.reducer.bucket_issue_order(), net._loom.reducer.issue_order())
+    mine = (plan, buckets, net._loom.reducer.bucket_issue_order(), net._loom.reducer.issue_order(),
+            [(t["plan"], t["measured_ms"]) for t in timed])
     everyone = [None] * n
     dist.all_gather_object(everyone, mine, group=gloo)
     assert all(o == mine for o in everyone), everyone

@@ -67,9 +67,10 @@ def parallelize(model, optimizer, process_group=None, bucket_cap_mb=25, compress
     with DDP's 25 MiB (rebuilt in the observed order after the first step), profiled; after
     three profiled steps the step simulator predicts every candidate plan from them (bucket cap
     1 to 50 MiB x first bucket x partitioning x collectives in flight 0 to 3 x priority) on a
-    wire fitted to the measured communication, rank 0's fastest is sent to every rank and all
-    replan to it at the same step (net.automatic_plan says what was chosen and why); the
-    first_bucket_mb, partition_large, collectives_in_flight and priority given are those of the
+    wire fitted to the measured communication; rank 0 shortlists the running plan and the two
+    fastest predicted that beat it, every rank runs each of them one step in turn for three
+    rounds (the first not counted), and all replan to the plan with rank 0's lowest median step
+    (net.automatic_plan says what was timed and chosen); the first_bucket_mb, partition_large, collectives_in_flight and priority given are those of the
     starting plan. "auto" profiles every step (profile=False is refused). compression: None, "float16" or "bfloat16" (cast, reduce, cast back).
     find_unused_parameters: as DDP's; parameters unused on every rank are left to the optimizer
     with the .grad they had. partition_large: cut gradients larger than the cap across buckets
@@ -146,6 +147,11 @@ class _Engine:
     # bucket_cap_mb="auto": the plan is made once this many steps were profiled under the
     # starting plan (after DDP's rebuild of the buckets in the observed order, when enabled).
     AUTO_PLAN_AFTER = 3
+    # Then the running plan and the best predicted that beat it (AUTO_SHORTLIST in all) run one
+    # step each in turn, AUTO_TRIAL_ROUNDS rounds (the first not counted), and rank 0's median
+    # periods decide: the simulator ranks, the clock chooses.
+    AUTO_SHORTLIST = 3
+    AUTO_TRIAL_ROUNDS = 3
 
     def __init__(self, module, optimizer, group, plan, overlap_forward, rebuild_buckets, profile,
                  automatic=False):
@@ -184,6 +190,7 @@ class _Engine:
         # this thread did, in ns since the step's begin(); kept only while profiling.
         self.profiling = self.reducer.profiling()
         self.t0 = None               # monotonic ns of the open step's begin()
+        self.last_period = None      # seconds from the last step's begin() to this one's
         self.timeline_updates, self.timeline_waits = [], []
         self.timeline_forward, self.timeline_forward_end = [], 0
         self.automatic = automatic   # a plan still to be made (bucket_cap_mb="auto")
@@ -316,6 +323,8 @@ class _Engine:
             self._rebuild_buckets()
         if self.automatic and self.steps_since_plan >= self.AUTO_PLAN_AFTER:
             self._plan_automatically()
+        elif self.reducer.timing_plans() and self.last_period is not None:
+            self._time_plans()
         self.hyper = [{key: value for key, value in g.items() if key != "params"}
                       for g in self.optimizer.param_groups]
         if self.profiling:
@@ -334,6 +343,7 @@ class _Engine:
             return
         end = time.monotonic_ns() - self.t0
         self.t0 = None
+        self.last_period = end * 1e-9
         if not self.timeline_forward:
             return  # no forward since its backward: nothing to gate on its updates
         s = 1e-9
@@ -347,16 +357,30 @@ class _Engine:
 
     def _plan_automatically(self):
         # Collective, at the same step on every rank: rank 0 ranks the plans from its profiled
-        # steps and every rank replans to its choice.
+        # steps and shares its shortlist, which then runs one step per plan in turn.
         self.automatic = False
-        chosen = self.reducer.plan_automatically()
-        self.automatic_plan = chosen
-        if chosen["changed"]:
-            for key in ("bucket_cap_mb", "first_bucket_mb", "partition_large",
-                        "collectives_in_flight", "priority", "wire_ratio"):
-                self.plan[key] = chosen[key]
-            self.steps_since_plan = 0
+        self.last_period = None
+        chosen = self.reducer.shortlist_plans(self.AUTO_SHORTLIST, self.AUTO_TRIAL_ROUNDS)
+        if chosen is not None:  # no plan predicted faster than the running one: nothing to time
+            self._decided(chosen)
+
+    def _time_plans(self):
+        # Collective: every rank records the period it measured (rank 0's decide) and moves to
+        # the next trial plan, or to the fastest once every plan ran its rounds.
+        chosen = self.reducer.trial_step(self.last_period)
+        self.last_period = None
+        if chosen is None:
             self._layout()
+        else:
+            self._decided(chosen)
+
+    def _decided(self, chosen):
+        self.automatic_plan = chosen
+        for key in ("bucket_cap_mb", "first_bucket_mb", "partition_large",
+                    "collectives_in_flight", "priority", "wire_ratio"):
+            self.plan[key] = chosen[key]
+        self.steps_since_plan = 0
+        self._layout()
 
     def _rebuild_buckets(self):
         # As DDP after its first iteration: buckets filled in the order the gradients became
@@ -676,8 +700,10 @@ class ParallelModule(torch.nn.Module):
     @property
     def automatic_plan(self):
         """bucket_cap_mb="auto": what the automatic plan chose (a dict: "plan", its fields,
-        "predicted_ms", "candidates", "changed" (False: the starting plan stayed, since no
-        candidate was predicted faster by more than the prediction's own error on it), and the
-        starting plan as predicted and measured, "replaced_predicted_ms" and
-        "replaced_measured_ms"); None until it is made."""
+        "predicted_ms", "candidates", "changed" (False: the starting plan stayed, as the fastest
+        measured or since no candidate was predicted faster), the starting plan as predicted and
+        measured over the profiled steps, "replaced_predicted_ms" and "replaced_measured_ms",
+        and "timed": each shortlisted plan with its prediction and rank 0's median step in the
+        trials, the starting plan first; empty when nothing was timed); None until it is
+        made."""
         return self._loom.automatic_plan

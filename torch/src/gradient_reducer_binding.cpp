@@ -9,6 +9,8 @@
 #include <deque>
 #include <fstream>
 #include <memory>
+#include <optional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -16,6 +18,7 @@
 #include "loom/error.hpp"
 #include "loom/gradient_reducer.hpp"
 #include "loom/reducer_prediction.hpp"
+#include "loom/step_planner.hpp"
 #include "process_group.hpp"
 #include "tensors.hpp"
 
@@ -134,6 +137,42 @@ class TorchReducer {
   std::vector<ReducerStepRecord> records() const { return {_records.begin(), _records.end()}; }
   void clear_records() { _records.clear(); }
 
+  /// bucket_cap_mb="auto", timed: the shortlist (collective), then one trial step per plan in
+  /// turn (PlanTrials), then rank 0's medians decide (collective).
+  /// Returns the decision when there is nothing to time (only the running plan shortlisted).
+  std::optional<AutomaticPlan> shortlist_plans(std::size_t keep, int rounds) {
+    const std::vector<ReducerStepRecord> steps = records();
+    ReducerShortlist list = shortlist_reducer_plans(*_reducer, steps, PlanSearchSpace{}, keep);
+    _records.clear();
+    if (list.plans.size() == 1) {
+      const double measured = list.measured_step_s;
+      return decide_reducer_plan(*_reducer, list, std::span<const double>(&measured, 1));
+    }
+    _trials.emplace(list.plans.size(), rounds);
+    _shortlist = std::move(list);
+    return std::nullopt;
+  }
+
+  /// Records the step just run under the current trial plan; replans to the next one, or (the
+  /// trials done) decides. Returns the decision once made.
+  std::optional<AutomaticPlan> trial_step(double period_s) {
+    if (!_trials) throw Error(ErrorCode::invalid_argument, "trial_step: no plans are being timed");
+    const std::size_t next = _trials->record(period_s);
+    if (!_trials->done()) {
+      replan(_shortlist->plans[next].plan);
+      return std::nullopt;
+    }
+    const std::vector<double> medians = _trials->medians_s();
+    _trials.reset();
+    const ReducerShortlist list = std::move(*_shortlist);
+    _shortlist.reset();
+    AutomaticPlan chosen = decide_reducer_plan(*_reducer, list, medians);
+    _records.clear();
+    return chosen;
+  }
+
+  bool timing_plans() const { return _trials.has_value(); }
+
   static constexpr std::size_t kept = 16;
 
  private:
@@ -142,7 +181,35 @@ class TorchReducer {
   std::vector<std::vector<std::int64_t>> _shapes;
   bool _profiling = false;
   std::deque<ReducerStepRecord> _records;
+  std::optional<ReducerShortlist> _shortlist;
+  std::optional<PlanTrials> _trials;
 };
+
+py::dict automatic_plan_dict(const AutomaticPlan& chosen) {
+  py::dict d;
+  d["plan"] = describe(chosen.plan);
+  d["predicted_ms"] = chosen.predicted_step_s * 1e3;
+  d["replaced_predicted_ms"] = chosen.current_predicted_step_s * 1e3;
+  d["replaced_measured_ms"] = chosen.measured_step_s * 1e3;
+  d["candidates"] = chosen.candidates;
+  d["changed"] = chosen.changed;
+  d["bucket_cap_mb"] = static_cast<double>(chosen.plan.bucket_cap_bytes) / (1 << 20);
+  d["first_bucket_mb"] = static_cast<double>(chosen.plan.first_bucket_bytes) / (1 << 20);
+  d["partition_large"] = chosen.plan.partition_large;
+  d["collectives_in_flight"] = chosen.plan.collectives_in_flight;
+  d["priority"] = std::string(to_string(chosen.plan.priority));
+  d["wire_ratio"] = chosen.plan.wire_ratio;
+  py::list timed;
+  for (const TimedPlan& t : chosen.timed) {
+    py::dict e;
+    e["plan"] = describe(t.plan);
+    e["predicted_ms"] = t.predicted_step_s * 1e3;
+    e["measured_ms"] = t.measured_step_s * 1e3;
+    timed.append(e);
+  }
+  d["timed"] = timed;
+  return d;
+}
 
 py::dict prediction_dict(const ReducerPrediction& p, std::size_t steps) {
   py::dict d;
@@ -379,23 +446,42 @@ void bind_gradient_reducer(py::module_& m) {
               chosen = plan_automatically(r.reducer(), records);
             }
             r.clear_records();
-            py::dict d;
-            d["plan"] = describe(chosen.plan);
-            d["predicted_ms"] = chosen.predicted_step_s * 1e3;
-            d["replaced_predicted_ms"] = chosen.current_predicted_step_s * 1e3;
-            d["replaced_measured_ms"] = chosen.measured_step_s * 1e3;
-            d["candidates"] = chosen.candidates;
-            d["changed"] = chosen.changed;
-            d["bucket_cap_mb"] = static_cast<double>(chosen.plan.bucket_cap_bytes) / (1 << 20);
-            d["first_bucket_mb"] = static_cast<double>(chosen.plan.first_bucket_bytes) / (1 << 20);
-            d["partition_large"] = chosen.plan.partition_large;
-            d["collectives_in_flight"] = chosen.plan.collectives_in_flight;
-            d["priority"] = std::string(to_string(chosen.plan.priority));
-            d["wire_ratio"] = chosen.plan.wire_ratio;
-            return d;
+            return automatic_plan_dict(chosen);
           },
           "Collective: rank 0 predicts the candidate plans from its recorded steps and every "
           "rank replans to its fastest")
+      .def(
+          "shortlist_plans",
+          [](TorchReducer& r, std::size_t keep, int rounds) -> py::object {
+            std::optional<AutomaticPlan> chosen;
+            {
+              py::gil_scoped_release no_gil;
+              chosen = r.shortlist_plans(keep, rounds);
+            }
+            if (!chosen) return py::none();
+            return automatic_plan_dict(*chosen);
+          },
+          py::arg("keep"), py::arg("rounds"),
+          "Collective: rank 0 predicts the candidate plans from its recorded steps and shares "
+          "its shortlist (the running plan first), timed one step each in turn, `rounds` "
+          "rounds, through trial_step() (None); or, no plan predicted faster than the running "
+          "one, keeps it (the decision, a dict)")
+      .def(
+          "trial_step",
+          [](TorchReducer& r, double period_s) -> py::object {
+            std::optional<AutomaticPlan> chosen;
+            {
+              py::gil_scoped_release no_gil;
+              chosen = r.trial_step(period_s);
+            }
+            if (!chosen) return py::none();
+            return automatic_plan_dict(*chosen);
+          },
+          py::arg("period_s"),
+          "Collective, between steps: records the period of the step the current trial plan "
+          "ran and replans to the next (None), or, the trials done, decides on rank 0's "
+          "medians and replans every rank to the fastest (the decision, a dict)")
+      .def("timing_plans", &TorchReducer::timing_plans)
       .def("rank", [](TorchReducer& r) { return r.backend().rank(); })
       .def("world_size", [](TorchReducer& r) { return r.backend().world_size(); })
       .def("flight_record", [](TorchReducer& r) {

@@ -78,17 +78,18 @@ class AlgorithmSelector {
   /// `world` ranks.
   double predict(Algorithm algorithm, Collective collective, std::size_t bytes, int world) const;
   /// @brief The same on `topology`. Where it has two levels (several nodes, some with several
-  /// ranks) the flat algorithms' messages are taken to cross the inter-node link, at beta x
-  /// inter_node_beta_factor, and hierarchical allreduce pays that only for the bytes a node's
+  /// ranks) the flat algorithms' messages are taken to cross the inter-node link, at the tuning's
+  /// inter_node alpha and beta (or, unmeasured, beta x inter_node_beta_factor), and
+  /// hierarchical allreduce pays that only for the bytes a node's
   /// link carries (n per inter-node exchange) and beta inside the node (hierarchical allgather,
   /// reduce_scatter and broadcast: their leaders' ring or tree at the inter-node beta, their
   /// gathers and scatters inside the node at beta); elsewhere it is predict(..., world) and
   /// hierarchical (which cannot run there) is infinite.
   double predict(Algorithm algorithm, Collective collective, std::size_t bytes,
                  const Topology& topology) const;
-  /// @brief How much slower a byte crosses between nodes than inside one, in the model (the
-  /// tuning file measures one level; nodes are joined by networks ten to a hundred times
-  /// slower than their memory).
+  /// @brief How much slower a byte crosses between nodes than inside one, in the model, when
+  /// the tuning does not measure the inter-node level (nodes are joined by networks ten to a
+  /// hundred times slower than their memory).
   static constexpr double inter_node_beta_factor = 10;
 
   /// @brief A digest of the whole configuration (the tuning file's parameters and

@@ -1,5 +1,6 @@
 // Calibration: the untuned selector's measurements, timed on first use by every rank together
-// and cached per host, backend, rank count, transport and collective (LOOM_CALIBRATION).
+// and cached per host, backend, rank count, placement on nodes, transport, link (LOOM_LINK) and
+// collective (LOOM_CALIBRATION).
 #pragma once
 
 #include <cstddef>
@@ -42,10 +43,21 @@ struct CalibrationKey {
   std::string transport;  ///< "shm" when every rank shares rank 0's host and MPI may use
                           ///< shared memory (OMPI_MCA_btl), else "tcp"
   Collective collective = Collective::allreduce;
+  /// @brief How the ranks sit on nodes (Backend::topology()): "1node", "2x2nodes" (2 nodes of
+  /// 2 ranks), "2+1nodes" (uneven, ranks per node in node order). A job placed otherwise
+  /// measures other algorithms (hierarchical ones cross nodes differently).
+  std::string nodes = "1node";
+  /// @brief LOOM_LINK: the network joining the nodes, as the user names it ("1gbit"; "" unset).
+  /// The same hosts joined by another network (a shaped, emulated link; another fabric) time
+  /// differently: name each so that each has its own cache file.
+  std::string link;
 
-  /// @brief "host.mpi.4ranks.shm.allreduce.tuning".
+  /// @brief "host.mpi.4ranks.2x2nodes.tcp.1gbit.allreduce.tuning" (no link part when unset).
   std::string file_name() const;
 };
+
+/// @brief CalibrationKey::nodes of `topology`.
+std::string nodes_key(const Topology& topology);
 
 /// @brief The key of `collective` on `backend` (collective: every rank calls it).
 CalibrationKey calibration_key(Backend& backend, Collective collective);

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <limits>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -47,7 +48,13 @@ struct Measurement {
 /// @brief What loom-tune measured on one backend and transport.
 struct TuningParameters {
   std::string backend;  ///< the backend it was measured on ("mpi", "local")
+  /// @brief Between ranks of one node (loom-tune: ping-pong of two ranks sharing a node, or
+  /// of ranks 0 and 1 when no node holds two).
   CostParameters cost;
+  /// @brief Between nodes (loom-tune on a job spanning nodes: ping-pong of two nodes'
+  /// leaders; its gamma is unused). Unset: the selector takes cost's alpha and beta x
+  /// AlgorithmSelector::inter_node_beta_factor.
+  std::optional<CostParameters> inter_node;
   std::vector<NativeFit> native;
   std::vector<Measurement> measured;
 };
@@ -64,6 +71,8 @@ TuningParameters default_tuning();
 /// alpha_us 2.1
 /// beta_ns_per_byte 0.12
 /// gamma_ns_per_byte 0.30
+/// inter_alpha_us 48.0                           # optional, both or neither: between nodes
+/// inter_beta_ns_per_byte 8.1
 /// native allreduce 4 6.5 0.21          # collective world alpha_us beta_ns_per_byte
 /// measured allreduce 4 1048576 ring 640.2 12.5  # collective world bytes algorithm time_us
 ///                                                # [spread_us]

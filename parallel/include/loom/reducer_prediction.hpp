@@ -158,7 +158,14 @@ std::vector<ReducerPrediction> rank_plans(const GradientReducer& reducer,
                                           const ReducerMeasurements& measured,
                                           const PlanSearchSpace& space = {});
 
-/// @brief What plan_automatically() decided.
+/// @brief A shortlisted plan: its prediction and, once timed, rank 0's measurement.
+struct TimedPlan {
+  ReducerPlan plan;
+  double predicted_step_s = 0;
+  double measured_step_s = 0;  ///< rank 0's median period under it (0: not timed)
+};
+
+/// @brief What plan_automatically() or decide_reducer_plan() decided.
 struct AutomaticPlan {
   ReducerPlan plan;  ///< now in force on every rank
   double predicted_step_s = 0;
@@ -167,7 +174,36 @@ struct AutomaticPlan {
   std::size_t candidates = 0;
   /// @brief Whether the plan changed (replan() ran).
   bool changed = false;
+  /// @brief decide_reducer_plan(): the shortlist as timed, in shortlist order (the replaced
+  /// plan first); empty when the plan was decided on predictions alone.
+  std::vector<TimedPlan> timed;
 };
+
+/// @brief The automatic plan's shortlist, to be timed (PlanTrials) before it decides.
+struct ReducerShortlist {
+  /// @brief The running plan first, then the fastest predicted plans that the simulator
+  /// predicts faster than it, at most `keep` in all. Only the running plan: nothing to time.
+  std::vector<TimedPlan> plans;
+  double measured_step_s = 0;  ///< the running plan over the profiled steps (rank 0's)
+  std::size_t candidates = 0;  ///< plans predicted
+};
+
+/// @brief Collective (every rank, between steps, at the same step): rank 0 measures `steps`,
+/// ranks the plans of `space` (rank_plans) and sends its shortlist; every rank gets the same
+/// one. The plan is not changed. Plans the simulator cannot tell apart (the same predicted step
+/// and bucket count) are shortlisted once. ErrorCode::invalid_argument for `keep` 0, a step in
+/// progress, or rank 0's failure to predict (thrown on every rank).
+ReducerShortlist shortlist_reducer_plans(GradientReducer& reducer,
+                                         std::span<const ReducerStepRecord> steps,
+                                         const PlanSearchSpace& space = {}, std::size_t keep = 3);
+
+/// @brief Collective (every rank, between steps, at the same step): rank 0's `measured_s`
+/// (each shortlisted plan's median period, PlanTrials::medians_s) decide; every rank replans
+/// to the fastest measured unless it is the plan in force, and gets the same AutomaticPlan
+/// (with `timed` set). ErrorCode::invalid_argument for a step in progress or a measurement per
+/// plan missing, ErrorCode::mismatch when rank 0 timed another number of plans.
+AutomaticPlan decide_reducer_plan(GradientReducer& reducer, const ReducerShortlist& shortlist,
+                                  std::span<const double> measured_s);
 
 /// @brief Collective (every rank, between steps, at the same step): rank 0 measures `steps`
 /// (its own), ranks the plans of `space` and sends its fastest; every rank replans to it

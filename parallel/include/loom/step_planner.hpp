@@ -125,24 +125,30 @@ std::vector<StepPlan> agree_on_plans(Backend& backend, const std::vector<StepPla
                                      std::chrono::nanoseconds limit);
 
 /// @brief Times a shortlist round-robin: each plan runs once per round, `rounds` rounds; the
-/// first round is not counted and each plan's median over the others is its measurement.
+/// first round (new executors, new bucket memory) is not counted and each plan's median over
+/// the others is its measurement. Plans are indices into the caller's shortlist, so every
+/// planner (DataParallelStep's, the GradientReducer's automatic plan) times its own kind.
 class PlanTrials {
  public:
-  /// @brief ErrorCode::invalid_argument for an empty shortlist or fewer than 2 rounds.
-  PlanTrials(std::vector<StepPlan> shortlist, int rounds);
+  /// @brief ErrorCode::invalid_argument for no plans or fewer than 2 rounds.
+  PlanTrials(std::size_t plans, int rounds);
   /// @brief The plan whose run record() expects next.
   std::size_t current() const noexcept { return _current; }
+  /// @brief How many plans are timed.
+  std::size_t plans() const noexcept { return _runs_s.size(); }
   /// @brief Records the current plan's run; returns the plan to run next (current() after).
+  /// ErrorCode::invalid_argument once done(), or for a negative or non-finite time.
   std::size_t record(double run_s);
   /// @brief Whether every plan ran `rounds` times.
   bool done() const noexcept;
-  /// @brief The shortlist with measured_step_s set (ErrorCode::invalid_argument before done()).
-  std::vector<StepPlan> measured() const;
-  /// @brief The index of the plan with the lowest measured_step_s in `plans`.
-  static std::size_t fastest(const std::vector<StepPlan>& plans);
+  /// @brief Each plan's median over its counted runs, in seconds (ErrorCode::invalid_argument
+  /// before done()).
+  std::vector<double> medians_s() const;
+  /// @brief The index of the lowest time (the first among equals); ErrorCode::invalid_argument
+  /// for none.
+  static std::size_t fastest(std::span<const double> seconds);
 
  private:
-  std::vector<StepPlan> _plans;
   std::vector<std::vector<double>> _runs_s;
   std::size_t _rounds;
   std::size_t _current = 0;
