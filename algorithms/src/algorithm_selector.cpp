@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "algorithms.hpp"
 #include "loom/environment.hpp"
 #include "loom/error.hpp"
 #include "step_work.hpp"
@@ -318,8 +319,12 @@ double AlgorithmSelector::predict(Algorithm algorithm, Collective collective, st
       return std::numeric_limits<double>::infinity();
   }
   // hierarchical_allreduce.cpp: an intra-node reduce-scatter into m shards (an owner takes
-  // k - 1 pieces of n/m), recursive doubling of each shard among the N nodes (the node's m
-  // owners share its link: n bytes per exchange), an intra-node allgather (n bytes in).
+  // k - 1 pieces of n/m), then between nodes either a ring of each shard (2(N - 1) steps, the
+  // node's m owners sending n/N together per step) or recursive doubling (the node's m owners
+  // share its link: n bytes per exchange), an intra-node allgather (n bytes in).
+  if (hierarchical_inter_ring(topology, bytes))
+    return 2 * a + (k - 1) * (n / m) * (b + g) + n * b + 2 * (N - 1) * (ai + (n / N) * bi) +
+           (N - 1) * (n / m / N) * g;
   const int p2 = algorithms::power_of_two_below(nodes);
   const double exchanges = log2_ceil(p2) + (p2 != nodes ? 2 : 0);
   return 2 * a + (k - 1) * (n / m) * (b + g) + n * b + exchanges * (ai + n * bi) +

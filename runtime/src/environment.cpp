@@ -12,7 +12,7 @@
 namespace loom::environment {
 namespace {
 
-constexpr std::array<Variable, 16> all_variables{{
+constexpr std::array<Variable, 17> all_variables{{
     {"LOOM_BACKEND", "the backend create_backend() makes", "mpi under mpirun, else local",
      "local, mpi, nccl"},
     {"LOOM_TIMEOUT_S",
@@ -43,10 +43,16 @@ constexpr std::array<Variable, 16> all_variables{{
      "the untuned model",
      "1: allreduce", "0, 1, or a comma list of collectives"},
     {"LOOM_CALIBRATION_CACHE",
-     "directory of the calibration cache, one file per host, backend, rank count, transport (shm, "
-     "tcp) and collective; a calibration on a busy host is not cached; a corrupt file is an "
-     "invalid_argument error naming it (delete it to recalibrate)",
+     "directory of the calibration cache, one file per host, backend, rank count, placement on "
+     "nodes (1node, 2x2nodes, 2+1nodes), transport (shm, tcp), link (`LOOM_LINK`) and collective; "
+     "a calibration on a busy host is not cached; a corrupt file is an invalid_argument error "
+     "naming it (delete it to recalibrate)",
      "$XDG_CACHE_HOME/loom, else ~/.cache/loom", "a writable directory (created if missing)"},
+    {"LOOM_LINK",
+     "a name for the network joining the nodes, part of the calibration cache key: set it when "
+     "the same hosts are joined by another network (another fabric, a shaped link) so that each "
+     "keeps its own calibration",
+     "unset", "letters, digits, `-`, `_` (others become `_`)"},
     {"LOOM_ALLREDUCE",
      "algorithms by size range for allreduce, e.g. "
      "\"rd:0-8K;rabenseifner:8K-1M;ring:1M-max\" (names: native, ring, rd, rabenseifner, tree, "

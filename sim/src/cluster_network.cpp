@@ -6,8 +6,10 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "loom/algorithm.hpp"
 #include "loom/error.hpp"
 
 namespace loom {
@@ -193,9 +195,33 @@ void tree_broadcast(Replay& r, int p, double n) {
   }
 }
 
+// Recursive doubling among `nodes` node-level participants with the fold: `owners(a, b)` the
+// messages node a sends node b in one exchange, each reduced (`reduced` bytes) on arrival.
+template <typename Owners>
+void fold_and_exchange(Replay& r, int nodes, const Owners& owners, double reduced) {
+  const Fold f(nodes);
+  auto nodes_step = [&](const std::vector<std::pair<int, int>>& pairs, double reduce) {
+    std::vector<Message> msgs;
+    for (auto [a, b] : pairs)
+      for (const Message& x : owners(a, b)) msgs.push_back(x);
+    r.step(msgs, reduce);
+  };
+  std::vector<std::pair<int, int>> pairs;
+  for (int v = 0; v < 2 * f.rem; v += 2) pairs.push_back({v, v + 1});
+  if (f.rem) nodes_step(pairs, reduced);
+  for (int k = 0; k < f.steps; ++k) {
+    std::vector<std::pair<int, int>> x;
+    for (int v = 0; v < f.p2; ++v) x.push_back({f.real(v), f.real(v ^ (1 << k))});
+    nodes_step(x, reduced);
+  }
+  for (auto& [a, b] : pairs) std::swap(a, b);
+  if (f.rem) nodes_step(pairs, 0);
+}
+
 // hierarchical_allreduce.cpp: node-local reduce-scatter into m shards (m the fewest ranks any
-// node holds; local ranks 0..m-1 own one each), the fold and recursive doubling of each shard
-// among the nodes' owners of the same index, the node-local allgather.
+// node holds; local ranks 0..m-1 own one each), between the nodes' owners of the same index a
+// ring of each shard (hierarchical_inter_ring) or the fold and recursive doubling, the
+// node-local allgather.
 void hierarchical_allreduce(Replay& r, const Topology& t, double n) {
   const int nodes = t.node_count();
   std::size_t fewest = t.ranks_of_node(0).size(), most = fewest;
@@ -212,31 +238,29 @@ void hierarchical_allreduce(Replay& r, const Topology& t, double n) {
       for (int j = 0; j < m; ++j) inside.push_back({from, ranks[j], shard});
   }
   r.step(inside, static_cast<double>(most - 1) * shard);
-  // Between nodes: node-level fold and exchanges, every shard's owners at once.
-  const Fold f(nodes);
-  auto owners = [&](int node_from, int node_to) {
+  auto owners = [&](int node_from, int node_to, double bytes) {
     std::vector<Message> msgs;
     for (int s = 0; s < m; ++s)
-      msgs.push_back({t.ranks_of_node(node_from)[s], t.ranks_of_node(node_to)[s], shard});
+      msgs.push_back({t.ranks_of_node(node_from)[s], t.ranks_of_node(node_to)[s], bytes});
     return msgs;
   };
-  auto nodes_step = [&](auto pairs, double reduced) {
-    std::vector<Message> msgs;
-    for (auto [a, b] : pairs)
-      for (const Message& x : owners(a, b)) msgs.push_back(x);
-    r.step(msgs, reduced);
-  };
-  std::vector<std::pair<int, int>> pairs;
-  for (int v = 0; v < 2 * f.rem; v += 2) pairs.push_back({v, v + 1});
-  if (f.rem) nodes_step(pairs, shard);
-  for (int k = 0; k < f.steps; ++k) {
-    std::vector<std::pair<int, int>> x;
-    for (int v = 0; v < f.p2; ++v) x.push_back({f.real(v), f.real(v ^ (1 << k))});
-    nodes_step(x, shard);
+  if (hierarchical_inter_ring(t, static_cast<std::size_t>(n))) {
+    // Between nodes: a ring of every shard's owners, a block of shard / N per step, reduced in
+    // the first N - 1 steps (the reduce-scatter), copied in the next N - 1 (the allgather).
+    const double block = shard / nodes;
+    for (int s = 0; s < 2 * (nodes - 1); ++s) {
+      std::vector<Message> msgs;
+      for (int v = 0; v < nodes; ++v)
+        for (const Message& x : owners(v, (v + 1) % nodes, block)) msgs.push_back(x);
+      r.step(msgs, s < nodes - 1 ? block : 0);
+    }
+  } else {
+    // Between nodes: node-level fold and exchanges, every shard's owners at once.
+    fold_and_exchange(
+        r, nodes, [&](int a, int b) { return owners(a, b, shard); }, shard);
   }
-  for (auto& [a, b] : pairs) std::swap(a, b);
-  if (f.rem) nodes_step(pairs, 0);
   std::vector<Message> back;
+
   for (int node = 0; node < nodes; ++node) {
     const auto ranks = t.ranks_of_node(node);
     for (int j = 0; j < m; ++j)

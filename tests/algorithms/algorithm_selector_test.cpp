@@ -148,6 +148,37 @@ TEST(AlgorithmSelector, AMeasuredInterNodeLevelReplacesTheFactor) {
             1e-3);
 }
 
+// On 3 nodes x 2 ranks hierarchical allreduce's inter-node phase is a ring once every block
+// (a shard of n/2 cut in 3) holds 64 KiB: the model's value by hand (a = 1 us, b = g = 1 ns/B,
+// the link 10 b): 2a, the intra-node reduce-scatter (n/2 (b + g)), the allgather (n b), 2(N-1)
+// ring steps of a + n/N at 10 b, and (N-1) reductions of a block (n/2/N g). Below, recursive
+// doubling with the fold: 3 exchanges of the whole vector over the link (3 (a + n 10 b)) and
+// 3 reductions of a shard.
+TEST(AlgorithmSelector, HierarchicalAllreduceRingsBetweenThreeNodesOrMore) {
+  const AlgorithmSelector s(simple_model());
+  const Topology three_by_two = Topology::blocks(6, 2);
+  const double a = 1e-6, b = 1e-9, g = 1e-9, bi = 10e-9, N = 3;
+  auto ring = [&](double n) {
+    return 2 * a + (n / 2) * (b + g) + n * b + 2 * (N - 1) * (a + (n / N) * bi) +
+           (N - 1) * (n / 2 / N) * g;
+  };
+  auto folded = [&](double n) {
+    return 2 * a + (n / 2) * (b + g) + n * b + 3 * (a + n * bi) + 3 * (n / 2) * g;
+  };
+  auto model = [&](std::size_t bytes, const Topology& t) {
+    return s.predict(Algorithm::hierarchical, Collective::allreduce, bytes, t);
+  };
+  const std::size_t big = 64u << 20, edge = 2 * 3 * (64u << 10);
+  EXPECT_NEAR(model(big, three_by_two), ring(big), 1e-9 * ring(big));
+  EXPECT_LT(ring(big), folded(big) / 2);  // 4/3 n over the link against 3 n
+  EXPECT_NEAR(model(edge, three_by_two), ring(edge), 1e-9 * ring(edge));
+  EXPECT_NEAR(model(edge - 8, three_by_two), folded(edge - 8), 1e-9 * folded(edge - 8));
+  // Two nodes exchange once: no ring (2a + intra + one exchange + one shard's reduction).
+  const double n = big;
+  const double two = 2 * a + (n / 2) * (b + g) + n * b + (a + n * bi) + (n / 2) * g;
+  EXPECT_NEAR(model(big, Topology::blocks(4, 2)), two, 1e-9 * two);
+}
+
 TEST(AlgorithmSelector, HierarchicalOnlyOnSeveralNodesAndForLargeSizes) {
   for (const AlgorithmSelector& s : {AlgorithmSelector(simple_model()), AlgorithmSelector()}) {
     std::vector<float> large(16u << 20), small(8);

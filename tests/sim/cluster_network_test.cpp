@@ -82,11 +82,18 @@ TEST(ClusterNetwork, UnevenPlacementRunsTheLeaderVariant) {
   const std::vector<int> nodes{0, 0, 1, 2, 2, 2};
   const ClusterNetwork c = link_only(1, 1).on(Topology::from_node_ids(nodes));
   const ClusterCost h = cluster_cost(c, Algorithm::hierarchical, Collective::allreduce, size);
-  // Gather to the leader, fold (node 0 -> 1), exchange (1 <-> 2), unfold, broadcast.
-  EXPECT_EQ(h.steps, 5);
-  EXPECT_DOUBLE_EQ(h.link_bytes, 3 * 64 * MiB);
+  // Gather to the leader, a ring of the 3 leaders (2 reduce-scatter and 2 allgather steps of
+  // a third of the vector: hierarchical_inter_ring), broadcast.
+  EXPECT_EQ(h.steps, 6);
+  EXPECT_DOUBLE_EQ(h.link_bytes, 4 * 64 * MiB / 3);
   // Node 2's leader takes 2 pieces of the whole vector and sends it to 2 ranks.
   EXPECT_DOUBLE_EQ(h.memory_bytes, 4 * 64 * MiB);
+  // Below 64 KiB per block, recursive doubling: gather, fold (node 0 -> 1), exchange (1 <-> 2),
+  // unfold, broadcast, the whole vector over the link three times.
+  const double small = 128 * 1024;
+  const ClusterCost folded = cluster_cost(c, Algorithm::hierarchical, Collective::allreduce, small);
+  EXPECT_EQ(folded.steps, 5);
+  EXPECT_DOUBLE_EQ(folded.link_bytes, 3 * small);
 }
 
 TEST(ClusterNetwork, ANodesRanksShareItsMemory) {
@@ -183,14 +190,19 @@ TEST(NetworkModelTwoLevel, ChoosesPerSizeAndScale) {
   const ClusterCost ring =
       cluster_cost(net.cluster_at(8), Algorithm::ring, Collective::allreduce, size);
   EXPECT_LT(big.seconds, ring.seconds);
-  // 128 x 4 (another rank count: nodes of 4): hierarchical's rd between the nodes moves the
-  // vector 7 times through each link; the ring about twice: the ring wins at 64 MiB.
+  // 128 x 4 (another rank count: nodes of 4): hierarchical's ring between the nodes
+  // (hierarchical_inter_ring) moves 2(N-1)/N of the vector through each link, where recursive
+  // doubling moved it 7 times; the flat ring moves as much through a link in 2(p-1) steps of
+  // p = 512 ranks instead of 2(N-1) of N = 128 nodes: hierarchical wins at 64 MiB.
   const ClusterNetwork at_scale = net.cluster_at(512);
   EXPECT_EQ(at_scale.topology.node_count(), 128);
-  EXPECT_DOUBLE_EQ(
-      cluster_cost(at_scale, Algorithm::hierarchical, Collective::allreduce, size).link_bytes,
-      7 * 64 * MiB);
-  EXPECT_NE(net.collective(Collective::allreduce, size, 512).algorithm, Algorithm::hierarchical);
+  const ClusterCost hierarchical =
+      cluster_cost(at_scale, Algorithm::hierarchical, Collective::allreduce, size);
+  EXPECT_DOUBLE_EQ(hierarchical.link_bytes, 2.0 * 127 / 128 * 64 * MiB);
+  EXPECT_EQ(hierarchical.steps, 2 + 2 * 127);
+  EXPECT_LT(hierarchical.seconds,
+            cluster_cost(at_scale, Algorithm::ring, Collective::allreduce, size).seconds);
+  EXPECT_EQ(net.collective(Collective::allreduce, size, 512).algorithm, Algorithm::hierarchical);
   // A send crosses the link.
   EXPECT_NEAR(net.point_to_point(12'500'000), 5e-6 + 1e-3, 1e-12);
   EXPECT_THROW(NetworkModel::from_link(gbit, 0).cluster_at(4), Error);

@@ -2,6 +2,7 @@
 // Bruck...), written once over a Backend's algorithm channel, and the backend's native call.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <span>
 #include <string>
@@ -40,6 +41,15 @@ std::span<const Algorithm> candidates(Collective collective) noexcept;
 /// @brief Why `algorithm` cannot perform `args` on `backend` ("count 3 < 4 ranks", "not a
 /// power-of-two rank count", "buffers on a device"), or "" when it can. native always can.
 std::string cannot_run(Algorithm algorithm, const CollectiveArgs& args, const Backend& backend);
+
+/// @brief Whether hierarchical allreduce of `bytes` on `topology` runs its inter-node phase as
+/// a ring (each shard cut into one block per node: 2(N-1) steps, a node's link carrying
+/// 2(N-1)/N of the vector) rather than recursive doubling (log2 N exchanges plus the fold's
+/// two, the whole vector each): on 3 nodes or more when every block holds at least
+/// hierarchical_ring_block_bytes, where bandwidth outweighs the ring's extra steps. The
+/// selector's model and the step simulator follow the same rule.
+bool hierarchical_inter_ring(const Topology& topology, std::size_t bytes);
+inline constexpr std::size_t hierarchical_ring_block_bytes = std::size_t{64} << 10;
 
 /// @brief Starts `args` with `algorithm` on `backend` and returns its handle at once; the
 /// operation advances whenever the handle is tested (e.g. by a ProgressEngine), so it overlaps
