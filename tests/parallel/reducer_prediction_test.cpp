@@ -228,6 +228,32 @@ TEST(ReducerPrediction, PredictsTheMeasuredStepOfItsOwnRecords) {
   EXPECT_EQ(p.profile.ranks, 2);
 }
 
+// Twelve layers of 64 KiB in one 64 MiB bucket, handed over in reverse 5 ms apart, a wire
+// measured at 100 ms for all of them.
+std::vector<ParameterSpec> twelve_layers() {
+  std::vector<ParameterSpec> params;
+  for (int l = 0; l < 12; ++l)
+    params.push_back(
+        {"layers." + std::to_string(l) + ".weight", "layers." + std::to_string(l), 16384});
+  return params;
+}
+
+ReducerStepRecord twelve_layer_step(const std::vector<ParameterSpec>& params) {
+  ReducerStepRecord r;
+  for (int l = 0; l < 12; ++l)
+    r.run.push_back(timing("grad." + params[l].name, NodeKind::external, 0,
+                           0.005 * static_cast<double>(12 - l)));
+  r.run.push_back(timing("bucket0.allreduce", NodeKind::collective, 0.060, 0.160));
+  r.client.updates = {{0, {0.160, 0.162}}};
+  r.client.waits = {{0.062, 0.160}};
+  for (int l = 0; l < 12; ++l)
+    r.client.forward.push_back(
+        {params[l].module, {static_cast<std::size_t>(l)}, 0.162 + 0.002 * l, 0.162 + 0.002 * l});
+  r.client.forward_end_s = 0.186;
+  r.client.end_s = 0.190;
+  return r;
+}
+
 TEST(ReducerPrediction, RanksPlansAndAgreesOnRankZerosChoice) {
   std::mutex mutex;
   std::vector<ReducerPlan> plans;
@@ -239,27 +265,12 @@ TEST(ReducerPrediction, RanksPlansAndAgreesOnRankZerosChoice) {
     // Twelve layers of 64 KiB, handed over in reverse 5 ms apart, and a wire measured at 100 ms
     // for all of them: the one-bucket plan exposes the whole allreduce; smaller buckets start
     // it during the backward.
-    std::vector<ParameterSpec> params;
-    for (int l = 0; l < 12; ++l)
-      params.push_back(
-          {"layers." + std::to_string(l) + ".weight", "layers." + std::to_string(l), 16384});
+    const std::vector<ParameterSpec> params = twelve_layers();
     ReducerPlan plan;
     plan.bucket_cap_bytes = std::size_t{64} << 20;
     plan.first_bucket_bytes = std::size_t{64} << 20;
     GradientReducer reducer(params, backend, plan, options());
-    ReducerStepRecord r;
-    for (int l = 0; l < 12; ++l)  // layer 11 first, 5 ms apart
-      r.run.push_back(timing("grad." + params[l].name, NodeKind::external, 0,
-                             0.005 * static_cast<double>(12 - l)));
-    r.run.push_back(timing("bucket0.allreduce", NodeKind::collective, 0.060, 0.160));
-    r.client.updates = {{0, {0.160, 0.162}}};
-    r.client.waits = {{0.062, 0.160}};
-    for (int l = 0; l < 12; ++l)
-      r.client.forward.push_back(
-          {params[l].module, {static_cast<std::size_t>(l)}, 0.162 + 0.002 * l, 0.162 + 0.002 * l});
-    r.client.forward_end_s = 0.186;
-    r.client.end_s = 0.190;
-    std::vector<ReducerStepRecord> steps{r};
+    std::vector<ReducerStepRecord> steps{twelve_layer_step(params)};
     if (backend.rank() != 0) steps.clear();  // rank 0 decides: the others need no records
     PlanSearchSpace space;
     space.caps_bytes = {std::size_t{128} << 10, std::size_t{256} << 10, std::size_t{1} << 20};
@@ -296,32 +307,6 @@ TEST(ReducerPrediction, RanksPlansAndAgreesOnRankZerosChoice) {
   }
   ASSERT_FALSE(ranked_current.empty());
   EXPECT_DOUBLE_EQ(decided[0].current_predicted_step_s, ranked_current[0]);
-}
-
-// Twelve layers of 64 KiB in one 64 MiB bucket, handed over in reverse 5 ms apart, a wire
-// measured at 100 ms for all of them (as in RanksPlansAndAgreesOnRankZerosChoice).
-std::vector<ParameterSpec> twelve_layers() {
-  std::vector<ParameterSpec> params;
-  for (int l = 0; l < 12; ++l)
-    params.push_back(
-        {"layers." + std::to_string(l) + ".weight", "layers." + std::to_string(l), 16384});
-  return params;
-}
-
-ReducerStepRecord twelve_layer_step(const std::vector<ParameterSpec>& params) {
-  ReducerStepRecord r;
-  for (int l = 0; l < 12; ++l)
-    r.run.push_back(timing("grad." + params[l].name, NodeKind::external, 0,
-                           0.005 * static_cast<double>(12 - l)));
-  r.run.push_back(timing("bucket0.allreduce", NodeKind::collective, 0.060, 0.160));
-  r.client.updates = {{0, {0.160, 0.162}}};
-  r.client.waits = {{0.062, 0.160}};
-  for (int l = 0; l < 12; ++l)
-    r.client.forward.push_back(
-        {params[l].module, {static_cast<std::size_t>(l)}, 0.162 + 0.002 * l, 0.162 + 0.002 * l});
-  r.client.forward_end_s = 0.186;
-  r.client.end_s = 0.190;
-  return r;
 }
 
 TEST(ReducerPrediction, ShortlistIsTimedAndRankZerosMediansDecide) {
