@@ -27,7 +27,7 @@ std::vector<detail::TraceSpan> Executor::Impl::spans() const {
     // Every communication node uses the one communicator of the backend: one lane family.
     out.push_back({node.name, std::string(to_string(node.kind)), detail::describe(node), r.start_ns,
                    r.end_ns, comm || outside ? -1 : std::max(r.lane, 0), comm ? "world" : "",
-                   detail::bytes_of(node), comm ? algorithms.algorithm_of[i] : "",
+                   detail::bytes_of(node), algorithms.algorithm(plan, i),
                    plan.issue_index[i], r.ready_ns, outside});
   }
   return out;
@@ -58,8 +58,8 @@ std::vector<NodeTiming> Executor::last_run() const {
     const NodeRecord& r = m.profile.records[i];
     out.push_back({node.name, node.kind, r.start_ns, r.end_ns, r.lane, detail::bytes_of(node),
                    m.plan.issue_index[i],
-                   m.plan.communicates(i) ? m.algorithms.algorithm_of[i] : "",
-                   m.algorithms.reason_of[i], m.plan.communicates(i) ? r.ready_ns : -1, i});
+                   m.algorithms.algorithm(m.plan, i), m.algorithms.reason(m.plan, i),
+                   m.plan.communicates(i) ? r.ready_ns : -1, i});
   }
   return out;
 }
@@ -95,7 +95,7 @@ void Executor::dump_dot(std::ostream& out, DotOptions options) const {
   notes.issue_index = m.plan.issue_index;
   notes.algorithm.resize(g.nodes.size());
   for (std::uint32_t i = 0; i < g.nodes.size(); ++i)
-    if (m.plan.communicates(i)) notes.algorithm[i] = m.algorithms.algorithm_of[i];
+    notes.algorithm[i] = m.algorithms.algorithm(m.plan, i);
   if (m.profile.has_run) {
     notes.duration_us.resize(g.nodes.size());
     for (std::uint32_t i = 0; i < g.nodes.size(); ++i) {

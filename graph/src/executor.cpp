@@ -79,20 +79,19 @@ void Executor::Impl::plan_issue_order() {
   plan.issue_index.assign(n, -1);
   plan.sequencer_of.assign(n, -1);
   plan.slot_of.assign(n, 0);
-  algorithms.algorithm_of.assign(n, "");
-  algorithms.reason_of.assign(n, "");
+  algorithms.algorithm_of.assign(n, Algorithm::native);
+  algorithms.reason_of_collective.clear();
   std::map<std::tuple<int, int, int>, std::vector<std::uint32_t>> channels;
   for (std::uint32_t i : plan.order) {
     const NodeData& node = graph.nodes[i];
     if (node.kind == NodeKind::collective) {
       plan.issue_index[i] = static_cast<std::int64_t>(plan.collective_order.size());
       plan.collective_order.push_back(i);
-      const AlgorithmChoice planned = algorithms.selector.choose(node.collective, backend);
-      algorithms.algorithm_of[i] = to_string(planned.algorithm);
-      algorithms.reason_of[i] = planned.reason;
+      AlgorithmChoice planned = algorithms.selector.choose(node.collective, backend);
+      algorithms.algorithm_of[i] = planned.algorithm;
+      algorithms.reason_of_collective.push_back(std::move(planned.reason));
     } else if (node.kind == NodeKind::send || node.kind == NodeKind::recv) {
       channels[{static_cast<int>(node.kind), node.peer, node.tag}].push_back(i);
-      algorithms.algorithm_of[i] = to_string(Algorithm::native);
     }
   }
   auto add_sequencer = [&](std::string name, std::vector<std::uint32_t> nodes,
@@ -163,9 +162,10 @@ std::unique_ptr<Work> Executor::Impl::start_operation(std::uint32_t i) {
   // The selector decides now, at execution: every rank decides alike (same sizes, world,
   // tuning file and overrides; compile checked that they agree), so every rank runs the same
   // algorithm.
-  const AlgorithmChoice choice = algorithms.selector.choose(c, backend);
-  algorithms.algorithm_of[i] = to_string(choice.algorithm);
-  algorithms.reason_of[i] = choice.reason;
+  AlgorithmChoice choice = algorithms.selector.choose(c, backend);
+  algorithms.algorithm_of[i] = choice.algorithm;
+  algorithms.reason_of_collective[static_cast<std::size_t>(plan.issue_index[i])] =
+      std::move(choice.reason);
   return start_collective(backend, choice.algorithm, c, node.name, &operation);
 }
 
@@ -199,7 +199,7 @@ void Executor::Impl::complete(std::uint32_t i, std::exception_ptr error) {
           {node.name,
            node.kind == NodeKind::collective ? std::string(to_string(node.collective.op))
                                              : std::string(to_string(node.kind)),
-           detail::bytes_of(node), backend.world_size(), algorithms.algorithm_of[i],
+           detail::bytes_of(node), backend.world_size(), algorithms.algorithm(plan, i),
            start + record.start_ns, start + record.end_ns});
     }
   }

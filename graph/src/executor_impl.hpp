@@ -47,9 +47,23 @@ struct IssuePlan {
 /// @brief What the AlgorithmSelector chose for each collective (asked at each issue).
 struct AlgorithmPlan {
   AlgorithmSelector selector;  ///< LOOM_TUNING_FILE and LOOM_<COLL>, read at compile time
-  /// @brief Per node: the algorithm of its last issue (before any run: planned at compile).
-  std::vector<std::string> algorithm_of;
-  std::vector<std::string> reason_of;  ///< per node: the selector's reason for algorithm_of
+  /// @brief Per node: the algorithm of its last issue (before any run: planned at compile;
+  /// native for point-to-point; meaningless for compute nodes). One byte a node: a graph of
+  /// 100,000 nodes keeps its per-node memory under 1 KiB.
+  std::vector<Algorithm> algorithm_of;
+  /// @brief Per collective, by issue index: the selector's reason for its algorithm.
+  std::vector<std::string> reason_of_collective;
+
+  /// @brief The algorithm of communication node `i` ("" for a compute node).
+  std::string algorithm(const IssuePlan& plan, std::uint32_t i) const {
+    return plan.communicates(i) ? std::string(to_string(algorithm_of[i])) : std::string();
+  }
+  /// @brief The selector's reason for collective `i`'s algorithm ("" for other nodes).
+  const std::string& reason(const IssuePlan& plan, std::uint32_t i) const {
+    static const std::string none;
+    const std::int64_t k = plan.issue_index[i];
+    return k >= 0 ? reason_of_collective[static_cast<std::size_t>(k)] : none;
+  }
 };
 
 /// @brief The tbb::flow::graph the nodes run on.
@@ -68,7 +82,8 @@ struct Wiring {
   // GPU compute nodes: launched by a continue_node that GPU successors follow at once (they
   // wait on the device), completed by an async_node that everything else follows.
   std::unique_ptr<GpuNodes> gpu;
-  std::vector<tbb::flow::sender<tbb::flow::continue_msg>*> launched;  ///< per node: GPU only
+  /// per node where the graph has GPU nodes (empty otherwise): their launch node, else null
+  std::vector<tbb::flow::sender<tbb::flow::continue_msg>*> launched;
 };
 
 /// @brief How the current run failed, and whether later runs are refused.

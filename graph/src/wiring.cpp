@@ -17,7 +17,7 @@ void Executor::Impl::build_flow_graph() {
   w.inputs.assign(n, nullptr);
   w.outputs.assign(n, nullptr);
   w.async_of.assign(n, nullptr);
-  w.launched.assign(n, nullptr);
+  if (w.gpu) w.launched.assign(n, nullptr);  // only graphs with GPU nodes launch any
   std::vector<std::uint32_t> predecessors(n, 0);
   for (const auto& edge : graph.edges) ++predecessors[edge.second];
   for (std::uint32_t i = 0; i < n; ++i) {
@@ -71,7 +71,8 @@ void Executor::Impl::build_flow_graph() {
   for (std::uint32_t i = 0; i < n; ++i)
     if (predecessors[i] == 0) flow::make_edge(w.start, *w.inputs[i]);
   for (const auto& [from, to] : graph.edges) {
-    const bool device_side = w.launched[from] != nullptr && w.launched[to] != nullptr;
+    const bool device_side =
+        !w.launched.empty() && w.launched[from] != nullptr && w.launched[to] != nullptr;
     flow::make_edge(device_side ? *w.launched[from] : *w.outputs[from], *w.inputs[to]);
   }
 }
