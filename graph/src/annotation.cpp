@@ -27,8 +27,8 @@ std::vector<detail::TraceSpan> Executor::Impl::spans() const {
     // Every communication node uses the one communicator of the backend: one lane family.
     out.push_back({node.name, std::string(to_string(node.kind)), detail::describe(node), r.start_ns,
                    r.end_ns, comm || outside ? -1 : std::max(r.lane, 0), comm ? "world" : "",
-                   detail::bytes_of(node), algorithms.algorithm(plan, i),
-                   plan.issue_index[i], r.ready_ns, outside});
+                   detail::bytes_of(node), algorithms.algorithm(plan, i), plan.issue_index[i],
+                   r.ready_ns, outside});
   }
   return out;
 }
@@ -57,9 +57,8 @@ std::vector<NodeTiming> Executor::last_run() const {
     const NodeData& node = m.graph.nodes[i];
     const NodeRecord& r = m.profile.records[i];
     out.push_back({node.name, node.kind, r.start_ns, r.end_ns, r.lane, detail::bytes_of(node),
-                   m.plan.issue_index[i],
-                   m.algorithms.algorithm(m.plan, i), m.algorithms.reason(m.plan, i),
-                   m.plan.communicates(i) ? r.ready_ns : -1, i});
+                   m.plan.issue_index[i], m.algorithms.algorithm(m.plan, i),
+                   m.algorithms.reason(m.plan, i), m.plan.communicates(i) ? r.ready_ns : -1, i});
   }
   return out;
 }
