@@ -238,6 +238,14 @@ std::vector<ParameterSpec> twelve_layers() {
   return params;
 }
 
+// Every gradient in one bucket: a 64 MiB cap and first bucket.
+ReducerPlan one_64_mib_bucket() {
+  ReducerPlan plan;
+  plan.bucket_cap_bytes = std::size_t{64} << 20;
+  plan.first_bucket_bytes = std::size_t{64} << 20;
+  return plan;
+}
+
 ReducerStepRecord twelve_layer_step(const std::vector<ParameterSpec>& params) {
   ReducerStepRecord r;
   for (int l = 0; l < 12; ++l)
@@ -266,10 +274,7 @@ TEST(ReducerPrediction, RanksPlansAndAgreesOnRankZerosChoice) {
     // for all of them: the one-bucket plan exposes the whole allreduce; smaller buckets start
     // it during the backward.
     const std::vector<ParameterSpec> params = twelve_layers();
-    ReducerPlan plan;
-    plan.bucket_cap_bytes = std::size_t{64} << 20;
-    plan.first_bucket_bytes = std::size_t{64} << 20;
-    GradientReducer reducer(params, backend, plan, options());
+    GradientReducer reducer(params, backend, one_64_mib_bucket(), options());
     std::vector<ReducerStepRecord> steps{twelve_layer_step(params)};
     if (backend.rank() != 0) steps.clear();  // rank 0 decides: the others need no records
     PlanSearchSpace space;
@@ -321,10 +326,7 @@ TEST(ReducerPrediction, ShortlistIsTimedAndRankZerosMediansDecide) {
   std::string refused;
   LocalWorld::run(3, [&](Backend& backend) {
     const std::vector<ParameterSpec> params = twelve_layers();
-    ReducerPlan plan;
-    plan.bucket_cap_bytes = std::size_t{64} << 20;
-    plan.first_bucket_bytes = std::size_t{64} << 20;
-    GradientReducer reducer(params, backend, plan, options());
+    GradientReducer reducer(params, backend, one_64_mib_bucket(), options());
     std::vector<ReducerStepRecord> steps{twelve_layer_step(params)};
     if (backend.rank() != 0) steps.clear();
     PlanSearchSpace space;
@@ -398,10 +400,7 @@ TEST(ReducerPrediction, NothingPredictedFasterShortlistsOnlyTheRunningPlan) {
   std::vector<std::size_t> lengths;
   LocalWorld::run(2, [&](Backend& backend) {
     const std::vector<ParameterSpec> params = twelve_layers();
-    ReducerPlan plan;
-    plan.bucket_cap_bytes = std::size_t{64} << 20;
-    plan.first_bucket_bytes = std::size_t{64} << 20;
-    GradientReducer reducer(params, backend, plan, options());
+    GradientReducer reducer(params, backend, one_64_mib_bucket(), options());
     std::vector<ReducerStepRecord> steps{twelve_layer_step(params)};
     // Only the running plan's cap is searched, without partitioning or a collective limit.
     PlanSearchSpace space;
