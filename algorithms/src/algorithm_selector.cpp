@@ -319,16 +319,41 @@ double AlgorithmSelector::predict(Algorithm algorithm, Collective collective, st
       return std::numeric_limits<double>::infinity();
   }
   // hierarchical_allreduce.cpp: an intra-node reduce-scatter into m shards (an owner takes
-  // k - 1 pieces of n/m), then between nodes either a ring of each shard (2(N - 1) steps, the
-  // node's m owners sending n/N together per step) or recursive doubling (the node's m owners
-  // share its link: n bytes per exchange), an intra-node allgather (n bytes in).
-  if (hierarchical_inter_ring(topology, bytes))
-    return 2 * a + (k - 1) * (n / m) * (b + g) + n * b + 2 * (N - 1) * (ai + (n / N) * bi) +
-           (N - 1) * (n / m / N) * g;
+  // k - 1 pieces of a shard), then between nodes either a ring of each shard (2(N - 1) steps,
+  // the node's m owners sending a block of 1/N together per step) or recursive doubling (the
+  // fold and unfold, moving a shard where nodes are not a power of two, and log2 exchanges, the
+  // node's m owners sharing its link: a whole chunk per exchange), an intra-node allgather (a
+  // chunk in). The vector runs as C pipelined chunks: at step s chunk c is at stage s - c, a
+  // step lasts as long as its slowest stage, and the reductions run between steps.
+  const int C = hierarchical_chunks(bytes);
+  const double nc = n / C;
+  const bool ring = hierarchical_inter_ring(topology, bytes);
   const int p2 = algorithms::power_of_two_below(nodes);
-  const double exchanges = log2_ceil(p2) + (p2 != nodes ? 2 : 0);
-  return 2 * a + (k - 1) * (n / m) * (b + g) + n * b + exchanges * (ai + n * bi) +
-         exchanges * (n / m) * g;
+  const int L = static_cast<int>(log2_ceil(p2));
+  const bool folds = p2 != nodes;
+  const int T = (ring ? 2 * (nodes - 1) : L + 2) + 2;  // stages of a chunk
+  const double scatter = a + (k - 1) * (nc / m) * b, gather = a + nc * b;
+  const double ring_step = ai + (nc / N) * bi, exchange = ai + nc * bi;
+  const double fold = folds ? exchange : 0;
+  auto slowest = [&](int lo, int hi) {  // the costliest stage of lo..hi
+    double worst = 0;
+    if (lo == 0) worst = scatter;
+    if (hi == T - 1) worst = std::max(worst, gather);
+    const int ilo = std::max(lo, 1), ihi = std::min(hi, T - 2);
+    if (ilo > ihi) return worst;
+    if (ring) return std::max(worst, ring_step);
+    if (ilo == 1 || ihi == L + 2) worst = std::max(worst, fold);
+    if (std::max(ilo, 2) <= std::min(ihi, L + 1)) worst = std::max(worst, exchange);
+    return worst;
+  };
+  double total = 0;
+  for (int step = 0; step < C + T - 1; ++step)
+    total += slowest(std::max(0, step - C + 1), std::min(step, T - 1));
+  // Reduced on arrival: the fold's shard (not the unfold's) and each exchange's.
+  const double reduced_shards = L + (folds ? 1 : 0);
+  const double reductions =
+      (k - 1) * (n / m) * g + (ring ? (N - 1) * (n / m / N) * g : reduced_shards * (n / m) * g);
+  return total + reductions;
 }
 
 double AlgorithmSelector::predict_with(const CostParameters& cost, Algorithm algorithm,

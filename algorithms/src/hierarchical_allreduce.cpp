@@ -20,12 +20,19 @@
 namespace loom::algorithms {
 namespace {
 
-// Steps: 0 the intra-node reduce-scatter (each rank sends shard s to its node's local rank s;
-// the owner reduces them in local-rank order); then the inter-node phase: recursive doubling
-// (1 the fold; 2..L+1 the exchanges, node participant v ^ 2^(k-2); L+2 the unfold) or the ring
-// (1..N-1 the reduce-scatter: block v-t to node v+1, block v-t-1 from node v-1 reduced in;
-// N..2N-2 the allgather: block v+1-t sent on, block v-t received); last, the intra-node
-// allgather (owner s sends shard s to every other rank of its node).
+// Stages of one chunk: 0 the intra-node reduce-scatter (each rank sends shard s to its node's
+// local rank s; the owner reduces them in local-rank order); then the inter-node phase:
+// recursive doubling (1 the fold; 2..L+1 the exchanges, node participant v ^ 2^(k-2); L+2 the
+// unfold) or the ring (1..N-1 the reduce-scatter: block v-t to node v+1, block v-t-1 from node
+// v-1 reduced in; N..2N-2 the allgather: block v+1-t sent on, block v-t received); last, the
+// intra-node allgather (owner s sends shard s to every other rank of its node).
+//
+// The vector is cut into C chunks (hierarchical_chunks) that run the stages as a pipeline: at
+// step g chunk c runs stage g - c, so the intra-node phases of one chunk travel while another
+// crosses the inter-node link. Each step posts the active chunks' transfers in chunk order and
+// each stage's in a fixed peer order, the same on every rank, so messages between two ranks
+// match in order. Every chunk at a step is at another stage: the scratch of the inter-node
+// stages is one slot per stage.
 class HierarchicalAllreduce final : public StepWork {
  public:
   HierarchicalAllreduce(Backend& backend, const CollectiveArgs& args, std::string what)
@@ -38,13 +45,18 @@ class HierarchicalAllreduce final : public StepWork {
         _local(_topology.local_rank(rank())),
         _shards(shard_count(_topology)),
         _fold(_node, _topology.node_count()),
+        _chunks(hierarchical_chunks(_out.count() * dtype_size(_out.dtype()))),
         _ring(hierarchical_inter_ring(_topology, _out.count() * dtype_size(_out.dtype()))),
-        _last(1 + (_ring ? 2 * (_topology.node_count() - 1) : _fold.steps + 2)) {
-    const std::size_t shard_max = block_of(_out.count(), _shards, 0).count;
+        _inter(_ring ? 2 * (_topology.node_count() - 1) : _fold.steps + 2),
+        _stages(_inter + 2) {
+    const std::size_t chunk_max = block_of(_out.count(), _chunks, 0).count;
+    _shard_max = block_of(chunk_max, _shards, 0).count;
+    const int N = _topology.node_count();
+    _slot = _ring ? block_of(_shard_max, N, 0).count : _shard_max;
     const auto others = _topology.ranks_of_node(_node).size() - 1;
     if (owner()) {
-      _pieces = scratch(std::max<std::size_t>(others, 1) * shard_max, _out.dtype());
-      _incoming = scratch(shard_max, _out.dtype());
+      _pieces = scratch(std::max<std::size_t>(others, 1) * _shard_max, _out.dtype());
+      _incoming = scratch(static_cast<std::size_t>(_inter) * _slot, _out.dtype());
     }
   }
 
@@ -56,91 +68,107 @@ class HierarchicalAllreduce final : public StepWork {
 
  protected:
   bool begin_step(int step) override {
+    if (step >= _chunks + _stages - 1) return false;
+    for (int c = std::max(0, step - _stages + 1); c <= std::min(step, _chunks - 1); ++c)
+      post(c, step - c);
+    return true;
+  }
+
+  void end_step(int step) override {
+    for (int c = std::max(0, step - _stages + 1); c <= std::min(step, _chunks - 1); ++c)
+      reduce(c, step - c);
+    if (step == _chunks + _stages - 2) finish_average(_out, _op);
+  }
+
+ private:
+  // Posts chunk c's transfers of `stage`.
+  void post(int c, int stage) {
     const int L = _fold.steps;
     const int N = _topology.node_count();
     const auto node_ranks = _topology.ranks_of_node(_node);
-    if (step == 0) {
+    const Buffer in = chunk(_in, c), out = chunk(_out, c);
+    if (stage == 0) {
       for (std::size_t j = 0; j < node_ranks.size(); ++j) {
         const int peer = node_ranks[j];
         if (peer == rank()) continue;
-        if (static_cast<int>(j) < _shards) send(shard(_in, static_cast<int>(j)), peer);
-        if (owner()) recv(piece(slot_of(static_cast<int>(j))), peer);
+        if (static_cast<int>(j) < _shards) send(shard(in, static_cast<int>(j)), peer);
+        if (owner()) recv(piece(out, slot_of(static_cast<int>(j))), peer);
       }
-      return true;
+      return;
     }
-    if (step == _last) {
+    if (stage == _stages - 1) {
       for (std::size_t j = 0; j < node_ranks.size(); ++j) {
         const int peer = node_ranks[j];
         if (peer == rank()) continue;
-        if (owner()) send(shard(_out, _local), peer);
-        if (static_cast<int>(j) < _shards) recv(shard(_out, static_cast<int>(j)), peer);
+        if (owner()) send(shard(out, _local), peer);
+        if (static_cast<int>(j) < _shards) recv(shard(out, static_cast<int>(j)), peer);
       }
-      return true;
+      return;
     }
-    if (step > _last) return false;
-    if (!owner()) return true;
-    const Buffer mine = shard(_out, _local);
+    if (!owner()) return;
+    const Buffer mine = shard(out, _local);
     if (_ring) {
-      const int t = step - 1;
+      const int t = stage - 1;
       const int next = peer_on((_node + 1) % N), prev = peer_on((_node + N - 1) % N);
       if (t < N - 1) {
         send(block(mine, _node - t), next);
-        const Buffer into = block(mine, _node - t - 1);
-        recv(_incoming.slice(0, into.count()), prev);
+        recv(incoming(stage, block(mine, _node - t - 1).count()), prev);
       } else {
         const int u = t - (N - 1);
         send(block(mine, _node + 1 - u), next);
         recv(block(mine, _node - u), prev);
       }
-      return true;
+      return;
     }
-    if (step == 1) {
+    if (stage == 1) {
       if (_fold.sits_out()) send(mine, peer_on(_node + 1));
-      if (_fold.absorbs()) recv(_incoming.slice(0, mine.count()), peer_on(_node - 1));
-    } else if (step == L + 2) {
+      if (_fold.absorbs()) recv(incoming(stage, mine.count()), peer_on(_node - 1));
+    } else if (stage == L + 2) {
       if (_fold.absorbs()) send(mine, peer_on(_node - 1));
       if (_fold.sits_out()) recv(mine, peer_on(_node + 1));
     } else if (!_fold.sits_out()) {
-      const int partner = peer_on(_fold.real(_fold.newrank ^ (1 << (step - 2))));
+      const int partner = peer_on(_fold.real(_fold.newrank ^ (1 << (stage - 2))));
       send(mine, partner);
-      recv(_incoming.slice(0, mine.count()), partner);
+      recv(incoming(stage, mine.count()), partner);
     }
-    return true;
   }
 
-  void end_step(int step) override {
+  // Chunk c's local work once its transfers of `stage` completed.
+  void reduce(int c, int stage) {
     const int L = _fold.steps;
     const int N = _topology.node_count();
-    if (step == _last) {
-      finish_average(_out, _op);
-      return;
-    }
-    if (!owner()) return;
-    const Buffer mine = shard(_out, _local);
-    if (step == 0) {
+    if (stage == _stages - 1 || !owner()) return;
+    const Buffer out = chunk(_out, c);
+    const Buffer mine = shard(out, _local);
+    if (stage == 0) {
       // out = in (op) the node's other ranks' pieces, in local-rank order.
+      const Buffer own = shard(chunk(_in, c), _local);
       const auto others = static_cast<int>(_topology.ranks_of_node(_node).size()) - 1;
       if (others == 0) {
-        copy(mine, shard(_in, _local));
+        copy(mine, own);
         return;
       }
-      combine(mine, shard(_in, _local), piece(0), _op);
-      for (int k = 1; k < others; ++k) combine(mine, piece(k), _op);
+      combine(mine, own, piece(out, 0), _op);
+      for (int k = 1; k < others; ++k) combine(mine, piece(out, k), _op);
     } else if (_ring) {
-      if (step - 1 < N - 1) {
-        const Buffer into = block(mine, _node - step);
-        combine(into, _incoming.slice(0, into.count()), _op);
+      if (stage - 1 < N - 1) {
+        const Buffer into = block(mine, _node - stage);
+        combine(into, incoming(stage, into.count()), _op);
       }
-    } else if (step == 1 ? _fold.absorbs() : (step <= L + 1 && !_fold.sits_out())) {
-      combine(mine, _incoming.slice(0, mine.count()), _op);
+    } else if (stage == 1 ? _fold.absorbs() : (stage <= L + 1 && !_fold.sits_out())) {
+      combine(mine, incoming(stage, mine.count()), _op);
     }
   }
 
- private:
   bool owner() const { return _local < _shards; }
-  Buffer shard(Buffer whole, int s) const {
-    const Range r = block_of(whole.count(), _shards, s);
+  Buffer chunk(Buffer whole, int c) const {
+    const Range r = block_of(whole.count(), _chunks, c);
     return whole.slice(r.offset, r.count);
+  }
+  // Shard s of a chunk.
+  Buffer shard(Buffer part, int s) const {
+    const Range r = block_of(part.count(), _shards, s);
+    return part.slice(r.offset, r.count);
   }
   // Block b (taken modulo the node count) of a shard, for the inter-node ring.
   Buffer block(Buffer shard_buffer, int b) const {
@@ -150,10 +178,13 @@ class HierarchicalAllreduce final : public StepWork {
   }
   // The scratch slot of local rank j's piece (the owner's own local index has none).
   int slot_of(int j) const { return j < _local ? j : j - 1; }
-  Buffer piece(int slot) const {
-    const std::size_t n = shard(_out, _local).count();
-    const std::size_t stride = block_of(_out.count(), _shards, 0).count;
-    return _pieces.slice(static_cast<std::size_t>(slot) * stride, n);
+  // Local rank slot's piece of this owner's shard of the chunk `out` belongs to.
+  Buffer piece(Buffer out, int slot) const {
+    return _pieces.slice(static_cast<std::size_t>(slot) * _shard_max, shard(out, _local).count());
+  }
+  // What an inter-node stage receives into before reducing it.
+  Buffer incoming(int stage, std::size_t count) const {
+    return _incoming.slice(static_cast<std::size_t>(stage - 1) * _slot, count);
   }
   // The rank with this rank's local index on `node`.
   int peer_on(int node) const { return _topology.ranks_of_node(node)[_local]; }
@@ -166,8 +197,12 @@ class HierarchicalAllreduce final : public StepWork {
   int _local;
   int _shards;
   Fold _fold;
-  bool _ring;  // the inter-node phase is a ring (else recursive doubling)
-  int _last;   // the intra-node allgather's step
+  int _chunks;  // pipelined pieces of the vector
+  bool _ring;   // the inter-node phase is a ring (else recursive doubling)
+  int _inter;   // inter-node stages
+  int _stages;  // stages of a chunk: the intra-node reduce-scatter, _inter, the allgather
+  std::size_t _shard_max = 0;
+  std::size_t _slot = 0;  // elements of an inter-node stage's scratch
   Buffer _pieces;
   Buffer _incoming;
 };
@@ -186,6 +221,11 @@ std::unique_ptr<ChannelWork> hierarchical_allreduce(Backend& b, const Collective
 }  // namespace loom::algorithms
 
 namespace loom {
+
+int hierarchical_chunks(std::size_t bytes) {
+  return static_cast<int>(
+      std::clamp<std::size_t>(bytes / hierarchical_chunk_bytes, 1, hierarchical_max_chunks));
+}
 
 bool hierarchical_inter_ring(const Topology& topology, std::size_t bytes) {
   const int nodes = topology.node_count();

@@ -195,33 +195,46 @@ void tree_broadcast(Replay& r, int p, double n) {
   }
 }
 
-// Recursive doubling among `nodes` node-level participants with the fold: `owners(a, b)` the
-// messages node a sends node b in one exchange, each reduced (`reduced` bytes) on arrival.
+// One step of a pipelined algorithm's chunk: what it sends and what the busiest rank then
+// reduces.
+struct Stage {
+  std::vector<Message> messages;
+  double reduced = 0;
+};
+
+// Recursive doubling among `nodes` node-level participants with the fold, as stages (the fold
+// and the unfold always: empty without a remainder, as hierarchical_allreduce.cpp runs them):
+// `owners(a, b)` the messages node a sends node b in one exchange, each reduced (`reduced`
+// bytes) on arrival.
 template <typename Owners>
-void fold_and_exchange(Replay& r, int nodes, const Owners& owners, double reduced) {
+void fold_and_exchange(std::vector<Stage>& stages, int nodes, const Owners& owners,
+                       double reduced) {
   const Fold f(nodes);
-  auto nodes_step = [&](const std::vector<std::pair<int, int>>& pairs, double reduce) {
-    std::vector<Message> msgs;
+  auto nodes_stage = [&](const std::vector<std::pair<int, int>>& pairs, double reduce) {
+    Stage stage;
     for (auto [a, b] : pairs)
-      for (const Message& x : owners(a, b)) msgs.push_back(x);
-    r.step(msgs, reduce);
+      for (const Message& x : owners(a, b)) stage.messages.push_back(x);
+    stage.reduced = pairs.empty() ? 0 : reduce;
+    stages.push_back(std::move(stage));
   };
   std::vector<std::pair<int, int>> pairs;
   for (int v = 0; v < 2 * f.rem; v += 2) pairs.push_back({v, v + 1});
-  if (f.rem) nodes_step(pairs, reduced);
+  nodes_stage(pairs, reduced);
   for (int k = 0; k < f.steps; ++k) {
     std::vector<std::pair<int, int>> x;
     for (int v = 0; v < f.p2; ++v) x.push_back({f.real(v), f.real(v ^ (1 << k))});
-    nodes_step(x, reduced);
+    nodes_stage(x, reduced);
   }
   for (auto& [a, b] : pairs) std::swap(a, b);
-  if (f.rem) nodes_step(pairs, 0);
+  nodes_stage(pairs, 0);
 }
 
 // hierarchical_allreduce.cpp: node-local reduce-scatter into m shards (m the fewest ranks any
 // node holds; local ranks 0..m-1 own one each), between the nodes' owners of the same index a
 // ring of each shard (hierarchical_inter_ring) or the fold and recursive doubling, the
-// node-local allgather.
+// node-local allgather; the vector in hierarchical_chunks pipelined chunks, chunk c at stage
+// g - c in step g, so that a step carries one chunk's intra-node messages beside another's
+// inter-node ones and lasts as long as the busier of the link and the memory.
 void hierarchical_allreduce(Replay& r, const Topology& t, double n) {
   const int nodes = t.node_count();
   std::size_t fewest = t.ranks_of_node(0).size(), most = fewest;
@@ -230,14 +243,15 @@ void hierarchical_allreduce(Replay& r, const Topology& t, double n) {
     most = std::max(most, t.ranks_of_node(node).size());
   }
   const int m = static_cast<int>(fewest);
-  const double shard = n / m;
-  std::vector<Message> inside;
+  const int chunks = hierarchical_chunks(static_cast<std::size_t>(n));
+  const double shard = n / chunks / m;
+  std::vector<Stage> stages(1);
   for (int node = 0; node < nodes; ++node) {
     const auto ranks = t.ranks_of_node(node);
     for (int from : ranks)
-      for (int j = 0; j < m; ++j) inside.push_back({from, ranks[j], shard});
+      for (int j = 0; j < m; ++j) stages[0].messages.push_back({from, ranks[j], shard});
   }
-  r.step(inside, static_cast<double>(most - 1) * shard);
+  stages[0].reduced = static_cast<double>(most - 1) * shard;
   auto owners = [&](int node_from, int node_to, double bytes) {
     std::vector<Message> msgs;
     for (int s = 0; s < m; ++s)
@@ -249,24 +263,34 @@ void hierarchical_allreduce(Replay& r, const Topology& t, double n) {
     // the first N - 1 steps (the reduce-scatter), copied in the next N - 1 (the allgather).
     const double block = shard / nodes;
     for (int s = 0; s < 2 * (nodes - 1); ++s) {
-      std::vector<Message> msgs;
+      Stage stage;
       for (int v = 0; v < nodes; ++v)
-        for (const Message& x : owners(v, (v + 1) % nodes, block)) msgs.push_back(x);
-      r.step(msgs, s < nodes - 1 ? block : 0);
+        for (const Message& x : owners(v, (v + 1) % nodes, block)) stage.messages.push_back(x);
+      stage.reduced = s < nodes - 1 ? block : 0;
+      stages.push_back(std::move(stage));
     }
   } else {
     // Between nodes: node-level fold and exchanges, every shard's owners at once.
     fold_and_exchange(
-        r, nodes, [&](int a, int b) { return owners(a, b, shard); }, shard);
+        stages, nodes, [&](int a, int b) { return owners(a, b, shard); }, shard);
   }
-  std::vector<Message> back;
-
+  Stage back;
   for (int node = 0; node < nodes; ++node) {
     const auto ranks = t.ranks_of_node(node);
     for (int j = 0; j < m; ++j)
-      for (int to : ranks) back.push_back({ranks[j], to, shard});
+      for (int to : ranks) back.messages.push_back({ranks[j], to, shard});
   }
-  r.step(back, 0);
+  stages.push_back(std::move(back));
+  const int count = static_cast<int>(stages.size());
+  for (int g = 0; g < chunks + count - 1; ++g) {
+    std::vector<Message> messages;
+    double reduced = 0;
+    for (int s = std::max(0, g - chunks + 1); s <= std::min(g, count - 1); ++s) {
+      messages.insert(messages.end(), stages[s].messages.begin(), stages[s].messages.end());
+      reduced += stages[s].reduced;
+    }
+    r.step(messages, reduced);
+  }
 }
 
 // The leaders' ring of hierarchical allgather and reduce_scatter: N - 1 steps, leader v sending

@@ -5,9 +5,13 @@
 
 #include <mutex>
 #include <numeric>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "backends/collective_checks.hpp"
 #include "backends/forced_algorithm_backend.hpp"
+#include "loom/algorithm.hpp"
 #include "loom/error.hpp"
 #include "loom/local.hpp"
 
@@ -108,6 +112,36 @@ INSTANTIATE_TEST_SUITE_P(Layouts, HierarchicalLayouts,
                            for (int id : info.param) name += std::to_string(id);
                            return name;
                          });
+
+// Hierarchical allreduce pipelines vectors of 2 MiB and more in chunks (hierarchical_chunks):
+// 2 and 5 chunks of odd sizes, every reduce op, in and out of place, on even, uneven,
+// interleaved and 5-node layouts (recursive doubling and the ring between nodes).
+TEST(Algorithms, HierarchicalAllreducePipelinesLargeVectorsInChunks) {
+  ASSERT_EQ(hierarchical_chunks(600001 * 4), 2);
+  ASSERT_EQ(hierarchical_chunks(700001 * 8), 5);
+  for (const std::vector<int>& ids :
+       {std::vector<int>{0, 0, 1, 1}, std::vector<int>{0, 1, 0, 1, 1},
+        std::vector<int>{0, 0, 1, 1, 1, 2, 2, 2, 2}, std::vector<int>{0, 0, 1, 2, 3, 4}}) {
+    const Topology topology = Topology::from_node_ids(ids);
+    for (const auto& [dtype, count] : {std::pair{DType::float32, std::size_t{600001}},
+                                       std::pair{DType::int64, std::size_t{700001}}})
+      for (const auto& c : testing::cases_for(Collective::allreduce, dtype, {count})) {
+        std::mutex mutex;
+        std::vector<std::string> failures;
+        LocalWorld::run(topology, [&](Backend& inner) {
+          testing::ForcedAlgorithmBackend forced(inner, Algorithm::hierarchical);
+          std::string result = testing::check(forced, c);
+          if (result.empty() && forced.last_algorithm() != Algorithm::hierarchical)
+            result = testing::describe(c) + ": hierarchical did not run";
+          if (!result.empty()) {
+            std::lock_guard lock(mutex);
+            failures.push_back(topology.describe() + ": " + result);
+          }
+        });
+        ASSERT_TRUE(failures.empty()) << failures.front();
+      }
+  }
+}
 
 TEST(Algorithms, HierarchicalCannotRunOnOneNodeOrOneRankPerNode) {
   std::vector<float> v(8);

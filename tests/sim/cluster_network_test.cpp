@@ -30,8 +30,9 @@ TEST(ClusterNetwork, HierarchicalAtTwoByTwoMovesTheLinkBound) {
   EXPECT_DOUBLE_EQ(h.link_bytes, 64 * MiB);
   EXPECT_NEAR(h.seconds, 64 * MiB / 125e6, 1e-9);
   EXPECT_NEAR(allreduce_link_bound(c, size), 64 * MiB / 125e6, 1e-12);
-  // Reduce-scatter, one exchange, allgather.
-  EXPECT_EQ(h.steps, 3);
+  // 16 pipelined chunks of 4 MiB through 5 stages (reduce-scatter, the fold and unfold, empty
+  // at 2 nodes, one exchange, allgather): 16 + 4 steps.
+  EXPECT_EQ(h.steps, 20);
   // In the node: 32 MiB each way in the reduce-scatter and in the allgather.
   EXPECT_DOUBLE_EQ(h.memory_bytes, 128 * MiB);
 }
@@ -83,8 +84,8 @@ TEST(ClusterNetwork, UnevenPlacementRunsTheLeaderVariant) {
   const ClusterNetwork c = link_only(1, 1).on(Topology::from_node_ids(nodes));
   const ClusterCost h = cluster_cost(c, Algorithm::hierarchical, Collective::allreduce, size);
   // Gather to the leader, a ring of the 3 leaders (2 reduce-scatter and 2 allgather steps of
-  // a third of the vector: hierarchical_inter_ring), broadcast.
-  EXPECT_EQ(h.steps, 6);
+  // a third of the vector: hierarchical_inter_ring), broadcast: 6 stages, 16 chunks pipelined.
+  EXPECT_EQ(h.steps, 16 + 5);
   EXPECT_DOUBLE_EQ(h.link_bytes, 4 * 64 * MiB / 3);
   // Node 2's leader takes 2 pieces of the whole vector and sends it to 2 ranks.
   EXPECT_DOUBLE_EQ(h.memory_bytes, 4 * 64 * MiB);
@@ -199,7 +200,7 @@ TEST(NetworkModelTwoLevel, ChoosesPerSizeAndScale) {
   const ClusterCost hierarchical =
       cluster_cost(at_scale, Algorithm::hierarchical, Collective::allreduce, size);
   EXPECT_DOUBLE_EQ(hierarchical.link_bytes, 2.0 * 127 / 128 * 64 * MiB);
-  EXPECT_EQ(hierarchical.steps, 2 + 2 * 127);
+  EXPECT_EQ(hierarchical.steps, 16 + 1 + 2 * 127);  // 16 chunks through 2 + 254 stages
   EXPECT_LT(hierarchical.seconds,
             cluster_cost(at_scale, Algorithm::ring, Collective::allreduce, size).seconds);
   EXPECT_EQ(net.collective(Collective::allreduce, size, 512).algorithm, Algorithm::hierarchical);
@@ -222,9 +223,10 @@ TEST(NetworkModelTwoLevel, SimulatesAStepOnTheCluster) {
       cluster_cost(net.cluster_at(4), Algorithm::hierarchical, Collective::allreduce, size).seconds;
   EXPECT_EQ(r.nodes[1].algorithm, "hierarchical");
   EXPECT_NEAR(r.step_s, 10e-3 + h, 1e-9);
-  // 64 MiB / 125 MB/s across; inside, 32 MiB each way in the reduce-scatter and the allgather
-  // through the node's one memory at 5 GB/s.
-  EXPECT_NEAR(h, 64 * MiB / 125e6 + 2 * 64 * MiB / 5e9, 1e-9);
+  // 64 MiB / 125 MB/s across, 16 chunks of 4 MiB pipelined: each chunk's reduce-scatter and
+  // allgather (2 MiB each way through the node's one memory at 5 GB/s) run beside another
+  // chunk's exchange, except the two steps before the first exchange and the two after the last.
+  EXPECT_NEAR(h, 64 * MiB / 125e6 + 4 * (4 * MiB / 5e9), 1e-9);
 }
 
 }  // namespace

@@ -42,12 +42,21 @@ std::span<const Algorithm> candidates(Collective collective) noexcept;
 /// power-of-two rank count", "buffers on a device"), or "" when it can. native always can.
 std::string cannot_run(Algorithm algorithm, const CollectiveArgs& args, const Backend& backend);
 
+/// @brief How many chunks hierarchical allreduce pipelines `bytes` in: one per
+/// hierarchical_chunk_bytes, 1 to hierarchical_max_chunks. Chunk c runs stage s (intra-node
+/// reduce-scatter, each inter-node step, intra-node allgather) at step c + s, so one chunk's
+/// intra-node phases travel while another crosses the inter-node link.
+int hierarchical_chunks(std::size_t bytes);
+inline constexpr std::size_t hierarchical_chunk_bytes = std::size_t{1} << 20;
+inline constexpr std::size_t hierarchical_max_chunks = 16;
+
 /// @brief Whether hierarchical allreduce of `bytes` on `topology` runs its inter-node phase as
 /// a ring (each shard cut into one block per node: 2(N-1) steps, a node's link carrying
 /// 2(N-1)/N of the vector) rather than recursive doubling (log2 N exchanges plus the fold's
-/// two, the whole vector each): on 3 nodes or more when every block holds at least
-/// hierarchical_ring_block_bytes, where bandwidth outweighs the ring's extra steps. The
-/// selector's model and the step simulator follow the same rule.
+/// two, the whole vector each): on 3 nodes or more when the vector's blocks (before it is cut
+/// into pipelined chunks, whose steps overlap) hold at least hierarchical_ring_block_bytes,
+/// where bandwidth outweighs the ring's extra steps. The selector's model and the step
+/// simulator follow the same rule.
 bool hierarchical_inter_ring(const Topology& topology, std::size_t bytes);
 inline constexpr std::size_t hierarchical_ring_block_bytes = std::size_t{64} << 10;
 
