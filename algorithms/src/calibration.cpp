@@ -240,8 +240,12 @@ CalibrationKey key_from_hosts(Backend& backend, const std::vector<std::int64_t>&
   // Rank 0's view, broadcast: the ranks' environments may differ in OMPI_MCA_btl.
   const std::string transport =
       broadcast_text(backend, one_host && btl_allows_shared_memory() ? "shm" : "tcp");
-  CalibrationKey key{broadcast_text(backend, host_name()), std::string(backend.name()),
-                     backend.world_size(), transport, collective};
+  CalibrationKey key;
+  key.host = broadcast_text(backend, host_name());
+  key.backend = std::string(backend.name());
+  key.world = backend.world_size();
+  key.transport = transport;
+  key.collective = collective;
   key.nodes = nodes_key(backend.topology());
   // Rank 0's LOOM_LINK, kept to characters that are safe in a file name.
   std::string link;

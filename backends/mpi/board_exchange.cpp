@@ -18,6 +18,7 @@ struct WireSlot {
   std::int64_t last_completed;
   std::int64_t failed_seq;
   std::uint64_t failures;
+  double quiet_s;  // seconds since its last heartbeat, on its host (-1: none)
   char failure[256];
 };
 
@@ -88,6 +89,7 @@ void BoardExchange::receive(std::int64_t seq, std::vector<bool>& fresh) {
       p.failures = w.failures;
       p.drained = (w.flags & 1) != 0;
       p.consequence = (w.flags & 2) != 0;
+      p.quiet_s = w.quiet_s;
       w.failure[sizeof w.failure - 1] = '\0';
       p.failure = w.failure;
       _said[static_cast<std::size_t>(w.rank)] = std::move(p);
@@ -120,6 +122,7 @@ std::vector<std::optional<RankBoard::Peer>> BoardExchange::ask(std::int64_t seq)
       w.last_completed = p.last_completed;
       w.failed_seq = p.failed_seq;
       w.failures = p.failures;
+      w.quiet_s = p.quiet_s;
       std::strncpy(w.failure, p.failure.c_str(), sizeof w.failure - 1);
       std::memcpy(buffer.data() + sizeof header + sizeof w * k, &w, sizeof w);
     }

@@ -7,11 +7,14 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <condition_variable>
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <optional>
+#include <stop_token>
 #include <string>
 #include <thread>
 #include <utility>
@@ -155,7 +158,9 @@ class RequestWork final : public Work {
 // (MPI_Win_allocate_shared on an MPI_COMM_TYPE_SHARED split): each rank's RankSlot is written
 // with plain atomic stores and read by its host peers with plain loads, so a peer that is
 // stopped, dead or stuck in a call still says how far it got. Ranks on other hosts are not
-// visible (their slots are null): a timeout message names them as such.
+// visible (their slots are null): a timeout message names them as such. A thread of its own beats
+// this rank's heartbeat every 100 ms whatever the rank's other threads do (inside a blocking
+// MPI call too), so its peers tell a stopped or frozen process from one waiting in a collective.
 class SharedBoard {
  public:
   explicit SharedBoard(MPI_Comm world) {
@@ -201,9 +206,21 @@ class SharedBoard {
           world_ranks[k] >= 0 && world_ranks[k] < world_size)
         _slots[static_cast<std::size_t>(world_ranks[k])] = static_cast<RankSlot*>(slot);
     }
+    if (RankSlot* mine = _slots[static_cast<std::size_t>(world_rank)])
+      _heartbeat = std::jthread([mine](std::stop_token stop) {
+        std::mutex mutex;
+        std::condition_variable_any wake;
+        std::unique_lock lock(mutex);
+        // wait_for returns the predicate's value (false) on a stop too: the loop tests the stop.
+        while (!stop.stop_requested()) {
+          RankBoard::beat(*mine);
+          wake.wait_for(lock, stop, std::chrono::milliseconds(100), [] { return false; });
+        }
+      });
   }
   // Freeing the window is collective, and a peer may be stopped or dead: it is freed just
-  // before MPI_Finalize (registered when it was made), never here.
+  // before MPI_Finalize (registered when it was made), never here. The heartbeat thread stops
+  // at once (jthread: request_stop, then join).
   ~SharedBoard() = default;
   SharedBoard(const SharedBoard&) = delete;
   SharedBoard& operator=(const SharedBoard&) = delete;
@@ -214,6 +231,7 @@ class SharedBoard {
   MPI_Comm _host = MPI_COMM_NULL;
   MPI_Win _window = MPI_WIN_NULL;
   std::vector<RankSlot*> _slots;
+  std::jthread _heartbeat;
 };
 
 class MpiBackend final : public Backend {

@@ -2,11 +2,22 @@
 #include "loom/rank_board.hpp"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 
 #include "loom/flight_recorder.hpp"
 
 namespace loom {
+namespace {
+
+std::int64_t steady_ns() noexcept {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
 
 RankBoard::RankBoard(int rank, std::vector<RankSlot*> slots)
     : _rank(rank),
@@ -23,6 +34,11 @@ void RankBoard::completed(std::int64_t seq) noexcept {
   const auto value = static_cast<std::uint64_t>(seq + 1);
   if (_mine->completed.load(std::memory_order_relaxed) < value)
     _mine->completed.store(value, std::memory_order_release);
+}
+
+void RankBoard::beat(RankSlot& slot) noexcept {
+  // max(1, ...): 0 means "never beats"
+  slot.alive_ns.store(std::max<std::int64_t>(1, steady_ns()), std::memory_order_relaxed);
 }
 
 void RankBoard::publish_failure(std::string_view message, std::int64_t next_seq, bool drained,
@@ -49,6 +65,8 @@ RankBoard::Peer RankBoard::read(int r) const {
   p.failures = s.failures.load(std::memory_order_acquire);
   p.last_started = static_cast<std::int64_t>(s.started.load(std::memory_order_acquire)) - 1;
   p.last_completed = static_cast<std::int64_t>(s.completed.load(std::memory_order_acquire)) - 1;
+  if (const std::int64_t alive = s.alive_ns.load(std::memory_order_relaxed); alive != 0)
+    p.quiet_s = std::max(0.0, static_cast<double>(steady_ns() - alive) * 1e-9);
   if (p.failures != 0) {
     p.failed_seq = s.failed_seq.load(std::memory_order_relaxed);
     const std::uint64_t flags = s.drained.load(std::memory_order_relaxed);
@@ -88,7 +106,9 @@ void RankBoard::set_remote(std::vector<std::string> host_of_rank, RemoteQuery as
 std::string RankBoard::who_is_missing(std::int64_t seq, const FlightRecorder& recorder,
                                       int* failed_rank) const {
   if (failed_rank) *failed_rank = -1;
-  std::string missing, unknown, late;
+  std::string missing, unknown;
+  std::vector<int> silent_late, live_late;  // started it, not completed: heartbeat stale / not
+  double quiet_for = -1;  // the least quiet of silent_late: none of them beat for this long
   std::vector<std::optional<Peer>> remote;  // what the other hosts said, asked once
   bool asked = false;
   // The ranks of each host that did not answer, in order of first appearance.
@@ -127,9 +147,14 @@ std::string RankBoard::who_is_missing(std::int64_t seq, const FlightRecorder& re
       continue;
     }
     if (p.last_started >= seq) {
-      if (p.last_completed < seq)
-        late += (late.empty() ? "" : ", ") + std::to_string(r) +
-                (host(r).empty() || host(r) == host(_rank) ? "" : " on host " + host(r));
+      if (p.last_completed < seq) {
+        if (p.quiet_s >= silent_after_s) {
+          silent_late.push_back(r);
+          quiet_for = quiet_for < 0 ? p.quiet_s : std::min(quiet_for, p.quiet_s);
+        } else {
+          live_late.push_back(r);
+        }
+      }
       continue;
     }
     if (!missing.empty()) missing += "; ";
@@ -153,12 +178,46 @@ std::string RankBoard::who_is_missing(std::int64_t seq, const FlightRecorder& re
     text += (several ? "ranks " : "rank ") + ranks + " on " + where + (several ? " are" : " is") +
             " missing: no rank of " + where + " answered (the node is down, stopped or cut off)";
   }
-  if (text.empty())
-    text = late.empty() ? std::string("every rank this process can see started it")
-                        : (late.find(',') == std::string::npos
-                               ? "rank " + late + " started it but has not completed it"
-                               : "ranks " + late + " started it but have not completed it") +
-                              " (stopped or stuck inside it)";
+  // "rank 1, ranks 2, 3 on host b": the ranks grouped by host, in order of first appearance.
+  auto by_host = [&](const std::vector<int>& ranks) {
+    std::vector<std::pair<std::string, std::vector<int>>> groups;
+    for (int r : ranks) {
+      const std::string h = host(r).empty() || host(r) == host(_rank) ? "" : host(r);
+      auto it =
+          std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == h; });
+      if (it == groups.end()) it = groups.insert(groups.end(), {h, {}});
+      it->second.push_back(r);
+    }
+    std::string out;
+    for (const auto& [h, members] : groups) {
+      if (!out.empty()) out += ", ";
+      out += members.size() > 1 ? "ranks " : "rank ";
+      for (std::size_t k = 0; k < members.size(); ++k)
+        out += (k ? ", " : "") + std::to_string(members[k]);
+      if (!h.empty()) out += " on host " + h;
+    }
+    return out;
+  };
+  if (text.empty()) {
+    if (!silent_late.empty()) {
+      char quiet[32];
+      std::snprintf(quiet, sizeof quiet, "%.1f", quiet_for);
+      const bool one = silent_late.size() == 1;
+      text = by_host(silent_late) + " started it but " +
+             (one ? "its process has" : "their processes have") + " shown no sign of life for " +
+             quiet + " s (stopped or frozen)";
+      if (!live_late.empty())
+        text += "; " + by_host(live_late) + " started it and " +
+                (live_late.size() == 1 ? "is" : "are") + " alive, waiting inside it";
+    } else if (!live_late.empty()) {
+      text = by_host(live_late) +
+             (live_late.size() == 1 ? " started it but has not completed it"
+                                    : " started it but have not completed it") +
+             " (stopped or stuck inside it)";
+    } else {
+      text = "every rank this process can see started it";
+    }
+  }
   if (!unknown.empty())
     text += "; rank " + unknown +
             " on another host: not visible from here (their own errors or flight records say "

@@ -3,7 +3,16 @@
 // Prints "loom-node-failure: rank R ready (pid P)" once 5 runs completed, and on the failure
 // "loom-node-failure: rank R error at <wall-clock s>: [loom:<code>] <message>"; exits 3 on a
 // loom::Error, 5 when 60 s passed without one, 4 on anything else.
+// With the argument `inside`, the last rank stops itself (SIGSTOP) inside the allreduce of run 8:
+// there every other rank holds its allreduce back 1 s in a compute node before it, while the last
+// rank issues it at once and stops 200 ms later from a compute node beside it, so it has started
+// the collective and cannot complete it. It prints "loom-node-failure: rank R stops inside
+// collective at <wall-clock s> (pid P)" first.
+#include <signal.h>
 #include <unistd.h>
+
+#include <atomic>
+#include <cstring>
 
 #include <chrono>
 #include <cstdio>
@@ -31,19 +40,38 @@ std::string one_line(std::string text) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  const bool inside = argc > 1 && std::strcmp(argv[1], "inside") == 0;
   int rank = -1;
   try {
     auto backend = loom::create_backend("mpi");
     rank = backend->rank();
     const int world = backend->world_size();
     std::vector<float> send(4096), recv(4096);
+    std::atomic<long> current_run{0};
+    constexpr long stop_run = 8;
+    const bool last = rank == world - 1;
     loom::Graph graph;
-    graph.allreduce("node_failure.allreduce", loom::Buffer::of(std::span(send)),
-                    loom::Buffer::of(std::span(recv)));
+    auto allreduce = graph.allreduce("node_failure.allreduce", loom::Buffer::of(std::span(send)),
+                                     loom::Buffer::of(std::span(recv)));
+    if (inside) {
+      auto hold = graph.compute("node_failure.hold", [&] {
+        if (current_run == stop_run && !last) std::this_thread::sleep_for(std::chrono::seconds(1));
+      });
+      hold.precede(allreduce);
+      graph.compute("node_failure.stopper", [&] {
+        if (current_run != stop_run || !last) return;
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        std::printf("loom-node-failure: rank %d stops inside collective at %.3f (pid %d)\n", rank,
+                    wall_s(), static_cast<int>(getpid()));
+        std::fflush(stdout);
+        raise(SIGSTOP);
+      });
+    }
     loom::Executor executor(graph, *backend);  // its timeout: LOOM_TIMEOUT_S
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     for (long run = 0; std::chrono::steady_clock::now() < until; ++run) {
+      current_run = run;
       for (std::size_t i = 0; i < send.size(); ++i)
         send[i] = static_cast<float>((rank + 1) * (i % 7 + run % 3));
       executor.run();

@@ -195,6 +195,54 @@ TEST(RankBoard, NamesTheRanksOfOtherHostsAsTheirHostsAnswered) {
   EXPECT_NE(r1.who_is_missing(57, recorder).find("rank 5 on host c is missing"), std::string::npos);
 }
 
+TEST(RankBoard, AStartedRankWithoutAHeartbeatIsNamedApartFromTheLiveOnes) {
+  // Ranks 0-2 on host a (visible), 3-5 on host b (answered). Every rank started #57 and none
+  // completed it: rank 2's process last beat 3 s ago (stopped), rank 5's 2.5 s ago as its host
+  // saw it; the others beat just now.
+  std::vector<RankSlot> slots(3);
+  std::vector<RankSlot*> pointers{&slots[0], &slots[1], &slots[2], nullptr, nullptr, nullptr};
+  RankBoard r0(0, pointers), r1(1, pointers), r2(2, pointers);
+  FlightRecorder recorder(16);
+  for (int k = 0; k < 58; ++k) recorder.record(collective("bucket" + std::to_string(k)));
+  for (RankBoard* board : {&r0, &r1, &r2}) {
+    board->started(57);
+    board->beat();
+  }
+  // Without a remote: rank 2 beat a moment ago, so nobody is named silent yet.
+  std::string text = r0.who_is_missing(57, recorder);
+  EXPECT_NE(text.find("ranks 1, 2 started it but have not completed it"), std::string::npos)
+      << text;
+  const std::int64_t now = slots[2].alive_ns.load();
+  slots[2].alive_ns.store(now - 3'000'000'000);
+  r0.set_remote({"a", "a", "a", "b", "b", "b"}, [](std::int64_t) {
+    std::vector<std::optional<RankBoard::Peer>> said(6);
+    for (int r : {3, 4, 5})
+      said[r] = RankBoard::Peer{.visible = true,
+                                .last_started = 57,
+                                .last_completed = 56,
+                                .quiet_s = r == 5 ? 2.5 : 0.01};
+    return said;
+  });
+  text = r0.who_is_missing(57, recorder);
+  // The least quiet of the silent ones bounds the claim: neither beat for 2.5 s.
+  EXPECT_NE(text.find("rank 2, rank 5 on host b started it but their processes have shown no "
+                      "sign of life for 2.5 s (stopped or frozen); rank 1, ranks 3, 4 on host b "
+                      "started it and are alive, waiting inside it"),
+            std::string::npos)
+      << text;
+  // A board that never beats (another backend's) makes no claim about liveness.
+  std::vector<RankSlot> quiet(2);
+  std::vector<RankSlot*> quiet_pointers{&quiet[0], &quiet[1]};
+  RankBoard q0(0, quiet_pointers), q1(1, quiet_pointers);
+  q0.started(3);
+  q1.started(3);
+  EXPECT_EQ(q0.read(1).quiet_s, -1);
+  text = q0.who_is_missing(3, recorder);
+  EXPECT_NE(text.find("rank 1 started it but has not completed it (stopped or stuck inside it)"),
+            std::string::npos)
+      << text;
+}
+
 TEST(RankBoard, ARunIsStaleOnlyWhenAPeerDrainedOneOfItsCollectives) {
   std::vector<RankSlot> slots(2);
   std::vector<RankSlot*> pointers{&slots[0], &slots[1]};

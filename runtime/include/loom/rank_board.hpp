@@ -27,6 +27,8 @@ struct RankSlot {
   std::atomic<std::uint64_t> drained;    ///< bit 0: it issued the rest of that run's collectives;
                                          ///< bit 1: the failure is a consequence (a timeout)
   std::atomic<std::uint64_t> text[32];   ///< the failure's message (255 characters)
+  std::atomic<std::int64_t> alive_ns;    ///< steady_clock (CLOCK_MONOTONIC, one per host) ns
+                                         ///< of the process's last heartbeat (0: it has none)
 };
 
 /// @brief This rank's view of the board.
@@ -45,6 +47,18 @@ class RankBoard {
   }
   void completed(std::int64_t seq) noexcept;
 
+  /// @brief This rank's process is alive now: a heartbeat (one clock read and one store), from
+  /// a thread that runs whatever the rank's other threads do (the MPI backend's board beats
+  /// every 100 ms), so that a peer tells a stopped or frozen process from one waiting inside a
+  /// collective. A board that never beats says nothing about liveness.
+  void beat() noexcept {
+    if (_mine) beat(*_mine);
+  }
+  static void beat(RankSlot& slot) noexcept;
+
+  /// @brief A rank whose last heartbeat is older than this is named as stopped or frozen.
+  static constexpr double silent_after_s = 1.0;
+
   /// @brief Publishes a failure of this rank: its message, the first collective it had not
   /// issued (`next_seq`), and whether it will issue the rest of the run (drain) so that its
   /// peers' collectives complete with its stale data.
@@ -62,6 +76,7 @@ class RankBoard {
     std::int64_t failed_seq = -1;
     bool drained = false;
     bool consequence = false;  ///< the failure follows another rank's (it timed out too)
+    double quiet_s = -1;       ///< seconds since its last heartbeat, read on its host (-1: none)
     std::string failure;       ///< the latest failure's message
   };
   Peer read(int r) const;
@@ -87,10 +102,13 @@ class RankBoard {
 
   /// @brief Why collective `seq` has not completed here, for a timeout message: "rank 2 did
   /// not arrive (last started #56 'bucket2.allreduce')", the failure of a missing rank that
-  /// published one, or that every rank started it; with set_remote, ranks on other hosts as
-  /// their hosts answered, each missing one with its host ("rank 2 on host b did not arrive"),
-  /// and the ranks of a host that did not answer named with it ("ranks 2, 3 on host b: no rank
-  /// of host b answered"). `failed_rank` gets a missing rank that published a failure (else -1).
+  /// published one, or, where every rank started it, those that have not completed it: first
+  /// any whose heartbeat is older than silent_after_s ("rank 5 started it but its process has
+  /// shown no sign of life for 4.0 s (stopped or frozen)"), then the live ones; with set_remote,
+  /// ranks on other hosts as their hosts answered, each missing one with its host ("rank 2 on host
+  /// b did not arrive"), and the ranks of a host that did not answer named with it ("ranks 2, 3 on
+  /// host b: no rank of host b answered"). `failed_rank` gets a missing rank that published a
+  /// failure (else -1).
   std::string who_is_missing(std::int64_t seq, const FlightRecorder& recorder,
                              int* failed_rank = nullptr) const;
 
