@@ -8,10 +8,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <numeric>
 #include <optional>
+#include <span>
+#include <string>
+#include <string_view>
 
 #include "loom/error.hpp"
 #include "loom/step_planner.hpp"
@@ -601,42 +605,67 @@ std::vector<ReducerPrediction> rank_plans(const GradientReducer& reducer,
   return out;
 }
 
-AutomaticPlan plan_automatically(GradientReducer& reducer, std::span<const ReducerStepRecord> steps,
-                                 const PlanSearchSpace& space) {
-  if (reducer.in_step()) invalid("plan_automatically: a step is in progress (finish() it first)");
+namespace {
+
+// What rank 0 predicts from the profiled steps, on every rank: rank 0 measures the steps,
+// ranks the plans and predicts the running one, and `encode` turns that into the values every
+// rank receives (Backend::agree_on_root, `name`, within agreement_limit). `valid` checks their
+// shape on every rank; where rank 0 failed, it rethrows its own error and the other ranks get
+// invalid_argument naming `who` (the plan is left unchanged everywhere).
+std::vector<std::int64_t> predicted_on_rank_zero(
+    GradientReducer& reducer, std::span<const ReducerStepRecord> steps,
+    const PlanSearchSpace& space, std::string_view name, std::string_view who,
+    const std::function<void(const ReducerMeasurements&, const std::vector<ReducerPrediction>&,
+                             const ReducerPrediction&, std::vector<std::int64_t>&)>& encode,
+    const std::function<bool(const std::vector<std::int64_t>&)>& valid) {
   Backend& backend = reducer.backend();
-  std::vector<std::int64_t> mine;  // rank 0's decision; empty elsewhere and on its failure
+  const std::string who_here = std::string(who) + " on rank " + std::to_string(backend.rank());
+  std::vector<std::int64_t> mine;  // empty elsewhere and on rank 0's failure
   std::optional<Error> failure;
   if (backend.rank() == 0) {
     try {
       const ReducerMeasurements measured = measure_reducer_steps(reducer, steps);
       const std::vector<ReducerPrediction> ranked = rank_plans(reducer, measured, space);
-      const double current = predict_reducer_step(reducer, measured, reducer.plan()).step_s;
-      // A plan replaces the running one only if it is predicted faster by more than the
-      // prediction misses the running plan's measured step.
-      const double doubt = std::abs(current - measured.step_s);
-      const bool change = ranked.front().step_s < current - doubt;
-      const ReducerPlan& best = change ? ranked.front().plan : reducer.plan();
-      encode_plan(best, mine);
-      mine.push_back(static_cast<std::int64_t>(ranked.size()));
-      mine.push_back(std::bit_cast<std::int64_t>(change ? ranked.front().step_s : current));
-      mine.push_back(std::bit_cast<std::int64_t>(current));
-      mine.push_back(std::bit_cast<std::int64_t>(measured.step_s));
-      mine.push_back(change ? 1 : 0);
+      const ReducerPrediction current = predict_reducer_step(reducer, measured, reducer.plan());
+      encode(measured, ranked, current, mine);
     } catch (const Error& e) {
       failure = e;
       mine.clear();
     }
   }
-  // The plan, the candidates' count, three predictions and whether the plan changes.
-  const std::vector<std::int64_t> zero = backend.agree_on_root(
-      "GradientReducer::plan_automatically", mine, agreement_limit(reducer),
-      [&] { return "plan_automatically on rank " + std::to_string(backend.rank()); });
-  if (zero.size() != plan_fields + 5) {
+  std::vector<std::int64_t> zero =
+      backend.agree_on_root(name, mine, agreement_limit(reducer), [&] { return who_here; });
+  if (!valid(zero)) {
     if (failure) throw *failure;
-    invalid("plan_automatically on rank " + std::to_string(backend.rank()) +
+    invalid(who_here +
             ": rank 0 could not predict the plans (its error says why); the plan is unchanged");
   }
+  return zero;
+}
+
+}  // namespace
+
+AutomaticPlan plan_automatically(GradientReducer& reducer, std::span<const ReducerStepRecord> steps,
+                                 const PlanSearchSpace& space) {
+  if (reducer.in_step()) invalid("plan_automatically: a step is in progress (finish() it first)");
+  // The plan, the candidates' count, three predictions and whether the plan changes.
+  const std::vector<std::int64_t> zero = predicted_on_rank_zero(
+      reducer, steps, space, "GradientReducer::plan_automatically", "plan_automatically",
+      [](const ReducerMeasurements& measured, const std::vector<ReducerPrediction>& ranked,
+         const ReducerPrediction& running, std::vector<std::int64_t>& out) {
+        const double current = running.step_s;
+        // A plan replaces the running one only if it is predicted faster by more than the
+        // prediction misses the running plan's measured step.
+        const double doubt = std::abs(current - measured.step_s);
+        const bool change = ranked.front().step_s < current - doubt;
+        encode_plan(change ? ranked.front().plan : running.plan, out);
+        out.push_back(static_cast<std::int64_t>(ranked.size()));
+        out.push_back(std::bit_cast<std::int64_t>(change ? ranked.front().step_s : current));
+        out.push_back(std::bit_cast<std::int64_t>(current));
+        out.push_back(std::bit_cast<std::int64_t>(measured.step_s));
+        out.push_back(change ? 1 : 0);
+      },
+      [](const std::vector<std::int64_t>& zero) { return zero.size() == plan_fields + 5; });
   const ReducerPlan plan = decode_plan(reducer, zero.data());
   const std::int64_t* tail = zero.data() + plan_fields;
   AutomaticPlan chosen;
@@ -656,45 +685,32 @@ ReducerShortlist shortlist_reducer_plans(GradientReducer& reducer,
   if (keep == 0) invalid("shortlist_reducer_plans: keep must be at least 1 (the running plan)");
   if (reducer.in_step())
     invalid("shortlist_reducer_plans: a step is in progress (finish() it first)");
-  Backend& backend = reducer.backend();
-  // Rank 0's: candidates, the running plan's measured step, then per plan its fields and its
-  // prediction. Empty elsewhere and on its failure.
-  std::vector<std::int64_t> mine;
-  std::optional<Error> failure;
-  if (backend.rank() == 0) {
-    try {
-      const ReducerMeasurements measured = measure_reducer_steps(reducer, steps);
-      const std::vector<ReducerPrediction> ranked = rank_plans(reducer, measured, space);
-      const ReducerPrediction current = predict_reducer_step(reducer, measured, reducer.plan());
-      std::vector<const ReducerPrediction*> picked{&current};
-      for (const ReducerPrediction& p : ranked) {
-        if (picked.size() >= keep || !(p.step_s < current.step_s)) break;
-        const bool twin = std::any_of(picked.begin(), picked.end(), [&](const auto* q) {
-          return same_plan(q->plan, p.plan) ||
-                 (q->buckets == p.buckets && std::abs(q->step_s - p.step_s) <= 1e-9 * q->step_s);
-        });
-        if (!twin) picked.push_back(&p);
-      }
-      mine.push_back(static_cast<std::int64_t>(ranked.size()));
-      mine.push_back(std::bit_cast<std::int64_t>(measured.step_s));
-      for (const ReducerPrediction* p : picked) {
-        encode_plan(p->plan, mine);
-        mine.push_back(std::bit_cast<std::int64_t>(p->step_s));
-      }
-    } catch (const Error& e) {
-      failure = e;
-      mine.clear();
-    }
-  }
-  const std::vector<std::int64_t> zero = backend.agree_on_root(
-      "GradientReducer::shortlist_plans", mine, agreement_limit(reducer),
-      [&] { return "shortlist_reducer_plans on rank " + std::to_string(backend.rank()); });
   constexpr std::size_t per_plan = plan_fields + 1;
-  if (zero.size() < 2 + per_plan || (zero.size() - 2) % per_plan != 0) {
-    if (failure) throw *failure;
-    invalid("shortlist_reducer_plans on rank " + std::to_string(backend.rank()) +
-            ": rank 0 could not predict the plans (its error says why); the plan is unchanged");
-  }
+  // Rank 0's candidates' count, the running plan's measured step, then per plan its fields and
+  // its prediction.
+  const std::vector<std::int64_t> zero = predicted_on_rank_zero(
+      reducer, steps, space, "GradientReducer::shortlist_plans", "shortlist_reducer_plans",
+      [keep](const ReducerMeasurements& measured, const std::vector<ReducerPrediction>& ranked,
+             const ReducerPrediction& current, std::vector<std::int64_t>& out) {
+        std::vector<const ReducerPrediction*> picked{&current};
+        for (const ReducerPrediction& p : ranked) {
+          if (picked.size() >= keep || !(p.step_s < current.step_s)) break;
+          const bool twin = std::any_of(picked.begin(), picked.end(), [&](const auto* q) {
+            return same_plan(q->plan, p.plan) ||
+                   (q->buckets == p.buckets && std::abs(q->step_s - p.step_s) <= 1e-9 * q->step_s);
+          });
+          if (!twin) picked.push_back(&p);
+        }
+        out.push_back(static_cast<std::int64_t>(ranked.size()));
+        out.push_back(std::bit_cast<std::int64_t>(measured.step_s));
+        for (const ReducerPrediction* p : picked) {
+          encode_plan(p->plan, out);
+          out.push_back(std::bit_cast<std::int64_t>(p->step_s));
+        }
+      },
+      [](const std::vector<std::int64_t>& zero) {
+        return zero.size() >= 2 + per_plan && (zero.size() - 2) % per_plan == 0;
+      });
   ReducerShortlist out;
   out.candidates = static_cast<std::size_t>(zero[0]);
   out.measured_step_s = std::bit_cast<double>(zero[1]);

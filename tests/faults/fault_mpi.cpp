@@ -20,6 +20,8 @@
 #include "faults/training_step.hpp"
 #include "loom/error.hpp"
 #include "loom/executor.hpp"
+#include "loom/gradient_reducer.hpp"
+#include "loom/reducer_prediction.hpp"
 
 namespace {
 
@@ -34,9 +36,10 @@ constexpr const char* stop_node = "backward2";
 // Exit statuses the driver checks.
 constexpr int exit_loom_error = 3, exit_other_error = 4, exit_finished = 5, exit_usage = 2;
 
-const char* const modes[] = {"stop-graph", "stop-blocking", "stop-compile", "stop-agree",
-                             "kill",       "skip",          "reorder",      "priority",
-                             "tuning",     "throw",         "bad-count",    "bad-count-graph"};
+const char* const modes[] = {"stop-graph",     "stop-blocking",  "stop-compile", "stop-agree",
+                             "stop-shortlist", "stop-decide",    "kill",         "skip",
+                             "reorder",        "priority",       "tuning",       "throw",
+                             "bad-count",      "bad-count-graph"};
 
 int usage() {
   std::fprintf(stderr, "usage: fault_mpi MODE, MODE one of:");
@@ -124,6 +127,39 @@ int main(int argc, char** argv) {
           *loom::ExecutorOptions{}.resolved().timeout);
       backend->agree_on_root("fault.agree", mine, limit,
                              [&] { return "agree_on_root on rank " + std::to_string(rank); });
+      std::printf("loom-fault: rank %d finished without an error\n", rank);
+      std::fflush(stdout);
+      return exit_finished;
+    }
+    if (mode == "stop-shortlist" || mode == "stop-decide") {
+      // bucket_cap_mb="auto"'s two agreements (GradientReducer): rank 0's shortlist of plans and
+      // its medians of their trial steps. The victim stops before one; the others must get a
+      // timeout naming it there, not hang. Rank 0 has no profiled steps: its prediction fails,
+      // and the agreement still waits for every rank before anyone reports it.
+      std::vector<loom::ParameterSpec> params;
+      for (int l = 0; l < 3; ++l)
+        params.push_back(
+            {"layers." + std::to_string(l) + ".weight", "layers." + std::to_string(l), 1000});
+      loom::ReducerPlan plan;
+      plan.bucket_cap_bytes = std::size_t{1} << 20;
+      plan.first_bucket_bytes = plan.bucket_cap_bytes;
+      loom::GradientReducer reducer(params, *backend, plan);
+      if (mode == "stop-shortlist") {
+        if (victim) {
+          announce(rank, 0, "SIGSTOP to myself before shortlist_reducer_plans");
+          ::raise(SIGSTOP);
+        }
+        loom::shortlist_reducer_plans(reducer, {}, loom::PlanSearchSpace{}, 3);
+      } else {
+        loom::ReducerShortlist shortlist;
+        shortlist.plans.push_back({.plan = reducer.plan()});
+        if (victim) {
+          announce(rank, 0, "SIGSTOP to myself before decide_reducer_plan");
+          ::raise(SIGSTOP);
+        }
+        const double measured[] = {0.1};
+        loom::decide_reducer_plan(reducer, shortlist, measured);
+      }
       std::printf("loom-fault: rank %d finished without an error\n", rank);
       std::fflush(stdout);
       return exit_finished;

@@ -8,6 +8,8 @@ Cases (the last rank is the victim; see fault_mpi.cpp):
   stop-blocking    SIGSTOP before a blocking allreduce             -> timeout (watchdog), exit 124
   stop-compile     SIGSTOP before compile's cross-rank check       -> timeout, who is missing
   stop-agree       SIGSTOP before Backend::agree_on_root           -> timeout, who is missing
+  stop-shortlist   SIGSTOP before shortlist_reducer_plans ("auto") -> timeout, who is missing
+  stop-decide      SIGSTOP before decide_reducer_plan ("auto")     -> timeout, who is missing
   kill             SIGKILL inside a compute node                   -> timeout / backend_failure
   skip             the victim's graph lacks a collective           -> mismatch on every rank
   reorder          one extra edge reorders two same-shaped ones    -> mismatch naming both
@@ -45,7 +47,8 @@ ERROR = re.compile(r"\[loom:(\w+)\] (.*)$")
 FAULT_AT = re.compile(r"loom-fault: rank \d+ step -?\d+: fault at ([\d.]+)")
 EXIT = re.compile(r"^loom-exit: status (\d+) at ([\d.]+)$")
 
-VICTIM_STOPPED = {"stop-graph", "stop-blocking", "stop-compile", "stop-agree", "demo"}
+VICTIM_STOPPED = {"stop-graph", "stop-blocking", "stop-compile", "stop-agree", "stop-shortlist",
+                  "stop-decide", "demo"}
 
 # case -> (codes accepted from a survivor, texts its error must contain, victim's code or None)
 EXPECT = {
@@ -54,6 +57,9 @@ EXPECT = {
     "stop-blocking": (("timeout",), ["allreduce float32[1] (collective #", "rank 2 did not arrive (last started #", "cannot be abandoned"], None),
     "stop-compile": (("timeout",), ["Executor::compile", "rank 2 did not arrive"], None),
     "stop-agree": (("timeout",), ["agree_on_root on rank", "rank 2 did not arrive"], None),
+    "stop-shortlist": (("timeout",), ["shortlist_reducer_plans on rank", "rank 2 did not arrive"],
+                       None),
+    "stop-decide": (("timeout",), ["decide_reducer_plan on rank", "rank 2 did not arrive"], None),
     "kill": (("timeout", "backend_failure"), ["collective node 'allreduce"], None),
     "skip": (("mismatch",), ["rank 2 has no collective #1"], "mismatch"),
     "reorder": (("mismatch",), ["collective #0", "'grad.a'", "'grad.b'"], "mismatch"),
