@@ -6,6 +6,7 @@
 //   loom-predict --nodes 2,16,128 --ranks-per-node 8 --link 100gbit --intra 200GB/s
 //       --collective allreduce --sizes 1M,64M    (each algorithm on two levels, no profile)
 //   loom-predict step.loom.json --nodes 128 --ranks-per-node 8 --link 100gbit --intra 200GB/s
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -47,6 +48,7 @@ struct Flags {
   std::string gamma;
   std::string collective;
   std::string sizes;
+  std::string algorithms;  // --algorithms: only these of loom's (empty: all)
 };
 
 std::vector<int> parse_ranks(const std::string& text, int fallback) {
@@ -139,10 +141,13 @@ std::string placement(const Topology& t) {
 // Each of `collective`'s algorithms on each cluster at each size: ms, and x the link bound for
 // allreduce.
 int collective_table(const std::vector<ClusterNetwork>& clusters, Collective collective,
-                     const std::vector<std::size_t>& sizes, bool json) {
+                     const std::vector<std::size_t>& sizes, bool json,
+                     const std::vector<Algorithm>& allowed) {
   std::vector<Algorithm> algorithms;
   for (Algorithm a : candidates(collective))
-    if (a != Algorithm::native) algorithms.push_back(a);
+    if (a != Algorithm::native &&
+        (allowed.empty() || std::find(allowed.begin(), allowed.end(), a) != allowed.end()))
+      algorithms.push_back(a);
   if (algorithms.empty())
     throw Error(ErrorCode::invalid_argument,
                 "loom has no algorithm of its own for " + std::string(to_string(collective)));
@@ -256,13 +261,17 @@ int main(int argc, char** argv) {
       "collective", po::value(&flags.collective),
       "no profile: each algorithm of this collective (allreduce, allgather, ...) on the "
       "clusters, at --sizes")("sizes", po::value(&flags.sizes),
-                              "with --collective: comma-separated sizes (4M,64M)");
+                              "with --collective: comma-separated sizes (4M,64M)")(
+      "algorithms", po::value(&flags.algorithms),
+      "each collective only by one of these (ring,rd,rabenseifner,tree,hierarchical,native): "
+      "what the step would be with flat algorithms only, say");
   po::positional_options_description positional;
   positional.add("profile", 1);
   std::vector<int> ranks;
   std::optional<NetworkModel> network;
   StepProfile profile;
   std::vector<ClusterNetwork> clusters;
+  std::vector<Algorithm> allowed;
   try {
     po::variables_map vm;
     po::store(po::command_line_parser(argc, argv).options(options).positional(positional).run(),
@@ -274,6 +283,11 @@ int main(int argc, char** argv) {
     po::notify(vm);
     flags.best = vm.count("no-best") == 0;
     const bool two_levels = !flags.nodes.empty() || !flags.ranks_per_node.empty();
+    if (!flags.algorithms.empty()) {
+      std::stringstream in(flags.algorithms);
+      std::string name;
+      while (std::getline(in, name, ',')) allowed.push_back(parse_algorithm(name));
+    }
     if (two_levels) clusters = parse_clusters(flags);
     if (!flags.collective.empty()) {
       if (!two_levels)
@@ -294,7 +308,7 @@ int main(int argc, char** argv) {
                     "--collective: unknown '" + flags.collective +
                         "' (allreduce, allgather, reduce_scatter, broadcast or reduce)");
       return collective_table(clusters, op, parse_sizes(flags.sizes.empty() ? "1M" : flags.sizes),
-                              flags.json);
+                              flags.json, allowed);
     }
     if (flags.profile.empty()) throw Error(ErrorCode::invalid_argument, "no profile given");
     const int wires =
@@ -337,6 +351,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (!network) network = NetworkModel::two_level(clusters.front());
+    network->allow_only(allowed);
     const double beta = network->tuning().cost.beta_s_per_byte;
     if (!flags.json)
       std::printf(
@@ -357,7 +372,10 @@ int main(int argc, char** argv) {
           clusters.front().intra_bytes_per_s * 1e-9, clusters.front().intra_latency_s * 1e6);
     for (std::size_t i = 0; i < ranks.size(); ++i) {
       const int r = ranks[i];
-      if (!clusters.empty()) network = NetworkModel::two_level(clusters[i]);
+      if (!clusters.empty()) {
+        network = NetworkModel::two_level(clusters[i]);
+        network->allow_only(allowed);
+      }
       SimulationOptions sim;
       sim.ranks = r;
       sim.workers = flags.workers > 0 ? flags.workers : profile.workers;

@@ -1,6 +1,8 @@
 // NetworkModel: collective costs from the selector's formulas; link rates and durations parsed.
 #include "loom/network_model.hpp"
 
+#include <algorithm>
+
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
@@ -136,32 +138,50 @@ ClusterNetwork NetworkModel::cluster_at(int ranks) const {
   return _cluster->on(Topology::blocks(ranks, per_node));
 }
 
+bool NetworkModel::allowed(Algorithm a) const {
+  return _allowed.empty() || std::find(_allowed.begin(), _allowed.end(), a) != _allowed.end();
+}
+
 CollectiveCost NetworkModel::collective(Collective op, std::size_t bytes, int ranks) const {
   if (ranks <= 1) return {Algorithm::native, 0};
+  auto none_allowed = [&] {
+    std::string names;
+    for (Algorithm a : _allowed) names += (names.empty() ? "" : ", ") + std::string(to_string(a));
+    return Error(ErrorCode::invalid_argument, "none of the allowed algorithms (" + names +
+                                                  ") applies to " + std::string(to_string(op)) +
+                                                  " at " + std::to_string(ranks) + " ranks");
+  };
   if (_cluster) {
     const ClusterNetwork at = cluster_at(ranks);
     CollectiveCost best{Algorithm::native, std::numeric_limits<double>::infinity()};
     for (Algorithm a : candidates(op)) {
+      if (!allowed(a)) continue;
       const double s = cluster_cost(at, a, op, bytes).seconds;
       if (s < best.seconds) best = {a, s};
     }
-    if (!std::isfinite(best.seconds))
+    if (!std::isfinite(best.seconds)) {
+      if (!_allowed.empty()) throw none_allowed();
       throw Error(ErrorCode::unsupported, "no two-level model for " + std::string(to_string(op)) +
                                               " (loom has no algorithm of its own for it)");
+    }
     return best;
   }
   CollectiveCost best{Algorithm::native, std::numeric_limits<double>::infinity()};
   for (Algorithm a : candidates(op)) {
-    if (a == Algorithm::native) continue;
+    if (a == Algorithm::native || !allowed(a)) continue;
     const double s = _selector.predict(a, op, bytes, ranks);
     if (s < best.seconds) best = {a, s};
   }
   // Without a fit native is modelled as the best formula: name that formula instead.
-  const double native = _selector.predict(Algorithm::native, op, bytes, ranks);
-  if (native < best.seconds) best = {Algorithm::native, native};
-  if (!std::isfinite(best.seconds))
+  if (allowed(Algorithm::native)) {
+    const double native = _selector.predict(Algorithm::native, op, bytes, ranks);
+    if (native < best.seconds) best = {Algorithm::native, native};
+  }
+  if (!std::isfinite(best.seconds)) {
+    if (!_allowed.empty()) throw none_allowed();
     throw Error(ErrorCode::unsupported, "no cost model for " + std::string(to_string(op)) + " at " +
                                             std::to_string(ranks) + " ranks");
+  }
   return best;
 }
 

@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "loom/error.hpp"
 #include "loom/step_simulator.hpp"
@@ -227,6 +229,46 @@ TEST(NetworkModelTwoLevel, SimulatesAStepOnTheCluster) {
   // allgather (2 MiB each way through the node's one memory at 5 GB/s) run beside another
   // chunk's exchange, except the two steps before the first exchange and the two after the last.
   EXPECT_NEAR(h, 64 * MiB / 125e6 + 4 * (4 * MiB / 5e9), 1e-9);
+}
+
+TEST(NetworkModelTwoLevel, AllowOnlyAsksWhatTheStepWouldBeWithFlatAlgorithms) {
+  // The same step as above, flat algorithms only: the ring (the cheapest flat one at 64 MiB on
+  // 2 x 2) replaces hierarchical, and the step grows by the difference.
+  StepProfile p;
+  p.nodes.push_back({.name = "backward", .kind = NodeKind::compute, .duration_s = 10e-3});
+  p.nodes.push_back(
+      {.name = "grads", .kind = NodeKind::collective, .op = Collective::allreduce, .bytes = size});
+  p.edges = {{0, 1}};
+  NetworkModel net = NetworkModel::two_level(ClusterNetwork::uniform(2, 2, gbit, 5e9));
+  const ClusterNetwork at = net.cluster_at(4);
+  net.allow_only({Algorithm::ring, Algorithm::recursive_doubling, Algorithm::rabenseifner});
+  const CollectiveCost flat = net.collective(Collective::allreduce, size, 4);
+  EXPECT_NE(flat.algorithm, Algorithm::hierarchical);
+  double cheapest = INFINITY;
+  for (Algorithm a : {Algorithm::ring, Algorithm::recursive_doubling, Algorithm::rabenseifner})
+    cheapest = std::min(cheapest, cluster_cost(at, a, Collective::allreduce, size).seconds);
+  EXPECT_DOUBLE_EQ(flat.seconds, cheapest);
+  EXPECT_GT(flat.seconds,
+            cluster_cost(at, Algorithm::hierarchical, Collective::allreduce, size).seconds);
+  const Prediction r = simulate(p, net, {.ranks = 4});
+  EXPECT_NEAR(r.step_s, 10e-3 + cheapest, 1e-9);
+  // None of the allowed applies (the tree is not an allgather algorithm): a named error, not a
+  // silent fallback.
+  net.allow_only({Algorithm::binomial_tree});
+  try {
+    net.collective(Collective::allgather, size, 4);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("none of the allowed algorithms (tree) applies to "
+                                         "allgather at 4 ranks"),
+              std::string::npos)
+        << e.what();
+  }
+  // One level too.
+  NetworkModel wire = NetworkModel::from_link(gbit, 5e-6);
+  wire.allow_only({Algorithm::ring});
+  EXPECT_EQ(wire.collective(Collective::allreduce, size, 4).algorithm, Algorithm::ring);
 }
 
 }  // namespace

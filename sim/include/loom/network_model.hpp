@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 #include "loom/algorithm.hpp"
 #include "loom/algorithm_selector.hpp"
@@ -59,9 +60,18 @@ class NetworkModel {
   /// when this model has none.
   ClusterNetwork cluster_at(int ranks) const;
 
+  /// @brief Each collective only by one of `algorithms` (what-if: "flat algorithms only";
+  /// empty: every candidate). collective() then throws ErrorCode::invalid_argument naming the
+  /// collective where none of them applies to it.
+  void allow_only(std::vector<Algorithm> algorithms) { _allowed = std::move(algorithms); }
+  const std::vector<Algorithm>& allowed() const noexcept { return _allowed; }
+
  private:
+  bool allowed(Algorithm a) const;
+
   AlgorithmSelector _selector;
   std::optional<ClusterNetwork> _cluster;
+  std::vector<Algorithm> _allowed;  // empty: all
 };
 
 /// @brief "2gbit", "100Gbit", "500mbit", "10gbps" (bytes), "1e9" (bits) to bits per second;
