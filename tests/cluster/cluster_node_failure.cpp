@@ -4,14 +4,15 @@
 // "loom-node-failure: rank R error at <wall-clock s>: [loom:<code>] <message>"; exits 3 on a
 // loom::Error, 5 when 60 s passed without one, 4 on anything else.
 // With the argument `inside`, the last rank stops itself (SIGSTOP) inside the allreduce of run 8:
-// there every other rank holds its allreduce back 1 s in a compute node before it, while the last
-// rank issues it at once and stops 200 ms later from a compute node beside it, so it has started
-// the collective and cannot complete it. It prints "loom-node-failure: rank R stops inside
-// collective at <wall-clock s> (pid P)" first.
+// there every other rank holds its allreduce back 2 s in a compute node before it, while the last
+// rank issues it at once and, from a compute node beside it, waits until its rank board shows the
+// collective started, then stops, so it has started the collective and cannot complete it. It
+// prints "loom-node-failure: rank R stops inside collective at <wall-clock s> (pid P)" first.
 #include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdint>
 #include <cstring>
 
 #include <chrono>
@@ -25,6 +26,7 @@
 #include "loom/error.hpp"
 #include "loom/executor.hpp"
 #include "loom/graph.hpp"
+#include "loom/rank_board.hpp"
 
 namespace {
 
@@ -49,6 +51,7 @@ int main(int argc, char** argv) {
     const int world = backend->world_size();
     std::vector<float> send(4096), recv(4096);
     std::atomic<long> current_run{0};
+    std::atomic<std::int64_t> started_before{0};  // the collective the stop run starts
     constexpr long stop_run = 8;
     const bool last = rank == world - 1;
     loom::Graph graph;
@@ -56,12 +59,16 @@ int main(int argc, char** argv) {
                                      loom::Buffer::of(std::span(recv)));
     if (inside) {
       auto hold = graph.compute("node_failure.hold", [&] {
-        if (current_run == stop_run && !last) std::this_thread::sleep_for(std::chrono::seconds(1));
+        if (current_run == stop_run && !last) std::this_thread::sleep_for(std::chrono::seconds(2));
       });
       hold.precede(allreduce);
       graph.compute("node_failure.stopper", [&] {
         if (current_run != stop_run || !last) return;
-        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        // Started on the board: the executor issued this run's allreduce (at most 10 s).
+        const loom::RankBoard* board = backend->rank_board();
+        for (int k = 0; k < 10000 && board->read(rank).last_started < started_before; ++k)
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
         std::printf("loom-node-failure: rank %d stops inside collective at %.3f (pid %d)\n", rank,
                     wall_s(), static_cast<int>(getpid()));
         std::fflush(stdout);
@@ -72,6 +79,8 @@ int main(int argc, char** argv) {
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     for (long run = 0; std::chrono::steady_clock::now() < until; ++run) {
       current_run = run;
+      if (const loom::RankBoard* board = backend->rank_board())
+        started_before = board->read(rank).last_started + 1;
       for (std::size_t i = 0; i < send.size(); ++i)
         send[i] = static_cast<float>((rank + 1) * (i % 7 + run % 3));
       executor.run();
