@@ -205,7 +205,7 @@ std::string RankBoard::who_is_missing(std::int64_t seq, const FlightRecorder& re
       const bool one = silent_late.size() == 1;
       text = by_host(silent_late) + " started it but " +
              (one ? "its process has" : "their processes have") + " shown no sign of life for " +
-             quiet + " s (stopped or frozen)";
+             quiet + " s (stopped, frozen or dead)";
       if (!live_late.empty())
         text += "; " + by_host(live_late) + " started it and " +
                 (live_late.size() == 1 ? "is" : "are") + " alive, waiting inside it";

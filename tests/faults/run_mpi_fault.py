@@ -72,7 +72,7 @@ EXPECT = {
     # it, so rank 2 may be named among the ranks inside it rather than as the one missing.
     # stopped between two collectives (did not arrive) or inside one (its heartbeat is stale)
     "demo": (("timeout",), [r"re:rank 2 (did not arrive|started it but its process has shown no "
-                            r"sign of life for [0-9.]+ s \(stopped or frozen\))"],
+                            r"sign of life for [0-9.]+ s \(stopped, frozen or dead\))"],
              None),
 }
 

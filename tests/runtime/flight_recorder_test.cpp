@@ -225,10 +225,11 @@ TEST(RankBoard, AStartedRankWithoutAHeartbeatIsNamedApartFromTheLiveOnes) {
   });
   text = r0.who_is_missing(57, recorder);
   // The least quiet of the silent ones bounds the claim: neither beat for 2.5 s.
-  EXPECT_NE(text.find("rank 2, rank 5 on host b started it but their processes have shown no "
-                      "sign of life for 2.5 s (stopped or frozen); rank 1, ranks 3, 4 on host b "
-                      "started it and are alive, waiting inside it"),
-            std::string::npos)
+  EXPECT_NE(
+      text.find("rank 2, rank 5 on host b started it but their processes have shown no "
+                "sign of life for 2.5 s (stopped, frozen or dead); rank 1, ranks 3, 4 on host b "
+                "started it and are alive, waiting inside it"),
+      std::string::npos)
       << text;
   // A board that never beats (another backend's) makes no claim about liveness.
   std::vector<RankSlot> quiet(2);

@@ -104,11 +104,11 @@ class RankBoard {
   /// not arrive (last started #56 'bucket2.allreduce')", the failure of a missing rank that
   /// published one, or, where every rank started it, those that have not completed it: first
   /// any whose heartbeat is older than silent_after_s ("rank 5 started it but its process has
-  /// shown no sign of life for 4.0 s (stopped or frozen)"), then the live ones; with set_remote,
-  /// ranks on other hosts as their hosts answered, each missing one with its host ("rank 2 on host
-  /// b did not arrive"), and the ranks of a host that did not answer named with it ("ranks 2, 3 on
-  /// host b: no rank of host b answered"). `failed_rank` gets a missing rank that published a
-  /// failure (else -1).
+  /// shown no sign of life for 4.0 s (stopped, frozen or dead)"), then the live ones; with
+  /// set_remote, ranks on other hosts as their hosts answered, each missing one with its host
+  /// ("rank 2 on host b did not arrive"), and the ranks of a host that did not answer named with it
+  /// ("ranks 2, 3 on host b: no rank of host b answered"). `failed_rank` gets a missing rank that
+  /// published a failure (else -1).
   std::string who_is_missing(std::int64_t seq, const FlightRecorder& recorder,
                              int* failed_rank = nullptr) const;
 
