@@ -318,11 +318,16 @@ done
 flock -u "$lock_fd"
 
 # Whether a TCP connection from namespace $1 to $2 reaches the address: a closed port answers
-# "refused" at once; a firewall that drops bridged frames lets it time out (2 s).
+# "refused" at once; a firewall that drops bridged frames lets it time out (2 s). A link just set
+# up may lose the first ARP or SYN (each retried after 1 s, which a loaded host can push past
+# the 2 s), so up to 5 tries, 10 s, before the cluster is refused.
 reaches() {
-  local answer
-  answer=$(ip netns exec "$1" timeout 2 bash -c "echo >/dev/tcp/$2/9" 2>&1) && return 0
-  [[ $answer == *"Connection refused"* ]]
+  local answer try
+  for ((try = 0; try < 5; try++)); do
+    answer=$(ip netns exec "$1" timeout 2 bash -c "echo >/dev/tcp/$2/9" 2>&1) && return 0
+    [[ $answer == *"Connection refused"* ]] && return 0
+  done
+  return 1
 }
 for ((k = 0; k < nodes; k++)); do
   reaches "$name-n$k" "$subnet.254" ||
