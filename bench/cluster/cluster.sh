@@ -194,7 +194,7 @@ running() {
 # shellcheck disable=SC2317  # called by the traps
 teardown() {
   set +e
-  trap - EXIT INT TERM
+  trap - EXIT INT TERM HUP PIPE
   if [[ -n $job_pid ]] && kill -0 "$job_pid" 2>/dev/null; then
     kill -TERM "$job_pid" 2>/dev/null
     for ((i = 0; i < 50; i++)); do kill -0 "$job_pid" 2>/dev/null || break; sleep 0.1; done
@@ -257,7 +257,14 @@ flock -w 30 "$lock_fd" || fail "could not lock $run_root/lock within 30 s"
 if [[ -e $cluster_dir || -e /run/netns/$name-n0 ]] || ip link show "$bridge" >/dev/null 2>&1; then
   fail "a cluster named '$name' exists already ($cluster_dir, namespace $name-n0 or bridge $bridge)"
 fi
-subnet_in_use() { ip -4 route show | grep -q "^$1\.\|[ /]$1\.[0-9]*[ /]"; }
+# The routes are read whole before grep looks at them: `ip | grep -q` under pipefail fails when
+# grep exits early and ip gets SIGPIPE, which made a subnet in use look free (two bridges with
+# one address: "node 0 cannot reach mpirun's address").
+subnet_in_use() {
+  local routes
+  routes=$(ip -4 route show)
+  grep -q "^$1\.\|[ /]$1\.[0-9]*[ /]" <<<"$routes"
+}
 if [[ -z $subnet ]]; then
   for x in $(seq 0 255); do
     subnet_in_use "10.77.$x" || { subnet=10.77.$x; break; }
@@ -268,7 +275,9 @@ elif subnet_in_use "$subnet"; then
 fi
 
 trap teardown EXIT
-trap 'echo "cluster.sh: interrupted; tearing the cluster down" >&2; exit 130' INT TERM
+trap 'echo "cluster.sh: interrupted; tearing the cluster down" >&2; exit 130' INT TERM HUP
+# A reader that went away (`cluster.sh ... | head`) must not leave the cluster behind either.
+trap 'exit 141' PIPE
 
 mkdir -p "$cluster_dir/nodes" "$cluster_dir/uts"
 ip link add "$bridge" type bridge
