@@ -284,7 +284,7 @@ TEST(ProgressPriority, AutomaticTakesWhatTheProcessMayAndTheKernelShowsIt) {
   completes_one(engine);
 }
 
-// More ranks on the host than CPUs (as the launcher says): automatic stays normal.
+// As many ranks on the host as CPUs or more (as the launcher says): automatic stays normal.
 TEST(ProgressPriority, AutomaticStaysNormalOnAnOversubscribedHost) {
   SKIP_UNLESS_RUNNER_IS_SCHED_OTHER();
   NoLauncher no_launcher;
@@ -302,9 +302,18 @@ TEST(ProgressPriority, AutomaticStaysNormalOnAnOversubscribedHost) {
     EXPECT_EQ(policy_of(engine.thread_id()), SCHED_OTHER);
     completes_one(engine);
   }
-  // As many ranks as CPUs is not oversubscribed: automatic asks for more than normal.
+  // As many ranks as CPUs: every core has a rank's compute, so normal too.
   {
     ScopedEnv ranks("OMPI_COMM_WORLD_LOCAL_SIZE", std::to_string(cpus).c_str());
+    ProgressEngine engine;
+    EXPECT_EQ(engine.priority(), ProgressPriority::normal);
+    EXPECT_EQ(engine.priority_note(), "normal (automatic: " + std::to_string(cpus) +
+                                          " ranks on this host's " + std::to_string(cpus) +
+                                          " CPUs)");
+  }
+  // A CPU to spare beside the ranks: automatic asks for more than normal.
+  if (cpus > 1) {
+    ScopedEnv ranks("OMPI_COMM_WORLD_LOCAL_SIZE", std::to_string(cpus - 1).c_str());
     ProgressEngine engine;
     EXPECT_EQ(engine.priority_note().find("automatic:"), std::string::npos)
         << engine.priority_note();
