@@ -211,14 +211,20 @@ TEST(NetworkModelTwoLevel, ChoosesPerSizeAndScale) {
   EXPECT_THROW(NetworkModel::from_link(gbit, 0).cluster_at(4), Error);
 }
 
-TEST(NetworkModelTwoLevel, SimulatesAStepOnTheCluster) {
-  // compute 10 ms, then an allreduce of 64 MiB: the step is the compute plus the chosen
-  // algorithm's time on 2 x 2 at 1 Gbit/s.
+// 10 ms of compute, then an allreduce of 64 MiB that depends on it.
+StepProfile compute_then_allreduce() {
   StepProfile p;
   p.nodes.push_back({.name = "backward", .kind = NodeKind::compute, .duration_s = 10e-3});
   p.nodes.push_back(
       {.name = "grads", .kind = NodeKind::collective, .op = Collective::allreduce, .bytes = size});
   p.edges = {{0, 1}};
+  return p;
+}
+
+TEST(NetworkModelTwoLevel, SimulatesAStepOnTheCluster) {
+  // compute 10 ms, then an allreduce of 64 MiB: the step is the compute plus the chosen
+  // algorithm's time on 2 x 2 at 1 Gbit/s.
+  const StepProfile p = compute_then_allreduce();
   const NetworkModel net = NetworkModel::two_level(ClusterNetwork::uniform(2, 2, gbit, 5e9));
   const Prediction r = simulate(p, net, {.ranks = 4});
   const double h =
@@ -234,11 +240,7 @@ TEST(NetworkModelTwoLevel, SimulatesAStepOnTheCluster) {
 TEST(NetworkModelTwoLevel, AllowOnlyAsksWhatTheStepWouldBeWithFlatAlgorithms) {
   // The same step as above, flat algorithms only: the ring (the cheapest flat one at 64 MiB on
   // 2 x 2) replaces hierarchical, and the step grows by the difference.
-  StepProfile p;
-  p.nodes.push_back({.name = "backward", .kind = NodeKind::compute, .duration_s = 10e-3});
-  p.nodes.push_back(
-      {.name = "grads", .kind = NodeKind::collective, .op = Collective::allreduce, .bytes = size});
-  p.edges = {{0, 1}};
+  const StepProfile p = compute_then_allreduce();
   NetworkModel net = NetworkModel::two_level(ClusterNetwork::uniform(2, 2, gbit, 5e9));
   const ClusterNetwork at = net.cluster_at(4);
   net.allow_only({Algorithm::ring, Algorithm::recursive_doubling, Algorithm::rabenseifner});
