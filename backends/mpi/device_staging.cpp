@@ -82,6 +82,32 @@ class StagedWork final : public Work {
   int _device;
 };
 
+// A staged buffer's memory must be where its label says: cudaMemcpyDefault would copy host
+// memory labelled cuda:N without complaint, and the operation would run on the wrong data.
+void check_label(const std::string& description, const char* which, Buffer buffer) {
+  if (buffer.empty()) return;
+  cudaPointerAttributes attributes{};
+  const cudaError_t status = cudaPointerGetAttributes(&attributes, buffer.data());
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    throw Error(ErrorCode::invalid_argument,
+                description + ": the " + which + " buffer is labelled " +
+                    to_string(buffer.device()) + " but CUDA does not know its memory (" +
+                    cuda::error_text(status) + ")");
+  }
+  if (attributes.type == cudaMemoryTypeManaged) return;
+  if (attributes.type != cudaMemoryTypeDevice)
+    throw Error(ErrorCode::invalid_argument,
+                description + ": the " + which + " buffer is labelled " +
+                    to_string(buffer.device()) +
+                    " but holds host memory (cudaPointerGetAttributes); label it Device::cpu()");
+  if (attributes.device != buffer.device().index)
+    throw Error(ErrorCode::invalid_argument,
+                description + ": the " + which + " buffer is labelled " +
+                    to_string(buffer.device()) + " but holds memory of " +
+                    to_string(Device::cuda(attributes.device)));
+}
+
 }  // namespace
 
 DeviceStaging::DeviceStaging(std::size_t chunk_bytes, cuda::NativeStream input_stream)
@@ -104,6 +130,8 @@ std::unique_ptr<Work> DeviceStaging::run(StagingRequest r) {
   const Buffer shape = r.device_in.empty() ? r.device_out : r.device_in;
   const int device = shape.device().index;
   cuda::require_device(device);
+  check_label(r.description, "send", r.device_in);
+  check_label(r.description, "recv", r.device_out);
   Streams& s = streams(device);
   const std::size_t element = dtype_size(shape.dtype());
   const std::size_t in_count = r.device_in.count(), out_count = r.device_out.count();
@@ -134,10 +162,14 @@ std::unique_ptr<Work> DeviceStaging::run(StagingRequest r) {
   std::vector<std::unique_ptr<cuda::Event>> downloaded;
   cuda::DeviceGuard guard(device);
   try {
+    // The copy streams are non-blocking: without these waits they could read the input before
+    // the kernel or copy that produces it (on the input stream) has finished, or write the
+    // output before an earlier write there lands on top of it (a cudaMemcpy from pageable
+    // memory returns before its DMA is done: a broadcast's result was overwritten by the
+    // receiver's own initial values, seen on an H200).
+    if (!r.device_in.empty() || !r.device_out.empty()) s.input_ready.record(_input_stream);
+    if (!r.device_out.empty()) s.up.wait(s.input_ready);
     if (!r.device_in.empty()) {
-      // The copy streams are non-blocking: without this wait they could read the input
-      // before the kernel or copy that produces it (on the input stream) has finished.
-      s.input_ready.record(_input_stream);
       s.down.wait(s.input_ready);
       std::size_t offset = 0;
       for (Chunk& c : chunks) {

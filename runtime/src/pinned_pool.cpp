@@ -101,9 +101,10 @@ struct PinnedPool::State {
   static void check_allocation(cudaError_t status, std::size_t capacity) {
     if (status == cudaSuccess) return;
     cudaGetLastError();
-    throw Error(ErrorCode::out_of_memory, "pinned pool: cudaHostAlloc of " +
-                                              std::to_string(capacity) +
-                                              " bytes failed: " + cuda::error_text(status));
+    // The same words as the plain allocator's refusal, so one message covers both paths.
+    throw Error(ErrorCode::out_of_memory,
+                "pinned pool: the system refused " + std::to_string(capacity) +
+                    " bytes (cudaHostAlloc: " + cuda::error_text(status) + ")");
   }
 #endif
 

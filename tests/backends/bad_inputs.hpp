@@ -73,12 +73,14 @@ inline std::vector<BadInput> bad_inputs() {
          b.alltoall(fb(n), Buffer(f.data() + 32, n, DType::float32));
        },
        ErrorCode::invalid_argument, "does not divide by"},
+      // cuda:999 is out of reach everywhere: no backend without CUDA takes a device buffer,
+      // and no machine has that GPU (the mpi backend stages cuda:0 where it is visible).
       {"DeviceBufferOnCpuBackend",
        [=](Backend& b) {
-         b.allreduce(Buffer(f.data(), 4, DType::float32, Device::cuda(0)),
-                     Buffer(f.data() + 8, 4, DType::float32, Device::cuda(0)), ReduceOp::sum);
+         b.allreduce(Buffer(f.data(), 4, DType::float32, Device::cuda(999)),
+                     Buffer(f.data() + 8, 4, DType::float32, Device::cuda(999)), ReduceOp::sum);
        },
-       ErrorCode::unsupported, "cuda:0"},
+       ErrorCode::unsupported, "cuda:999"},
   };
 }
 

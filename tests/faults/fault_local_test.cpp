@@ -454,20 +454,27 @@ TEST(Faults, PinnedPoolRequestLargerThanAnySizeClassIsAClearError) {
 
 TEST(Faults, PinnedPoolAllocationRefusedBySystemIsAClearError) {
   // 2^60 bytes fit a size class and the cap, but no machine has them: the allocator says no.
-  PinnedPool pool({.cap_bytes = std::numeric_limits<std::size_t>::max(), .lock = true});
-  const std::size_t huge = std::size_t{1} << 60;
-  try {
-    (void)pool.acquire(huge);
-    FAIL() << "acquire(2^60) succeeded";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::out_of_memory);
-    EXPECT_TRUE(contains(e.message(), "the system refused " + std::to_string(huge))) << e.what();
+  // Both allocators (cudaHostAlloc where a device is visible, aligned_alloc + mlock) say so in
+  // the same words.
+  for (bool cuda_host_alloc : {true, false}) {
+    SCOPED_TRACE(cuda_host_alloc ? "cuda_host_alloc" : "aligned_alloc");
+    PinnedPool pool({.cap_bytes = std::numeric_limits<std::size_t>::max(),
+                     .lock = true,
+                     .cuda_host_alloc = cuda_host_alloc});
+    const std::size_t huge = std::size_t{1} << 60;
+    try {
+      (void)pool.acquire(huge);
+      FAIL() << "acquire(2^60) succeeded";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::out_of_memory);
+      EXPECT_TRUE(contains(e.message(), "the system refused " + std::to_string(huge))) << e.what();
+    }
+    const auto s = pool.stats();
+    EXPECT_EQ(s.bytes_reserved, 0u);
+    EXPECT_EQ(s.bytes_in_use, 0u);
+    PinnedBlock small = pool.acquire(100);  // the pool still works
+    EXPECT_TRUE(small);
   }
-  const auto s = pool.stats();
-  EXPECT_EQ(s.bytes_reserved, 0u);
-  EXPECT_EQ(s.bytes_in_use, 0u);
-  PinnedBlock small = pool.acquire(100);  // the pool still works
-  EXPECT_TRUE(small);
 }
 
 // Runs in a death test's child: drops to an unprivileged user when root (CAP_IPC_LOCK would
@@ -479,7 +486,8 @@ TEST(Faults, PinnedPoolAllocationRefusedBySystemIsAClearError) {
   if (::setrlimit(RLIMIT_MEMLOCK, &zero) != 0) std::_Exit(4);
   bool ok = true;
   {
-    PinnedPool pool({.cap_bytes = 1 << 20, .lock = true});
+    // mlock's path: cudaHostAlloc (where a device is visible) pins through the driver instead.
+    PinnedPool pool({.cap_bytes = 1 << 20, .lock = true, .cuda_host_alloc = false});
     PinnedBlock a = pool.acquire(10000), b = pool.acquire(3);
     std::fill_n(static_cast<char*>(a.data()), a.capacity(), 'x');
     const auto s = pool.stats();

@@ -164,6 +164,56 @@ TEST(MpiStaging, PointToPointBetweenDeviceAndHostBuffers) {
   }
 }
 
+// The receiver's device buffer was just written by a pageable cudaMemcpy, which returns before
+// its DMA lands: the staged result must be written after it, not under it. (Seen on an H200:
+// receivers read back their own initial values after a broadcast.) Large buffers and many
+// rounds make the window wide.
+TEST(MpiStaging, StagedResultsLandAfterEarlierWritesOfTheInputStream) {
+  LOOM_REQUIRE_GPU();
+  Backend& b = staged();
+  const int n = b.world_size(), me = b.rank();
+  const int root = n - 1;
+  constexpr std::size_t count = (std::size_t{1} << 20) + 3;
+  std::vector<std::int32_t> from_root(count);
+  std::iota(from_root.begin(), from_root.end(), root * 7);
+  for (int round = 0; round < 10; ++round) {
+    std::vector<std::int32_t> values(count);
+    std::iota(values.begin(), values.end(), me * 7);
+    auto buffer = test::to_device(values);
+    b.broadcast(on_gpu<std::int32_t>(buffer, count), root);
+    ASSERT_EQ(test::to_host<std::int32_t>(buffer, count), from_root) << "round " << round;
+
+    auto mine = test::to_device(std::vector<float>(count, static_cast<float>(me + 1)));
+    auto total = test::to_device(std::vector<float>(count, -1.0f));  // written just before
+    b.allreduce(on_gpu<float>(mine, count), on_gpu<float>(total, count), ReduceOp::sum);
+    ASSERT_EQ(test::to_host<float>(total, count),
+              std::vector<float>(count, static_cast<float>(n * (n + 1) / 2)))
+        << "round " << round;
+  }
+}
+
+// cudaMemcpyDefault would copy host memory labelled cuda:0 without complaint; staging names it.
+TEST(MpiStaging, HostMemoryLabelledAsDeviceIsANamedError) {
+  LOOM_REQUIRE_GPU();
+  Backend& b = staged();
+  std::vector<float> host(16, 1.0f), out(16);
+  try {
+    b.allreduce(Buffer(host.data(), 16, DType::float32, Device::cuda(0)),
+                Buffer(out.data(), 16, DType::float32, Device::cuda(0)), ReduceOp::sum);
+    ADD_FAILURE() << "host memory labelled cuda:0 was staged";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::invalid_argument) << e.what();
+    EXPECT_NE(e.message().find("the send buffer is labelled cuda:0 but holds host memory"),
+              std::string::npos)
+        << e.what();
+  }
+  // Every rank refused before any MPI call, so the backend still works.
+  auto ones = test::to_device(std::vector<float>(16, 1.0f));
+  b.allreduce(on_gpu<float>(ones, 16), ReduceOp::sum);
+  EXPECT_EQ(test::to_host<float>(ones, 16),
+            std::vector<float>(16, static_cast<float>(b.world_size())));
+}
+
 }  // namespace
 }  // namespace loom
 

@@ -17,9 +17,10 @@ struct MpiConfig {
   /// element-wise operations (allreduce, reduce, broadcast) are chunked; the others, and
   /// point-to-point messages, are staged whole.
   std::size_t staging_chunk_bytes = std::size_t{4} << 20;
-  /// @brief Staged operations read their device input after the work enqueued on this stream
-  /// so far (an event, no host wait); nullptr: the legacy
-  /// default stream, where cudaMemcpy and kernels launched without a stream run. A
+  /// @brief Staged operations read their device input, and write their device output, after
+  /// the work enqueued on this stream so far (an event, no host wait): a copy or kernel still
+  /// in flight there neither feeds stale data in nor lands over the result. nullptr: the
+  /// legacy default stream, where cudaMemcpy and kernels launched without a stream run. A
   /// cudaStream_t.
   void* staging_input_stream = nullptr;
   /// @brief Fail when MPI cannot give MPI_THREAD_MULTIPLE (loom's progress engine and TBB
