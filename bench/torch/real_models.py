@@ -17,7 +17,8 @@ Every mode starts from the same weights (seeded), sees the same batches, and ste
 (momentum 0.9, lr 0.01), DDP's bucket_cap_mb 25 (--bucket-cap-mb). Rounds interleave the modes
 (each mode runs --steps steps per round, every step after a barrier); a step is zero_grad,
 forward, loss, backward, optimizer step, timed on every rank, the slowest rank's counting.
---modes picks the rows; "parallelize" needs loom_torch.parallelize, "parallelize-auto" is it
+--modes picks the rows ("local": every rank trains alone, no communication, the compute floor of
+N ranks on this host); "parallelize" needs loom_torch.parallelize, "parallelize-auto" is it
 with bucket_cap_mb="auto" (its warm-up runs until the automatic plan decided, so its row is
 the chosen plan's step). The parallelize rows are profiled (--no-predict: not) and carry the
 step simulator's prediction (net.predict(), rank 0's): "pred_ms" beside "period_ms", the mean
@@ -137,7 +138,11 @@ class Trainer:
         self.mode = mode
         self.params = sum(p.numel() for p in model.parameters())
         optimizer = lambda params: torch.optim.SGD(params, lr=0.01, momentum=0.9)  # noqa: E731
-        if mode in ("parallelize", "parallelize-auto"):
+        if mode == "local":
+            # No communication at all: every rank trains its own copy. At N ranks this is the
+            # compute floor of a step with N ranks sharing the host (memory, caches, cores).
+            self.net, self.opt = model, optimizer(model.parameters())
+        elif mode in ("parallelize", "parallelize-auto"):
             import loom_torch
             self.net, self.opt = loom_torch.parallelize(
                 model, optimizer(model.parameters()), process_group=groups["loom"],
@@ -157,16 +162,17 @@ class Trainer:
             self.opt = optimizer(self.net.parameters())
         # Each rank its own batches, the same in every mode.
         self.generator = torch.Generator().manual_seed(args.seed * 1000 + rank)
-        self.times, self.loss = [], None
+        self.times, self.cpu, self.loss = [], [], None
 
     def step(self):
         x, y = self.inputs(self.generator), self.targets(self.generator)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         self.opt.zero_grad(set_to_none=True)
         loss = self.loss_fn(self.net(x), y)
         loss.backward()
         self.opt.step()
         self.times.append(time.perf_counter() - start)
+        self.cpu.append(time.process_time() - cpu)  # every thread of this process
         self.loss = loss.item()
 
 
@@ -209,6 +215,7 @@ def main():
             t.step()
             extra += 1
         t.times.clear()
+        t.cpu.clear()
     for _ in range(args.rounds):
         for t in trainers:
             for _ in range(args.steps):
@@ -232,8 +239,10 @@ def main():
     for t in trainers:
         times = torch.tensor(t.times, dtype=torch.float64)
         dist.all_reduce(times, op=dist.ReduceOp.MAX, group=sync)
+        cpu = torch.tensor([statistics.median(t.cpu)], dtype=torch.float64)
+        dist.all_reduce(cpu, op=dist.ReduceOp.MAX, group=sync)
         result["modes"][t.mode] = {"step_ms": statistics.median(times.tolist()) * 1e3,
-                                   "final_loss": t.loss}
+                                   "cpu_ms": cpu.item() * 1e3, "final_loss": t.loss}
         if t.mode.startswith("parallelize"):
             net = t.net
             net.synchronize()
@@ -255,8 +264,8 @@ def main():
         base = result["modes"].get("ddp-gloo", {}).get("step_ms")
         for mode, r in result["modes"].items():
             ratio = " %.3fx ddp-gloo" % (r["step_ms"] / base) if base else ""
-            print("%-12s step %9.3f ms  loss %.5f%s" % (mode, r["step_ms"], r["final_loss"],
-                                                       ratio))
+            print("%-12s step %9.3f ms  cpu %9.3f ms  loss %.5f%s" % (
+                mode, r["step_ms"], r["cpu_ms"], r["final_loss"], ratio))
             if "pred_ms" in r:
                 print("%-12s predicted %9.3f ms, measured period %9.3f ms (%+.1f%%, %d steps), "
                       "plan %s" % ("", r["pred_ms"], r["period_ms"], 100 * r["err"],

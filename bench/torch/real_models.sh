@@ -23,7 +23,7 @@ fi
 models=${MODELS:-transformer resnet18 convnet mlp}
 np=${NP:-2}
 compression=${COMPRESSION:-none}
-modes=${MODES:-ddp-gloo,ddp-loom,parallelize}
+modes=${MODES:-local,ddp-gloo,ddp-loom,parallelize}
 steps=${STEPS:-8}
 rounds=${ROUNDS:-3}
 python=${PYTHON:-/usr/bin/python3}
@@ -64,20 +64,24 @@ import json, sys
 out, np, rate, compression, load0, load1 = sys.argv[1:7]
 print("# real_models: %s ranks, %s, compression %s; load average %s -> %s" %
       (np, rate, compression, load0, load1))
-print("%-12s %-16s %10s %9s %10s %10s %9s %10s %10s %7s" %
-      ("model", "mode", "step ms", "/ddp", "1-rank ms", "wire ms", "/bound", "period ms",
-       "pred ms", "|err|"))
+print("%-12s %-16s %10s %9s %10s %10s %9s %9s %10s %10s %7s" %
+      ("model", "mode", "step ms", "/ddp", "1-rank ms", "wire ms", "/bound", "/bound-N",
+       "period ms", "pred ms", "|err|"))
 for model in sys.argv[7:]:
     many = json.load(open("%s/%s.np%s.json" % (out, model, np)))
     one = json.load(open("%s/%s.np1.json" % (out, model)))
     ddp = many["modes"].get("ddp-gloo", {}).get("step_ms")
+    # bound-N: the "local" row's step (N ranks computing at once, no communication) in place of
+    # the 1-rank step: what the host's shared cores and memory leave before any communication.
+    local = many["modes"].get("local", {}).get("step_ms")
     for mode, r in many["modes"].items():
         alone = one["modes"][mode]["step_ms"]
         bound = max(alone, many["wire_ms"])
+        bound_n = "%9.3f" % (r["step_ms"] / max(local, many["wire_ms"])) if local else "%9s" % "-"
         predicted = ("%10.1f %10.1f %6.1f%%" % (r["period_ms"], r["pred_ms"], 100 * abs(r["err"]))
                      if "pred_ms" in r else "%10s %10s %7s" % ("-", "-", "-"))
-        print("%-12s %-16s %10.1f %9s %10.1f %10.1f %9.3f %s" %
+        print("%-12s %-16s %10.1f %9s %10.1f %10.1f %9.3f %s %s" %
               (model, mode, r["step_ms"], "%.3f" % (r["step_ms"] / ddp) if ddp else "-",
-               alone, many["wire_ms"], r["step_ms"] / bound, predicted))
+               alone, many["wire_ms"], r["step_ms"] / bound, bound_n, predicted))
 PY
 echo "(files in $out)"

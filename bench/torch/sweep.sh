@@ -47,7 +47,7 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.txt"))):
 print("# sweep: the worst step / DDP-on-Gloo step over the models, per point and mode")
 print("%-22s %-18s %8s  %s" % ("point", "mode", "worst", "model"))
 for (point, mode), (ratio, model) in sorted(rows.items()):
-    if mode != "ddp-gloo":
+    if mode not in ("ddp-gloo", "local"):
         print("%-22s %-18s %8.3f  %s%s" % (point, mode, ratio, model,
                                            "  (slower than DDP)" if ratio > 1 else ""))
 PY
