@@ -33,7 +33,7 @@ export PYTHONPATH=$build/python${PYTHONPATH:+:$PYTHONPATH}
 if [[ ${1:-} == --inner ]]; then
   for model in $models; do
     for n in "$np" 1; do
-      mpirun -np "$n" --bind-to none -x PYTHONPATH -x LOOM_CALIBRATION "$python" \
+      mpirun -np "$n" --oversubscribe --bind-to none -x PYTHONPATH -x LOOM_CALIBRATION "$python" \
         "$root/bench/torch/real_models.py" --model "$model" --modes "$modes" \
         --compression "$compression" --steps "$steps" --rounds "$rounds" \
         --json "$out/$model.np$n.json" >"$out/$model.np$n.txt" 2>&1 ||
