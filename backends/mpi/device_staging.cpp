@@ -86,26 +86,22 @@ class StagedWork final : public Work {
 // memory labelled cuda:N without complaint, and the operation would run on the wrong data.
 void check_label(const std::string& description, const char* which, Buffer buffer) {
   if (buffer.empty()) return;
+  auto mislabelled = [&](const std::string& what) {
+    return Error(ErrorCode::invalid_argument, description + ": the " + which +
+                                                  " buffer is labelled " +
+                                                  to_string(buffer.device()) + " but " + what);
+  };
   cudaPointerAttributes attributes{};
   const cudaError_t status = cudaPointerGetAttributes(&attributes, buffer.data());
   if (status != cudaSuccess) {
     cudaGetLastError();
-    throw Error(ErrorCode::invalid_argument,
-                description + ": the " + which + " buffer is labelled " +
-                    to_string(buffer.device()) + " but CUDA does not know its memory (" +
-                    cuda::error_text(status) + ")");
+    throw mislabelled("CUDA does not know its memory (" + cuda::error_text(status) + ")");
   }
   if (attributes.type == cudaMemoryTypeManaged) return;
   if (attributes.type != cudaMemoryTypeDevice)
-    throw Error(ErrorCode::invalid_argument,
-                description + ": the " + which + " buffer is labelled " +
-                    to_string(buffer.device()) +
-                    " but holds host memory (cudaPointerGetAttributes); label it Device::cpu()");
+    throw mislabelled("holds host memory (cudaPointerGetAttributes); label it Device::cpu()");
   if (attributes.device != buffer.device().index)
-    throw Error(ErrorCode::invalid_argument,
-                description + ": the " + which + " buffer is labelled " +
-                    to_string(buffer.device()) + " but holds memory of " +
-                    to_string(Device::cuda(attributes.device)));
+    throw mislabelled("holds memory of " + to_string(Device::cuda(attributes.device)));
 }
 
 }  // namespace

@@ -79,9 +79,7 @@ struct PinnedPool::State {
     }
 #endif
     void* data = std::aligned_alloc(page_size(), capacity);
-    if (data == nullptr)
-      throw Error(ErrorCode::out_of_memory,
-                  "pinned pool: the system refused " + std::to_string(capacity) + " bytes");
+    if (data == nullptr) throw refused(capacity, "");
     locked = false;
     if (options.lock) {
       locked = ::mlock(data, capacity) == 0;
@@ -97,14 +95,17 @@ struct PinnedPool::State {
     return data;
   }
 
+  // Either allocator's refusal, in the same words (`detail`: what the allocator said).
+  static Error refused(std::size_t capacity, const std::string& detail) {
+    return Error(ErrorCode::out_of_memory,
+                 "pinned pool: the system refused " + std::to_string(capacity) + " bytes" + detail);
+  }
+
 #if LOOM_HAVE_CUDA
   static void check_allocation(cudaError_t status, std::size_t capacity) {
     if (status == cudaSuccess) return;
     cudaGetLastError();
-    // The same words as the plain allocator's refusal, so one message covers both paths.
-    throw Error(ErrorCode::out_of_memory,
-                "pinned pool: the system refused " + std::to_string(capacity) +
-                    " bytes (cudaHostAlloc: " + cuda::error_text(status) + ")");
+    throw refused(capacity, " (cudaHostAlloc: " + cuda::error_text(status) + ")");
   }
 #endif
 
