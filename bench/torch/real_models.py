@@ -14,9 +14,17 @@ Models (--model; the shapes of issue 22's table):
   gpt          a small GPT-like stack with tied input/output embeddings
   mobilenet_v2 torchvision mobilenet_v2 (many small tensors), 10 classes, 64x64, batch 8
 Every mode starts from the same weights (seeded), sees the same batches, and steps with SGD
-(momentum 0.9, lr 0.01), DDP's bucket_cap_mb 25 (--bucket-cap-mb). Rounds interleave the modes
-(each mode runs --steps steps per round, every step after a barrier); a step is zero_grad,
-forward, loss, backward, optimizer step, timed on every rank, the slowest rank's counting.
+(momentum 0.9, lr 0.01), DDP's bucket_cap_mb 25 (--bucket-cap-mb). Rounds interleave the modes:
+each mode runs --discard untimed steps, then --steps timed ones, every step after a barrier, and
+parallelize then lets what it still has in flight land (untimed) before the next mode's round,
+so every timed step follows a step of its own mode, as in training, and no mode's communication
+runs under another's steps. A step is zero_grad, forward, loss, backward, optimizer step, timed
+on every rank, the slowest rank's counting. Besides each mode's median step, "ratio_rounds" is
+the median over rounds of the mode's round median over DDP-on-Gloo's in the same round: this
+host's speed drifts by up to 2x over seconds (one process training four identical convnets in
+turn saw 68 to 214 ms steps), which a same-round ratio cancels. Short rounds (--steps 2) follow
+the drift best; the prediction needs at least two timed steps per round (a step followed by
+another mode's round is left out of it).
 --modes picks the rows ("local": every rank trains alone, no communication, the compute floor of
 N ranks on this host); "parallelize" needs loom_torch.parallelize, "parallelize-auto" is it
 with bucket_cap_mb="auto" (its warm-up runs until the automatic plan decided, so its row is
@@ -164,16 +172,24 @@ class Trainer:
         self.generator = torch.Generator().manual_seed(args.seed * 1000 + rank)
         self.times, self.cpu, self.loss = [], [], None
 
-    def step(self):
+    def step(self, timed=True):
         x, y = self.inputs(self.generator), self.targets(self.generator)
         start, cpu = time.perf_counter(), time.process_time()
         self.opt.zero_grad(set_to_none=True)
         loss = self.loss_fn(self.net(x), y)
         loss.backward()
         self.opt.step()
-        self.times.append(time.perf_counter() - start)
-        self.cpu.append(time.process_time() - cpu)  # every thread of this process
+        if timed:
+            self.times.append(time.perf_counter() - start)
+            self.cpu.append(time.process_time() - cpu)  # every thread of this process
         self.loss = loss.item()
+
+    def quiesce(self):
+        """Between this mode's round and the next mode's: what parallelize still has in flight
+        (the last step's communication tail, which its next forward would have overlapped)
+        lands now, untimed, instead of during another mode's steps."""
+        if self.mode.startswith("parallelize"):
+            self.net.synchronize()
 
 
 def main():
@@ -185,6 +201,9 @@ def main():
     ap.add_argument("--batch", type=int, default=0, help="per rank (0: the model's default)")
     ap.add_argument("--steps", type=int, default=8, help="timed steps per mode and round")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--discard", type=int, default=1,
+                    help="untimed steps at the start of each mode's round (a timed step then "
+                         "always follows one of its own mode, as in training)")
     ap.add_argument("--warmups", type=int, default=3)
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--json", help="rank 0 writes the medians here")
@@ -214,13 +233,15 @@ def main():
             dist.barrier(group=sync)
             t.step()
             extra += 1
+        t.quiesce()
         t.times.clear()
         t.cpu.clear()
     for _ in range(args.rounds):
         for t in trainers:
-            for _ in range(args.steps):
+            for s in range(args.discard + args.steps):
                 dist.barrier(group=sync)
-                t.step()
+                t.step(timed=s >= args.discard)
+            t.quiesce()
     # The wire time of one step's gradients: one allreduce of them all, alone on the link (loom's
     # group; float16 halves it with compression), the median of a few.
     wire = torch.zeros(trainers[0].params,
@@ -241,8 +262,13 @@ def main():
         dist.all_reduce(times, op=dist.ReduceOp.MAX, group=sync)
         cpu = torch.tensor([statistics.median(t.cpu)], dtype=torch.float64)
         dist.all_reduce(cpu, op=dist.ReduceOp.MAX, group=sync)
-        result["modes"][t.mode] = {"step_ms": statistics.median(times.tolist()) * 1e3,
-                                   "cpu_ms": cpu.item() * 1e3, "final_loss": t.loss}
+        steps = times.tolist()
+        result["modes"][t.mode] = {
+            "step_ms": statistics.median(steps) * 1e3, "cpu_ms": cpu.item() * 1e3,
+            "final_loss": t.loss,
+            # each round's median step (the slowest rank's steps), for same-round ratios
+            "round_ms": [statistics.median(steps[k:k + args.steps]) * 1e3
+                         for k in range(0, len(steps), args.steps)]}
         if t.mode.startswith("parallelize"):
             net = t.net
             net.synchronize()
@@ -255,15 +281,23 @@ def main():
                 row.update(pred_ms=p["predicted_ms"], period_ms=p["measured_ms"],
                            err=p["error"], pred_steps=p["steps"], breakdown=p["breakdown"],
                            measured=p["measured"])
+    # The ratio to DDP on Gloo, made round by round (a mode's round against DDP's round next to
+    # it) and then the median: this host's speed drifts by up to 2x over seconds, which the
+    # ratio of whole-run medians carries and a same-round ratio cancels.
+    ddp_rounds = result["modes"].get("ddp-gloo", {}).get("round_ms")
+    if ddp_rounds:
+        for r in result["modes"].values():
+            r["ratio_rounds"] = statistics.median(m / d for m, d in zip(r["round_ms"], ddp_rounds))
     if rank == 0:
         print("# real_models: %s, %d parameters, %d ranks, compression %s, buckets %g MB, "
-              "median of %d steps (%d rounds, modes interleaved)"
+              "median of %d steps (%d rounds, modes interleaved, %d untimed steps per round)"
               % (args.model, trainers[0].params, world, args.compression, args.bucket_cap_mb,
-                 args.steps * args.rounds, args.rounds))
+                 args.steps * args.rounds, args.rounds, args.discard))
         print("wire         one allreduce of every gradient: %.3f ms" % wire_ms)
         base = result["modes"].get("ddp-gloo", {}).get("step_ms")
         for mode, r in result["modes"].items():
-            ratio = " %.3fx ddp-gloo" % (r["step_ms"] / base) if base else ""
+            ratio = (" %.3fx ddp-gloo (%.3fx by rounds)" % (r["step_ms"] / base, r["ratio_rounds"])
+                     if base else "")
             print("%-12s step %9.3f ms  cpu %9.3f ms  loss %.5f%s" % (
                 mode, r["step_ms"], r["cpu_ms"], r["final_loss"], ratio))
             if "pred_ms" in r:

@@ -2,7 +2,8 @@
 # Real models (bench/torch/real_models.py) as DDP on Gloo, DDP on loom with loom's hook and
 # loom_torch.parallelize, at NP ranks and at 1 rank (the step without communication), all in one
 # netem namespace (bench/netem.sh; RATE "shm": shared memory), rounds interleaved inside each
-# launch; prints per model each mode's step, its ratio to DDP on Gloo, and its distance to the
+# launch; prints per model each mode's step, its ratio to DDP on Gloo (of the medians, and the
+# median of same-round ratios: real_models.py's docstring says why), and its distance to the
 # bound max(1-rank step, wire time of one step's gradients); parallelize rows also the step
 # simulator's prediction of their period (net.predict(), rank 0's) and its error against the
 # period measured over the same steps (MODES may add parallelize-auto: bucket_cap_mb="auto").
@@ -25,6 +26,7 @@ np=${NP:-2}
 compression=${COMPRESSION:-none}
 modes=${MODES:-local,ddp-gloo,ddp-loom,parallelize}
 steps=${STEPS:-8}
+discard=${DISCARD:-1}
 rounds=${ROUNDS:-3}
 python=${PYTHON:-/usr/bin/python3}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -35,7 +37,7 @@ if [[ ${1:-} == --inner ]]; then
     for n in "$np" 1; do
       mpirun -np "$n" --oversubscribe --bind-to none -x PYTHONPATH -x LOOM_CALIBRATION "$python" \
         "$root/bench/torch/real_models.py" --model "$model" --modes "$modes" \
-        --compression "$compression" --steps "$steps" --rounds "$rounds" \
+        --compression "$compression" --steps "$steps" --rounds "$rounds" --discard "$discard" \
         --json "$out/$model.np$n.json" >"$out/$model.np$n.txt" 2>&1 ||
         { cat "$out/$model.np$n.txt" >&2; exit 1; }
     done
@@ -64,8 +66,8 @@ import json, sys
 out, np, rate, compression, load0, load1 = sys.argv[1:7]
 print("# real_models: %s ranks, %s, compression %s; load average %s -> %s" %
       (np, rate, compression, load0, load1))
-print("%-12s %-16s %10s %9s %10s %10s %9s %9s %10s %10s %7s" %
-      ("model", "mode", "step ms", "/ddp", "1-rank ms", "wire ms", "/bound", "/bound-N",
+print("%-12s %-16s %10s %9s %9s %10s %10s %9s %9s %10s %10s %7s" %
+      ("model", "mode", "step ms", "/ddp", "/ddp rnd", "1-rank ms", "wire ms", "/bound", "/bound-N",
        "period ms", "pred ms", "|err|"))
 for model in sys.argv[7:]:
     many = json.load(open("%s/%s.np%s.json" % (out, model, np)))
@@ -80,8 +82,10 @@ for model in sys.argv[7:]:
         bound_n = "%9.3f" % (r["step_ms"] / max(local, many["wire_ms"])) if local else "%9s" % "-"
         predicted = ("%10.1f %10.1f %6.1f%%" % (r["period_ms"], r["pred_ms"], 100 * abs(r["err"]))
                      if "pred_ms" in r else "%10s %10s %7s" % ("-", "-", "-"))
-        print("%-12s %-16s %10.1f %9s %10.1f %10.1f %9.3f %s %s" %
-              (model, mode, r["step_ms"], "%.3f" % (r["step_ms"] / ddp) if ddp else "-",
+        # /ddp rnd: the median of same-round ratios (real_models.py's ratio_rounds)
+        rounds = "%.3f" % r["ratio_rounds"] if "ratio_rounds" in r else "-"
+        print("%-12s %-16s %10.1f %9s %9s %10.1f %10.1f %9.3f %s %s" %
+              (model, mode, r["step_ms"], "%.3f" % (r["step_ms"] / ddp) if ddp else "-", rounds,
                alone, many["wire_ms"], r["step_ms"] / bound, bound_n, predicted))
 PY
 echo "(files in $out)"
