@@ -8,7 +8,9 @@ layers with ReLUs), a small batch, SGD with momentum. Issue 22's figure: paralle
       mpirun -np 2 --bind-to none /usr/bin/python3 bench/torch/overhead.py
 
 Modes (--modes): ddp-gloo (DDP on Gloo), ddp-loom (DDP on loom with loom's hook), parallelize.
-Rounds interleave the modes (--steps steps each per round, every step after a barrier); a step
+Rounds interleave the modes (one untimed step, then --steps timed steps each per round, every
+step after a barrier; parallelize's tail lands untimed before the next mode's round, as in
+bench/torch/real_models.py); a step
 (zero_grad, forward, loss, backward, optimizer step) is timed on every rank, the slowest rank's
 counting. Printed: each mode's median step and, per round, its ratio to DDP on Gloo's step of the
 same round, with the median of those ratios (the figure: it is immune to the drift of a loaded
@@ -64,13 +66,19 @@ class Trainer:
         self.y = torch.randn(args.batch, args.width, generator=g)
         self.times = []
 
-    def step(self):
+    def step(self, timed=True):
         start = time.perf_counter()
         self.opt.zero_grad(set_to_none=True)
         loss = ((self.net(self.x) - self.y) ** 2).mean()
         loss.backward()
         self.opt.step()
-        self.times.append(time.perf_counter() - start)
+        if timed:
+            self.times.append(time.perf_counter() - start)
+
+    def quiesce(self):
+        """What parallelize still has in flight lands now, untimed, not under the next mode."""
+        if self.mode == "parallelize":
+            self.net.synchronize()
 
 
 def main():
@@ -99,16 +107,22 @@ def main():
             t.step()
         t.times.clear()
     profiler = cProfile.Profile() if args.profile and rank == 0 else None
+    # Each mode's round starts with an untimed step, so that every timed step follows one of its
+    # own mode (parallelize's next forward overlaps the previous step's tail), and parallelize's
+    # tail lands before the next mode's round.
+    for t in trainers:
+        t.quiesce()
     for _ in range(args.rounds):
         for t in trainers:
-            for _ in range(args.steps):
+            for s in range(1 + args.steps):
                 dist.barrier(group=sync)
                 if profiler is not None and t.mode == "parallelize":
                     profiler.enable()
-                    t.step()
+                    t.step(timed=s > 0)
                     profiler.disable()
                 else:
-                    t.step()
+                    t.step(timed=s > 0)
+            t.quiesce()
     medians = {}
     per_round = {}
     for t in trainers:
