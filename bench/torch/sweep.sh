@@ -4,7 +4,7 @@
 # the modes interleaved in rounds, then one line per point and mode: the worst (largest) ratio
 # to DDP on Gloo over the models, and the model it came from, so "never slower than DDP" reads
 # off the last column. Every point's full table stays in OUT/<rate>.np<n>.<compression>.txt.
-#   bench/torch/sweep.sh [BUILD_DIR]               # as root (netem); about 40 min on 2 cores at
+#   bench/torch/sweep.sh [BUILD_DIR]               # as root (netem); about 30 min on 2 cores at
 #                                                  # STEPS=3 ROUNDS=6 (18 timed steps per mode)
 #   MODELS="transformer convnet" RATES=2gbit NPS=2 bench/torch/sweep.sh
 set -euo pipefail
