@@ -29,11 +29,7 @@ import torch  # noqa: E402  (after the thread limits)
 import torch.distributed as dist  # noqa: E402
 
 import loom_torch  # noqa: E402,F401  registers "loom"; RANK, WORLD_SIZE, MASTER_* under mpirun
-
-
-def parse_bytes(text):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+from allreduce_sweep import parse_bytes  # noqa: E402  (this script's folder is on sys.path)
 
 
 def slowest(seconds, sync):

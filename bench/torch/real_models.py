@@ -22,9 +22,9 @@ runs under another's steps. A step is zero_grad, forward, loss, backward, optimi
 on every rank, the slowest rank's counting. Besides each mode's median step, "ratio_rounds" is
 the median over rounds of the mode's round median over DDP-on-Gloo's in the same round: this
 host's speed drifts by up to 2x over seconds (one process training four identical convnets in
-turn saw 68 to 214 ms steps), which a same-round ratio cancels. Short rounds (--steps 2) follow
-the drift best; the prediction needs at least two timed steps per round (a step followed by
-another mode's round is left out of it).
+turn saw 68 to 214 ms steps), which a same-round ratio cancels (with few steps per round each
+round's median is noisy in turn: read both). The prediction needs at least two timed steps per
+round (a step followed by another mode's round is left out of it).
 --modes picks the rows ("local": every rank trains alone, no communication, the compute floor of
 N ranks on this host); "parallelize" needs loom_torch.parallelize, "parallelize-auto" is it
 with bucket_cap_mb="auto" (its warm-up runs until the automatic plan decided, so its row is
