@@ -129,7 +129,7 @@ double others_cpu_share(Backend& b, const CpuSample& before, const CpuSample& af
 
 // Why the cache text `text` cannot be used for `key` ("" when it can); fills `out`.
 std::string check_cache(const std::string& text, const CalibrationKey& key,
-                        std::vector<Measurement>& out) {
+                        std::vector<Measurement>& out, TimingForm* form = nullptr) {
   TuningParameters t;
   try {
     t = parse_tuning_file(text);
@@ -145,6 +145,7 @@ std::string check_cache(const std::string& text, const CalibrationKey& key,
              std::to_string(m.world) + " ranks, expected " +
              std::string(to_string(key.collective)) + " on " + std::to_string(key.world);
   out = std::move(t.measured);
+  if (form) *form = t.timed;
   return "";
 }
 
@@ -290,8 +291,21 @@ Calibration calibrate(Backend& backend, const CalibrationOptions& options) {
         std::stringstream text;
         text << in.rdbuf();
         std::vector<Measurement> unused;
-        const std::string why = check_cache(text.str(), report.key, unused);
-        verdict = why.empty() ? "cached\n" + text.str() : "error\n" + why;
+        TimingForm form = TimingForm::unknown;
+        const std::string why = check_cache(text.str(), report.key, unused, &form);
+        if (!why.empty()) {
+          verdict = "error\n" + why;
+        } else if (form != TimingForm::asynchronous) {
+          // A cache from before calibrations recorded their form timed native's blocking
+          // call: its choices would be wrong for the asynchronous path loom runs.
+          std::fprintf(stderr,
+                       "loom: calibration cache %s was timed in the %s form; timing it again "
+                       "in the asynchronous form loom runs\n",
+                       report.path.c_str(), std::string(to_string(form)).c_str());
+          verdict = "time\n";
+        } else {
+          verdict = "cached\n" + text.str();
+        }
       }
     }
     verdict = broadcast_text(backend, verdict);
@@ -320,9 +334,13 @@ Calibration calibrate(Backend& backend, const CalibrationOptions& options) {
     timing.sizes = options.sizes;
     timing.rounds = options.rounds;
     timing.seconds_per_point = options.seconds_per_point;
+    // The form the executor, the torch process group and GradientReducer run: native's
+    // nonblocking call polled to completion, not its blocking one (TimingForm).
+    timing.form = TimingForm::asynchronous;
     const CpuSample before = sample_cpu();
     TuningParameters tuning = default_tuning();
     tuning.backend = report.key.backend;
+    tuning.timed = timing.form;
     tuning.measured = time_candidates(backend, timing);
     const CpuSample after = sample_cpu();
     report.others_cpu_share = others_cpu_share(backend, before, after, hosts);

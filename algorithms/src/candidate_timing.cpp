@@ -25,8 +25,8 @@ struct Point {
   std::vector<double> times;  // per round: the slowest rank's average per call
 };
 
-void perform(Backend& b, bool asynchronous, Algorithm algorithm, const CollectiveArgs& args) {
-  if (asynchronous)
+void perform(Backend& b, TimingForm form, Algorithm algorithm, const CollectiveArgs& args) {
+  if (form == TimingForm::asynchronous)
     start_collective(b, algorithm, args)->wait();
   else
     run_collective(b, algorithm, args);
@@ -101,6 +101,10 @@ std::vector<Measurement> time_candidates(Backend& b, const CandidateTimingOption
     throw Error(ErrorCode::invalid_argument,
                 "time_candidates: rounds " + std::to_string(o.rounds) + " and seconds_per_point " +
                     std::to_string(o.seconds_per_point) + " must be positive");
+  if (o.form != TimingForm::blocking && o.form != TimingForm::asynchronous)
+    throw Error(ErrorCode::invalid_argument,
+                "time_candidates: form must be blocking or asynchronous, not " +
+                    std::string(to_string(o.form)));
   // Sized once for the largest case before any case points into them, so that the cases'
   // buffers stay valid while the rounds cycle through all of them.
   std::vector<float> send, recv;
@@ -119,7 +123,7 @@ std::vector<Measurement> time_candidates(Backend& b, const CandidateTimingOption
 
   const double per_round = o.seconds_per_point / o.rounds;
   for (Point& p : points) {
-    perform(b, o.asynchronous, p.algorithm, p.args);  // warm-up (and first touch of scratch)
+    perform(b, o.form, p.algorithm, p.args);  // warm-up (and first touch of scratch)
     // One call's time from enough calls to see past the clock's resolution; max_over_ranks
     // makes the count the same on every rank. The fastest of three estimates: one estimate
     // slowed by a descheduled rank set a count of 1 call per round for 8 B, whose rounds then
@@ -129,7 +133,7 @@ std::vector<Measurement> time_candidates(Backend& b, const CandidateTimingOption
       for (int probe = 1;; probe *= 10) {
         b.barrier();
         const auto start = Clock::now();
-        for (int i = 0; i < probe; ++i) perform(b, o.asynchronous, p.algorithm, p.args);
+        for (int i = 0; i < probe; ++i) perform(b, o.form, p.algorithm, p.args);
         const double t =
             max_over_ranks(b, std::chrono::duration<double>(Clock::now() - start).count() / probe);
         if (t * probe >= 1e-4 || probe >= 1000) {
@@ -144,7 +148,7 @@ std::vector<Measurement> time_candidates(Backend& b, const CandidateTimingOption
       Point& p = points[(turn + static_cast<std::size_t>(round)) % points.size()];
       b.barrier();
       const auto start = Clock::now();
-      for (int i = 0; i < p.iterations; ++i) perform(b, o.asynchronous, p.algorithm, p.args);
+      for (int i = 0; i < p.iterations; ++i) perform(b, o.form, p.algorithm, p.args);
       const double mine =
           std::chrono::duration<double>(Clock::now() - start).count() / p.iterations;
       p.times.push_back(max_over_ranks(b, mine));

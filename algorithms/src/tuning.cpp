@@ -98,6 +98,18 @@ std::string format_double(double v) {
 
 }  // namespace
 
+std::string_view to_string(TimingForm form) noexcept {
+  switch (form) {
+    case TimingForm::blocking:
+      return "blocking";
+    case TimingForm::asynchronous:
+      return "asynchronous";
+    case TimingForm::unknown:
+      break;
+  }
+  return "unknown";
+}
+
 TuningParameters parse_tuning_file(std::string_view text) {
   TuningParameters t;
   bool header = false;
@@ -164,10 +176,18 @@ TuningParameters parse_tuning_file(std::string_view text) {
       m.seconds = number(w[5], where) * 1e-6;
       if (w.size() == 7) m.spread_seconds = number(w[6], where) * 1e-6;
       t.measured.push_back(m);
+    } else if (w[0] == "timed") {
+      expect_fields(w, 2, where, "blocking or asynchronous");
+      if (w[1] == "blocking")
+        t.timed = TimingForm::blocking;
+      else if (w[1] == "asynchronous")
+        t.timed = TimingForm::asynchronous;
+      else
+        bad(where + ": timed '" + std::string(w[1]) + "': expected blocking or asynchronous");
     } else {
       bad(where + ": unknown key '" + std::string(w[0]) +
           "' (expected backend, alpha_us, beta_ns_per_byte, gamma_ns_per_byte, inter_alpha_us, "
-          "inter_beta_ns_per_byte, native or measured)");
+          "inter_beta_ns_per_byte, native, measured or timed)");
     }
   }
   if (!header) bad("tuning file: empty (expected the header 'loom-tuning 1')");
@@ -203,6 +223,7 @@ std::string format_tuning_file(const TuningParameters& t) {
     out << "measured " << to_string(m.collective) << " " << m.world << " " << m.bytes << " "
         << to_string(m.algorithm) << " " << format_double(m.seconds * 1e6) << " "
         << format_double(m.spread_seconds * 1e6) << "\n";
+  if (t.timed != TimingForm::unknown) out << "timed " << to_string(t.timed) << "\n";
   return out.str();
 }
 

@@ -44,7 +44,7 @@ struct Options {
   int ranks_per_node = 0;  // local backend: 0 = one node
   double seconds_per_point = 0.05;
   int rounds = 7;
-  bool asynchronous = false;
+  TimingForm form = TimingForm::blocking;
 };
 
 const char* usage_text =
@@ -64,9 +64,11 @@ const char* usage_text =
     "  --rounds N       --full times every candidate at every size once per round, N rounds\n"
     "                   (7) spread over the run, and keeps each one's median and quartiles,\n"
     "                   so that a burst of load hits all candidates alike\n"
-    "  --async          time the asynchronous form (start, then wait), as the executor runs\n"
+    "  --async          time the asynchronous form (start, then wait), as the executor, the\n"
+    "                   torch process group and the calibration (LOOM_CALIBRATION) run\n"
     "                   collectives; default: the blocking form (run_collective), which differs\n"
-    "                   only for native (the backend's blocking call, e.g. MPI_Allreduce)\n"
+    "                   only for native (the backend's blocking call, e.g. MPI_Allreduce); the\n"
+    "                   file's 'timed' line says which\n"
     "Run it with the rank count and transport the job will use: mpirun -np 4 loom-tune --full\n";
 
 Options parse(int argc, char** argv) {
@@ -115,7 +117,7 @@ Options parse(int argc, char** argv) {
       if (o.rounds < 1 || o.rounds > 1000)
         throw Error(ErrorCode::invalid_argument, "--rounds '" + v + "': expected 1..1000");
     } else if (a == "--async") {
-      o.asynchronous = true;
+      o.form = TimingForm::asynchronous;
     } else if (a == "--collectives") {
       o.collectives.clear();
       std::string list = value(i);
@@ -171,7 +173,7 @@ double time_collectively(Backend& b, double budget, const std::function<void()>&
 
 // One call of `algorithm` in the form the tuning is for (see --async).
 void perform(Backend& b, const Options& o, Algorithm algorithm, const CollectiveArgs& args) {
-  if (o.asynchronous)
+  if (o.form == TimingForm::asynchronous)
     start_collective(b, algorithm, args)->wait();
   else
     run_collective(b, algorithm, args);
@@ -300,7 +302,8 @@ int run(Backend& b, const Options& o) {
     timing.sizes = full_sizes;
     timing.rounds = o.rounds;
     timing.seconds_per_point = o.seconds_per_point;
-    timing.asynchronous = o.asynchronous;
+    timing.form = o.form;
+    t.timed = o.form;
     t.measured = time_candidates(b, timing, [&](int round) {
       progress.step("round " + std::to_string(round) + " of " + std::to_string(o.rounds));
     });

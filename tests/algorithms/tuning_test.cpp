@@ -1,7 +1,13 @@
-// Tuning files and LOOM_<COLL> ranges: round trips, and every malformed input named.
+// Tuning files and LOOM_<COLL> ranges: round trips, and every malformed input named; the
+// candidate timing's form.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <mutex>
+
+#include "loom/candidate_timing.hpp"
 #include "loom/error.hpp"
+#include "loom/local.hpp"
 #include "loom/tuning.hpp"
 
 namespace loom {
@@ -72,6 +78,15 @@ TEST(TuningFile, RoundTrips) {
   EXPECT_EQ(back.measured[1].algorithm, Algorithm::bruck);
   EXPECT_EQ(back.measured[1].spread_seconds, 0);
   EXPECT_FALSE(back.inter_node.has_value());
+  EXPECT_EQ(back.timed, TimingForm::unknown);  // no `timed` line written for an unknown form
+  EXPECT_EQ(format_tuning_file(t).find("timed"), std::string::npos);
+  // The form the measurements were timed in round-trips.
+  for (TimingForm form : {TimingForm::blocking, TimingForm::asynchronous}) {
+    t.timed = form;
+    const std::string text = format_tuning_file(t);
+    EXPECT_NE(text.find("timed " + std::string(to_string(form)) + "\n"), std::string::npos) << text;
+    EXPECT_EQ(parse_tuning_file(text).timed, form);
+  }
   // The inter-node level round-trips too.
   t.inter_node = CostParameters{48e-6, 8.125e-9, 0};
   const TuningParameters two = parse_tuning_file(format_tuning_file(t));
@@ -108,6 +123,9 @@ TEST(TuningFile, MalformedLinesAreNamed) {
   expect_error([&] { parse_tuning_file(head + "alpha_us fast\n"); }, {"line 5", "'fast'"});
   expect_error([&] { parse_tuning_file(head + "alpha_us -1\n"); }, {"line 5", "'-1'"});
   expect_error([&] { parse_tuning_file(head + "speed 3\n"); }, {"line 5", "unknown key 'speed'"});
+  expect_error([&] { parse_tuning_file(head + "timed sideways\n"); },
+               {"line 5", "timed 'sideways'", "blocking or asynchronous"});
+  expect_error([&] { parse_tuning_file(head + "timed\n"); }, {"line 5", "'timed' takes 1 value"});
   expect_error([&] { parse_tuning_file(head + "native allreduce 4 1\n"); },
                {"line 5", "'native' takes 4 values"});
   expect_error([&] { parse_tuning_file(head + "native allreduse 4 1 1\n"); },
@@ -131,6 +149,52 @@ TEST(TuningFile, MalformedLinesAreNamed) {
   expect_error([&] { parse_tuning_file(head + "inter_beta_ns_per_byte slow\n"); },
                {"line 5", "'slow'"});
   expect_error([] { load_tuning_file("/nonexistent/loom.tuning"); }, {"/nonexistent/loom.tuning"});
+}
+
+// Both forms time every candidate at every size (the local backend's threads as ranks); a form
+// that names neither is refused on every rank before anything is timed.
+TEST(CandidateTiming, TimesEitherFormAndRefusesAnUnknownOne) {
+  for (TimingForm form : {TimingForm::blocking, TimingForm::asynchronous}) {
+    std::mutex mutex;
+    std::vector<std::vector<Measurement>> results;
+    LocalWorld::run(3, [&](Backend& b) {
+      CandidateTimingOptions o;
+      o.sizes = {64, 4096};
+      o.rounds = 2;
+      o.seconds_per_point = 0.001;
+      o.form = form;
+      std::vector<Measurement> m = time_candidates(b, o);
+      const std::lock_guard lock(mutex);
+      results.push_back(std::move(m));
+    });
+    ASSERT_EQ(results.size(), 3u);
+    std::size_t natives = 0;
+    for (const Measurement& m : results[0]) {
+      EXPECT_EQ(m.world, 3);
+      EXPECT_GT(m.seconds, 0) << to_string(m.algorithm) << " at " << m.bytes;
+      natives += m.algorithm == Algorithm::native;
+    }
+    EXPECT_EQ(natives, 2u) << "native at both sizes, " << to_string(form);
+    for (const auto& r : results) {  // every rank returns the slowest rank's figures
+      ASSERT_EQ(r.size(), results[0].size());
+      for (std::size_t k = 0; k < r.size(); ++k) EXPECT_EQ(r[k].seconds, results[0][k].seconds);
+    }
+  }
+  std::atomic<int> refused{0};
+  LocalWorld::run(2, [&](Backend& b) {
+    CandidateTimingOptions o;
+    o.sizes = {64};
+    o.form = TimingForm::unknown;
+    try {
+      time_candidates(b, o);
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::invalid_argument &&
+          std::string(e.what()).find("form must be blocking or asynchronous, not unknown") !=
+              std::string::npos)
+        ++refused;
+    }
+  });
+  EXPECT_EQ(refused.load(), 2);
 }
 
 }  // namespace

@@ -22,8 +22,10 @@ struct CandidateTimingOptions {
   /// @brief Time spent per (collective, size, candidate), split over the rounds (at least one
   /// call per round).
   double seconds_per_point = 0.05;
-  /// @brief Time start_collective(...)->wait() instead of run_collective (differs for native).
-  bool asynchronous = false;
+  /// @brief asynchronous: start_collective(...)->wait(), how loom runs collectives (the
+  /// executor, the torch process group, GradientReducer); blocking: run_collective. They differ
+  /// for native only (TimingForm). unknown is refused.
+  TimingForm form = TimingForm::asynchronous;
 };
 
 /// @brief Every rank's maximum of `v` (the slowest rank decides a collective's time).

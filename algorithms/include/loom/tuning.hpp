@@ -45,6 +45,20 @@ struct Measurement {
   double spread_seconds = 0;
 };
 
+/// @brief How the `measured` times were taken. They differ only for native: the backend's
+/// blocking call (MPI_Allreduce) against its nonblocking one polled to completion
+/// (MPI_Iallreduce + MPI_Test), which is how the executor, the torch process group and the
+/// GradientReducer run every collective. Over TCP at 2 ranks the polled MPI_Iallreduce took
+/// 1.15-1.28x loom's own algorithms at 512 KiB-2 MiB while the blocking call led them by 1-2%.
+enum class TimingForm {
+  unknown,       ///< a file without a `timed` line (loom-tune before the line existed)
+  blocking,      ///< run_collective
+  asynchronous,  ///< start_collective, then Work::wait()
+};
+
+/// @brief "blocking", "asynchronous", "unknown".
+std::string_view to_string(TimingForm form) noexcept;
+
 /// @brief What loom-tune measured on one backend and transport.
 struct TuningParameters {
   std::string backend;  ///< the backend it was measured on ("mpi", "local")
@@ -57,6 +71,8 @@ struct TuningParameters {
   std::optional<CostParameters> inter_node;
   std::vector<NativeFit> native;
   std::vector<Measurement> measured;
+  /// @brief How `measured` was timed (the file's `timed` line).
+  TimingForm timed = TimingForm::unknown;
 };
 
 /// @brief The parameters used without a tuning file (README "Algorithm selection" documents
@@ -76,6 +92,7 @@ TuningParameters default_tuning();
 /// native allreduce 4 6.5 0.21          # collective world alpha_us beta_ns_per_byte
 /// measured allreduce 4 1048576 ring 640.2 12.5  # collective world bytes algorithm time_us
 ///                                                # [spread_us]
+/// timed asynchronous                    # optional: how `measured` was timed (or blocking)
 /// @endcode
 /// Throws ErrorCode::invalid_argument naming the line number and the token it could not use.
 TuningParameters parse_tuning_file(std::string_view text);
