@@ -299,9 +299,12 @@ Calibration calibrate(Backend& backend, const CalibrationOptions& options) {
           // A cache from before calibrations recorded their form timed native's blocking
           // call: its choices would be wrong for the asynchronous path loom runs.
           std::fprintf(stderr,
-                       "loom: calibration cache %s was timed in the %s form; timing it again "
-                       "in the asynchronous form loom runs\n",
-                       report.path.c_str(), std::string(to_string(form)).c_str());
+                       "loom: calibration cache %s %s; timing it again in the asynchronous "
+                       "form loom runs\n",
+                       report.path.c_str(),
+                       form == TimingForm::blocking
+                           ? "was timed in the blocking form"
+                           : "does not say how it was timed (written before loom recorded it)");
           verdict = "time\n";
         } else {
           verdict = "cached\n" + text.str();
