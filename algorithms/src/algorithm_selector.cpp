@@ -40,23 +40,25 @@ AlgorithmSelector::AlgorithmSelector(TuningParameters tuning)
 
 void AlgorithmSelector::index_measurements() {
   _measured.clear();
-  for (const Measurement& m : _tuning.measured) {
-    const std::pair key{m.collective, m.world};
-    auto group = std::find_if(_measured.begin(), _measured.end(),
-                              [&](const auto& g) { return g.first == key; });
-    if (group == _measured.end()) group = _measured.insert(_measured.end(), {key, {}});
-    auto& sizes = group->second;
-    auto at = std::lower_bound(sizes.begin(), sizes.end(), m.bytes,
-                               [](const MeasuredSize& s, std::size_t b) { return s.bytes < b; });
-    if (at == sizes.end() || at->bytes != m.bytes) {
-      MeasuredSize row{m.bytes, {}, {}};
-      row.seconds.fill(-1);
-      row.spread_seconds.fill(0);
-      at = sizes.insert(at, row);
+  for (const Measurement& m : _tuning.measured)
+    for (TimingForm form : {TimingForm::blocking, TimingForm::asynchronous}) {
+      if (m.form != TimingForm::unknown && m.form != form) continue;  // unknown: both tables
+      const MeasuredKey key{m.collective, m.world, form};
+      auto group = std::find_if(_measured.begin(), _measured.end(),
+                                [&](const auto& g) { return g.first == key; });
+      if (group == _measured.end()) group = _measured.insert(_measured.end(), {key, {}});
+      auto& sizes = group->second;
+      auto at = std::lower_bound(sizes.begin(), sizes.end(), m.bytes,
+                                 [](const MeasuredSize& s, std::size_t b) { return s.bytes < b; });
+      if (at == sizes.end() || at->bytes != m.bytes) {
+        MeasuredSize row{m.bytes, {}, {}};
+        row.seconds.fill(-1);
+        row.spread_seconds.fill(0);
+        at = sizes.insert(at, row);
+      }
+      at->seconds[static_cast<std::size_t>(m.algorithm)] = m.seconds;
+      at->spread_seconds[static_cast<std::size_t>(m.algorithm)] = m.spread_seconds;
     }
-    at->seconds[static_cast<std::size_t>(m.algorithm)] = m.seconds;
-    at->spread_seconds[static_cast<std::size_t>(m.algorithm)] = m.spread_seconds;
-  }
 }
 
 namespace {
@@ -466,10 +468,18 @@ double AlgorithmSelector::predict_with(const CostParameters& cost, Algorithm alg
 std::optional<AlgorithmSelector::MeasuredTime> AlgorithmSelector::measured(Algorithm algorithm,
                                                                            Collective collective,
                                                                            std::size_t bytes,
-                                                                           int world) const {
-  const std::pair key{collective, world};
-  auto group = std::find_if(_measured.begin(), _measured.end(),
-                            [&](const auto& g) { return g.first == key; });
+                                                                           int world,
+                                                                           TimingForm form) const {
+  // The table of the call's form; a file timed in one form only (loom-tune without or with
+  // --async) serves both.
+  auto find = [&](TimingForm f) {
+    const MeasuredKey key{collective, world, f};
+    return std::find_if(_measured.begin(), _measured.end(),
+                        [&](const auto& g) { return g.first == key; });
+  };
+  auto group = find(form);
+  if (group == _measured.end())
+    group = find(form == TimingForm::blocking ? TimingForm::asynchronous : TimingForm::blocking);
   if (group == _measured.end() || group->second.empty()) return std::nullopt;
   const auto& sizes = group->second;
   const auto index = static_cast<std::size_t>(algorithm);
@@ -504,8 +514,13 @@ std::optional<AlgorithmSelector::MeasuredTime> AlgorithmSelector::measured(Algor
   return nearest;
 }
 
-AlgorithmChoice AlgorithmSelector::choose(const CollectiveArgs& args,
-                                          const Backend& backend) const {
+AlgorithmChoice AlgorithmSelector::choose(const CollectiveArgs& args, const Backend& backend,
+                                          TimingForm form) const {
+  if (form != TimingForm::blocking && form != TimingForm::asynchronous)
+    throw Error(ErrorCode::invalid_argument,
+                "AlgorithmSelector::choose: the call's form must be blocking or asynchronous, "
+                "not " +
+                    std::string(to_string(form)));
   const std::size_t bytes = selection_bytes(args);
   const int world = backend.world_size();
   const bool tuned_here = _tuning.backend.empty() || _tuning.backend == backend.name();
@@ -531,7 +546,7 @@ AlgorithmChoice AlgorithmSelector::choose(const CollectiveArgs& args,
   bool any_measured = false;
   for (Algorithm a : candidates(args.op)) {
     std::optional<MeasuredTime> m;
-    if (tuned_here) m = measured(a, args.op, bytes, world);
+    if (tuned_here) m = measured(a, args.op, bytes, world, form);
     any_measured = any_measured || m.has_value();
     scored.push_back({a, m ? m->seconds : predict(a, args.op, bytes, backend.topology()),
                       m ? m->spread_seconds : 0, m.has_value()});

@@ -129,7 +129,7 @@ double others_cpu_share(Backend& b, const CpuSample& before, const CpuSample& af
 
 // Why the cache text `text` cannot be used for `key` ("" when it can); fills `out`.
 std::string check_cache(const std::string& text, const CalibrationKey& key,
-                        std::vector<Measurement>& out, TimingForm* form = nullptr) {
+                        std::vector<Measurement>& out) {
   TuningParameters t;
   try {
     t = parse_tuning_file(text);
@@ -145,7 +145,6 @@ std::string check_cache(const std::string& text, const CalibrationKey& key,
              std::to_string(m.world) + " ranks, expected " +
              std::string(to_string(key.collective)) + " on " + std::to_string(key.world);
   out = std::move(t.measured);
-  if (form) *form = t.timed;
   return "";
 }
 
@@ -290,21 +289,22 @@ Calibration calibrate(Backend& backend, const CalibrationOptions& options) {
       } else {
         std::stringstream text;
         text << in.rdbuf();
-        std::vector<Measurement> unused;
-        TimingForm form = TimingForm::unknown;
-        const std::string why = check_cache(text.str(), report.key, unused, &form);
+        std::vector<Measurement> held;
+        const std::string why = check_cache(text.str(), report.key, held);
+        const auto has = [&](TimingForm form) {
+          return std::any_of(held.begin(), held.end(),
+                             [&](const Measurement& m) { return m.form == form; });
+        };
         if (!why.empty()) {
           verdict = "error\n" + why;
-        } else if (form != TimingForm::asynchronous) {
-          // A cache from before calibrations recorded their form timed native's blocking
-          // call: its choices would be wrong for the asynchronous path loom runs.
+        } else if (!has(TimingForm::asynchronous) || !has(TimingForm::blocking)) {
+          // Written before calibrations timed both forms (they timed native's blocking call
+          // only): its choices would be wrong for the asynchronous path loom runs.
           std::fprintf(stderr,
-                       "loom: calibration cache %s %s; timing it again in the asynchronous "
-                       "form loom runs\n",
-                       report.path.c_str(),
-                       form == TimingForm::blocking
-                           ? "was timed in the blocking form"
-                           : "does not say how it was timed (written before loom recorded it)");
+                       "loom: calibration cache %s does not hold both timing forms (written "
+                       "before loom timed native's blocking and asynchronous calls apart); "
+                       "timing it again\n",
+                       report.path.c_str());
           verdict = "time\n";
         } else {
           verdict = "cached\n" + text.str();
@@ -337,13 +337,13 @@ Calibration calibrate(Backend& backend, const CalibrationOptions& options) {
     timing.sizes = options.sizes;
     timing.rounds = options.rounds;
     timing.seconds_per_point = options.seconds_per_point;
-    // The form the executor, the torch process group and GradientReducer run: native's
-    // nonblocking call polled to completion, not its blocking one (TimingForm).
-    timing.form = TimingForm::asynchronous;
+    // Both forms (TimingForm): the executor, the torch process group and GradientReducer run
+    // native's nonblocking call polled to completion; TunedCollectives' blocking calls and
+    // loom-collectives its blocking one. Native is timed once more, loom's algorithms not.
+    timing.forms = {TimingForm::asynchronous, TimingForm::blocking};
     const CpuSample before = sample_cpu();
     TuningParameters tuning = default_tuning();
     tuning.backend = report.key.backend;
-    tuning.timed = timing.form;
     tuning.measured = time_candidates(backend, timing);
     const CpuSample after = sample_cpu();
     report.others_cpu_share = others_cpu_share(backend, before, after, hosts);

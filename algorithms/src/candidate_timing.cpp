@@ -20,6 +20,7 @@ struct Point {
   Collective collective;
   std::size_t bytes;
   Algorithm algorithm;
+  TimingForm form;  // native: the form it is timed in; loom's algorithms: asynchronous (both)
   CollectiveArgs args;
   int iterations;
   std::vector<double> times;  // per round: the slowest rank's average per call
@@ -48,8 +49,9 @@ Quartiles quartiles(std::vector<double> v) {
   return {at(0.25), at(0.5), at(0.75)};
 }
 
-// The spread written for `p` (the selector keeps native unless a candidate's median plus its
-// spread stays below native's median minus native's). Against native, paired by round: the
+// The spread written for `p` in the table of `form` (the selector keeps native unless a
+// candidate's median plus its spread stays below native's median minus native's). Against that
+// form's native, paired by round: the
 // two were timed moments apart in each round, so their ratio cancels most of what the
 // machine's load did to both, where an unpaired comparison would drown a steady 20% lead in
 // the round-to-round swings of a shared machine. A candidate's spread is how far the median of
@@ -57,10 +59,11 @@ Quartiles quartiles(std::vector<double> v) {
 // native in most rounds as well as by its median; native's spread is 0. (Requiring wins in
 // three rounds of four, the upper quartile, kept native where the benchmark then found
 // Rabenseifner 1.1-1.4x faster: see bench/results/2026-11-22_to_2026-11-24.md, issue 4.)
-double spread(const Point& p, const std::vector<Point>& points) {
+double spread(const Point& p, TimingForm form, const std::vector<Point>& points) {
   if (p.algorithm == Algorithm::native) return 0;
   const auto native = std::find_if(points.begin(), points.end(), [&](const Point& q) {
-    return q.collective == p.collective && q.bytes == p.bytes && q.algorithm == Algorithm::native;
+    return q.collective == p.collective && q.bytes == p.bytes && q.algorithm == Algorithm::native &&
+           q.form == form;
   });
   const Quartiles own = quartiles(p.times);
   if (native == points.end()) return (own.upper - own.lower) / 2;
@@ -101,10 +104,18 @@ std::vector<Measurement> time_candidates(Backend& b, const CandidateTimingOption
     throw Error(ErrorCode::invalid_argument,
                 "time_candidates: rounds " + std::to_string(o.rounds) + " and seconds_per_point " +
                     std::to_string(o.seconds_per_point) + " must be positive");
-  if (o.form != TimingForm::blocking && o.form != TimingForm::asynchronous)
-    throw Error(ErrorCode::invalid_argument,
-                "time_candidates: form must be blocking or asynchronous, not " +
-                    std::string(to_string(o.form)));
+  if (o.forms.empty()) throw Error(ErrorCode::invalid_argument, "time_candidates: no form to time");
+  for (std::size_t k = 0; k < o.forms.size(); ++k) {
+    if (o.forms[k] != TimingForm::blocking && o.forms[k] != TimingForm::asynchronous)
+      throw Error(ErrorCode::invalid_argument,
+                  "time_candidates: a form must be blocking or asynchronous, not " +
+                      std::string(to_string(o.forms[k])));
+    if (std::find(o.forms.begin(), o.forms.begin() + static_cast<std::ptrdiff_t>(k), o.forms[k]) !=
+        o.forms.begin() + static_cast<std::ptrdiff_t>(k))
+      throw Error(
+          ErrorCode::invalid_argument,
+          "time_candidates: the form " + std::string(to_string(o.forms[k])) + " is given twice");
+  }
   // Sized once for the largest case before any case points into them, so that the cases'
   // buffers stay valid while the rounds cycle through all of them.
   std::vector<float> send, recv;
@@ -116,14 +127,20 @@ std::vector<Measurement> time_candidates(Backend& b, const CandidateTimingOption
   for (Collective c : o.collectives)
     for (std::size_t bytes : o.sizes) {
       const CollectiveArgs args = benchmark_args(c, bytes, b.world_size(), send, recv);
-      for (Algorithm a : candidates(c))
-        if (cannot_run(a, args, b).empty())
-          points.push_back({c, selection_bytes(args), a, args, 0, {}});
+      for (Algorithm a : candidates(c)) {
+        if (!cannot_run(a, args, b).empty()) continue;
+        if (a == Algorithm::native) {
+          for (TimingForm form : o.forms)
+            points.push_back({c, selection_bytes(args), a, form, args, 0, {}});
+        } else {
+          points.push_back({c, selection_bytes(args), a, TimingForm::asynchronous, args, 0, {}});
+        }
+      }
     }
 
   const double per_round = o.seconds_per_point / o.rounds;
   for (Point& p : points) {
-    perform(b, o.form, p.algorithm, p.args);  // warm-up (and first touch of scratch)
+    perform(b, p.form, p.algorithm, p.args);  // warm-up (and first touch of scratch)
     // One call's time from enough calls to see past the clock's resolution; max_over_ranks
     // makes the count the same on every rank. The fastest of three estimates: one estimate
     // slowed by a descheduled rank set a count of 1 call per round for 8 B, whose rounds then
@@ -133,7 +150,7 @@ std::vector<Measurement> time_candidates(Backend& b, const CandidateTimingOption
       for (int probe = 1;; probe *= 10) {
         b.barrier();
         const auto start = Clock::now();
-        for (int i = 0; i < probe; ++i) perform(b, o.form, p.algorithm, p.args);
+        for (int i = 0; i < probe; ++i) perform(b, p.form, p.algorithm, p.args);
         const double t =
             max_over_ranks(b, std::chrono::duration<double>(Clock::now() - start).count() / probe);
         if (t * probe >= 1e-4 || probe >= 1000) {
@@ -148,7 +165,7 @@ std::vector<Measurement> time_candidates(Backend& b, const CandidateTimingOption
       Point& p = points[(turn + static_cast<std::size_t>(round)) % points.size()];
       b.barrier();
       const auto start = Clock::now();
-      for (int i = 0; i < p.iterations; ++i) perform(b, o.form, p.algorithm, p.args);
+      for (int i = 0; i < p.iterations; ++i) perform(b, p.form, p.algorithm, p.args);
       const double mine =
           std::chrono::duration<double>(Clock::now() - start).count() / p.iterations;
       p.times.push_back(max_over_ranks(b, mine));
@@ -156,9 +173,11 @@ std::vector<Measurement> time_candidates(Backend& b, const CandidateTimingOption
     if (on_round) on_round(round + 1);
   }
   std::vector<Measurement> measured;
-  for (const Point& p : points)
-    measured.push_back({p.collective, b.world_size(), p.bytes, p.algorithm,
-                        quartiles(p.times).median, spread(p, points)});
+  for (TimingForm form : o.forms)
+    for (const Point& p : points)
+      if (p.algorithm != Algorithm::native || p.form == form)
+        measured.push_back({p.collective, b.world_size(), p.bytes, p.algorithm,
+                            quartiles(p.times).median, spread(p, form, points), form});
   return measured;
 }
 

@@ -72,7 +72,7 @@ std::unique_ptr<Work> TunedCollectives::allreduce_async(Buffer send, Buffer recv
 }
 
 void TunedCollectives::collective(const CollectiveArgs& args) {
-  _last = _selector.choose(args, _backend);
+  _last = _selector.choose(args, _backend, TimingForm::blocking);
   if (!_profiler.enabled()) return run_collective(_backend, _last.algorithm, args);
   OperationRecord record = started(args);
   run_collective(_backend, _last.algorithm, args);

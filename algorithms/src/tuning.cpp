@@ -160,8 +160,8 @@ TuningParameters parse_tuning_file(std::string_view text) {
       fit.beta_s_per_byte = number(w[4], where) * 1e-9;
       t.native.push_back(fit);
     } else if (w[0] == "measured") {
-      if (w.size() != 7)
-        expect_fields(w, 6, where, "collective world bytes algorithm time_us [spread_us]");
+      if (w.size() != 7 && w.size() != 8)
+        expect_fields(w, 6, where, "collective world bytes algorithm time_us [spread_us [form]]");
       Measurement m;
       m.collective = collective(w[1], where);
       m.world = static_cast<int>(integer(w[2], where));
@@ -174,20 +174,20 @@ TuningParameters parse_tuning_file(std::string_view text) {
         bad(where + ": '" + std::string(w[4]) + "' does not implement " +
             std::string(to_string(m.collective)));
       m.seconds = number(w[5], where) * 1e-6;
-      if (w.size() == 7) m.spread_seconds = number(w[6], where) * 1e-6;
+      if (w.size() >= 7) m.spread_seconds = number(w[6], where) * 1e-6;
+      if (w.size() == 8) {
+        if (w[7] == "blocking")
+          m.form = TimingForm::blocking;
+        else if (w[7] == "asynchronous")
+          m.form = TimingForm::asynchronous;
+        else
+          bad(where + ": form '" + std::string(w[7]) + "': expected blocking or asynchronous");
+      }
       t.measured.push_back(m);
-    } else if (w[0] == "timed") {
-      expect_fields(w, 2, where, "blocking or asynchronous");
-      if (w[1] == "blocking")
-        t.timed = TimingForm::blocking;
-      else if (w[1] == "asynchronous")
-        t.timed = TimingForm::asynchronous;
-      else
-        bad(where + ": timed '" + std::string(w[1]) + "': expected blocking or asynchronous");
     } else {
       bad(where + ": unknown key '" + std::string(w[0]) +
           "' (expected backend, alpha_us, beta_ns_per_byte, gamma_ns_per_byte, inter_alpha_us, "
-          "inter_beta_ns_per_byte, native, measured or timed)");
+          "inter_beta_ns_per_byte, native or measured)");
     }
   }
   if (!header) bad("tuning file: empty (expected the header 'loom-tuning 1')");
@@ -222,8 +222,8 @@ std::string format_tuning_file(const TuningParameters& t) {
   for (const Measurement& m : t.measured)
     out << "measured " << to_string(m.collective) << " " << m.world << " " << m.bytes << " "
         << to_string(m.algorithm) << " " << format_double(m.seconds * 1e6) << " "
-        << format_double(m.spread_seconds * 1e6) << "\n";
-  if (t.timed != TimingForm::unknown) out << "timed " << to_string(t.timed) << "\n";
+        << format_double(m.spread_seconds * 1e6)
+        << (m.form == TimingForm::unknown ? "" : " " + std::string(to_string(m.form))) << "\n";
   return out.str();
 }
 

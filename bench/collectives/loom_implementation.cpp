@@ -43,7 +43,7 @@ class AutoImplementation final : public Implementation {
   std::string unsupported(Collective, DType, ReduceOp) const override { return {}; }
 
   std::string chosen(const CollectiveArgs& call) const override {
-    const AlgorithmChoice c = _selector.choose(call, _backend);
+    const AlgorithmChoice c = _selector.choose(call, _backend, TimingForm::blocking);
     return std::string(to_string(c.algorithm)) + " (" + c.reason + ")";
   }
 
@@ -54,7 +54,8 @@ class AutoImplementation final : public Implementation {
     const auto key = std::make_tuple(call.op, call.send.count(), call.recv.count(),
                                      call.send.dtype(), call.root);
     if (!_cached || key != _key) {
-      _algorithm = _selector.choose(args, _backend).algorithm;
+      _algorithm =
+          _selector.choose(args, _backend, TimingForm::blocking).algorithm;  // run_collective
       _key = key;
       _cached = true;
     }

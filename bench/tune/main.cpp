@@ -67,8 +67,8 @@ const char* usage_text =
     "  --async          time the asynchronous form (start, then wait), as the executor, the\n"
     "                   torch process group and the calibration (LOOM_CALIBRATION) run\n"
     "                   collectives; default: the blocking form (run_collective), which differs\n"
-    "                   only for native (the backend's blocking call, e.g. MPI_Allreduce); the\n"
-    "                   file's 'timed' line says which\n"
+    "                   only for native (the backend's blocking call, e.g. MPI_Allreduce); each\n"
+    "                   measured line ends with the form\n"
     "Run it with the rank count and transport the job will use: mpirun -np 4 loom-tune --full\n";
 
 Options parse(int argc, char** argv) {
@@ -302,8 +302,7 @@ int run(Backend& b, const Options& o) {
     timing.sizes = full_sizes;
     timing.rounds = o.rounds;
     timing.seconds_per_point = o.seconds_per_point;
-    timing.form = o.form;
-    t.timed = o.form;
+    timing.forms = {o.form};
     t.measured = time_candidates(b, timing, [&](int round) {
       progress.step("round " + std::to_string(round) + " of " + std::to_string(o.rounds));
     });

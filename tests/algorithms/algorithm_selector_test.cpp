@@ -302,6 +302,51 @@ TEST(AlgorithmSelector, ALeadOverNativeInsideTheSpreadsKeepsNative) {
             Algorithm::recursive_doubling);
 }
 
+// Native's blocking call and its polled nonblocking one are timed apart (TimingForm): each
+// call is chosen from its own form's table, lines without a form count for both, and a table
+// timed in one form only serves both.
+TEST(AlgorithmSelector, EachFormIsChosenFromItsOwnTable) {
+  TuningParameters t = simple_model();
+  // As measured over TCP at 2 ranks: MPI_Allreduce beats rd at 1 KiB, MPI_Iallreduce polled
+  // to completion loses to it; at 1 MiB (no form: both tables) ring wins either way.
+  t.measured.push_back(
+      {Collective::allreduce, 2, 1024, Algorithm::native, 16e-6, 0, TimingForm::blocking});
+  t.measured.push_back(
+      {Collective::allreduce, 2, 1024, Algorithm::native, 29e-6, 0, TimingForm::asynchronous});
+  for (TimingForm form : {TimingForm::blocking, TimingForm::asynchronous})
+    t.measured.push_back(
+        {Collective::allreduce, 2, 1024, Algorithm::recursive_doubling, 18e-6, 0, form});
+  t.measured.push_back({Collective::allreduce, 2, 1 << 20, Algorithm::native, 10e-3});
+  t.measured.push_back({Collective::allreduce, 2, 1 << 20, Algorithm::ring, 8e-3});
+  const AlgorithmSelector s(t);
+  LocalWorld world(2);
+  std::vector<float> small(256), large(1 << 18);
+  const auto blocking = s.choose(allreduce_of(small), world.backend(0), TimingForm::blocking);
+  EXPECT_EQ(blocking.algorithm, Algorithm::native) << blocking.reason;
+  EXPECT_DOUBLE_EQ(blocking.predicted_s, 16e-6);
+  const auto polled = s.choose(allreduce_of(small), world.backend(0));  // asynchronous
+  EXPECT_EQ(polled.algorithm, Algorithm::recursive_doubling) << polled.reason;
+  EXPECT_EQ(polled.reason, "measured");
+  for (TimingForm form : {TimingForm::blocking, TimingForm::asynchronous})
+    EXPECT_EQ(s.choose(allreduce_of(large), world.backend(0), form).algorithm, Algorithm::ring);
+  // A table of the blocking form only (loom-tune without --async) serves asynchronous calls.
+  TuningParameters one = simple_model();
+  for (const Measurement& m : t.measured)
+    if (m.form == TimingForm::blocking) one.measured.push_back(m);
+  const auto served = AlgorithmSelector(one).choose(allreduce_of(small), world.backend(0));
+  EXPECT_EQ(served.algorithm, Algorithm::native) << served.reason;
+  EXPECT_EQ(served.reason, "measured");
+  try {
+    s.choose(allreduce_of(small), world.backend(0), TimingForm::unknown);
+    ADD_FAILURE() << "chose for an unknown form";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("blocking or asynchronous, not unknown"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(AlgorithmSelector, OverridesWinAndFallBackWhenTheyCannotRun) {
   AlgorithmSelector s(simple_model());
   s.set_override(Collective::allreduce, parse_algorithm_ranges("ring:0-1K;tree:1K-max"));

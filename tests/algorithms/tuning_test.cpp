@@ -78,15 +78,16 @@ TEST(TuningFile, RoundTrips) {
   EXPECT_EQ(back.measured[1].algorithm, Algorithm::bruck);
   EXPECT_EQ(back.measured[1].spread_seconds, 0);
   EXPECT_FALSE(back.inter_node.has_value());
-  EXPECT_EQ(back.timed, TimingForm::unknown);  // no `timed` line written for an unknown form
-  EXPECT_EQ(format_tuning_file(t).find("timed"), std::string::npos);
-  // The form the measurements were timed in round-trips.
-  for (TimingForm form : {TimingForm::blocking, TimingForm::asynchronous}) {
-    t.timed = form;
-    const std::string text = format_tuning_file(t);
-    EXPECT_NE(text.find("timed " + std::string(to_string(form)) + "\n"), std::string::npos) << text;
-    EXPECT_EQ(parse_tuning_file(text).timed, form);
-  }
+  EXPECT_EQ(back.measured[0].form, TimingForm::unknown);  // no form written: both tables
+  EXPECT_EQ(format_tuning_file(t).find("blocking"), std::string::npos);
+  // The form each measurement was timed in round-trips.
+  t.measured[0].form = TimingForm::asynchronous;
+  t.measured[1].form = TimingForm::blocking;
+  const std::string formed = format_tuning_file(t);
+  EXPECT_NE(formed.find("ring 640.25 12.5 asynchronous\n"), std::string::npos) << formed;
+  const TuningParameters forms = parse_tuning_file(formed);
+  EXPECT_EQ(forms.measured[0].form, TimingForm::asynchronous);
+  EXPECT_EQ(forms.measured[1].form, TimingForm::blocking);
   // The inter-node level round-trips too.
   t.inter_node = CostParameters{48e-6, 8.125e-9, 0};
   const TuningParameters two = parse_tuning_file(format_tuning_file(t));
@@ -123,9 +124,8 @@ TEST(TuningFile, MalformedLinesAreNamed) {
   expect_error([&] { parse_tuning_file(head + "alpha_us fast\n"); }, {"line 5", "'fast'"});
   expect_error([&] { parse_tuning_file(head + "alpha_us -1\n"); }, {"line 5", "'-1'"});
   expect_error([&] { parse_tuning_file(head + "speed 3\n"); }, {"line 5", "unknown key 'speed'"});
-  expect_error([&] { parse_tuning_file(head + "timed sideways\n"); },
-               {"line 5", "timed 'sideways'", "blocking or asynchronous"});
-  expect_error([&] { parse_tuning_file(head + "timed\n"); }, {"line 5", "'timed' takes 1 value"});
+  expect_error([&] { parse_tuning_file(head + "measured allreduce 4 1024 ring 3 1 sideways\n"); },
+               {"line 5", "form 'sideways'", "blocking or asynchronous"});
   expect_error([&] { parse_tuning_file(head + "native allreduce 4 1\n"); },
                {"line 5", "'native' takes 4 values"});
   expect_error([&] { parse_tuning_file(head + "native allreduse 4 1 1\n"); },
@@ -139,7 +139,9 @@ TEST(TuningFile, MalformedLinesAreNamed) {
   expect_error([&] { parse_tuning_file(head + "measured allreduce 4 1024 ring 3 wide\n"); },
                {"line 5", "'wide'"});
   expect_error([&] { parse_tuning_file(head + "measured allreduce 4 1024 ring 3 1 2\n"); },
-               {"line 5", "'measured' takes 5 values", "[spread_us]"});
+               {"line 5", "form '2'"});
+  expect_error([&] { parse_tuning_file(head + "measured allreduce 4 1024 ring 3 1 blocking x\n"); },
+               {"line 5", "'measured' takes 5 values", "[spread_us [form]]"});
   expect_error([] { parse_tuning_file("loom-tuning 1\nalpha_us 1\nbeta_ns_per_byte 1\n"); },
                {"missing gamma_ns_per_byte"});
   expect_error([&] { parse_tuning_file(head + "inter_alpha_us 40\n"); },
@@ -151,10 +153,13 @@ TEST(TuningFile, MalformedLinesAreNamed) {
   expect_error([] { load_tuning_file("/nonexistent/loom.tuning"); }, {"/nonexistent/loom.tuning"});
 }
 
-// Both forms time every candidate at every size (the local backend's threads as ranks); a form
-// that names neither is refused on every rank before anything is timed.
-TEST(CandidateTiming, TimesEitherFormAndRefusesAnUnknownOne) {
-  for (TimingForm form : {TimingForm::blocking, TimingForm::asynchronous}) {
+// Native is timed in each form asked for, loom's algorithms once, and the result holds a table
+// per form (the local backend's threads as ranks); a form that names neither, or one given
+// twice, is refused on every rank before anything is timed.
+TEST(CandidateTiming, TimesATablePerFormAndRefusesBadForms) {
+  for (const std::vector<TimingForm>& forms :
+       {std::vector{TimingForm::blocking}, std::vector{TimingForm::asynchronous},
+        std::vector{TimingForm::asynchronous, TimingForm::blocking}}) {
     std::mutex mutex;
     std::vector<std::vector<Measurement>> results;
     LocalWorld::run(3, [&](Backend& b) {
@@ -162,39 +167,59 @@ TEST(CandidateTiming, TimesEitherFormAndRefusesAnUnknownOne) {
       o.sizes = {64, 4096};
       o.rounds = 2;
       o.seconds_per_point = 0.001;
-      o.form = form;
+      o.forms = forms;
       std::vector<Measurement> m = time_candidates(b, o);
       const std::lock_guard lock(mutex);
       results.push_back(std::move(m));
     });
     ASSERT_EQ(results.size(), 3u);
-    std::size_t natives = 0;
-    for (const Measurement& m : results[0]) {
-      EXPECT_EQ(m.world, 3);
-      EXPECT_GT(m.seconds, 0) << to_string(m.algorithm) << " at " << m.bytes;
-      natives += m.algorithm == Algorithm::native;
+    const std::size_t per_form = results[0].size() / forms.size();
+    ASSERT_EQ(per_form * forms.size(), results[0].size());
+    for (TimingForm form : forms) {
+      std::size_t natives = 0, in_form = 0;
+      for (const Measurement& m : results[0]) {
+        EXPECT_EQ(m.world, 3);
+        EXPECT_GT(m.seconds, 0) << to_string(m.algorithm) << " at " << m.bytes;
+        if (m.form != form) continue;
+        ++in_form;
+        natives += m.algorithm == Algorithm::native;
+        if (m.algorithm == Algorithm::native) EXPECT_EQ(m.spread_seconds, 0);
+      }
+      EXPECT_EQ(in_form, per_form) << to_string(form);
+      EXPECT_EQ(natives, 2u) << "native at both sizes, " << to_string(form);
     }
-    EXPECT_EQ(natives, 2u) << "native at both sizes, " << to_string(form);
+    if (forms.size() == 2) {  // loom's algorithms timed once: the same time in both tables
+      for (const Measurement& a : results[0])
+        for (const Measurement& b : results[0])
+          if (a.algorithm == b.algorithm && a.bytes == b.bytes && a.algorithm != Algorithm::native)
+            EXPECT_EQ(a.seconds, b.seconds) << to_string(a.algorithm);
+    }
     for (const auto& r : results) {  // every rank returns the slowest rank's figures
       ASSERT_EQ(r.size(), results[0].size());
       for (std::size_t k = 0; k < r.size(); ++k) EXPECT_EQ(r[k].seconds, results[0][k].seconds);
     }
   }
-  std::atomic<int> refused{0};
-  LocalWorld::run(2, [&](Backend& b) {
-    CandidateTimingOptions o;
-    o.sizes = {64};
-    o.form = TimingForm::unknown;
-    try {
-      time_candidates(b, o);
-    } catch (const Error& e) {
-      if (e.code() == ErrorCode::invalid_argument &&
-          std::string(e.what()).find("form must be blocking or asynchronous, not unknown") !=
-              std::string::npos)
-        ++refused;
-    }
-  });
-  EXPECT_EQ(refused.load(), 2);
+  for (const auto& [forms, message] :
+       {std::pair{std::vector{TimingForm::unknown},
+                  "a form must be blocking or asynchronous, not unknown"},
+        std::pair{std::vector{TimingForm::blocking, TimingForm::blocking},
+                  "the form blocking is given twice"},
+        std::pair{std::vector<TimingForm>{}, "no form to time"}}) {
+    std::atomic<int> refused{0};
+    LocalWorld::run(2, [&](Backend& b) {
+      CandidateTimingOptions o;
+      o.sizes = {64};
+      o.forms = forms;
+      try {
+        time_candidates(b, o);
+      } catch (const Error& e) {
+        if (e.code() == ErrorCode::invalid_argument &&
+            std::string(e.what()).find(message) != std::string::npos)
+          ++refused;
+      }
+    });
+    EXPECT_EQ(refused.load(), 2) << message;
+  }
 }
 
 }  // namespace

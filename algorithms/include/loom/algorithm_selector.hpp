@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "loom/algorithm.hpp"
@@ -70,8 +71,12 @@ class AlgorithmSelector {
   /// implement the collective is ErrorCode::invalid_argument.
   void set_override(Collective collective, std::vector<AlgorithmRange> ranges);
 
-  /// @brief The algorithm for `args` on `backend`.
-  AlgorithmChoice choose(const CollectiveArgs& args, const Backend& backend) const;
+  /// @brief The algorithm for `args` on `backend`, for a call made in `form`: asynchronous
+  /// (start, then wait: the executor, the torch process group, GradientReducer) or blocking
+  /// (run_collective). Measurements are kept per form (TimingForm: they differ for native);
+  /// a table timed in one form only serves both.
+  AlgorithmChoice choose(const CollectiveArgs& args, const Backend& backend,
+                         TimingForm form = TimingForm::asynchronous) const;
 
   /// @brief The model's time in seconds of `algorithm` for `collective` on `bytes` (the
   /// size of the buffer the *_async call gets as send; allgather: the gathered buffer) over
@@ -110,7 +115,7 @@ class AlgorithmSelector {
     double spread_seconds;
   };
   std::optional<MeasuredTime> measured(Algorithm algorithm, Collective collective,
-                                       std::size_t bytes, int world) const;
+                                       std::size_t bytes, int world, TimingForm form) const;
 
   // The measurements by (collective, world), sizes ascending: choose() runs per call, so it
   // binary-searches instead of scanning the file's records.
@@ -125,7 +130,8 @@ class AlgorithmSelector {
   void read_overrides();
 
   TuningParameters _tuning;
-  std::vector<std::pair<std::pair<Collective, int>, std::vector<MeasuredSize>>> _measured;
+  using MeasuredKey = std::tuple<Collective, int, TimingForm>;
+  std::vector<std::pair<MeasuredKey, std::vector<MeasuredSize>>> _measured;
   bool _defaults = true;
   std::string _calibration;  // the cache files of a calibration, for origin()
   std::array<std::vector<AlgorithmRange>, 7> _overrides;  // by Collective

@@ -22,10 +22,12 @@ struct CandidateTimingOptions {
   /// @brief Time spent per (collective, size, candidate), split over the rounds (at least one
   /// call per round).
   double seconds_per_point = 0.05;
-  /// @brief asynchronous: start_collective(...)->wait(), how loom runs collectives (the
-  /// executor, the torch process group, GradientReducer); blocking: run_collective. They differ
-  /// for native only (TimingForm). unknown is refused.
-  TimingForm form = TimingForm::asynchronous;
+  /// @brief The forms to time (TimingForm): asynchronous is start_collective(...)->wait(), how
+  /// loom runs collectives (the executor, the torch process group, GradientReducer); blocking
+  /// is run_collective. They differ for native only, so native is timed once per form and
+  /// loom's algorithms once; the result holds a table per form, each candidate's spread taken
+  /// against that form's native. Not empty, no unknown, no repeats.
+  std::vector<TimingForm> forms{TimingForm::asynchronous};
 };
 
 /// @brief Every rank's maximum of `v` (the slowest rank decides a collective's time).
@@ -42,8 +44,9 @@ CollectiveArgs benchmark_args(Collective collective, std::size_t bytes, int worl
 /// turn, starting one point later each round, so that a burst of load on a shared machine lands
 /// in some rounds of every candidate rather than deciding one candidate's figure; a point's
 /// time per round is the slowest rank's average per call, so every rank returns the same
-/// figures. Returns per point the median over rounds and its spread against native (see
-/// Measurement::spread_seconds). `on_round(k)` is called after round k (1-based).
+/// figures. Returns per form, per point the median over rounds and its spread against that
+/// form's native (see Measurement::spread_seconds), tagged with the form. `on_round(k)` is called
+/// after round k (1-based).
 std::vector<Measurement> time_candidates(Backend& backend, const CandidateTimingOptions& options,
                                          const std::function<void(int)>& on_round = {});
 

@@ -29,6 +29,21 @@ struct NativeFit {
   double beta_s_per_byte = 0;
 };
 
+/// @brief The form a measurement was timed in. They differ for native only: the backend's
+/// blocking call (MPI_Allreduce) against its nonblocking one polled to completion
+/// (MPI_Iallreduce + MPI_Test), which is how the executor, the torch process group and the
+/// GradientReducer run every collective; loom's algorithms run the same in both. Over TCP at 2
+/// ranks the polled MPI_Iallreduce took 1.15-1.28x loom's algorithms at 512 KiB-2 MiB while
+/// the blocking call led them by 1-2%; at 8 B-2 KiB the blocking call led rd by 10%.
+enum class TimingForm {
+  unknown,       ///< a line without a form (written before loom recorded it): both forms
+  blocking,      ///< run_collective: TunedCollectives' blocking calls, loom-collectives
+  asynchronous,  ///< start_collective, then Work::wait(): the executor, torch, GradientReducer
+};
+
+/// @brief "blocking", "asynchronous", "unknown".
+std::string_view to_string(TimingForm form) noexcept;
+
 /// @brief One timed point (loom-tune --full): `algorithm` took `seconds` (the median of its
 /// timing rounds) on `bytes`. `spread_seconds` says how much slower than its median it may
 /// typically be (0 when unknown): the selector leaves native for it only if seconds +
@@ -43,21 +58,9 @@ struct Measurement {
   Algorithm algorithm = Algorithm::native;
   double seconds = 0;
   double spread_seconds = 0;
+  /// @brief The form it was timed in (the selector keeps a table per form); unknown: both.
+  TimingForm form = TimingForm::unknown;
 };
-
-/// @brief How the `measured` times were taken. They differ only for native: the backend's
-/// blocking call (MPI_Allreduce) against its nonblocking one polled to completion
-/// (MPI_Iallreduce + MPI_Test), which is how the executor, the torch process group and the
-/// GradientReducer run every collective. Over TCP at 2 ranks the polled MPI_Iallreduce took
-/// 1.15-1.28x loom's own algorithms at 512 KiB-2 MiB while the blocking call led them by 1-2%.
-enum class TimingForm {
-  unknown,       ///< a file without a `timed` line (loom-tune before the line existed)
-  blocking,      ///< run_collective
-  asynchronous,  ///< start_collective, then Work::wait()
-};
-
-/// @brief "blocking", "asynchronous", "unknown".
-std::string_view to_string(TimingForm form) noexcept;
 
 /// @brief What loom-tune measured on one backend and transport.
 struct TuningParameters {
@@ -71,8 +74,6 @@ struct TuningParameters {
   std::optional<CostParameters> inter_node;
   std::vector<NativeFit> native;
   std::vector<Measurement> measured;
-  /// @brief How `measured` was timed (the file's `timed` line).
-  TimingForm timed = TimingForm::unknown;
 };
 
 /// @brief The parameters used without a tuning file (README "Algorithm selection" documents
@@ -90,9 +91,9 @@ TuningParameters default_tuning();
 /// inter_alpha_us 48.0                           # optional, both or neither: between nodes
 /// inter_beta_ns_per_byte 8.1
 /// native allreduce 4 6.5 0.21          # collective world alpha_us beta_ns_per_byte
-/// measured allreduce 4 1048576 ring 640.2 12.5  # collective world bytes algorithm time_us
-///                                                # [spread_us]
-/// timed asynchronous                    # optional: how `measured` was timed (or blocking)
+/// measured allreduce 4 1048576 ring 640.2 12.5 asynchronous  # collective world bytes
+///                                       # algorithm time_us [spread_us [form]]: form blocking
+///                                       # or asynchronous (absent: both)
 /// @endcode
 /// Throws ErrorCode::invalid_argument naming the line number and the token it could not use.
 TuningParameters parse_tuning_file(std::string_view text);
