@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <optional>
 #include <sstream>
 
@@ -176,12 +177,12 @@ TuningParameters parse_tuning_file(std::string_view text) {
       m.seconds = number(w[5], where) * 1e-6;
       if (w.size() >= 7) m.spread_seconds = number(w[6], where) * 1e-6;
       if (w.size() == 8) {
-        if (w[7] == "blocking")
-          m.form = TimingForm::blocking;
-        else if (w[7] == "asynchronous")
-          m.form = TimingForm::asynchronous;
-        else
+        const TimingForm forms[] = {TimingForm::blocking, TimingForm::asynchronous};
+        const auto form = std::find_if(std::begin(forms), std::end(forms),
+                                       [&](TimingForm f) { return to_string(f) == w[7]; });
+        if (form == std::end(forms))
           bad(where + ": form '" + std::string(w[7]) + "': expected blocking or asynchronous");
+        m.form = *form;
       }
       t.measured.push_back(m);
     } else {

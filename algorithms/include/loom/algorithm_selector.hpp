@@ -117,8 +117,9 @@ class AlgorithmSelector {
   std::optional<MeasuredTime> measured(Algorithm algorithm, Collective collective,
                                        std::size_t bytes, int world, TimingForm form) const;
 
-  // The measurements by (collective, world), sizes ascending: choose() runs per call, so it
-  // binary-searches instead of scanning the file's records.
+  // The measurements by (collective, world, form: blocking or asynchronous, a line without a
+  // form in both), sizes ascending: choose() runs per call, so it binary-searches instead of
+  // scanning the file's records.
   struct MeasuredSize {
     std::size_t bytes;
     std::array<double, 9> seconds;  // by Algorithm; negative where not measured
