@@ -28,7 +28,9 @@ round (a step followed by another mode's round is left out of it).
 --modes picks the rows ("local": every rank trains alone, no communication, the compute floor of
 N ranks on this host); "parallelize" needs loom_torch.parallelize, "parallelize-auto" is it
 with bucket_cap_mb="auto" (its warm-up runs until the automatic plan decided, so its row is
-the chosen plan's step). The parallelize rows are profiled (--no-predict: not) and carry the
+the chosen plan's step); either takes a plan in its name, e.g. "parallelize:cap=2:first=0.25"
+(options cap, first, inflight, priority, partition: parallelize()'s bucket_cap_mb,
+first_bucket_mb, collectives_in_flight, priority and partition_large). The parallelize rows are profiled (--no-predict: not) and carry the
 step simulator's prediction (net.predict(), rank 0's): "pred_ms" beside "period_ms", the mean
 measured period of the same steps (one backward's start to the next: the timed step plus the
 barrier and the batch between steps), and "err" = (pred - period) / period. --compression float16 uses
@@ -139,6 +141,25 @@ def make(name, batch):
     raise SystemExit("real_models.py: unknown model %r" % name)
 
 
+PLAN_OPTIONS = {"cap": ("bucket_cap_mb", float), "first": ("first_bucket_mb", float),
+                "inflight": ("collectives_in_flight", int), "priority": ("priority", str),
+                "partition": ("partition_large", lambda v: v in ("1", "true", "yes"))}
+
+
+def plan_options(mode):
+    """A parallelize mode's plan, from its name: "parallelize:cap=4:first=0.25:inflight=1:
+    priority=forward:partition=1" (any subset; the row keeps the whole name)."""
+    options = {}
+    for item in mode.split(":")[1:]:
+        key, _, value = item.partition("=")
+        if key not in PLAN_OPTIONS or not value:
+            raise SystemExit("real_models.py: mode %r: unknown plan option %r (known: %s)"
+                             % (mode, item, ", ".join(sorted(PLAN_OPTIONS))))
+        name, kind = PLAN_OPTIONS[key]
+        options[name] = kind(value)
+    return options
+
+
 class Trainer:
     def __init__(self, mode, args, rank, world, groups):
         torch.manual_seed(args.seed)  # the same initial weights in every mode and rank
@@ -150,13 +171,15 @@ class Trainer:
             # No communication at all: every rank trains its own copy. At N ranks this is the
             # compute floor of a step with N ranks sharing the host (memory, caches, cores).
             self.net, self.opt = model, optimizer(model.parameters())
-        elif mode in ("parallelize", "parallelize-auto"):
+        elif mode.split(":")[0] in ("parallelize", "parallelize-auto"):
             import loom_torch
-            self.net, self.opt = loom_torch.parallelize(
-                model, optimizer(model.parameters()), process_group=groups["loom"],
-                bucket_cap_mb="auto" if mode == "parallelize-auto" else args.bucket_cap_mb,
+            options = dict(
+                bucket_cap_mb="auto" if mode.startswith("parallelize-auto") else args.bucket_cap_mb,
                 compression=None if args.compression == "none" else args.compression,
                 profile=True if args.predict else None)
+            options.update(plan_options(mode))
+            self.net, self.opt = loom_torch.parallelize(
+                model, optimizer(model.parameters()), process_group=groups["loom"], **options)
         else:
             group = groups["gloo" if mode == "ddp-gloo" else "loom"]
             self.net = DDP(model, process_group=group, bucket_cap_mb=args.bucket_cap_mb)
@@ -226,7 +249,7 @@ def main():
         # measure the plan it chose, so its warm-up lasts until it decided (the same step on
         # every rank: the decision is collective).
         extra = 0
-        while t.mode == "parallelize-auto" and t.net.automatic_plan is None:
+        while t.mode.startswith("parallelize-auto") and t.net.automatic_plan is None:
             if extra == 100:
                 raise RuntimeError("parallelize-auto decided no plan in %d steps" % (
                     args.warmups + extra))

@@ -488,8 +488,8 @@ void DataParallelStep::State::advance_automatic_plan(double run_s) {
     return;
   }
   // Rank 0's measurements decide (and are what every rank reports).
-  const std::vector<double> medians = a.trials->medians_s();
-  for (std::size_t k = 0; k < medians.size(); ++k) a.shortlist[k].measured_step_s = medians[k];
+  const std::vector<double> steps = a.trials->steps_s();
+  for (std::size_t k = 0; k < steps.size(); ++k) a.shortlist[k].measured_step_s = steps[k];
   a.tried = agree_on_plans(backend, a.shortlist, limit());
   if (a.tried.size() != a.compiled.size())
     throw Error(ErrorCode::mismatch, "DataParallelStep's automatic plan on rank " +

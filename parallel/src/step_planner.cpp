@@ -341,15 +341,22 @@ bool PlanTrials::done() const noexcept {
   return _runs_s.back().size() >= _rounds;
 }
 
-std::vector<double> PlanTrials::medians_s() const {
-  if (!done()) invalid("PlanTrials::medians_s before every plan ran its rounds");
-  std::vector<double> out;
-  out.reserve(_runs_s.size());
-  for (const std::vector<double>& runs : _runs_s) {
-    std::vector<double> v(runs.begin() + 1, runs.end());
+std::vector<double> PlanTrials::steps_s() const {
+  if (!done()) invalid("PlanTrials::steps_s before every plan ran its rounds");
+  auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
     const std::size_t h = v.size() / 2;
-    out.push_back(v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2);
+    return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
+  };
+  const std::vector<double>& first = _runs_s.front();
+  const double base = median({first.begin() + 1, first.end()});
+  std::vector<double> out{base};
+  for (std::size_t k = 1; k < _runs_s.size(); ++k) {
+    std::vector<double> ratios;
+    for (std::size_t r = 1; r < _rounds; ++r)
+      // A run of 0 s (a clock too coarse for the step) cannot be a denominator.
+      ratios.push_back(first[r] > 0 ? _runs_s[k][r] / first[r] : 1.0);
+    out.push_back(base * median(std::move(ratios)));
   }
   return out;
 }

@@ -346,7 +346,7 @@ TEST(ReducerPrediction, ShortlistIsTimedAndRankZerosMediansDecide) {
       const std::size_t next = trials.record(t);
       if (!trials.done()) reducer.replan(list.plans[next].plan);
     }
-    const AutomaticPlan chosen = decide_reducer_plan(reducer, list, trials.medians_s());
+    const AutomaticPlan chosen = decide_reducer_plan(reducer, list, trials.steps_s());
     // A rank holding a shorter shortlist than rank 0's: mismatch, named on every rank.
     ReducerShortlist shorter = list;
     if (backend.rank() == 2) shorter.plans.pop_back();

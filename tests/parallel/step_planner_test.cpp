@@ -161,33 +161,49 @@ StepPlan plan_with(std::size_t cap, std::size_t in_flight) {
   return p;
 }
 
-TEST(StepPlanner, TrialsRunRoundRobinAndDecideOnTheMediansAfterTheFirstRound) {
-  PlanTrials trials(3, 3);
+TEST(StepPlanner, TrialsRunRoundRobinAndDecideOnSameRoundRatiosAfterTheFirstRound) {
+  PlanTrials trials(3, 4);
   EXPECT_EQ(trials.plans(), 3u);
-  // Round 1 (not counted: plan 2 looks fastest), rounds 2 and 3 (plan 1 is).
-  const double times[3][3] = {{0.9, 0.9, 0.1}, {0.5, 0.3, 0.6}, {0.5, 0.2, 0.6}};
-  for (int round = 0; round < 3; ++round)
+  // Round 1 is not counted (plan 2 looks fastest there). Over rounds 2-4 the host slows down
+  // 2x and back; plan 1 runs 0.8x plan 0's step in every round, plan 2 1.1x.
+  const double times[4][3] = {
+      {0.9, 0.9, 0.1}, {0.5, 0.4, 0.55}, {1.0, 0.8, 1.1}, {0.6, 0.48, 0.66}};
+  for (int round = 0; round < 4; ++round)
     for (std::size_t k = 0; k < 3; ++k) {
       EXPECT_FALSE(trials.done());
       EXPECT_EQ(trials.current(), k);
       EXPECT_EQ(trials.record(times[round][k]), (k + 1) % 3);
     }
   EXPECT_TRUE(trials.done());
-  const std::vector<double> medians = trials.medians_s();
-  ASSERT_EQ(medians.size(), 3u);
-  EXPECT_DOUBLE_EQ(medians[0], 0.5);
-  EXPECT_DOUBLE_EQ(medians[1], 0.25);
-  EXPECT_DOUBLE_EQ(medians[2], 0.6);
-  EXPECT_EQ(PlanTrials::fastest(medians), 1u);
+  const std::vector<double> steps = trials.steps_s();
+  ASSERT_EQ(steps.size(), 3u);
+  EXPECT_DOUBLE_EQ(steps[0], 0.6);        // plan 0's median over rounds 2-4
+  EXPECT_DOUBLE_EQ(steps[1], 0.6 * 0.8);  // its same-round ratio, 0.8 in every round
+  EXPECT_DOUBLE_EQ(steps[2], 0.6 * 1.1);
+  EXPECT_EQ(PlanTrials::fastest(steps), 1u);
   EXPECT_THROW(trials.record(0.1), Error);
   EXPECT_THROW(PlanTrials(0, 3), Error);
   EXPECT_THROW(PlanTrials(1, 1), Error);
-  EXPECT_THROW(PlanTrials(1, 2).medians_s(), Error);
+  EXPECT_THROW(PlanTrials(1, 2).steps_s(), Error);
   EXPECT_THROW(PlanTrials::fastest({}), Error);
   PlanTrials bad(2, 2);
   EXPECT_THROW(bad.record(-1.0), Error);
   EXPECT_THROW(bad.record(std::nan("")), Error);
   EXPECT_EQ(bad.current(), 0u);  // a refused time is not recorded
+}
+
+TEST(StepPlanner, TheHostsDriftBetweenRoundsDoesNotDecideTheTrials) {
+  // Plan 1 runs 0.9x plan 0's step in two counted rounds of three, 1.1x in the third; the host
+  // was 2x slower in the second round. Each plan's raw median (plan 0 0.6 s, plan 1 0.66 s)
+  // would keep plan 0; the same-round ratios (0.9, 0.9, 1.1) give plan 1 0.9x.
+  PlanTrials trials(2, 4);
+  const double times[4][2] = {{1, 1}, {0.5, 0.45}, {1.0, 0.9}, {0.6, 0.66}};
+  for (const auto& round : times)
+    for (double t : round) trials.record(t);
+  const std::vector<double> steps = trials.steps_s();
+  EXPECT_DOUBLE_EQ(steps[0], 0.6);
+  EXPECT_DOUBLE_EQ(steps[1], 0.6 * 0.9);
+  EXPECT_EQ(PlanTrials::fastest(steps), 1u);
 }
 
 TEST(StepPlanner, EveryRankGetsRankZerosPlans) {

@@ -68,9 +68,9 @@ def parallelize(model, optimizer, process_group=None, bucket_cap_mb=25, compress
     three profiled steps the step simulator predicts every candidate plan from them (bucket cap
     1 to 50 MiB x first bucket x partitioning x collectives in flight 0 to 3 x priority) on a
     wire fitted to the measured communication; rank 0 shortlists the running plan and the two
-    fastest predicted that beat it, every rank runs each of them one step in turn for four
-    rounds (the first not counted), and all replan to the plan with rank 0's lowest median step
-    (net.automatic_plan says what was timed and chosen); the first_bucket_mb, partition_large, collectives_in_flight and priority given are those of the
+    fastest predicted that beat it, every rank runs each of them one step in turn for five
+    rounds (the first not counted), and all replan to the plan with rank 0's lowest step, each
+    plan's measured against the running plan's in the same rounds (net.automatic_plan says what was timed and chosen); the first_bucket_mb, partition_large, collectives_in_flight and priority given are those of the
     starting plan. "auto" profiles every step (profile=False is refused). compression: None, "float16" or "bfloat16" (cast, reduce, cast back).
     find_unused_parameters: as DDP's; parameters unused on every rank are left to the optimizer
     with the .grad they had. partition_large: cut gradients larger than the cap across buckets
@@ -148,12 +148,15 @@ class _Engine:
     # starting plan (after DDP's rebuild of the buckets in the observed order, when enabled).
     AUTO_PLAN_AFTER = 3
     # Then the running plan and the best predicted that beat it (AUTO_SHORTLIST in all) run one
-    # step each in turn, AUTO_TRIAL_ROUNDS rounds (the first not counted), and rank 0's median
-    # periods decide: the simulator ranks, the clock chooses.
+    # step each in turn, AUTO_TRIAL_ROUNDS rounds (the first not counted), and rank 0's periods
+    # decide, each plan's taken against the running plan's in the same round
+    # (PlanTrials::steps_s): the simulator ranks, the clock chooses.
     AUTO_SHORTLIST = 3
-    # Four: a median of three counted steps per plan (with two, one noisy step on a loaded host
-    # decided: the MLP's chosen plan timed 15% faster in its trials and ran 13% slower after).
-    AUTO_TRIAL_ROUNDS = 4
+    # Five: a median of four same-round ratios per plan. With two counted steps one noisy step
+    # on a loaded host decided (the MLP's chosen plan timed 15% faster in its trials and ran 13%
+    # slower after); with three raw medians the transformer kept a 4 MiB cap whose last bucket
+    # left 30 ms exposed where 1 and 2 MiB caps left 15 ms.
+    AUTO_TRIAL_ROUNDS = 5
 
     def __init__(self, module, optimizer, group, plan, overlap_forward, rebuild_buckets, profile,
                  automatic=False):
@@ -705,7 +708,7 @@ class ParallelModule(torch.nn.Module):
         "predicted_ms", "candidates", "changed" (False: the starting plan stayed, as the fastest
         measured or since no candidate was predicted faster), the starting plan as predicted and
         measured over the profiled steps, "replaced_predicted_ms" and "replaced_measured_ms",
-        and "timed": each shortlisted plan with its prediction and rank 0's median step in the
-        trials, the starting plan first; empty when nothing was timed); None until it is
+        and "timed": each shortlisted plan with its prediction and rank 0's step in the
+        trials (against the starting plan's in the same rounds), the starting plan first; empty when nothing was timed); None until it is
         made."""
         return self._loom.automatic_plan

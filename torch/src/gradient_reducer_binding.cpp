@@ -138,7 +138,7 @@ class TorchReducer {
   void clear_records() { _records.clear(); }
 
   /// bucket_cap_mb="auto", timed: the shortlist (collective), then one trial step per plan in
-  /// turn (PlanTrials), then rank 0's medians decide (collective).
+  /// turn (PlanTrials), then rank 0's trial steps decide (collective).
   /// Returns the decision when there is nothing to time (only the running plan shortlisted).
   std::optional<AutomaticPlan> shortlist_plans(std::size_t keep, int rounds) {
     const std::vector<ReducerStepRecord> steps = records();
@@ -162,11 +162,11 @@ class TorchReducer {
       replan(_shortlist->plans[next].plan);
       return std::nullopt;
     }
-    const std::vector<double> medians = _trials->medians_s();
+    const std::vector<double> steps = _trials->steps_s();
     _trials.reset();
     const ReducerShortlist list = std::move(*_shortlist);
     _shortlist.reset();
-    AutomaticPlan chosen = decide_reducer_plan(*_reducer, list, medians);
+    AutomaticPlan chosen = decide_reducer_plan(*_reducer, list, steps);
     _records.clear();
     return chosen;
   }
@@ -480,7 +480,8 @@ void bind_gradient_reducer(py::module_& m) {
           py::arg("period_s"),
           "Collective, between steps: records the period of the step the current trial plan "
           "ran and replans to the next (None), or, the trials done, decides on rank 0's "
-          "medians and replans every rank to the fastest (the decision, a dict)")
+          "trial steps (PlanTrials::steps_s) and replans every rank to the fastest (the decision, "
+          "a dict)")
       .def("timing_plans", &TorchReducer::timing_plans)
       .def("rank", [](TorchReducer& r) { return r.backend().rank(); })
       .def("world_size", [](TorchReducer& r) { return r.backend().world_size(); })

@@ -140,9 +140,9 @@ ReducerPrediction predict_reducer_step(const GradientReducer& reducer,
 
 /// @brief The plans the automatic plan chooses among.
 struct PlanSearchSpace {
-  std::vector<std::size_t> caps_bytes{std::size_t{1} << 20, std::size_t{4} << 20,
-                                      std::size_t{10} << 20, std::size_t{25} << 20,
-                                      std::size_t{50} << 20};
+  std::vector<std::size_t> caps_bytes{std::size_t{1} << 20,  std::size_t{2} << 20,
+                                      std::size_t{4} << 20,  std::size_t{10} << 20,
+                                      std::size_t{25} << 20, std::size_t{50} << 20};
   /// @brief First-bucket sizes tried below each cap (the cap itself is always tried).
   std::vector<std::size_t> first_bucket_bytes{std::size_t{256} << 10, std::size_t{1} << 20};
   bool try_partition = true;
@@ -198,7 +198,7 @@ ReducerShortlist shortlist_reducer_plans(GradientReducer& reducer,
                                          const PlanSearchSpace& space = {}, std::size_t keep = 3);
 
 /// @brief Collective (every rank, between steps, at the same step): rank 0's `measured_s`
-/// (each shortlisted plan's median period, PlanTrials::medians_s) decide; every rank replans
+/// (each shortlisted plan's period, PlanTrials::steps_s) decide; every rank replans
 /// to the fastest measured unless it is the plan in force, and gets the same AutomaticPlan
 /// (with `timed` set). ErrorCode::invalid_argument for a step in progress or a measurement per
 /// plan missing, ErrorCode::mismatch when rank 0 timed another number of plans.

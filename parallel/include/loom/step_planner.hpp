@@ -125,8 +125,10 @@ std::vector<StepPlan> agree_on_plans(Backend& backend, const std::vector<StepPla
                                      std::chrono::nanoseconds limit);
 
 /// @brief Times a shortlist round-robin: each plan runs once per round, `rounds` rounds; the
-/// first round (new executors, new bucket memory) is not counted and each plan's median over
-/// the others is its measurement. Plans are indices into the caller's shortlist, so every
+/// first round (new executors, new bucket memory) is not counted. A plan's measurement is taken
+/// against the first plan's in the same round (steps_s()), so that a host whose speed drifts
+/// between rounds (a shared machine's often does, by tens of percent over seconds) disturbs
+/// every plan of a round alike. Plans are indices into the caller's shortlist, so every
 /// planner (DataParallelStep's, the GradientReducer's automatic plan) times its own kind.
 class PlanTrials {
  public:
@@ -141,9 +143,11 @@ class PlanTrials {
   std::size_t record(double run_s);
   /// @brief Whether every plan ran `rounds` times.
   bool done() const noexcept;
-  /// @brief Each plan's median over its counted runs, in seconds (ErrorCode::invalid_argument
-  /// before done()).
-  std::vector<double> medians_s() const;
+  /// @brief Each plan's step, in seconds: the first plan's median over its counted runs, and
+  /// for every other plan that median times the median over the counted rounds of the plan's
+  /// run over the first plan's run in the same round (ErrorCode::invalid_argument before
+  /// done()).
+  std::vector<double> steps_s() const;
   /// @brief The index of the lowest time (the first among equals); ErrorCode::invalid_argument
   /// for none.
   static std::size_t fastest(std::span<const double> seconds);
