@@ -11,6 +11,12 @@
 #   MODELS="transformer convnet" NP=3 COMPRESSION=float16 bench/torch/real_models.sh 10gbit
 # Set-up: python3-torch (scripts/setup.sh) and, for resnet18/mobilenet_v2, python3-torchvision,
 # installed here when missing (the library and the tests never need it). RATE needs root.
+# Every rank runs with glibc's malloc told to keep freed memory (MALLOC_TRIM_THRESHOLD_ and
+# MALLOC_MMAP_THRESHOLD_ 1 GiB; MALLOC=default leaves glibc's defaults): with its defaults a
+# torch process, depending on what it allocated before, hands its activations' pages back to the
+# kernel after each step and faults them in again in the next, every mode alike (plain torch
+# with no communication at all: 300 ms steps where 80 ms is the norm, in the same process right
+# after other models' steps). The same setting reaches every mode, DDP's too.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -30,12 +36,19 @@ discard=${DISCARD:-1}
 rounds=${ROUNDS:-3}
 python=${PYTHON:-/usr/bin/python3}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+malloc=()
+if [[ ${MALLOC:-keep} != default ]]; then
+  export MALLOC_TRIM_THRESHOLD_=${MALLOC_TRIM_THRESHOLD_:-1073741824}
+  export MALLOC_MMAP_THRESHOLD_=${MALLOC_MMAP_THRESHOLD_:-1073741824}
+  malloc=(-x MALLOC_TRIM_THRESHOLD_ -x MALLOC_MMAP_THRESHOLD_)
+fi
 export PYTHONPATH=$build/python${PYTHONPATH:+:$PYTHONPATH}
 
 if [[ ${1:-} == --inner ]]; then
   for model in $models; do
     for n in "$np" 1; do
-      mpirun -np "$n" --oversubscribe --bind-to none -x PYTHONPATH -x LOOM_CALIBRATION "$python" \
+      mpirun -np "$n" --oversubscribe --bind-to none -x PYTHONPATH -x LOOM_CALIBRATION "${malloc[@]}" \
+        "$python" \
         "$root/bench/torch/real_models.py" --model "$model" --modes "$modes" \
         --compression "$compression" --steps "$steps" --rounds "$rounds" --discard "$discard" \
         --json "$out/$model.np$n.json" >"$out/$model.np$n.txt" 2>&1 ||
@@ -64,8 +77,12 @@ fi
   $models <<'PY'
 import json, sys
 out, np, rate, compression, load0, load1 = sys.argv[1:7]
-print("# real_models: %s ranks, %s, compression %s; load average %s -> %s" %
-      (np, rate, compression, load0, load1))
+import os
+print("# real_models: %s ranks, %s, compression %s; load average %s -> %s; malloc %s" %
+      (np, rate, compression, load0, load1,
+       "trim/mmap thresholds %s/%s" % (os.environ["MALLOC_TRIM_THRESHOLD_"],
+                                       os.environ["MALLOC_MMAP_THRESHOLD_"])
+       if "MALLOC_TRIM_THRESHOLD_" in os.environ else "glibc's defaults"))
 print("%-12s %-16s %10s %9s %9s %10s %10s %9s %9s %10s %10s %7s" %
       ("model", "mode", "step ms", "/ddp", "/ddp rnd", "1-rank ms", "wire ms", "/bound", "/bound-N",
        "period ms", "pred ms", "|err|"))
