@@ -160,6 +160,15 @@ def plan_options(mode):
     return options
 
 
+def host_softirq_s():
+    """The host's CPU time in interrupts and softirqs so far, every CPU (/proc/stat's irq and
+    softirq, in clock ticks): where the kernel moves loopback TCP through the shaper, charged to
+    no process (whatever it interrupts, a rank's compute included)."""
+    with open("/proc/stat") as f:
+        fields = f.readline().split()
+    return (int(fields[6]) + int(fields[7])) / os.sysconf("SC_CLK_TCK")
+
+
 class Trainer:
     def __init__(self, mode, args, rank, world, groups):
         torch.manual_seed(args.seed)  # the same initial weights in every mode and rank
@@ -193,11 +202,11 @@ class Trainer:
             self.opt = optimizer(self.net.parameters())
         # Each rank its own batches, the same in every mode.
         self.generator = torch.Generator().manual_seed(args.seed * 1000 + rank)
-        self.times, self.cpu, self.loss = [], [], None
+        self.times, self.cpu, self.softirq, self.loss = [], [], [], None
 
     def step(self, timed=True):
         x, y = self.inputs(self.generator), self.targets(self.generator)
-        start, cpu = time.perf_counter(), time.process_time()
+        start, cpu, irq = time.perf_counter(), time.process_time(), host_softirq_s()
         self.opt.zero_grad(set_to_none=True)
         loss = self.loss_fn(self.net(x), y)
         loss.backward()
@@ -205,6 +214,7 @@ class Trainer:
         if timed:
             self.times.append(time.perf_counter() - start)
             self.cpu.append(time.process_time() - cpu)  # every thread of this process
+            self.softirq.append(host_softirq_s() - irq)
         self.loss = loss.item()
 
     def quiesce(self):
@@ -259,6 +269,7 @@ def main():
         t.quiesce()
         t.times.clear()
         t.cpu.clear()
+        t.softirq.clear()
     for _ in range(args.rounds):
         for t in trainers:
             for s in range(args.discard + args.steps):
@@ -288,6 +299,9 @@ def main():
         steps = times.tolist()
         result["modes"][t.mode] = {
             "step_ms": statistics.median(steps) * 1e3, "cpu_ms": cpu.item() * 1e3,
+            # the host's interrupt and softirq time per timed step (rank 0's reading, every CPU;
+            # a mean: one step is a few clock ticks)
+            "softirq_ms": statistics.mean(t.softirq) * 1e3,
             "final_loss": t.loss,
             # each round's median step (the slowest rank's steps), for same-round ratios
             "round_ms": [statistics.median(steps[k:k + args.steps]) * 1e3

@@ -6,7 +6,9 @@
 # median of same-round ratios: real_models.py's docstring says why), and its distance to the
 # bound max(1-rank step, wire time of one step's gradients); parallelize rows also the step
 # simulator's prediction of their period (net.predict(), rank 0's) and its error against the
-# period measured over the same steps (MODES may add parallelize-auto: bucket_cap_mb="auto").
+# period measured over the same steps (MODES may add parallelize-auto: bucket_cap_mb="auto"),
+# and every row the host's interrupt and softirq time per step ("irq ms", all CPUs: where the
+# kernel moves loopback TCP through the shaper, work a NIC would do that takes the ranks' cores).
 #   bench/torch/real_models.sh [RATE] [BUILD_DIR]
 #   MODELS="transformer convnet" NP=3 COMPRESSION=float16 bench/torch/real_models.sh 10gbit
 # Set-up: python3-torch (scripts/setup.sh) and, for resnet18/mobilenet_v2, python3-torchvision,
@@ -83,9 +85,9 @@ print("# real_models: %s ranks, %s, compression %s; load average %s -> %s; mallo
        "trim/mmap thresholds %s/%s" % (os.environ["MALLOC_TRIM_THRESHOLD_"],
                                        os.environ["MALLOC_MMAP_THRESHOLD_"])
        if "MALLOC_TRIM_THRESHOLD_" in os.environ else "glibc's defaults"))
-print("%-12s %-16s %10s %9s %9s %10s %10s %9s %9s %10s %10s %7s" %
+print("%-12s %-16s %10s %9s %9s %10s %10s %9s %9s %7s %10s %10s %7s" %
       ("model", "mode", "step ms", "/ddp", "/ddp rnd", "1-rank ms", "wire ms", "/bound", "/bound-N",
-       "period ms", "pred ms", "|err|"))
+       "irq ms", "period ms", "pred ms", "|err|"))
 for model in sys.argv[7:]:
     many = json.load(open("%s/%s.np%s.json" % (out, model, np)))
     one = json.load(open("%s/%s.np1.json" % (out, model)))
@@ -101,8 +103,11 @@ for model in sys.argv[7:]:
                      if "pred_ms" in r else "%10s %10s %7s" % ("-", "-", "-"))
         # /ddp rnd: the median of same-round ratios (real_models.py's ratio_rounds)
         rounds = "%.3f" % r["ratio_rounds"] if "ratio_rounds" in r else "-"
-        print("%-12s %-16s %10.1f %9s %9s %10.1f %10.1f %9.3f %s %s" %
+        # irq ms: the host's interrupt and softirq time per step (every CPU; the kernel's work
+        # moving loopback TCP through the shaper, charged to no process: a NIC would do it)
+        irq = "%7.1f" % r["softirq_ms"] if "softirq_ms" in r else "%7s" % "-"
+        print("%-12s %-16s %10.1f %9s %9s %10.1f %10.1f %9.3f %s %s %s" %
               (model, mode, r["step_ms"], "%.3f" % (r["step_ms"] / ddp) if ddp else "-", rounds,
-               alone, many["wire_ms"], r["step_ms"] / bound, bound_n, predicted))
+               alone, many["wire_ms"], r["step_ms"] / bound, bound_n, irq, predicted))
 PY
 echo "(files in $out)"
