@@ -20,10 +20,11 @@ parallelize then lets what it still has in flight land (untimed) before the next
 so every timed step follows a step of its own mode, as in training, and no mode's communication
 runs under another's steps. A step is zero_grad, forward, loss, backward, optimizer step, timed
 on every rank, the slowest rank's counting. Besides each mode's median step, "ratio_rounds" is
-the median over rounds of the mode's round median over DDP-on-Gloo's in the same round: this
-host's speed drifts by up to 2x over seconds (one process training four identical convnets in
-turn saw 68 to 214 ms steps), which a same-round ratio cancels (with few steps per round each
-round's median is noisy in turn: read both). The prediction needs at least two timed steps per
+the median over rounds of the mode's round median over DDP-on-Gloo's in the same round: a
+shared host's speed drifts over seconds, which a same-round ratio cancels (with few steps per
+round each round's median is noisy in turn: read both). (One process training four identical
+convnets in turn once saw 68 to 214 ms steps: much of that was glibc's malloc trimming the heap
+after each step and faulting it in again, which real_models.sh now turns off for every mode.) The prediction needs at least two timed steps per
 round (a step followed by another mode's round is left out of it).
 --modes picks the rows ("local": every rank trains alone, no communication, the compute floor of
 N ranks on this host); "parallelize" needs loom_torch.parallelize, "parallelize-auto" is it
