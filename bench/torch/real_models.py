@@ -182,9 +182,13 @@ class Trainer:
             # compute floor of a step with N ranks sharing the host (memory, caches, cores).
             self.net, self.opt = model, optimizer(model.parameters())
         elif mode.split(":")[0] in ("parallelize", "parallelize-auto"):
+            if mode.split(":")[0] == "parallelize-auto" and "bucket_cap_mb" in plan_options(mode):
+                raise SystemExit("real_models.py: mode %r: parallelize-auto plans its own cap"
+                                 % mode)
             import loom_torch
             options = dict(
-                bucket_cap_mb="auto" if mode.startswith("parallelize-auto") else args.bucket_cap_mb,
+                bucket_cap_mb=("auto" if mode.split(":")[0] == "parallelize-auto"
+                               else args.bucket_cap_mb),
                 compression=None if args.compression == "none" else args.compression,
                 profile=True if args.predict else None)
             options.update(plan_options(mode))
@@ -207,7 +211,8 @@ class Trainer:
 
     def step(self, timed=True):
         x, y = self.inputs(self.generator), self.targets(self.generator)
-        start, cpu, irq = time.perf_counter(), time.process_time(), host_softirq_s()
+        irq = host_softirq_s()  # before the clock: reading /proc/stat is not the step's
+        start, cpu = time.perf_counter(), time.process_time()
         self.opt.zero_grad(set_to_none=True)
         loss = self.loss_fn(self.net(x), y)
         loss.backward()
@@ -260,7 +265,7 @@ def main():
         # measure the plan it chose, so its warm-up lasts until it decided (the same step on
         # every rank: the decision is collective).
         extra = 0
-        while t.mode.startswith("parallelize-auto") and t.net.automatic_plan is None:
+        while t.mode.split(":")[0] == "parallelize-auto" and t.net.automatic_plan is None:
             if extra == 100:
                 raise RuntimeError("parallelize-auto decided no plan in %d steps" % (
                     args.warmups + extra))

@@ -49,7 +49,7 @@ export PYTHONPATH=$build/python${PYTHONPATH:+:$PYTHONPATH}
 if [[ ${1:-} == --inner ]]; then
   for model in $models; do
     for n in "$np" 1; do
-      mpirun -np "$n" --oversubscribe --bind-to none -x PYTHONPATH -x LOOM_CALIBRATION "${malloc[@]}" \
+      mpirun -np "$n" --oversubscribe --bind-to none -x PYTHONPATH -x LOOM_CALIBRATION ${malloc[@]+"${malloc[@]}"} \
         "$python" \
         "$root/bench/torch/real_models.py" --model "$model" --modes "$modes" \
         --compression "$compression" --steps "$steps" --rounds "$rounds" --discard "$discard" \
@@ -82,15 +82,18 @@ out, np, rate, compression, load0, load1 = sys.argv[1:7]
 import os
 print("# real_models: %s ranks, %s, compression %s; load average %s -> %s; malloc %s" %
       (np, rate, compression, load0, load1,
-       "trim/mmap thresholds %s/%s" % (os.environ["MALLOC_TRIM_THRESHOLD_"],
-                                       os.environ["MALLOC_MMAP_THRESHOLD_"])
-       if "MALLOC_TRIM_THRESHOLD_" in os.environ else "glibc's defaults"))
-print("%-12s %-16s %10s %9s %9s %10s %10s %9s %9s %7s %10s %10s %7s" %
+       "trim/mmap thresholds %s/%s" % (os.environ.get("MALLOC_TRIM_THRESHOLD_", "-"),
+                                       os.environ.get("MALLOC_MMAP_THRESHOLD_", "-"))
+       if "MALLOC_TRIM_THRESHOLD_" in os.environ or "MALLOC_MMAP_THRESHOLD_" in os.environ
+       else "glibc's defaults"))
+runs = [(model, json.load(open("%s/%s.np%s.json" % (out, model, np))),
+         json.load(open("%s/%s.np1.json" % (out, model)))) for model in sys.argv[7:]]
+# The mode column fits plan-carrying names ("parallelize:cap=2:first=0.25").
+mode_column = "%%-%ds" % max([16] + [len(m) for _, many, _ in runs for m in many["modes"]])
+print(("%-12s " + mode_column + " %10s %9s %9s %10s %10s %9s %9s %7s %10s %10s %7s") %
       ("model", "mode", "step ms", "/ddp", "/ddp rnd", "1-rank ms", "wire ms", "/bound", "/bound-N",
        "irq ms", "period ms", "pred ms", "|err|"))
-for model in sys.argv[7:]:
-    many = json.load(open("%s/%s.np%s.json" % (out, model, np)))
-    one = json.load(open("%s/%s.np1.json" % (out, model)))
+for model, many, one in runs:
     ddp = many["modes"].get("ddp-gloo", {}).get("step_ms")
     # bound-N: the "local" row's step (N ranks computing at once, no communication) in place of
     # the 1-rank step: what the host's shared cores and memory leave before any communication.
@@ -106,7 +109,7 @@ for model in sys.argv[7:]:
         # irq ms: the host's interrupt and softirq time per step (every CPU; the kernel's work
         # moving loopback TCP through the shaper, charged to no process: a NIC would do it)
         irq = "%7.1f" % r["softirq_ms"] if "softirq_ms" in r else "%7s" % "-"
-        print("%-12s %-16s %10.1f %9s %9s %10.1f %10.1f %9.3f %s %s %s" %
+        print(("%-12s " + mode_column + " %10.1f %9s %9s %10.1f %10.1f %9.3f %s %s %s") %
               (model, mode, r["step_ms"], "%.3f" % (r["step_ms"] / ddp) if ddp else "-", rounds,
                alone, many["wire_ms"], r["step_ms"] / bound, bound_n, irq, predicted))
 PY

@@ -133,7 +133,7 @@ int main(int argc, char** argv) {
     }
     if (mode == "stop-shortlist" || mode == "stop-decide") {
       // bucket_cap_mb="auto"'s two agreements (GradientReducer): rank 0's shortlist of plans and
-      // its medians of their trial steps. The victim stops before one; the others must get a
+      // its steps of their trials. The victim stops before one; the others must get a
       // timeout naming it there, not hang. Rank 0 has no profiled steps: its prediction fails,
       // and the agreement still waits for every rank before anyone reports it.
       std::vector<loom::ParameterSpec> params;

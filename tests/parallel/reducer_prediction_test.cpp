@@ -314,10 +314,10 @@ TEST(ReducerPrediction, RanksPlansAndAgreesOnRankZerosChoice) {
   EXPECT_DOUBLE_EQ(decided[0].current_predicted_step_s, ranked_current[0]);
 }
 
-TEST(ReducerPrediction, ShortlistIsTimedAndRankZerosMediansDecide) {
+TEST(ReducerPrediction, ShortlistIsTimedAndRankZerosStepsDecide) {
   // 3 ranks: rank 0 shortlists; each plan then "runs" (replanned to) in turn for 3 rounds, and
   // each rank records its own times: rank 0's say plan 1 is fastest, the others' that plan 0
-  // is. Every rank must end on plan 1, with rank 0's medians.
+  // is. Every rank must end on plan 1, with rank 0's steps.
   std::mutex mutex;
   std::vector<std::string> described, running, firsts;
   std::vector<AutomaticPlan> decided;

@@ -204,6 +204,21 @@ TEST(StepPlanner, TheHostsDriftBetweenRoundsDoesNotDecideTheTrials) {
   EXPECT_DOUBLE_EQ(steps[0], 0.6);
   EXPECT_DOUBLE_EQ(steps[1], 0.6 * 0.9);
   EXPECT_EQ(PlanTrials::fastest(steps), 1u);
+
+  // Two rounds: one counted, each plan's ratio in it is its step.
+  PlanTrials two(2, 2);
+  for (double t : {1.0, 1.0, 0.4, 0.3}) two.record(t);
+  EXPECT_DOUBLE_EQ(two.steps_s()[0], 0.4);
+  EXPECT_DOUBLE_EQ(two.steps_s()[1], 0.4 * (0.3 / 0.4));
+
+  // A first plan timed at 0 s (a clock too coarse for the step) cannot divide: that round
+  // counts as a tie, and the other rounds still decide.
+  PlanTrials coarse(2, 4);
+  for (double t : {1.0, 1.0, 0.0, 0.5, 0.2, 0.1, 0.2, 0.1}) coarse.record(t);
+  const std::vector<double> got = coarse.steps_s();
+  EXPECT_DOUBLE_EQ(got[0], 0.2);
+  EXPECT_DOUBLE_EQ(got[1], 0.2 * 0.5);  // ratios 1 (the tie), 0.5, 0.5
+  EXPECT_EQ(PlanTrials::fastest(got), 1u);
 }
 
 TEST(StepPlanner, EveryRankGetsRankZerosPlans) {

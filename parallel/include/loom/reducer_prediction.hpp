@@ -162,7 +162,7 @@ std::vector<ReducerPrediction> rank_plans(const GradientReducer& reducer,
 struct TimedPlan {
   ReducerPlan plan;
   double predicted_step_s = 0;
-  double measured_step_s = 0;  ///< rank 0's median period under it (0: not timed)
+  double measured_step_s = 0;  ///< rank 0's step under it (PlanTrials::steps_s; 0: not timed)
 };
 
 /// @brief What plan_automatically() or decide_reducer_plan() decided.

@@ -47,7 +47,7 @@ struct PlanSearch {
   std::size_t shortlist = 4;
   /// @brief Rounds over the shortlist (each plan runs once per round, round-robin, so a noisy
   /// machine disturbs them alike); the first round (new executors, new bucket memory) is not
-  /// counted and each plan's median over the others decides.
+  /// counted; PlanTrials::steps_s (each plan against the first in the same rounds) decides.
   int trial_runs = 4;
   /// @brief Per-message latency of the fitted wire (seconds).
   double latency_s = 50e-6;
@@ -74,7 +74,7 @@ struct StepPlan {
   std::vector<std::size_t> issue_order;   ///< bucket indices, first issued first
   std::size_t buckets = 0;
   double predicted_step_s = 0;  ///< the simulator's step for this plan
-  double measured_step_s = 0;   ///< timed (median of its counted runs), 0 if never timed
+  double measured_step_s = 0;   ///< timed (PlanTrials::steps_s), 0 if never timed
 };
 
 /// @brief "cap 512 KiB, first 256 KiB, split, 17 buckets, in flight 2".
