@@ -24,19 +24,21 @@ the median over rounds of the mode's round median over DDP-on-Gloo's in the same
 shared host's speed drifts over seconds, which a same-round ratio cancels (with few steps per
 round each round's median is noisy in turn: read both). (One process training four identical
 convnets in turn once saw 68 to 214 ms steps: much of that was glibc's malloc trimming the heap
-after each step and faulting it in again, which real_models.sh now turns off for every mode.) The prediction needs at least two timed steps per
-round (a step followed by another mode's round is left out of it).
+after each step and faulting it in again, which real_models.sh now turns off for every mode.)
+The prediction needs at least two timed steps per round (a step followed by another mode's
+round is left out of it).
 --modes picks the rows ("local": every rank trains alone, no communication, the compute floor of
 N ranks on this host); "parallelize" needs loom_torch.parallelize, "parallelize-auto" is it
 with bucket_cap_mb="auto" (its warm-up runs until the automatic plan decided, so its row is
 the chosen plan's step); either takes a plan in its name, e.g. "parallelize:cap=2:first=0.25"
 (options cap, first, inflight, priority, partition: parallelize()'s bucket_cap_mb,
-first_bucket_mb, collectives_in_flight, priority and partition_large). The parallelize rows are profiled (--no-predict: not) and carry the
-step simulator's prediction (net.predict(), rank 0's): "pred_ms" beside "period_ms", the mean
-measured period of the same steps (one backward's start to the next: the timed step plus the
-barrier and the batch between steps), and "err" = (pred - period) / period. --compression float16 uses
-DDP's fp16_compress_hook on Gloo and loom's float16 on loom. One thread per rank (torch and
-OpenBLAS), as bench/torch/ddp_step.py. Rank 0 prints one line per mode and writes --json.
+first_bucket_mb, collectives_in_flight, priority and partition_large). The parallelize rows
+are profiled (--no-predict: not) and carry the step simulator's prediction (net.predict(),
+rank 0's): "pred_ms" beside "period_ms", the mean measured period of the same steps (one
+backward's start to the next: the timed step plus the barrier and the batch between steps), and
+"err" = (pred - period) / period. --compression float16 uses DDP's fp16_compress_hook on Gloo
+and loom's float16 on loom. One thread per rank (torch and OpenBLAS), as bench/torch/ddp_step.py.
+Rank 0 prints one line per mode and writes --json.
 """
 import argparse
 import json
@@ -175,23 +177,24 @@ class Trainer:
         torch.manual_seed(args.seed)  # the same initial weights in every mode and rank
         model, self.inputs, self.loss_fn, self.targets = make(args.model, args.batch)
         self.mode = mode
+        self.kind = mode.split(":")[0]  # the mode without the plan its name may carry
         self.params = sum(p.numel() for p in model.parameters())
         optimizer = lambda params: torch.optim.SGD(params, lr=0.01, momentum=0.9)  # noqa: E731
         if mode == "local":
             # No communication at all: every rank trains its own copy. At N ranks this is the
             # compute floor of a step with N ranks sharing the host (memory, caches, cores).
             self.net, self.opt = model, optimizer(model.parameters())
-        elif mode.split(":")[0] in ("parallelize", "parallelize-auto"):
-            if mode.split(":")[0] == "parallelize-auto" and "bucket_cap_mb" in plan_options(mode):
+        elif self.kind in ("parallelize", "parallelize-auto"):
+            plan = plan_options(mode)
+            if self.kind == "parallelize-auto" and "bucket_cap_mb" in plan:
                 raise SystemExit("real_models.py: mode %r: parallelize-auto plans its own cap"
                                  % mode)
             import loom_torch
             options = dict(
-                bucket_cap_mb=("auto" if mode.split(":")[0] == "parallelize-auto"
-                               else args.bucket_cap_mb),
+                bucket_cap_mb="auto" if self.kind == "parallelize-auto" else args.bucket_cap_mb,
                 compression=None if args.compression == "none" else args.compression,
                 profile=True if args.predict else None)
-            options.update(plan_options(mode))
+            options.update(plan)
             self.net, self.opt = loom_torch.parallelize(
                 model, optimizer(model.parameters()), process_group=groups["loom"], **options)
         else:
@@ -265,7 +268,7 @@ def main():
         # measure the plan it chose, so its warm-up lasts until it decided (the same step on
         # every rank: the decision is collective).
         extra = 0
-        while t.mode.split(":")[0] == "parallelize-auto" and t.net.automatic_plan is None:
+        while t.kind == "parallelize-auto" and t.net.automatic_plan is None:
             if extra == 100:
                 raise RuntimeError("parallelize-auto decided no plan in %d steps" % (
                     args.warmups + extra))

@@ -49,8 +49,8 @@ export PYTHONPATH=$build/python${PYTHONPATH:+:$PYTHONPATH}
 if [[ ${1:-} == --inner ]]; then
   for model in $models; do
     for n in "$np" 1; do
-      mpirun -np "$n" --oversubscribe --bind-to none -x PYTHONPATH -x LOOM_CALIBRATION ${malloc[@]+"${malloc[@]}"} \
-        "$python" \
+      mpirun -np "$n" --oversubscribe --bind-to none -x PYTHONPATH -x LOOM_CALIBRATION \
+        ${malloc[@]+"${malloc[@]}"} "$python" \
         "$root/bench/torch/real_models.py" --model "$model" --modes "$modes" \
         --compression "$compression" --steps "$steps" --rounds "$rounds" --discard "$discard" \
         --json "$out/$model.np$n.json" >"$out/$model.np$n.txt" 2>&1 ||
