@@ -22,10 +22,13 @@ namespace {
 
 // Stages of one chunk: 0 the intra-node reduce-scatter (each rank sends shard s to its node's
 // local rank s; the owner reduces them in local-rank order); then the inter-node phase:
-// recursive doubling (1 the fold; 2..L+1 the exchanges, node participant v ^ 2^(k-2); L+2 the
-// unfold) or the ring (1..N-1 the reduce-scatter: block v-t to node v+1, block v-t-1 from node
-// v-1 reduced in; N..2N-2 the allgather: block v+1-t sent on, block v-t received); last, the
-// intra-node allgather (owner s sends shard s to every other rank of its node).
+// recursive doubling (on a node count that is not a power of two: 1 the fold, 2..L+1 the
+// exchanges, node participant v ^ 2^(k-2), L+2 the unfold; on a power of two, which has
+// nothing to fold, only the exchanges, 1..L, participant v ^ 2^(k-1): an empty stage would
+// still cost every chunk a step of the pipeline) or the ring (1..N-1 the reduce-scatter: block v-t
+// to node v+1, block v-t-1 from node v-1 reduced in; N..2N-2 the allgather: block v+1-t sent on,
+// block v-t received); last, the intra-node allgather (owner s sends shard s to every other rank of
+// its node).
 //
 // The vector is cut into C chunks (hierarchical_chunks) that run the stages as a pipeline: at
 // step g chunk c runs stage g - c, so the intra-node phases of one chunk travel while another
@@ -47,7 +50,8 @@ class HierarchicalAllreduce final : public StepWork {
         _fold(_node, _topology.node_count()),
         _chunks(hierarchical_chunks(_out.count() * dtype_size(_out.dtype()))),
         _ring(hierarchical_inter_ring(_topology, _out.count() * dtype_size(_out.dtype()))),
-        _inter(_ring ? 2 * (_topology.node_count() - 1) : _fold.steps + 2),
+        _folds(_fold.rem > 0),
+        _inter(_ring ? 2 * (_topology.node_count() - 1) : _fold.steps + (_folds ? 2 : 0)),
         _stages(_inter + 2) {
     const std::size_t chunk_max = block_of(_out.count(), _chunks, 0).count;
     _shard_max = block_of(chunk_max, _shards, 0).count;
@@ -120,14 +124,14 @@ class HierarchicalAllreduce final : public StepWork {
       }
       return;
     }
-    if (stage == 1) {
+    if (_folds && stage == 1) {
       if (_fold.sits_out()) send(mine, peer_on(_node + 1));
       if (_fold.absorbs()) recv(incoming(stage, mine.count()), peer_on(_node - 1));
-    } else if (stage == L + 2) {
+    } else if (_folds && stage == L + 2) {
       if (_fold.absorbs()) send(mine, peer_on(_node - 1));
       if (_fold.sits_out()) recv(mine, peer_on(_node + 1));
     } else if (!_fold.sits_out()) {
-      const int partner = peer_on(_fold.real(_fold.newrank ^ (1 << (stage - 2))));
+      const int partner = peer_on(_fold.real(_fold.newrank ^ (1 << exchange_of(stage))));
       send(mine, partner);
       recv(incoming(stage, mine.count()), partner);
     }
@@ -155,12 +159,15 @@ class HierarchicalAllreduce final : public StepWork {
         const Buffer into = block(mine, _node - stage);
         combine(into, incoming(stage, into.count()), _op);
       }
-    } else if (stage == 1 ? _fold.absorbs() : (stage <= L + 1 && !_fold.sits_out())) {
+    } else if ((_folds && stage == 1) ? _fold.absorbs()
+                                      : (exchange_of(stage) < L && !_fold.sits_out())) {
       combine(mine, incoming(stage, mine.count()), _op);
     }
   }
 
   bool owner() const { return _local < _shards; }
+  // Which recursive-doubling exchange (0..L-1) an inter-node stage is; L for the unfold.
+  int exchange_of(int stage) const { return stage - (_folds ? 2 : 1); }
   Buffer chunk(Buffer whole, int c) const {
     const Range r = block_of(whole.count(), _chunks, c);
     return whole.slice(r.offset, r.count);
@@ -197,6 +204,7 @@ class HierarchicalAllreduce final : public StepWork {
   int _local;
   int _shards;
   Fold _fold;
+  bool _folds;  // the node count is not a power of two: the fold and unfold stages run
   int _chunks;  // pipelined pieces of the vector
   bool _ring;   // the inter-node phase is a ring (else recursive doubling)
   int _inter;   // inter-node stages

@@ -203,7 +203,7 @@ struct Stage {
 };
 
 // Recursive doubling among `nodes` node-level participants with the fold, as stages (the fold
-// and the unfold always: empty without a remainder, as hierarchical_allreduce.cpp runs them):
+// and the unfold only where there is a remainder, as hierarchical_allreduce.cpp runs them):
 // `owners(a, b)` the messages node a sends node b in one exchange, each reduced (`reduced`
 // bytes) on arrival.
 template <typename Owners>
@@ -219,14 +219,14 @@ void fold_and_exchange(std::vector<Stage>& stages, int nodes, const Owners& owne
   };
   std::vector<std::pair<int, int>> pairs;
   for (int v = 0; v < 2 * f.rem; v += 2) pairs.push_back({v, v + 1});
-  nodes_stage(pairs, reduced);
+  if (f.rem > 0) nodes_stage(pairs, reduced);
   for (int k = 0; k < f.steps; ++k) {
     std::vector<std::pair<int, int>> x;
     for (int v = 0; v < f.p2; ++v) x.push_back({f.real(v), f.real(v ^ (1 << k))});
     nodes_stage(x, reduced);
   }
   for (auto& [a, b] : pairs) std::swap(a, b);
-  nodes_stage(pairs, 0);
+  if (f.rem > 0) nodes_stage(pairs, 0);
 }
 
 // hierarchical_allreduce.cpp: node-local reduce-scatter into m shards (m the fewest ranks any

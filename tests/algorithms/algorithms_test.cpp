@@ -64,7 +64,8 @@ INSTANTIATE_TEST_SUITE_P(AllCases, LocalAlgorithms,
                          });
 
 // Hierarchical allreduce, allgather, reduce_scatter and broadcast on configured node layouts
-// (even, one rank per node, uneven, one node, interleaved): every dtype and op, counts below the
+// (even, one rank per node, uneven, one node, interleaved, four nodes: two exchanges with no
+// fold between them): every dtype and op, counts below the
 // rank count and odd, in and out of place (the largest count's 8-byte types, and 4-byte ones
 // where a node holds one rank, take allreduce's inter-node ring on 3 and 5 nodes), broadcast from
 // the last rank (not its node's leader where its node has several); each runs exactly where
@@ -99,19 +100,18 @@ TEST_P(HierarchicalLayouts, MatchIndependentValues) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, HierarchicalLayouts,
-                         ::testing::Values(std::vector<int>{0, 0, 1, 1}, std::vector<int>{0, 1, 2},
-                                           std::vector<int>{0, 0, 0, 1, 1, 1},
-                                           std::vector<int>{0, 0, 1, 2, 2, 2},
-                                           std::vector<int>{0, 0, 0, 0},
-                                           std::vector<int>{0, 1, 0, 1, 1},
-                                           std::vector<int>{0, 0, 1, 1, 1, 2, 2, 2, 2},
-                                           std::vector<int>{0, 0, 1, 2, 3, 4}),
-                         [](const auto& info) {
-                           std::string name = "n";
-                           for (int id : info.param) name += std::to_string(id);
-                           return name;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, HierarchicalLayouts,
+    ::testing::Values(std::vector<int>{0, 0, 1, 1}, std::vector<int>{0, 1, 2},
+                      std::vector<int>{0, 0, 0, 1, 1, 1}, std::vector<int>{0, 0, 1, 2, 2, 2},
+                      std::vector<int>{0, 0, 0, 0}, std::vector<int>{0, 1, 0, 1, 1},
+                      std::vector<int>{0, 0, 1, 1, 1, 2, 2, 2, 2},
+                      std::vector<int>{0, 0, 1, 2, 3, 4}, std::vector<int>{0, 0, 1, 1, 2, 2, 3, 3}),
+    [](const auto& info) {
+      std::string name = "n";
+      for (int id : info.param) name += std::to_string(id);
+      return name;
+    });
 
 // Hierarchical allreduce pipelines vectors of 2 MiB and more in chunks (hierarchical_chunks):
 // 2 and 5 chunks of odd sizes, every reduce op, in and out of place, on even, uneven,

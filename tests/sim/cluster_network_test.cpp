@@ -32,9 +32,9 @@ TEST(ClusterNetwork, HierarchicalAtTwoByTwoMovesTheLinkBound) {
   EXPECT_DOUBLE_EQ(h.link_bytes, 64 * MiB);
   EXPECT_NEAR(h.seconds, 64 * MiB / 125e6, 1e-9);
   EXPECT_NEAR(allreduce_link_bound(c, size), 64 * MiB / 125e6, 1e-12);
-  // 16 pipelined chunks of 4 MiB through 5 stages (reduce-scatter, the fold and unfold, empty
-  // at 2 nodes, one exchange, allgather): 16 + 4 steps.
-  EXPECT_EQ(h.steps, 20);
+  // 16 pipelined chunks of 4 MiB through 3 stages (reduce-scatter, one exchange, allgather; no
+  // fold or unfold at a power of two of nodes): 16 + 2 steps.
+  EXPECT_EQ(h.steps, 18);
   // In the node: 32 MiB each way in the reduce-scatter and in the allgather.
   EXPECT_DOUBLE_EQ(h.memory_bytes, 128 * MiB);
 }
@@ -233,8 +233,9 @@ TEST(NetworkModelTwoLevel, SimulatesAStepOnTheCluster) {
   EXPECT_NEAR(r.step_s, 10e-3 + h, 1e-9);
   // 64 MiB / 125 MB/s across, 16 chunks of 4 MiB pipelined: each chunk's reduce-scatter and
   // allgather (2 MiB each way through the node's one memory at 5 GB/s) run beside another
-  // chunk's exchange, except the two steps before the first exchange and the two after the last.
-  EXPECT_NEAR(h, 64 * MiB / 125e6 + 4 * (4 * MiB / 5e9), 1e-9);
+  // chunk's exchange, except the step before the first exchange and the step after the last
+  // (2 nodes: no fold or unfold stage between them).
+  EXPECT_NEAR(h, 64 * MiB / 125e6 + 2 * (4 * MiB / 5e9), 1e-9);
 }
 
 TEST(NetworkModelTwoLevel, AllowOnlyAsksWhatTheStepWouldBeWithFlatAlgorithms) {
