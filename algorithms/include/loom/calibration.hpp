@@ -16,8 +16,8 @@ namespace loom {
 /// @brief What calibrate() times and where it caches the result.
 struct CalibrationOptions {
   std::vector<Collective> collectives{Collective::allreduce};
-  /// @brief Benchmark sizes in bytes (as loom-collectives counts them); default 16 B to 16 MiB
-  /// in powers of 4.
+  /// @brief Benchmark sizes in bytes (as loom-collectives counts them); default every power of
+  /// two from 16 B to 1 MiB, then 4 and 16 MiB.
   std::vector<std::size_t> sizes = default_sizes();
   int rounds = 7;
   double seconds_per_point = 0.02;
