@@ -50,8 +50,7 @@ class HierarchicalAllreduce final : public StepWork {
         _fold(_node, _topology.node_count()),
         _chunks(hierarchical_chunks(_out.count() * dtype_size(_out.dtype()))),
         _ring(hierarchical_inter_ring(_topology, _out.count() * dtype_size(_out.dtype()))),
-        _folds(_fold.rem > 0),
-        _inter(_ring ? 2 * (_topology.node_count() - 1) : _fold.steps + (_folds ? 2 : 0)),
+        _inter(_ring ? 2 * (_topology.node_count() - 1) : _fold.steps + (folds() ? 2 : 0)),
         _stages(_inter + 2) {
     const std::size_t chunk_max = block_of(_out.count(), _chunks, 0).count;
     _shard_max = block_of(chunk_max, _shards, 0).count;
@@ -124,10 +123,10 @@ class HierarchicalAllreduce final : public StepWork {
       }
       return;
     }
-    if (_folds && stage == 1) {
+    if (folds() && stage == 1) {
       if (_fold.sits_out()) send(mine, peer_on(_node + 1));
       if (_fold.absorbs()) recv(incoming(stage, mine.count()), peer_on(_node - 1));
-    } else if (_folds && stage == L + 2) {
+    } else if (folds() && stage == L + 2) {
       if (_fold.absorbs()) send(mine, peer_on(_node - 1));
       if (_fold.sits_out()) recv(mine, peer_on(_node + 1));
     } else if (!_fold.sits_out()) {
@@ -159,15 +158,17 @@ class HierarchicalAllreduce final : public StepWork {
         const Buffer into = block(mine, _node - stage);
         combine(into, incoming(stage, into.count()), _op);
       }
-    } else if ((_folds && stage == 1) ? _fold.absorbs()
-                                      : (exchange_of(stage) < L && !_fold.sits_out())) {
+    } else if ((folds() && stage == 1) ? _fold.absorbs()
+                                       : (exchange_of(stage) < L && !_fold.sits_out())) {
       combine(mine, incoming(stage, mine.count()), _op);
     }
   }
 
   bool owner() const { return _local < _shards; }
+  // The node count is not a power of two: the fold and unfold stages run.
+  bool folds() const { return _fold.rem > 0; }
   // Which recursive-doubling exchange (0..L-1) an inter-node stage is; L for the unfold.
-  int exchange_of(int stage) const { return stage - (_folds ? 2 : 1); }
+  int exchange_of(int stage) const { return stage - (folds() ? 2 : 1); }
   Buffer chunk(Buffer whole, int c) const {
     const Range r = block_of(whole.count(), _chunks, c);
     return whole.slice(r.offset, r.count);
@@ -204,7 +205,6 @@ class HierarchicalAllreduce final : public StepWork {
   int _local;
   int _shards;
   Fold _fold;
-  bool _folds;  // the node count is not a power of two: the fold and unfold stages run
   int _chunks;  // pipelined pieces of the vector
   bool _ring;   // the inter-node phase is a ring (else recursive doubling)
   int _inter;   // inter-node stages

@@ -65,11 +65,11 @@ INSTANTIATE_TEST_SUITE_P(AllCases, LocalAlgorithms,
 
 // Hierarchical allreduce, allgather, reduce_scatter and broadcast on configured node layouts
 // (even, one rank per node, uneven, one node, interleaved, four nodes: two exchanges with no
-// fold between them): every dtype and op, counts below the
-// rank count and odd, in and out of place (the largest count's 8-byte types, and 4-byte ones
-// where a node holds one rank, take allreduce's inter-node ring on 3 and 5 nodes), broadcast from
-// the last rank (not its node's leader where its node has several); each runs exactly where
-// cannot_run says it can (several nodes, some node with several ranks).
+// fold between them): every dtype and op, counts below the rank count and odd, in and out of
+// place (the largest count's 8-byte types, and 4-byte ones where a node holds one rank, take
+// allreduce's inter-node ring on 3 and 5 nodes), broadcast from the last rank (not its node's
+// leader where its node has several); each runs exactly where cannot_run says it can (several
+// nodes, some node with several ranks).
 class HierarchicalLayouts : public ::testing::TestWithParam<std::vector<int>> {};
 
 TEST_P(HierarchicalLayouts, MatchIndependentValues) {
