@@ -1,5 +1,5 @@
 # loom_add_layer(NAME [INCLUDE dir...] [INTERNAL dir...] [BELOW layer...]): one layer of loom
-# (runtime, kernels, backends, algorithms, graph) as an OBJECT library `loom_<NAME>`.
+# (runtime, kernels, backends, algorithms, graph, sim, parallel) as an OBJECT library `loom_<NAME>`.
 #
 # A layer sees its own headers (INCLUDE: installed public headers; INTERNAL: headers shared
 # with the layers above it but never installed) and those of the layers it is BELOW-linked to,
