@@ -2,6 +2,10 @@
 #include "loom/call_watchdog.hpp"
 
 #include <algorithm>
+#include <string>
+#include <system_error>
+
+#include "loom/error.hpp"
 
 namespace loom {
 
@@ -14,16 +18,20 @@ CallWatchdog::~CallWatchdog() {
   if (_thread.joinable()) _thread.join();
 }
 
-void CallWatchdog::start() noexcept {
+void CallWatchdog::start() {
   if (_timeout.count() <= 0 || !_expiry) return;
   std::lock_guard lock(_mutex);
   if (_started.load(std::memory_order_relaxed)) return;
   try {
     _thread = std::thread([this] { monitor(); });
-    _started.store(true, std::memory_order_relaxed);
-  } catch (...) {
-    // No thread, no watchdog: the call proceeds unwatched rather than failing.
+  } catch (const std::system_error& e) {
+    // Unwatched, a blocking call to a stopped peer would never return: refuse it instead.
+    throw Error(ErrorCode::unavailable,
+                std::string("the call watchdog could not start its monitor thread (") + e.what() +
+                    "): loom makes no blocking transport call it could not end after the "
+                    "timeout (LOOM_TIMEOUT_S)");
   }
+  _started.store(true, std::memory_order_relaxed);
 }
 
 void CallWatchdog::monitor() {

@@ -1,11 +1,15 @@
 // Tests runtime/flight_recorder, rank_board and call_watchdog: the ring keeps the last N
 // operations with their states and sequence numbers, its JSON has PyTorch-like fields, the
-// board says who is missing and which peer failure makes a run stale, and the watchdog fires.
+// board says who is missing and which peer failure makes a run stale, and the watchdog fires (or,
+// when it cannot start, refuses the call).
 #include "loom/flight_recorder.hpp"
 
 #include <gtest/gtest.h>
+#include <pthread.h>
+#include <sys/resource.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -14,6 +18,7 @@
 #include <vector>
 
 #include "loom/call_watchdog.hpp"
+#include "loom/error.hpp"
 #include "loom/rank_board.hpp"
 
 namespace loom {
@@ -282,6 +287,62 @@ TEST(CallWatchdog, FiresOnceForACallInsideTooLongAndNeverForShortOnes) {
   }
   EXPECT_EQ(fired.load(), 1);
   EXPECT_EQ(token.load(), 77u);
+}
+
+// The system refuses the monitor thread (a real refusal: the address space is capped just above
+// what the process maps, so no thread stack fits): the watched call is refused with a named
+// error before it is made, never made unwatched; once threads can start again, the next call
+// starts the monitor. Run in a child process (a death test), which ends with the verdict.
+TEST(CallWatchdog, RefusesTheCallWhenItsMonitorCannotStart) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "a sanitizer's runtime maps memory of its own for every thread; the cap on the "
+                  "address space this test sets would break it, not the watchdog";
+#else
+  EXPECT_EXIT(
+      {
+        CallWatchdog watchdog;
+        watchdog.set_timeout(std::chrono::seconds(30));
+        watchdog.on_expiry([](std::uint64_t) {});
+        std::ifstream statm("/proc/self/statm");
+        unsigned long long pages = 0;
+        statm >> pages;
+        rlimit before{};
+        getrlimit(RLIMIT_AS, &before);
+        rlimit capped = before;  // the soft limit only: it can be raised again
+        capped.rlim_cur = pages * 4096ull + (1ull << 20);
+        // New threads get stacks larger than any glibc keeps cached from threads that ended
+        // (this process ran other tests): each needs a fresh mapping, which the cap refuses.
+        pthread_attr_t defaults;
+        if (pthread_getattr_default_np(&defaults) != 0) std::_Exit(11);
+        pthread_attr_t large = defaults;
+        if (pthread_attr_setstacksize(&large, std::size_t{256} << 20) != 0 ||
+            pthread_setattr_default_np(&large) != 0)
+          std::_Exit(12);
+        int verdict = 1;  // the call was made: no error
+        if (pages == 0 || setrlimit(RLIMIT_AS, &capped) != 0) std::_Exit(10);
+        try {
+          WatchedCall call(watchdog, 5);
+        } catch (const Error& e) {
+          const std::string what = e.what();
+          verdict = e.code() == ErrorCode::unavailable &&
+                            what.find("could not start its monitor thread") != std::string::npos &&
+                            what.find("LOOM_TIMEOUT_S") != std::string::npos
+                        ? 0
+                        : 2;
+        }
+        setrlimit(RLIMIT_AS, &before);
+        pthread_setattr_default_np(&defaults);
+        if (verdict == 0) {
+          try {
+            WatchedCall call(watchdog, 6);
+          } catch (const Error&) {
+            verdict = 3;  // the monitor never started, though threads can start now
+          }
+        }
+        std::_Exit(verdict);
+      },
+      ::testing::ExitedWithCode(0), "");
+#endif
 }
 
 }  // namespace

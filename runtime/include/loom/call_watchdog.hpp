@@ -39,14 +39,17 @@ class CallWatchdog {
   std::chrono::nanoseconds timeout() const noexcept { return _timeout; }
   void on_expiry(Expiry expiry) { _expiry = std::move(expiry); }
 
-  void enter(std::uint64_t token) noexcept {
+  /// @brief Throws Error(unavailable) if the monitor thread cannot start (the system refuses a
+  /// thread): loom makes no blocking call it could not end at the timeout. Tried again on the
+  /// next enter().
+  void enter(std::uint64_t token) {
     if (!_started.load(std::memory_order_relaxed)) start();
     _inside.store(token + 1, std::memory_order_relaxed);
   }
   void leave() noexcept { _inside.store(0, std::memory_order_relaxed); }
 
  private:
-  void start() noexcept;
+  void start();
   void monitor();
 
   std::chrono::nanoseconds _timeout{0};
@@ -62,7 +65,8 @@ class CallWatchdog {
 /// @brief Brackets one watched call: enter() on construction, leave() on destruction.
 class WatchedCall {
  public:
-  WatchedCall(CallWatchdog& watchdog, std::uint64_t token) noexcept : _watchdog(watchdog) {
+  /// @brief Throws what CallWatchdog::enter() throws, before the call is made.
+  WatchedCall(CallWatchdog& watchdog, std::uint64_t token) : _watchdog(watchdog) {
     _watchdog.enter(token);
   }
   ~WatchedCall() { _watchdog.leave(); }
