@@ -8,6 +8,7 @@
 #include <chrono>
 #include <climits>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <memory>
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "device_staging.hpp"
+#include "loom/call_watchdog.hpp"
 #include "loom/config.hpp"
 #include "loom/cuda_device.hpp"
 #include "loom/environment.hpp"
@@ -184,7 +186,12 @@ class SharedBoard {
     // different orders (Python's garbage collector frees loom_torch's reducers when it runs) or
     // not at all, which in destruction order would leave each rank waiting in another window's
     // free.
-    mpi::MpiRuntime::instance().free_at_finalize(_window, _host);
+    // A board still alive at finalize (its backend held by an object Python never collected,
+    // after an exception) stops beating into the window before it is freed.
+    mpi::MpiRuntime::instance().free_at_finalize(_window, _host, [beating = _beating] {
+      std::lock_guard hold(beating->mutex);
+      beating->slot = nullptr;
+    });
     new (base) RankSlot();  // zero: nothing started, completed or failed
     MPI_Barrier(_host);     // every slot constructed before anyone reads one
     int host_size = 1;
@@ -206,17 +213,23 @@ class SharedBoard {
           world_ranks[k] >= 0 && world_ranks[k] < world_size)
         _slots[static_cast<std::size_t>(world_ranks[k])] = static_cast<RankSlot*>(slot);
     }
-    if (RankSlot* mine = _slots[static_cast<std::size_t>(world_rank)])
-      _heartbeat = std::jthread([mine](std::stop_token stop) {
+    if (RankSlot* mine = _slots[static_cast<std::size_t>(world_rank)]) {
+      _beating->slot = mine;
+      _heartbeat = std::jthread([beating = _beating](std::stop_token stop) {
         std::mutex mutex;
         std::condition_variable_any wake;
         std::unique_lock lock(mutex);
         // wait_for returns the predicate's value (false) on a stop too: the loop tests the stop.
         while (!stop.stop_requested()) {
-          RankBoard::beat(*mine);
+          {
+            std::lock_guard hold(beating->mutex);
+            if (beating->slot == nullptr) return;  // the window is about to be freed
+            RankBoard::beat(*beating->slot);
+          }
           wake.wait_for(lock, stop, std::chrono::milliseconds(100), [] { return false; });
         }
       });
+    }
   }
   // Freeing the window is collective, and a peer may be stopped or dead: it is freed just
   // before MPI_Finalize (registered when it was made), never here. The heartbeat thread stops
@@ -231,13 +244,55 @@ class SharedBoard {
   MPI_Comm _host = MPI_COMM_NULL;
   MPI_Win _window = MPI_WIN_NULL;
   std::vector<RankSlot*> _slots;
+  // This rank's slot while the window exists; shared with the heartbeat thread and the
+  // runtime's finalize, which clears it before freeing the window.
+  struct Beating {
+    std::mutex mutex;
+    RankSlot* slot = nullptr;
+  };
+  std::shared_ptr<Beating> _beating = std::make_shared<Beating>();
   std::jthread _heartbeat;
+};
+
+// Making a backend is collective (two MPI_Comm_dup of MPI_COMM_WORLD, the host split and its
+// shared window, the topology exchange) and MPI has no nonblocking form of these calls: a rank
+// that never makes its backend (it failed or stopped before, in code that runs on some ranks
+// only) would leave its peers inside them forever. They run watched: at the timeout loom says
+// what it waited for and ends the process, as for any blocking call it cannot abandon.
+class ConstructionWatch {
+ public:
+  explicit ConstructionWatch(std::chrono::nanoseconds limit) {
+    int rank = -1, size = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    _watchdog.set_timeout(limit);
+    _watchdog.on_expiry([limit, rank, size](std::uint64_t) {
+      std::fprintf(stderr,
+                   "[loom:timeout] making the mpi backend on rank %d of %d did not complete "
+                   "within %s: it is collective (MPI_Comm_dup of MPI_COMM_WORLD, the ranks' "
+                   "shared board) and a rank did not make its backend (it failed or stopped "
+                   "before; a loom_torch.parallelize() or process group made on some ranks "
+                   "only); a blocking MPI call cannot be abandoned, so loom ends this process "
+                   "(status %d)\n",
+                   rank, size,
+                   environment::seconds_text(std::chrono::duration<double>(limit).count()).c_str(),
+                   fatal_exit_status);
+      std::fflush(nullptr);
+      std::_Exit(fatal_exit_status);
+    });
+    _watched.emplace(_watchdog, 0);
+  }
+
+ private:
+  CallWatchdog _watchdog;
+  std::optional<WatchedCall> _watched;
 };
 
 class MpiBackend final : public Backend {
  public:
   MpiBackend(const MpiConfig& config, const mpi::MpiRuntime& runtime)
-      : _config(config),
+      : _construction(std::make_unique<ConstructionWatch>(timeout())),
+        _config(config),
         _runtime(runtime),
         _communicator(std::make_shared<Communicator>()),
         _algorithm_communicator(std::make_shared<Communicator>()),
@@ -265,6 +320,7 @@ class MpiBackend final : public Backend {
     _staging = std::make_unique<mpi::DeviceStaging>(
         config.staging_chunk_bytes, static_cast<cuda::NativeStream>(config.staging_input_stream));
 #endif
+    _construction.reset();  // every collective step of the construction returned
   }
 
   int rank() const noexcept override {
@@ -720,6 +776,7 @@ class MpiBackend final : public Backend {
         false);
   }
 
+  std::unique_ptr<ConstructionWatch> _construction;  // while the constructor runs
   MpiConfig _config;
   const mpi::MpiRuntime& _runtime;
 #if LOOM_HAVE_CUDA

@@ -204,9 +204,11 @@ MpiRuntime::~MpiRuntime() {
   }
   {
     std::lock_guard lock(_deferred_mutex);
-    for (auto& [window, comm] : _deferred) {
-      if (window != MPI_WIN_NULL) MPI_Win_free(&window);
-      if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+    for (Deferred& d : _deferred)
+      if (d.before_free) d.before_free();
+    for (Deferred& d : _deferred) {
+      if (d.window != MPI_WIN_NULL) MPI_Win_free(&d.window);
+      if (d.comm != MPI_COMM_NULL) MPI_Comm_free(&d.comm);
     }
     _deferred.clear();
   }
@@ -216,9 +218,10 @@ MpiRuntime::~MpiRuntime() {
   if (_initialised_by_loom) MPI_Finalize();
 }
 
-void MpiRuntime::free_at_finalize(MPI_Win window, MPI_Comm comm) const {
+void MpiRuntime::free_at_finalize(MPI_Win window, MPI_Comm comm,
+                                  std::function<void()> before_free) const {
   std::lock_guard lock(_deferred_mutex);
-  _deferred.emplace_back(window, comm);
+  _deferred.push_back({window, comm, std::move(before_free)});
 }
 
 MPI_Op MpiRuntime::op(ReduceOp op, DType dtype) const noexcept {

@@ -12,6 +12,7 @@
 #include <mpi.h>
 
 #include <array>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -76,7 +77,10 @@ class MpiRuntime {
   /// (after a failure) must not block; at finalize every rank is there, or the finalize
   /// watchdog ends the wait. Called when the window is made (the same order on every rank),
   /// not when its owner is destroyed (an order, and a set, that differ between ranks).
-  void free_at_finalize(MPI_Win window, MPI_Comm comm) const;
+  /// `before_free`, if given, runs first (before any window is freed): an owner still alive at
+  /// finalize (a backend kept by an object Python never collected) stops using the memory.
+  void free_at_finalize(MPI_Win window, MPI_Comm comm,
+                        std::function<void()> before_free = nullptr) const;
 
  private:
   MpiRuntime();
@@ -88,7 +92,12 @@ class MpiRuntime {
   bool _cuda_aware = false;
   int _tag_ub = 32767;
   mutable std::mutex _deferred_mutex;
-  mutable std::vector<std::pair<MPI_Win, MPI_Comm>> _deferred;  // freed before MPI_Finalize
+  struct Deferred {
+    MPI_Win window;
+    MPI_Comm comm;
+    std::function<void()> before_free;
+  };
+  mutable std::vector<Deferred> _deferred;  // freed before MPI_Finalize
   // Indexed [dtype][op]; MPI_OP_NULL where a predefined MPI op is used.
   std::array<std::array<MPI_Op, 5>, 7> _user_ops{};
 };

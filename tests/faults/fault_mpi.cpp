@@ -36,10 +36,10 @@ constexpr const char* stop_node = "backward2";
 // Exit statuses the driver checks.
 constexpr int exit_loom_error = 3, exit_other_error = 4, exit_finished = 5, exit_usage = 2;
 
-const char* const modes[] = {"stop-graph",     "stop-blocking",  "stop-compile", "stop-agree",
-                             "stop-shortlist", "stop-decide",    "kill",         "skip",
-                             "reorder",        "priority",       "tuning",       "throw",
-                             "bad-count",      "bad-count-graph"};
+const char* const modes[] = {"stop-graph",     "stop-blocking",   "stop-compile", "stop-agree",
+                             "stop-shortlist", "stop-decide",     "kill",         "skip",
+                             "reorder",        "priority",        "tuning",       "throw",
+                             "bad-count",      "bad-count-graph", "stop-create"};
 
 int usage() {
   std::fprintf(stderr, "usage: fault_mpi MODE, MODE one of:");
@@ -99,6 +99,17 @@ int main(int argc, char** argv) {
     auto backend = loom::create_backend("mpi");
     rank = backend->rank();
     const bool victim = rank == backend->world_size() - 1;
+    if (mode == "stop-create") {
+      // A second backend (as a GradientReducer makes one) that the victim never makes: the
+      // others wait in its MPI_Comm_dup, which only the construction watch can end.
+      if (victim) {
+        announce(rank, 0, "SIGSTOP to myself before making a second backend");
+        ::raise(SIGSTOP);
+      }
+      auto second = loom::create_backend("mpi");
+      std::printf("rank %d made a second backend without the victim\n", rank);
+      return exit_finished;
+    }
     loom::PinnedPool pool({.cap_bytes = 64 << 20, .lock = false});
     std::unique_ptr<loom::Executor> ex;
     std::unique_ptr<TwoCollectives> two;

@@ -6,6 +6,7 @@ the fault.
 Cases (the last rank is the victim; see fault_mpi.cpp):
   stop-graph       SIGSTOP inside a compute node of a graph run    -> timeout, who is missing
   stop-blocking    SIGSTOP before a blocking allreduce             -> timeout (watchdog), exit 124
+  stop-create      SIGSTOP before making a second backend          -> timeout (watchdog), exit 124
   stop-compile     SIGSTOP before compile's cross-rank check       -> timeout, who is missing
   stop-agree       SIGSTOP before Backend::agree_on_root           -> timeout, who is missing
   stop-shortlist   SIGSTOP before shortlist_reducer_plans ("auto") -> timeout, who is missing
@@ -47,7 +48,7 @@ ERROR = re.compile(r"\[loom:(\w+)\] (.*)$")
 FAULT_AT = re.compile(r"loom-fault: rank \d+ step -?\d+: fault at ([\d.]+)")
 EXIT = re.compile(r"^loom-exit: status (\d+) at ([\d.]+)$")
 
-VICTIM_STOPPED = {"stop-graph", "stop-blocking", "stop-compile", "stop-agree", "stop-shortlist",
+VICTIM_STOPPED = {"stop-create", "stop-graph", "stop-blocking", "stop-compile", "stop-agree", "stop-shortlist",
                   "stop-decide", "demo"}
 
 # case -> (codes accepted from a survivor, texts its error must contain, victim's code or None)
@@ -55,6 +56,8 @@ EXPECT = {
     "stop-graph": (("timeout",), ["collective node 'allreduce", "rank 2 did not arrive (last started #"],
                    None),
     "stop-blocking": (("timeout",), ["allreduce float32[1] (collective #", "rank 2 did not arrive (last started #", "cannot be abandoned"], None),
+    "stop-create": (("timeout",), ["making the mpi backend on rank", "did not complete within 4 s",
+                                   "a rank did not make its backend"], None),
     "stop-compile": (("timeout",), ["Executor::compile", "rank 2 did not arrive"], None),
     "stop-agree": (("timeout",), ["agree_on_root on rank", "rank 2 did not arrive"], None),
     "stop-shortlist": (("timeout",), ["shortlist_reducer_plans on rank", "rank 2 did not arrive"],
