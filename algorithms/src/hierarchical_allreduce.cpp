@@ -158,9 +158,16 @@ class HierarchicalAllreduce final : public StepWork {
         const Buffer into = block(mine, _node - stage);
         combine(into, incoming(stage, into.count()), _op);
       }
-    } else if ((folds() && stage == 1) ? _fold.absorbs()
-                                       : (exchange_of(stage) < L && !_fold.sits_out())) {
-      combine(mine, incoming(stage, mine.count()), _op);
+    } else if (folds() && stage == 1) {
+      if (_fold.absorbs()) combine(mine, incoming(stage, mine.count()), _op);
+    } else if (exchange_of(stage) < L && !_fold.sits_out()) {
+      // The lower participant's data first on both sides of the exchange (see
+      // recursive_doubling_allreduce.cpp): bit-identical results on every node.
+      const Buffer theirs = incoming(stage, mine.count());
+      if ((_fold.newrank >> exchange_of(stage)) & 1)
+        combine(mine, theirs, mine, _op);
+      else
+        combine(mine, theirs, _op);
     }
   }
 

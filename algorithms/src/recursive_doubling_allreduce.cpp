@@ -1,5 +1,6 @@
 // Recursive-doubling allreduce: log2(p) exchanges of the whole vector, with the standard fold
-// for a rank count that is not a power of two.
+// for a rank count that is not a power of two. The partners of an exchange combine in the same
+// operand order, so the result is bit-identical on every rank.
 #include "algorithms.hpp"
 #include "fold.hpp"
 
@@ -41,8 +42,16 @@ class RecursiveDoublingAllreduce final : public StepWork {
     const int last = _fold.steps + 1;
     if (step == last) {
       finish_average(_out, _op);
-    } else if (step == 0 ? _fold.absorbs() : !_fold.sits_out()) {
-      combine(_out, _incoming, _op);
+    } else if (step == 0) {
+      if (_fold.absorbs()) combine(_out, _incoming, _op);  // one rank combines: any order
+    } else if (!_fold.sits_out()) {
+      // Both partners combine in one order, the lower new rank's data first: where the order
+      // changes the bits (min/max of +0 and -0, NaNs with different payloads) they still hold
+      // the same bits, and so does every rank in the end.
+      if ((_fold.newrank >> (step - 1)) & 1)
+        combine(_out, _incoming, _out, _op);
+      else
+        combine(_out, _incoming, _op);
     }
   }
 
