@@ -498,3 +498,312 @@ def test_auto_plan_keeps_the_numerics_and_every_rank_ends_on_the_same_plan(world
     dist.all_gather_object(everyone, mine, group=gloo)
     assert all(o == mine for o in everyone), everyone
     assert_like_ddp(loom_model, ddp_model, gloo, n)
+
+
+def _pair(build, make_opt, loop, gloo, steps, **loom_options):
+    """Trains build() with DDP on Gloo, then with parallelize (same seed, same loop); returns
+    the two (model, net, opt) triples."""
+    out = []
+    for use_loom in (False, True):
+        torch.manual_seed(0)
+        model = build()
+        opt = make_opt(model)
+        if use_loom:
+            net, opt = loom_torch.parallelize(model, opt, bucket_cap_mb=CAP_MB,
+                                              first_bucket_mb=CAP_MB, **loom_options)
+        else:
+            net = DDP(model, process_group=gloo, bucket_cap_mb=CAP_MB)
+        for step in range(steps):
+            loop(net, opt, model, step)
+        if use_loom:
+            net.synchronize()
+        out.append((model, net, opt))
+    return out
+
+
+def test_optimizer_parameters_outside_the_model_are_stepped_like_ddp(world):
+    rank, n, gloo = world
+    temperature = {}
+
+    def build():
+        model = Mlp()
+        temperature[id(model)] = nn.Parameter(torch.ones(()))  # outside the model, not reduced
+        return model
+
+    def make_opt(model):
+        return torch.optim.SGD(list(model.parameters()) + [temperature[id(model)]], lr=0.05,
+                               momentum=0.9)
+
+    def loop(net, opt, model, step):
+        x, y = data("vector", rank, step)
+        opt.zero_grad()
+        F.cross_entropy(net(x) * temperature[id(model)], y).backward()
+        opt.step()
+
+    (ddp_model, _, _), (loom_model, _, _) = _pair(build, make_opt, loop, gloo, 6)
+    assert_like_ddp(loom_model, ddp_model, gloo, n)
+    mine, ddp_t = temperature[id(loom_model)], temperature[id(ddp_model)]
+    assert mine.item() != 1.0  # stepped
+    torch.testing.assert_close(mine.detach(), ddp_t.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_add_param_group_after_step_is_like_ddp_and_between_backward_and_step_is_named(world):
+    rank, n, gloo = world
+
+    def make_opt(model):
+        return torch.optim.SGD(list(model.fc2.parameters()) + list(model.head.parameters()),
+                               lr=0.1)
+
+    def loop(net, opt, model, step):
+        if step == 3:  # with the previous step's updates still pending under parallelize
+            opt.add_param_group({"params": list(model.fc1.parameters()), "lr": 0.05})
+        x, y = data("vector", rank, step)
+        opt.zero_grad()
+        F.cross_entropy(net(x), y).backward()
+        opt.step()
+
+    (ddp_model, _, _), (loom_model, net, opt) = _pair(Mlp, make_opt, loop, gloo, 5)
+    assert_like_ddp(loom_model, ddp_model, gloo, n)
+    torch.manual_seed(0)
+    model = Mlp()
+    net, opt = loom_torch.parallelize(model, make_opt(model), bucket_cap_mb=CAP_MB)
+    x, y = data("vector", rank, 0)
+    F.cross_entropy(net(x), y).backward()
+    opt.add_param_group({"params": list(model.fc1.parameters())})
+    with pytest.raises(RuntimeError, match="param groups changed between backward and "
+                                           "optimizer.step\\(\\) \\(add_param_group\\).*"
+                                           "defer_updates=True"):
+        opt.step()
+    net.synchronize()
+
+
+def test_wrapping_a_model_again_lets_go_of_the_previous_wrapper(world):
+    rank, n, gloo = world
+
+    def run(use_loom):
+        torch.manual_seed(0)
+        model = Mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        if use_loom:
+            net, opt = loom_torch.parallelize(model, opt, bucket_cap_mb=CAP_MB)
+        else:
+            net = DDP(model, process_group=gloo, bucket_cap_mb=CAP_MB)
+        first = net
+        for step in range(6):
+            if step == 3:  # a new optimizer, the model wrapped again (pending updates and all)
+                opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+                if use_loom:
+                    net, opt = loom_torch.parallelize(model, opt, bucket_cap_mb=CAP_MB)
+                else:
+                    net = DDP(model, process_group=gloo, bucket_cap_mb=CAP_MB)
+            x, y = data("vector", rank, step)
+            opt.zero_grad()
+            F.cross_entropy(net(x), y).backward()
+            opt.step()
+        if use_loom:
+            net.synchronize()
+        return model, first
+
+    ddp_model, _ = run(False)
+    loom_model, old = run(True)
+    assert_like_ddp(loom_model, ddp_model, gloo, n)
+    with pytest.raises(RuntimeError, match="this wrapper was replaced by a later parallelize"):
+        old(data("vector", rank, 0)[0])
+    # The same optimizer may drive the model's new wrapper; another model's engine refuses it.
+    torch.manual_seed(0)
+    model = Mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loom_torch.parallelize(model, opt, bucket_cap_mb=CAP_MB)
+    net, opt = loom_torch.parallelize(model, opt, bucket_cap_mb=CAP_MB)
+    x, y = data("vector", rank, 0)
+    F.cross_entropy(net(x), y).backward()
+    opt.step()
+    net.synchronize()
+    with pytest.raises(ValueError, match="already driven by another parallelized model"):
+        loom_torch.parallelize(Mlp(), opt)
+
+
+def _gan(rank, gloo, use_loom, freeze, steps=4, **loom_options):
+    torch.manual_seed(0)
+    G = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 8))
+    D = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    oG, oD = torch.optim.Adam(G.parameters(), lr=1e-3), torch.optim.Adam(D.parameters(), lr=1e-3)
+    if use_loom:
+        g, oG = loom_torch.parallelize(G, oG, bucket_cap_mb=CAP_MB, **loom_options)
+        d, oD = loom_torch.parallelize(D, oD, bucket_cap_mb=CAP_MB, **loom_options)
+    else:
+        g, d = DDP(G, process_group=gloo), DDP(D, process_group=gloo)
+    bce = nn.BCEWithLogitsLoss()
+    for step in range(steps):
+        gen = torch.Generator().manual_seed(rank * 100 + step)
+        real, z = torch.randn(8, 8, generator=gen), torch.randn(8, 4, generator=gen)
+        oD.zero_grad()
+        (bce(d(real), torch.ones(8, 1)) + bce(d(g(z).detach()), torch.zeros(8, 1))).backward()
+        oD.step()
+        if freeze:
+            D.requires_grad_(False)
+        oG.zero_grad()
+        bce(d(g(z)), torch.ones(8, 1)).backward()  # through the discriminator; only G steps
+        oG.step()
+        if freeze:
+            D.requires_grad_(True)
+    if use_loom:
+        g.synchronize()
+        d.synchronize()
+    return G, D
+
+
+@pytest.mark.parametrize("how", ["frozen discriminator", "defer_updates"])
+def test_a_gan_trains_like_ddp(world, how):
+    rank, n, gloo = world
+    freeze = how == "frozen discriminator"
+    options = {} if freeze else {"defer_updates": True}
+    ddp_g, ddp_d = _gan(rank, gloo, False, freeze)
+    loom_g, loom_d = _gan(rank, gloo, True, freeze, **options)
+    assert_like_ddp(loom_g, ddp_g, gloo, n)
+    assert_like_ddp(loom_d, ddp_d, gloo, n)
+
+
+def test_a_gan_without_either_is_a_named_error(world):
+    rank, n, gloo = world
+    with pytest.raises(RuntimeError, match="optimizer.step\\(\\) was not called after the "
+                                           "previous backward.*GAN's generator step.*"
+                                           "defer_updates=True"):
+        _gan(rank, gloo, True, False, steps=2)
+
+
+def test_changes_between_backward_and_step_are_named_or_work_with_defer_updates(world):
+    rank, n, gloo = world
+
+    def clip(net, opt, model, step):
+        x, y = data("vector", rank, step)
+        opt.zero_grad()
+        (10 * F.cross_entropy(net(x), y)).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
+        opt.step()
+
+    def warmup(net, opt, model, step):
+        x, y = data("vector", rank, step)
+        opt.zero_grad()
+        F.cross_entropy(net(x), y).backward()
+        for g in opt.param_groups:
+            g["lr"] = 0.01 * (step + 1)  # set right before step()
+        opt.step()
+
+    def two_backwards(net, opt, model, step):  # two losses, one step
+        opt.zero_grad()
+        for half in range(2):
+            x, y = data("vector", rank, 2 * step + half)
+            F.cross_entropy(net(x), y).backward()
+        opt.step()
+
+    def sgd(model):
+        return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+    for loop, error in ((clip, "the gradient of '[a-z0-9.]+' was changed in place between "
+                               "backward and optimizer.step\\(\\) \\(clip_grad_norm_"),
+                        (warmup, "param group 0's 'lr' changed between backward and "
+                                 "optimizer.step\\(\\)"),
+                        (two_backwards, "optimizer.step\\(\\) was not called after the "
+                                        "previous backward")):
+        (ddp_model, _, _), (loom_model, _, _) = _pair(Mlp, sgd, loop, gloo, 5,
+                                                      defer_updates=True)
+        assert_like_ddp(loom_model, ddp_model, gloo, n)
+        torch.manual_seed(0)
+        model = Mlp()
+        net, opt = loom_torch.parallelize(model, sgd(model), bucket_cap_mb=CAP_MB)
+        with pytest.raises(RuntimeError, match=error):
+            loop(net, opt, model, 0)
+        if net._loom.awaiting_step:
+            opt.step()
+        net.synchronize()
+    with pytest.raises(ValueError, match="with defer_updates=True give a bucket cap"):
+        loom_torch.parallelize(Mlp(), sgd(Mlp()), bucket_cap_mb="auto", defer_updates=True)
+
+
+def test_a_write_through_the_model_while_its_update_is_pending_is_named(world):
+    rank, n, gloo = world
+    torch.manual_seed(0)
+    model = Mlp()
+    net, opt = loom_torch.parallelize(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                      bucket_cap_mb=CAP_MB)
+    x, y = data("vector", rank, 0)
+    loss = F.cross_entropy(net(x), y)
+    if rank != 0:
+        time.sleep(1.0)  # rank 0's allreduces cannot land before this rank's backward
+    loss.backward()
+    opt.step()
+    if rank == 0:
+        assert not all(net._loom.applied)  # nothing could land: every update still pending
+        with torch.no_grad():
+            model.fc1.weight.mul_(0.5)
+        with pytest.raises(RuntimeError, match="parameter 'fc1.weight' was written after "
+                                               "optimizer.step\\(\\) while its update was still "
+                                               "pending.*net.synchronize\\(\\)"):
+            net(x)
+    net.synchronize()
+
+
+def test_a_model_that_differs_across_ranks_is_named_on_every_rank(world):
+    rank, n, gloo = world
+    torch.manual_seed(0)
+    model = Mlp()
+    if rank == n - 1:
+        model.head.double()
+    with pytest.raises(RuntimeError) as caught:
+        loom_torch.parallelize(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    if rank == n - 1:
+        assert ("the model differs across ranks: entry 4 is parameter 'head.weight' float64 "
+                "[4, 32] here and parameter 'head.weight' float32 [4, 32] on rank 0"
+                in str(caught.value)), caught.value
+    else:
+        assert "rank(s) %d hold other parameters or buffers than rank 0" % (n - 1) in str(
+            caught.value), caught.value
+    # A rank that refuses its model (all frozen) says why; its peers name it.
+    model = Mlp()
+    if rank == n - 1:
+        model.requires_grad_(False)
+    expected = ValueError if rank == n - 1 else RuntimeError
+    with pytest.raises(expected) as caught:
+        loom_torch.parallelize(model, torch.optim.SGD(Mlp().parameters(), lr=0.1))
+    if rank == n - 1:
+        assert "the model has no parameter that requires grad" in str(caught.value)
+    else:
+        assert "rank(s) %d refused the model" % (n - 1) in str(caught.value), caught.value
+
+
+def test_sparse_embeddings_are_refused_when_wrapped_and_empty_parameters_train(world):
+    rank, n, gloo = world
+    sparse = nn.Sequential(nn.Embedding(10, 4, sparse=True), nn.Linear(4, 2))
+    with pytest.raises(ValueError, match="module '0' is Embedding\\(sparse=True\\)"):
+        loom_torch.parallelize(sparse, torch.optim.SGD(sparse.parameters(), lr=0.1))
+
+    class WithEmpty(Mlp):
+        def __init__(self):
+            super().__init__()
+            self.nothing = nn.Parameter(torch.zeros(0, 4))
+
+        def forward(self, x):
+            return super().forward(x) + self.nothing.sum()
+
+    # DDP on Gloo refuses a parameter without elements (its broadcast fails): it trains the
+    # same model without it (the empty parameter adds nothing and draws no random numbers).
+    results = []
+    for use_loom in (False, True):
+        torch.manual_seed(0)
+        model = WithEmpty() if use_loom else Mlp()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        if use_loom:
+            net, opt = loom_torch.parallelize(model, opt, bucket_cap_mb=CAP_MB)
+        else:
+            net = DDP(model, process_group=gloo, bucket_cap_mb=CAP_MB)
+        for step in range(4):
+            x, y = data("vector", rank, step)
+            opt.zero_grad()
+            F.cross_entropy(net(x), y).backward()
+            opt.step()
+        if use_loom:
+            net.synchronize()
+            assert opt.state[model.nothing]["step"].item() == 4  # stepped by its optimizer
+        results.append(model)
+    assert_like_ddp(results[1], results[0], gloo, n)

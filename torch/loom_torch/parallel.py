@@ -31,12 +31,18 @@ What happens underneath, each step:
   must call net.synchronize() first.
 
 Rules, each a named error rather than a hang: one optimizer.step() per backward (accumulate with
-`with net.no_sync():`), every rank runs backward every step, a parameter that gets no gradient
-needs find_unused_parameters=True, and the model's parameters must not be moved, replaced or
-re-registered after wrapping (wrap it after .to(...)).
+`with net.no_sync():`), nothing between backward and step that changes what an update uses
+(gradients in place, hyperparameters, param groups), no write through the unwrapped model while
+an update is pending, every rank runs backward every step, a parameter that gets no gradient
+needs find_unused_parameters=True, the same model on every rank (checked when wrapped), and the
+model's parameters must not be moved, replaced or re-registered after wrapping (wrap it after
+.to(...)). defer_updates=True gives DDP's semantics instead (backward waits for every bucket and
+leaves the averages in .grad; opt.step() runs the optimizer), where the first three rules do not
+apply.
 """
 import contextlib
 import functools
+import hashlib
 import time
 import types
 import weakref
@@ -56,7 +62,7 @@ _COMPRESSIONS = {None: "none", "none": "none", "float16": "float16", "fp16": "fl
 def parallelize(model, optimizer, process_group=None, bucket_cap_mb=25, compression=None,
                 find_unused_parameters=False, first_bucket_mb=1, partition_large=None,
                 collectives_in_flight=0, overlap_forward=True, broadcast_buffers=True,
-                rebuild_buckets=True, profile=None, priority="forward"):
+                rebuild_buckets=True, profile=None, priority="forward", defer_updates=False):
     """Wraps `model` and `optimizer` for data-parallel training on a loom process group.
 
     Returns (net, optimizer): net is a module wrapping `model` (as DDP's, its state_dict keys
@@ -85,6 +91,14 @@ def parallelize(model, optimizer, process_group=None, bucket_cap_mb=25, compress
     each forward, as DDP. rebuild_buckets: after the first step, rebuild the buckets in the order
     the gradients became ready (rank 0's), as DDP. profile: record each step's timeline for
     write_trace()/explain()/dump_dot() durations and net.predict() (None: LOOM_TRACE decides).
+    defer_updates: DDP's semantics: backward ends once every bucket has landed, with the averaged
+    gradients in .grad, and opt.step() updates the parameters itself. Code that reads or changes
+    the gradients or the param groups between backward and step (clip_grad_norm_, a learning
+    rate set right before step(), add_param_group), several backwards before one step, and a
+    backward through this model that its optimizer does not step (a GAN's generator step through
+    the discriminator) then work as with DDP; the communication still overlaps backward in
+    loom's buckets and order, but no update overlaps it and the next forward waits for nothing.
+    (False: each bucket's update is applied as it lands; those uses are named errors.)
     """
     automatic = isinstance(bucket_cap_mb, str)
     if automatic:
@@ -94,6 +108,10 @@ def parallelize(model, optimizer, process_group=None, bucket_cap_mb=25, compress
         if profile is False:
             raise ValueError("parallelize: bucket_cap_mb='auto' plans from profiled steps; it "
                              "cannot run with profile=False")
+        if defer_updates:
+            raise ValueError("parallelize: bucket_cap_mb='auto' plans the overlap of updates "
+                             "with communication; with defer_updates=True give a bucket cap in "
+                             "MiB")
         profile = True
         bucket_cap_mb = 25  # DDP's, until the plan is made
     if priority not in ("forward", "ready"):
@@ -107,8 +125,15 @@ def parallelize(model, optimizer, process_group=None, bucket_cap_mb=25, compress
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError("parallelize: optimizer must be a torch.optim.Optimizer, not %s"
                         % type(optimizer).__name__)
+    previous = _WRAPPED.get(model)
+    previous = previous() if previous is not None else None
+    if previous is not None and not previous.closed:
+        # Wrapping a model again (a new optimizer, other options): the previous wrapper lets go
+        # of the model (its pending updates applied, its hooks removed) and refuses to run.
+        previous.close()
     if getattr(optimizer, "_loom_engine", None) is not None:
-        raise ValueError("parallelize: this optimizer is already driven by a parallelized model")
+        raise ValueError("parallelize: this optimizer is already driven by another "
+                         "parallelized model (one optimizer per wrapped model)")
     group = process_group
     if group is None or group == dist.GroupMember.WORLD:
         group = dist.distributed_c10d._get_default_group()
@@ -121,8 +146,87 @@ def parallelize(model, optimizer, process_group=None, bucket_cap_mb=25, compress
         compression=_COMPRESSIONS[compression], track_usage=bool(find_unused_parameters),
         priority=priority, wire_ratio=1.0),
         overlap_forward=overlap_forward, broadcast_buffers=broadcast_buffers,
-        rebuild_buckets=rebuild_buckets, profile=profile, automatic=automatic)
+        rebuild_buckets=rebuild_buckets, profile=profile, automatic=automatic,
+        defer_updates=bool(defer_updates))
+    _WRAPPED[model] = weakref.ref(net._loom)
     return net, optimizer
+
+
+# model -> the engine wrapping it (weakly: a model can be deep-copied, pickled and freed).
+_WRAPPED = weakref.WeakKeyDictionary()
+
+
+def _local_problem(model):
+    """Why this rank cannot wrap `model` (None if it can): said before any collective, so that
+    the peers hear of it instead of waiting."""
+    trained = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    if not trained:
+        return "parallelize: the model has no parameter that requires grad"
+    for name, p in trained:
+        if p.device.type != "cpu":
+            return ("parallelize: parameter '%s' is on %s; loom_torch.parallelize reduces CPU "
+                    "parameters only so far" % (name, p.device))
+        if not p.is_floating_point():
+            return ("parallelize: parameter '%s' is %s; only floating-point parameters are "
+                    "trained" % (name, p.dtype))
+    for mname, m in model.named_modules():
+        if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse:
+            return ("parallelize: module '%s' is %s(sparse=True), whose gradients are sparse; "
+                    "parallelize reduces dense gradients (DDP's sparse gradients are not "
+                    "supported): use sparse=False" % (mname, type(m).__name__))
+    return None
+
+
+def _describe(model):
+    """One line per parameter and buffer: what must be the same on every rank."""
+    lines = ["parameter '%s' %s %s%s" % (name, str(p.dtype).replace("torch.", ""),
+                                         list(p.shape), "" if p.requires_grad else " frozen")
+             for name, p in model.named_parameters()]
+    lines += ["buffer '%s' %s %s" % (name, str(b.dtype).replace("torch.", ""), list(b.shape))
+              for name, b in model.named_buffers()]
+    return lines
+
+
+def _agree_on_model(group, model, problem):
+    """Collective on the loom group (its deadline): every rank raises, naming what is wrong,
+    if any rank refused the model or the ranks' models differ (names, dtypes, shapes, frozen
+    parameters), before rank 0's state is broadcast into them."""
+    rank, n = dist.get_rank(group), dist.get_world_size(group)
+    lines = _describe(model)
+    digest = int.from_bytes(hashlib.sha256("\n".join(lines).encode()).digest()[:7], "little")
+    mine = torch.tensor([1 if problem else 0, digest], dtype=torch.int64)
+    every = [torch.empty_like(mine) for _ in range(n)]
+    dist.all_gather(every, mine, group=group)
+    refused = [r for r in range(n) if every[r][0].item()]
+    if problem:
+        raise ValueError(problem)
+    if refused:
+        raise RuntimeError("parallelize on rank %d: rank(s) %s refused the model (their errors "
+                           "say why); no rank wraps it" % (rank, ", ".join(map(str, refused))))
+    differ = [r for r in range(n) if every[r][1].item() != every[0][1].item()]
+    if not differ:
+        return
+    # Rank 0's description, to name the first difference on each rank that differs.
+    text = torch.tensor(list("\n".join(lines).encode()) if rank == 0 else [], dtype=torch.int32)
+    size = torch.tensor([text.numel()], dtype=torch.int64)
+    dist.broadcast(size, 0, group=group)
+    if rank != 0:
+        text = torch.empty(int(size.item()), dtype=torch.int32)
+    dist.broadcast(text, 0, group=group)
+    theirs = bytes(text.tolist()).decode().split("\n")
+    ranks = ", ".join(map(str, differ))
+    if rank not in differ:
+        raise RuntimeError("parallelize on rank %d: the model differs across ranks: rank(s) %s "
+                           "hold other parameters or buffers than rank 0 (their errors name the "
+                           "first difference); wrap the same model on every rank" % (rank, ranks))
+    for k in range(max(len(lines), len(theirs))):
+        here = lines[k] if k < len(lines) else "nothing"
+        there = theirs[k] if k < len(theirs) else "nothing"
+        if here != there:
+            raise RuntimeError("parallelize on rank %d: the model differs across ranks: entry %d "
+                               "is %s here and %s on rank 0 (%d entries here, %d there); wrap "
+                               "the same model on every rank" % (rank, k, here, there,
+                                                                 len(lines), len(theirs)))
 
 
 def _first_tensor_needing_grad(value):
@@ -139,6 +243,28 @@ def _first_tensor_needing_grad(value):
         if found is not None:
             return found
     return None
+
+
+def _same_value(a, b):
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+                and torch.equal(a, b))
+    try:
+        return bool(a == b)
+    except (TypeError, ValueError, RuntimeError):
+        return False
+
+
+def _gradient_hook(engine_ref, i, grad_inputs, grad_outputs):
+    engine = engine_ref()
+    if engine is not None and not engine.closed:
+        engine._on_gradient(i, grad_inputs, grad_outputs)
+
+
+def _module_hook(engine_ref, name, indices, module, inputs):
+    engine = engine_ref()
+    if engine is not None and not engine.closed:
+        engine._before_module(name, indices, module, inputs)
 
 
 class _Engine:
@@ -159,23 +285,22 @@ class _Engine:
     AUTO_TRIAL_ROUNDS = 5
 
     def __init__(self, module, optimizer, group, plan, overlap_forward, rebuild_buckets, profile,
-                 automatic=False):
+                 automatic=False, defer_updates=False):
         self.module = module
         self.optimizer = optimizer
         self.group = group
         self.plan = plan
         self.overlap_forward = overlap_forward
+        self.defer_updates = defer_updates
+        self.closed = False
         self.rebuild_pending = rebuild_buckets
-        named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+        # Zero-element parameters have nothing to reduce: the optimizer steps them at step()
+        # like any parameter outside the model.
+        named = [(name, p) for name, p in module.named_parameters()
+                 if p.requires_grad and p.numel() > 0]
         if not named:
-            raise ValueError("parallelize: the model has no parameter that requires grad")
-        for name, p in named:
-            if p.device.type != "cpu":
-                raise ValueError("parallelize: parameter '%s' is on %s; loom_torch.parallelize "
-                                 "reduces CPU parameters only so far" % (name, p.device))
-            if not p.is_floating_point():
-                raise ValueError("parallelize: parameter '%s' is %s; only floating-point "
-                                 "parameters are trained" % (name, p.dtype))
+            raise ValueError("parallelize: the model has no parameter with elements that "
+                             "requires grad")
         owner = {}
         for mname, m in module.named_modules():
             for p in m.parameters(recurse=False):
@@ -202,7 +327,12 @@ class _Engine:
         self.automatic_plan = None   # what the automatic plan decided
         self.steps_since_plan = 0
         self.seen = [None] * len(self.params)
+        # .grad's version counter as loom last left it (handed over, or the average copied in):
+        # a change before optimizer.step() is the user's (clip_grad_norm_) and a named error.
         self.seen_version = [0] * len(self.params)
+        self.pending_versions = {}   # parameter -> its version at step(), update still pending
+        self.step_narrow = None      # the param groups' membership when backward began
+        self.step_key = None
         # Step state.
         self.sync = True             # this forward's backward is reduced (not under no_sync)
         self.no_sync_depth = 0
@@ -212,12 +342,14 @@ class _Engine:
         self.narrow_key = None
         self.narrow = None
         # Autograd hooks: keep every AccumulateGrad node, or its hook never fires.
+        # The hooks hold the engine weakly: a wrapper dropped by the user lets go of the model.
         self.accumulators, self.handles = [], []
+        me = weakref.ref(self)
         with torch.enable_grad():
             for i, p in enumerate(self.params):
                 accumulate = p.expand_as(p).grad_fn.next_functions[0][0]
-                self.handles.append(accumulate.register_hook(functools.partial(self._on_gradient,
-                                                                               i)))
+                self.handles.append(accumulate.register_hook(functools.partial(_gradient_hook,
+                                                                               me, i)))
                 self.accumulators.append(accumulate)
         # Forward pre-hooks on every module that registers trainable parameters itself (not only
         # leaves: nn.MultiheadAttention's in_proj_weight belongs to a non-leaf module).
@@ -234,14 +366,15 @@ class _Engine:
             if mine:
                 self.guards[mname] = mine
                 self.handles.append(m.register_forward_pre_hook(
-                    functools.partial(self._before_module, mname, mine)))
+                    functools.partial(_module_hook, me, mname, mine)))
         self.signature = self._signature()
         # Per step, a quick look at the trained parameters (moved, cast, frozen); the whole
         # registration is compared every FULL_CHECK_EVERY steps (named_modules() costs ~1 ms per
         # step on a model of 60 tensors: the per-step overhead DDP does not have).
         self.quick = [(p, p.data_ptr()) for p in self.params]
         self.checks = 0
-        self.buffers = list(module.buffers())  # as DDP: the buffers the model had when wrapped
+        # As DDP: the buffers the model had when wrapped (those with elements).
+        self.buffers = [b for b in module.buffers() if b.numel() > 0]
         self.step_function = type(optimizer).step
 
     # -- layout (rebuilt after a replan) --------------------------------------------------------
@@ -263,16 +396,22 @@ class _Engine:
     FULL_CHECK_EVERY = 64
 
     def check_registration(self):
+        """Raises if the model changed since it was wrapped; True if every trained parameter is
+        frozen for this forward (requires_grad=False on all of them, nothing else changed)."""
         self.checks += 1
         if self.checks % self.FULL_CHECK_EVERY != 1:
             for p, ptr in self.quick:
                 if p.data_ptr() != ptr or not p.requires_grad:
                     break
             else:
-                return
+                return False
         now = self._signature()
         if now == self.signature:
-            return
+            return False
+        if (all(not p.requires_grad for p in self.params)
+                and all(p.data_ptr() == ptr for p, ptr in self.quick)
+                and [entry[0] for entry in now] == [entry[0] for entry in self.signature]):
+            return True
         named = list(self.module.named_parameters())
         before = {entry[0]: entry for entry in self.signature}
         for name, p in named:
@@ -288,7 +427,9 @@ class _Engine:
             if old[2] != p.requires_grad:
                 raise RuntimeError("loom_torch.parallelize: parameter '%s' changed requires_grad "
                                    "after the model was wrapped; freeze parameters before "
-                                   "parallelize()" % name)
+                                   "parallelize(), or all of its trained parameters for a "
+                                   "forward whose backward this model takes no part in (a "
+                                   "GAN's generator step through the discriminator)" % name)
         raise RuntimeError("loom_torch.parallelize: parameters were removed from the model after "
                            "it was wrapped (%d now, %d then)" % (len(now), len(self.signature)))
 
@@ -316,12 +457,16 @@ class _Engine:
     def _begin_backward(self):
         if self.learning:
             self._learn_guards()
-        if self.awaiting_step:
+        if self.awaiting_step and not self.defer_updates:
             raise RuntimeError(
                 "loom_torch.parallelize: backward on rank %d began, but optimizer.step() was not "
                 "called after the previous backward; parallelize updates the parameters as their "
                 "gradients land, so every backward is followed by optimizer.step() (accumulate "
-                "gradients with `with net.no_sync():`)" % self.rank)
+                "gradients with `with net.no_sync():`; a backward through this model that its "
+                "optimizer does not step, as a GAN's generator step through the discriminator, "
+                "freezes all of its parameters for that forward; or wrap with "
+                "defer_updates=True for DDP's semantics). The previous backward's updates were "
+                "applied" % self.rank)
         self.synchronize()
         self._record_step()
         if self.rebuild_pending:
@@ -332,6 +477,9 @@ class _Engine:
             self._time_plans()
         self.hyper = [{key: value for key, value in g.items() if key != "params"}
                       for g in self.optimizer.param_groups]
+        self.step_narrow = self._narrowed()
+        self.step_key = self.narrow_key
+        self.pending_versions = {}
         if self.profiling:
             self.timeline_updates, self.timeline_waits = [], []
             self.timeline_forward, self.timeline_forward_end = [], 0
@@ -415,7 +563,8 @@ class _Engine:
         self.reducer.ready(i, grad)
         self.seen[i] = weakref.ref(grad)
         self.seen_version[i] = grad._version
-        self._apply_landed()
+        if not self.defer_updates:
+            self._apply_landed()
 
     def _end_backward(self):
         self.in_backward = False
@@ -432,7 +581,33 @@ class _Engine:
                 "backward: %s%s. Pass find_unused_parameters=True to parallelize() if the model "
                 "leaves parameters unused in some steps (or freeze them before wrapping)"
                 % (self.rank, len(missing), names, more))
-        self._apply_landed()
+        if self.defer_updates:
+            self._land_all()
+        else:
+            self._apply_landed()
+
+    def _land_all(self):
+        # defer_updates: as DDP's backward, this one ends with every average in .grad; the
+        # optimizer runs in opt.step() on the whole model.
+        try:
+            for k in range(len(self.groups)):
+                self.reducer.wait_update(k)
+                self._copy_average(k)
+                self.applied[k] = True
+                self.reducer.updated(k)
+        finally:
+            self.reducer.finish()
+
+    def _copy_average(self, k):
+        track = self.plan["track_usage"]
+        for i in self.groups[k]:
+            if track and self.reducer.globally_unused(i):
+                continue  # as DDP: its .grad is left as it was
+            p = self.params[i]
+            if p.grad is None:
+                p.grad = self.views[i].clone()
+            else:
+                p.grad.copy_(self.views[i])
 
     # -- updates --------------------------------------------------------------------------------
     def _apply_landed(self):
@@ -444,13 +619,62 @@ class _Engine:
         key = tuple((id(g["params"]), len(g["params"])) for g in groups)
         if key != self.narrow_key:
             self.narrow = [[[] for _ in groups] for _ in self.groups]
+            # The optimizer's parameters loom does not reduce (outside the model, frozen in it,
+            # without elements): stepped in opt.step() with their own .grad, as without loom.
+            self.outside = [[] for _ in groups]
             for gi, g in enumerate(groups):
                 for p in g["params"]:
                     i = self.index.get(id(p))
                     if i is not None:
                         self.narrow[self.group_of[i]][gi].append(p)
+                    else:
+                        self.outside[gi].append(p)
+            self.any_outside = any(self.outside)
             self.narrow_key = key
         return self.narrow
+
+    def _step_outside(self):
+        self._narrowed()
+        if not self.any_outside:
+            return
+        groups = self.optimizer.param_groups
+        saved = [g["params"] for g in groups]
+        try:
+            for g, params in zip(groups, self.outside):
+                g["params"] = params
+            self.step_function(self.optimizer)
+        finally:
+            for g, params in zip(groups, saved):
+                g["params"] = params
+
+    def _check_before_step(self):
+        # Eager updates were made with the gradients and hyperparameters of when each bucket
+        # landed: code between backward and step that changes them would be silently ignored.
+        hint = ("parallelize applies each bucket's update as it lands, during backward; wrap "
+                "with defer_updates=True to run code between backward and optimizer.step() as "
+                "with DDP")
+        if self._narrowed() is not self.step_narrow:
+            raise RuntimeError("loom_torch.parallelize: the optimizer's param groups changed "
+                               "between backward and optimizer.step() (add_param_group): %s"
+                               % hint)
+        for gi, g in enumerate(self.optimizer.param_groups):
+            for key, value in self.hyper[gi].items():
+                now = g.get(key)
+                if now is not value and not _same_value(now, value):
+                    raise RuntimeError(
+                        "loom_torch.parallelize: param group %d's '%s' changed between backward "
+                        "and optimizer.step() (%r, was %r when backward began); set it before "
+                        "backward (or after step(), as LR schedulers do): %s"
+                        % (gi, key, now, value, hint))
+        for i, p in enumerate(self.params):
+            grad = p.grad
+            seen = self.seen[i]
+            if (grad is not None and seen is not None and seen() is grad
+                    and grad._version != self.seen_version[i]):
+                raise RuntimeError(
+                    "loom_torch.parallelize: the gradient of '%s' was changed in place between "
+                    "backward and optimizer.step() (clip_grad_norm_, scaling): %s"
+                    % (self.names[i], hint))
 
     def _apply(self, k):
         if self.applied[k]:
@@ -463,31 +687,45 @@ class _Engine:
             self._apply_group(k)
 
     def _apply_group(self, k):
+        pending = self.pending_versions
+        if pending:
+            written = [i for i in self.groups[k]
+                       if i in pending and self.params[i]._version != pending[i]]
+            for i in self.groups[k]:
+                pending.pop(i, None)
+            if written:  # the group stays pending: synchronize() applies it (on the write)
+                raise RuntimeError(
+                    "loom_torch.parallelize: parameter '%s' was written after optimizer.step() "
+                    "while its update was still pending (the update lands as the next forward "
+                    "reaches it); call net.synchronize() before writing the parameters through "
+                    "the unwrapped model" % self.names[written[0]])
         self.applied[k] = True
         swapped = []
         track = self.plan["track_usage"]
         for i in self.groups[k]:
+            p = self.params[i]
             if track and self.reducer.globally_unused(i):
                 continue  # as DDP: its .grad is left as it was
-            p = self.params[i]
             grad = p.grad
             seen = self.seen[i]
             if (grad is not None and seen is not None and seen() is grad
                     and grad._version == self.seen_version[i]):
                 grad.copy_(self.views[i])  # .grad holds the average, as with DDP
+                self.seen_version[i] = grad._version
             else:
                 # zero_grad() or the user replaced .grad since backward: the average is lent
                 # for the update only.
                 swapped.append((p, grad))
                 p.grad = self.views[i]
         groups = self.optimizer.param_groups
-        narrowed = self._narrowed()[k]
+        # The groups as they were when backward began (a group added since gets nothing).
+        narrowed = self.step_narrow[k]
         saved = []
         try:
             for gi, g in enumerate(groups):
                 saved.append((g["params"], {key: g[key] for key in self.hyper[gi]}
                               if gi < len(self.hyper) else {}))
-                g["params"] = narrowed[gi]
+                g["params"] = narrowed[gi] if gi < len(narrowed) else []
                 if gi < len(self.hyper):
                     g.update(self.hyper[gi])
             self.step_function(self.optimizer)
@@ -512,6 +750,9 @@ class _Engine:
     def before_module(self, indices):
         if self.in_backward or all(self.applied[self.group_of[i]] for i in indices):
             return
+        if self.defer_updates:  # a backward that raised before it landed its buckets
+            self.synchronize()
+            return
         for k in sorted({self.group_of[i] for i in indices}):
             self.wait_and_apply(k)
 
@@ -527,10 +768,13 @@ class _Engine:
 
     def synchronize(self):
         """Applies every pending update and ends the step's run (raises its failure)."""
-        if not self.reducer.in_step():
+        if self.closed or not self.reducer.in_step():
             return
         if self.in_backward:
             raise RuntimeError("loom_torch.parallelize: synchronize() during backward")
+        if self.defer_updates:
+            self._land_all()  # the averages into .grad; opt.step() updates
+            return
         try:
             for k in range(len(self.groups)):
                 self.wait_and_apply(k)
@@ -542,10 +786,15 @@ class _Engine:
             else:
                 self.reducer.finish()
 
-    def step(self, closure=None):
+    def optimizer_step(self, closure=None):
+        if self.defer_updates:
+            # DDP's semantics: the averages are in .grad (backward waited for them).
+            self.awaiting_step = False
+            return self.step_function(self.optimizer, closure)
         if closure is not None:
             raise RuntimeError("loom_torch.parallelize: optimizer.step(closure) is not supported: "
-                               "the parameters are updated as their gradients land")
+                               "the parameters are updated as their gradients land (wrap with "
+                               "defer_updates=True)")
         if not self.awaiting_step:
             raise RuntimeError(
                 "loom_torch.parallelize: optimizer.step() on rank %d of %d without a reduced "
@@ -553,57 +802,101 @@ class _Engine:
                 "each step, since its peers' allreduces wait for this rank's gradients"
                 % (self.rank, self.world))
         self.awaiting_step = False
+        self._check_before_step()
         self._apply_landed()
+        self._step_outside()
         if not self.overlap_forward:
             self.synchronize()
+            return
+        # What a write through the unwrapped model would overtake: named when it lands.
+        for k, done in enumerate(self.applied):
+            if not done:
+                for i in self.groups[k]:
+                    self.pending_versions[i] = self.params[i]._version
+
+    def optimizer_state_dict(self):
+        self.synchronize()
+        return type(self.optimizer).state_dict(self.optimizer)
+
+    def optimizer_load_state_dict(self, state):
+        self.synchronize()
+        return type(self.optimizer).load_state_dict(self.optimizer, state)
+
+    def close(self):
+        """Lets go of the model (the model was wrapped again): pending updates applied, hooks
+        removed; the optimizer's own methods run again; the wrapper refuses to run."""
+        if self.in_backward or (self.awaiting_step and not self.defer_updates):
+            raise RuntimeError("loom_torch.parallelize: the model is wrapped again between "
+                               "backward and optimizer.step() of its previous wrapper; wrap it "
+                               "again after step()")
+        self.synchronize()
+        for handle in self.handles:
+            handle.remove()
+        self.handles, self.accumulators = [], []
+        self.closed = True
+        if getattr(self.optimizer, "_loom_engine", None) is self:
+            self.optimizer._loom_engine = None
+
 
 
 class ParallelModule(torch.nn.Module):
     """The model as loom_torch.parallelize wraps it (the model is `self.module`)."""
 
     def __init__(self, module, optimizer, group, plan, overlap_forward=True,
-                 broadcast_buffers=True, rebuild_buckets=True, profile=None, automatic=False):
+                 broadcast_buffers=True, rebuild_buckets=True, profile=None, automatic=False,
+                 defer_updates=False):
         super().__init__()
         self.module = module
         self.process_group = group
         self.broadcast_buffers = broadcast_buffers
+        problem = _local_problem(module)
+        if dist.get_world_size(group) > 1:
+            _agree_on_model(group, module, problem)
+        elif problem:
+            raise ValueError(problem)
         # Rank 0's parameters and buffers everywhere, as DDP does when it wraps a model.
         state = [t.detach() for t in module.state_dict(keep_vars=True).values()
-                 if isinstance(t, torch.Tensor)]
+                 if isinstance(t, torch.Tensor) and t.numel() > 0]  # (torch's coalescing
+        # fails on a tensor without elements, which has nothing to send)
         if state and dist.get_world_size(group) > 1:
             dist._broadcast_coalesced(group, state, 250 * 1024 * 1024, 0)
         engine = _Engine(module, optimizer, group, plan, overlap_forward, rebuild_buckets, profile,
-                         automatic)
+                         automatic, defer_updates)
         object.__setattr__(self, "_loom", engine)
         optimizer._loom_engine = engine
-        # A method of the optimizer itself, so that LR schedulers can wrap and count it.
-        optimizer.step = types.MethodType(lambda opt, closure=None: engine.step(closure),
-                                          optimizer)
-        original_state_dict = optimizer.state_dict
-        original_load = optimizer.load_state_dict
+        # Methods of the optimizer itself, so that LR schedulers can wrap and count step(); a
+        # closed engine (the model wrapped again) passes them through to the optimizer's own.
+        cls = type(optimizer)
+        ref = weakref.ref(engine)
 
-        def state_dict():
-            engine.synchronize()
-            return original_state_dict()
-
-        def load_state_dict(state):
-            engine.synchronize()
-            return original_load(state)
-        optimizer.state_dict = state_dict
-        optimizer.load_state_dict = load_state_dict
+        def through(name):
+            def call(opt, *args, **kwargs):
+                owner = ref()
+                if owner is None or owner.closed:
+                    return getattr(cls, name)(opt, *args, **kwargs)
+                return getattr(owner, "optimizer_" + name)(*args, **kwargs)
+            return types.MethodType(call, optimizer)
+        optimizer.step = through("step")
+        optimizer.state_dict = through("state_dict")
+        optimizer.load_state_dict = through("load_state_dict")
 
     def forward(self, *inputs, **kwargs):
         engine = self._loom
+        if engine.closed:
+            raise RuntimeError("loom_torch.parallelize: this wrapper was replaced by a later "
+                               "parallelize() of the same model; use the one it returned")
         timed = engine.t0 is not None and not engine.in_backward
         if timed:  # a new forward: the step's timeline keeps the last one before backward
             entered = time.monotonic_ns() - engine.t0
             engine.timeline_forward = []
-        engine.check_registration()
+        frozen = engine.check_registration()
         if self.broadcast_buffers and engine.world > 1 and engine.buffers:
             buffers = engine.buffers
             if buffers:  # on the group's communicator, apart from the reducer's
                 dist._broadcast_coalesced(self.process_group, buffers, 250 * 1024 * 1024, 0)
-        engine.sync = engine.no_sync_depth == 0
+        # Every trained parameter frozen for this forward (a GAN's generator step through the
+        # discriminator): its backward is none of this model's business.
+        engine.sync = engine.no_sync_depth == 0 and not frozen
         if engine.root_guard:
             engine.before_module(engine.root_guard)
         if timed:
