@@ -18,6 +18,7 @@
 
 #include "loom/error.hpp"
 #include "loom/local.hpp"
+#include "loom/output_file.hpp"
 #include "overlap_benchmark.hpp"
 #include "train_options.hpp"
 
@@ -150,8 +151,7 @@ void report(const std::vector<bench::ModeResult>& results, const Flags& flags,
 }
 
 void write_json(const std::vector<bench::ModeResult>& results, const std::string& path) {
-  std::ofstream out(path);
-  if (!out) throw Error(ErrorCode::invalid_argument, "cannot write the JSON file '" + path + "'");
+  std::ofstream out = open_output_file(path, "JSON file");
   out << "[\n";
   for (std::size_t i = 0; i < results.size(); ++i) {
     const auto& r = results[i];

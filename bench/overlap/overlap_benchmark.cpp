@@ -10,6 +10,7 @@
 #include <string>
 
 #include "loom/error.hpp"
+#include "loom/output_file.hpp"
 #include "loom/overlap_metrics.hpp"
 #include "loom/step_profile.hpp"
 #include "loom/streaming_quantile.hpp"
@@ -98,11 +99,9 @@ std::vector<ModeResult> run_modes(Backend& backend, std::vector<examples::TrainC
     examples::TrainStep& step = *steps[plan.files_from];
     if (!plan.trace_path.empty()) step.executor().write_trace(plan.trace_path);
     if (!plan.dot_path.empty()) {
-      std::ofstream dot(plan.dot_path);
-      if (!dot)
-        throw Error(ErrorCode::invalid_argument,
-                    "cannot write the DOT file '" + plan.dot_path + "'");
+      std::ofstream dot = open_output_file(plan.dot_path, "DOT file");
       step.executor().dump_dot(dot);
+      close_output_file(dot, plan.dot_path, "DOT file");
     }
   }
   std::vector<ModeResult> results;

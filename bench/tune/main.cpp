@@ -24,6 +24,7 @@
 #include "loom/error.hpp"
 #include "loom/kernels/reduce.hpp"
 #include "loom/local.hpp"
+#include "loom/output_file.hpp"
 #include "loom/tuning.hpp"
 
 namespace {
@@ -309,10 +310,9 @@ int run(Backend& b, const Options& o) {
   }
   progress.finish();
   if (!printing) return 0;
-  std::ofstream out(o.output);
+  std::ofstream out = open_output_file(o.output, "tuning file");
   out << format_tuning_file(t);
-  out.close();
-  if (!out) throw Error(ErrorCode::invalid_argument, "cannot write '" + o.output + "'");
+  close_output_file(out, o.output, "tuning file");
   if (t.inter_node)
     std::fprintf(stderr,
                  "loom-tune: %s; between nodes: alpha %.3g us, beta %.3g ns/B (%.2f GB/s)\n",

@@ -12,6 +12,7 @@
 #include "loom/executor.hpp"
 #include "loom/graph.hpp"
 #include "loom/local.hpp"
+#include "loom/output_file.hpp"
 
 namespace {
 
@@ -51,7 +52,7 @@ int step_on(loom::Backend& backend) {
   update.succeed(reduce, reduce_bias);
 
   if (backend.rank() == 0) {
-    std::ofstream dot("step_graph.dot");
+    std::ofstream dot = loom::open_output_file("step_graph.dot", "DOT file");
     g.dump_dot(dot);  // the graph as built, before compile
   }
 
@@ -69,7 +70,7 @@ int step_on(loom::Backend& backend) {
     return 1;
   }
   if (backend.rank() == 0) {
-    std::ofstream dot("step.dot");
+    std::ofstream dot = loom::open_output_file("step.dot", "DOT file");
     executor.dump_dot(dot);
     executor.write_trace("trace.json");
     std::printf("%d ranks (%s), %d steps: weights[0] = %g as expected\n", world,

@@ -20,6 +20,7 @@
 
 #include "loom/error.hpp"
 #include "loom/local.hpp"
+#include "loom/output_file.hpp"
 #include "loom/overlap_metrics.hpp"
 #include "loom/streaming_quantile.hpp"
 #include "train_options.hpp"
@@ -137,8 +138,9 @@ int train_on(Backend& backend, const Flags& flags) {
   if (root) {
     const auto dot_start = std::chrono::steady_clock::now();
     {
-      std::ofstream dot(flags.dot);
+      std::ofstream dot = loom::open_output_file(flags.dot, "DOT file");
       step.executor().dump_dot(dot);
+      loom::close_output_file(dot, flags.dot, "DOT file");
     }
     const double dot_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - dot_start)

@@ -1,31 +1,19 @@
 // Annotation: what a profiled run recorded, handed out as NodeTiming, Chrome-trace spans and
 // DOT annotations (issue indices, algorithms, durations, the critical path).
 #include <algorithm>
-#include <cerrno>
 #include <fstream>
 #include <ostream>
-#include <system_error>
 
 #include "analysis.hpp"
 #include "dot_writer.hpp"
 #include "executor_impl.hpp"
 #include "intervals.hpp"
 #include "loom/error.hpp"
+#include "loom/output_file.hpp"
 
 namespace loom {
 
-namespace {
-
-// The error for a trace file that cannot be opened, with the system's reason (a missing
-// directory, no permission).
-Error cannot_write_trace(const std::string& path) {
-  const int error = errno;
-  return Error(ErrorCode::invalid_argument,
-               "cannot write the trace file '" + path + "'" +
-                   (error ? ": " + std::generic_category().message(error) : ""));
-}
-
-}  // namespace
+namespace {}  // namespace
 
 using detail::NodeData;
 using detail::NodeRecord;
@@ -59,9 +47,7 @@ void Executor::Impl::write_trace_file() const {
     else
       path.insert(dot, suffix);
   }
-  errno = 0;
-  std::ofstream out(path);
-  if (!out) throw cannot_write_trace(path);
+  std::ofstream out = open_output_file(path, "trace file");
   detail::write_chrome_trace(out, profile.clock(backend.rank(), backend.world_size()), spans());
 }
 
@@ -131,9 +117,7 @@ void Executor::write_trace(std::ostream& out) const {
 }
 
 void Executor::write_trace(const std::string& path) const {
-  errno = 0;
-  std::ofstream out(path);
-  if (!out) throw cannot_write_trace(path);
+  std::ofstream out = open_output_file(path, "trace file");
   write_trace(out);
 }
 

@@ -9,6 +9,7 @@
 #include "json.hpp"
 #include "loom/algorithm_selector.hpp"
 #include "loom/error.hpp"
+#include "loom/output_file.hpp"
 
 namespace loom {
 
@@ -92,10 +93,9 @@ void write_step_profile(const StepProfile& p, std::ostream& out) {
 }
 
 void save_step_profile(const StepProfile& profile, const std::string& path) {
-  std::ofstream out(path);
-  if (!out)
-    throw Error(ErrorCode::invalid_argument, "cannot write the step profile '" + path + "'");
+  std::ofstream out = open_output_file(path, "step profile");
   write_step_profile(profile, out);
+  close_output_file(out, path, "step profile");
 }
 
 StepProfile read_step_profile(std::istream& in) {

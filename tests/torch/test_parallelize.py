@@ -807,3 +807,39 @@ def test_sparse_embeddings_are_refused_when_wrapped_and_empty_parameters_train(w
             assert opt.state[model.nothing]["step"].item() == 4  # stepped by its optimizer
         results.append(model)
     assert_like_ddp(results[1], results[0], gloo, n)
+
+
+def test_a_parameter_used_in_some_steps_only_trains_like_ddp(world):
+    # .grad zeroed in place (set_to_none=False) on a step where the parameter gets no gradient:
+    # not a change between backward and step (only this step's gradients are watched).
+    rank, n, gloo = world
+
+    class Sometimes(Mlp):
+        def __init__(self):
+            super().__init__()
+            self.extra = nn.Linear(4, 4)
+
+        def forward(self, x, use):
+            out = super().forward(x)
+            return self.extra(out) if use else out
+
+    results = []
+    for use_loom in (False, True):
+        torch.manual_seed(0)
+        model = Sometimes()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        if use_loom:
+            net, opt = loom_torch.parallelize(model, opt, bucket_cap_mb=CAP_MB,
+                                              find_unused_parameters=True)
+        else:
+            net = DDP(model, process_group=gloo, bucket_cap_mb=CAP_MB,
+                      find_unused_parameters=True)
+        for step in range(6):
+            x, y = data("vector", rank, step)
+            opt.zero_grad(set_to_none=False)
+            F.cross_entropy(net(x, step % 3 == 0), y).backward()
+            opt.step()
+        if use_loom:
+            net.synchronize()
+        results.append(model)
+    assert_like_ddp(results[1], results[0], gloo, n)

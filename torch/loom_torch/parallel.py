@@ -480,6 +480,7 @@ class _Engine:
         self.step_narrow = self._narrowed()
         self.step_key = self.narrow_key
         self.pending_versions = {}
+        self.seen = [None] * len(self.params)  # this step's gradients only
         if self.profiling:
             self.timeline_updates, self.timeline_waits = [], []
             self.timeline_forward, self.timeline_forward_end = [], 0

@@ -17,6 +17,7 @@
 
 #include "loom/error.hpp"
 #include "loom/gradient_reducer.hpp"
+#include "loom/output_file.hpp"
 #include "loom/reducer_prediction.hpp"
 #include "loom/step_planner.hpp"
 #include "process_group.hpp"
@@ -370,10 +371,9 @@ void bind_gradient_reducer(py::module_& m) {
           "Per bucket, the parameters (indices) it holds pieces of")
       .def("dump_dot",
            [](TorchReducer& r, const std::string& path) {
-             std::ofstream out(path);
-             if (!out)
-               throw Error(ErrorCode::invalid_argument, "cannot write the DOT file '" + path + "'");
+             std::ofstream out = open_output_file(path, "DOT file");
              r.reducer().executor().dump_dot(out);
+             close_output_file(out, path, "DOT file");
            })
       .def("dot",
            [](TorchReducer& r) {
