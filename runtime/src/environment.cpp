@@ -174,6 +174,10 @@ std::optional<int> launcher_rank() {
   return first_integer({"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"});
 }
 
+std::optional<int> launcher_world_size() {
+  return first_integer({"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE"});
+}
+
 bool launched_by_mpirun() noexcept {
   for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"})
     if (std::getenv(name) != nullptr) return true;

@@ -111,6 +111,21 @@ TEST(Environment, LauncherRanksComeFromTheLaunchersVariables) {
   EXPECT_EQ(environment::launcher_local_rank(), 3);
 }
 
+TEST(Environment, TheJobsSizeComesFromTheLaunchersVariablesAndIsACount) {
+  ::unsetenv("OMPI_COMM_WORLD_SIZE");
+  ::unsetenv("PMIX_SIZE");
+  ::unsetenv("PMI_SIZE");
+  EXPECT_FALSE(environment::launcher_world_size());
+  {
+    ScopedVariable v("PMI_SIZE", "5");
+    EXPECT_EQ(environment::launcher_world_size(), 5);
+    ScopedVariable open_mpi("OMPI_COMM_WORLD_SIZE", "3");  // Open MPI's comes first
+    EXPECT_EQ(environment::launcher_world_size(), 3);
+  }
+  ScopedVariable garbage("PMIX_SIZE", "4 ranks");  // not a count: ignored (atoi read 4)
+  EXPECT_FALSE(environment::launcher_world_size());
+}
+
 // Each variable is documented once: README's "Environment" table has one row per variable,
 // with the same meaning, default and values as environment::variables().
 TEST(Environment, ReadmeTableMatchesTheVariables) {

@@ -23,14 +23,6 @@ int as_rank(int64_t value) {
   return value < INT_MIN || value > INT_MAX ? INT_MIN : static_cast<int>(value);
 }
 
-/// The job's size as the launcher says (Open MPI, PMIx, Hydra), or -1 outside one.
-int launcher_world_size() {
-  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE"}) {
-    if (const char* text = std::getenv(name); text && *text) return std::atoi(text);
-  }
-  return -1;
-}
-
 std::string rank_list(const std::vector<int>& ranks) {
   std::string text;
   for (int r : ranks) text += (text.empty() ? "" : ", ") + std::to_string(r);
@@ -85,12 +77,12 @@ ProcessGroupLoom::ProcessGroupLoom(c10::intrusive_ptr<c10d::Store> store, int ra
       "loom process group (rank " + std::to_string(rank) + " of " + std::to_string(size) + ")";
   const bool explicit_backend = environment::text("LOOM_BACKEND").has_value();
   if (launched_by_mpirun()) {
-    const int job = launcher_world_size();
+    const std::optional<int> job = environment::launcher_world_size();
     // Checked before the backend is made: making the mpi backend duplicates MPI_COMM_WORLD, a
     // collective the ranks outside a subgroup would never join.
-    if (job > 0 && job != size)
+    if (job && *job > 0 && *job != size)
       throw Error(ErrorCode::unsupported,
-                  where + ": loom groups span the whole job (" + std::to_string(job) +
+                  where + ": loom groups span the whole job (" + std::to_string(*job) +
                       " ranks); subgroups (new_group with fewer ranks) are not supported");
   } else if (size > 1 && !explicit_backend) {
     throw Error(ErrorCode::unavailable,

@@ -63,6 +63,10 @@ std::optional<int> launcher_local_size();
 /// PMIX_RANK, PMI_RANK); std::nullopt when not launched by one.
 std::optional<int> launcher_rank();
 
+/// @brief The job's size from the launcher's variables (OMPI_COMM_WORLD_SIZE, PMIX_SIZE,
+/// PMI_SIZE); std::nullopt when not launched by one (or when the value is not a count).
+std::optional<int> launcher_world_size();
+
 /// @brief Whether the process was started by mpirun/mpiexec (Open MPI, PMIx or Hydra).
 bool launched_by_mpirun() noexcept;
 
