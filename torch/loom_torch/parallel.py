@@ -125,21 +125,22 @@ def parallelize(model, optimizer, process_group=None, bucket_cap_mb=25, compress
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError("parallelize: optimizer must be a torch.optim.Optimizer, not %s"
                         % type(optimizer).__name__)
-    previous = _WRAPPED.get(model)
-    previous = previous() if previous is not None else None
-    if previous is not None and not previous.closed:
-        # Wrapping a model again (a new optimizer, other options): the previous wrapper lets go
-        # of the model (its pending updates applied, its hooks removed) and refuses to run.
-        previous.close()
-    if getattr(optimizer, "_loom_engine", None) is not None:
-        raise ValueError("parallelize: this optimizer is already driven by another "
-                         "parallelized model (one optimizer per wrapped model)")
     group = process_group
     if group is None or group == dist.GroupMember.WORLD:
         group = dist.distributed_c10d._get_default_group()
     if not isinstance(group, _C.ProcessGroupLoom):
         raise ValueError("parallelize needs a loom process group (dist.init_process_group(\"loom\")"
                          "), got %s" % type(group).__name__)
+    previous = _WRAPPED.get(model)
+    previous = previous() if previous is not None else None
+    driver = getattr(optimizer, "_loom_engine", None)
+    if driver is not None and driver is not previous:
+        raise ValueError("parallelize: this optimizer is already driven by another "
+                         "parallelized model (one optimizer per wrapped model)")
+    if previous is not None and not previous.closed:
+        # Wrapping a model again (a new optimizer, other options): the previous wrapper lets go
+        # of the model (its pending updates applied, its hooks removed) and refuses to run.
+        previous.close()
     net = ParallelModule(model, optimizer, group, dict(
         bucket_cap_mb=float(bucket_cap_mb), first_bucket_mb=float(first_bucket_mb),
         partition_large=bool(partition_large), collectives_in_flight=int(collectives_in_flight),
