@@ -416,7 +416,7 @@ bool GradientReducer::in_step() const noexcept {
   return _state->in_step;
 }
 
-void GradientReducer::ready(std::size_t p, Buffer gradient) {
+void GradientReducer::ready(std::size_t p, Buffer gradient, bool used) {
   State& s = *_state;
   s.check_parameter(p, "ready");
   s.check_in_step(p, "ready");
@@ -433,7 +433,7 @@ void GradientReducer::ready(std::size_t p, Buffer gradient) {
   s.hand_over(p, "ready");
   const Buffer into = s.bucketer->gradient(p);
   kernels::scale(gradient.data(), into.data(), spec.count, spec.dtype, s.factor);
-  s.usage[p] = 1;
+  s.usage[p] = used ? 1 : 0;
   s.executor->signal(s.gradient_nodes[p]);
 }
 

@@ -302,6 +302,43 @@ TEST(GradientReducer, UnusedParametersAreZeroAndCountedAcrossRanks) {
   EXPECT_EQ(wrong.load(), 0);
 }
 
+// A parameter unused on this rank in this step whose gradient the rank still holds (accumulated
+// under no_sync) is handed over with used = false: that gradient is its share, as DDP sends it,
+// and it counts as unused here: unused on every rank, it is globally unused.
+TEST(GradientReducer, AHeldGradientOfAnUnusedParameterIsItsShareButNotAUse) {
+  std::atomic<int> wrong{0};
+  LocalWorld::run(3, [&](Backend& backend) {
+    ReducerPlan plan;
+    plan.bucket_cap_bytes = 4096;
+    plan.track_usage = true;
+    GradientReducer reducer(model(), backend, plan, options());
+    const std::size_t n = reducer.num_parameters();
+    std::vector<std::vector<float>> grads(n);
+    for (std::size_t p = 0; p < n; ++p)
+      grads[p].assign(reducer.parameter(p).count, static_cast<float>(backend.rank() + 1));
+    reducer.begin();
+    for (std::size_t p = n; p-- > 0;) {
+      if (p == 0)  // held on every rank, used on none
+        reducer.ready(p, Buffer::of(std::span(grads[p])), /*used=*/false);
+      else if (p == 5 && backend.rank() != 0)  // used on rank 0, held elsewhere
+        reducer.ready(p, Buffer::of(std::span(grads[p])), /*used=*/false);
+      else
+        reducer.ready(p, Buffer::of(std::span(grads[p])));
+    }
+    reducer.backward_done();
+    for (std::size_t k = 0; k < reducer.num_update_groups(); ++k) {
+      reducer.wait_update(k);
+      reducer.updated(k);
+    }
+    wrong += !reducer.globally_unused(0);
+    wrong += reducer.globally_unused(5);
+    wrong += reducer.gradient(5).as<float>()[0] != 2.0f;  // (1 + 2 + 3) / 3: every share
+    wrong += reducer.gradient(0).as<float>()[0] != 2.0f;
+    reducer.finish();
+  });
+  EXPECT_EQ(wrong.load(), 0);
+}
+
 TEST(GradientReducer, AMissingGradientIsATimeoutNamingIt) {
   auto backend = make_local_backend();
   GradientReducer reducer(model(), *backend, {}, options(0.3));

@@ -737,9 +737,9 @@ def test_a_write_through_the_model_while_its_update_is_pending_is_named(world):
         assert not all(net._loom.applied)  # nothing could land: every update still pending
         with torch.no_grad():
             model.fc1.weight.mul_(0.5)
-        with pytest.raises(RuntimeError, match="parameter 'fc1.weight' was written after "
-                                               "optimizer.step\\(\\) while its update was still "
-                                               "pending.*net.synchronize\\(\\)"):
+        with pytest.raises(RuntimeError, match="parameter\\(s\\) 'fc1.weight' were written "
+                                               "after optimizer.step\\(\\) while their updates "
+                                               "were still pending.*net.synchronize\\(\\)"):
             net(x)
     net.synchronize()
 
@@ -843,3 +843,207 @@ def test_a_parameter_used_in_some_steps_only_trains_like_ddp(world):
             net.synchronize()
         results.append(model)
     assert_like_ddp(results[1], results[0], gloo, n)
+
+
+class Branchy(nn.Module):
+    """fc1, then branch a or b (or both)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(16, 8)
+        self.a = nn.Linear(8, 4)
+        self.b = nn.Linear(8, 4)
+
+    def forward(self, x, use_a=True, use_b=True):
+        h = F.relu(self.fc1(x))
+        out = 0
+        if use_a:
+            out = out + self.a(h)
+        if use_b:
+            out = out + self.b(h)
+        return out
+
+
+@pytest.mark.parametrize("defer", [False, True])
+def test_a_gradient_held_from_no_sync_is_sent_for_a_parameter_unused_in_the_step(world, defer):
+    # As DDP: a parameter this rank does not use in the reduced backward, but whose .grad it
+    # accumulated under no_sync, contributes that .grad (not zero) to the average.
+    rank, n, gloo = world
+    results = []
+    for use_loom in (False, True):
+        torch.manual_seed(0)
+        model = Branchy()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        if use_loom:
+            net, opt = loom_torch.parallelize(model, opt, bucket_cap_mb=CAP_MB,
+                                              find_unused_parameters=True, defer_updates=defer)
+        else:
+            net = DDP(model, process_group=gloo, bucket_cap_mb=CAP_MB,
+                      find_unused_parameters=True)
+        for step in range(3):
+            x, y = data("vector", rank, step)
+            opt.zero_grad()
+            with net.no_sync():
+                F.cross_entropy(net(x, True, False), y).backward()
+            F.cross_entropy(net(x, rank == 0, True), y).backward()  # only rank 0 uses a
+            opt.step()
+        if use_loom:
+            net.synchronize()
+        results.append(model)
+    assert_like_ddp(results[1], results[0], gloo, n)
+
+
+def test_after_a_failed_backward_the_wrapper_recovers(world):
+    rank, n, gloo = world
+    torch.manual_seed(0)
+    model = Mlp()
+    net, opt = loom_torch.parallelize(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                      bucket_cap_mb=CAP_MB)
+    x, y = data("vector", rank, 0)
+    hidden = F.relu(net.module.fc1(x))
+
+    def fail(grad):
+        raise ValueError("a hook fails in the middle of backward")
+    out = net(x)
+    out.register_hook(lambda g: g)
+    loss = F.cross_entropy(out, y) + 0 * hidden.sum()
+    hidden.register_hook(fail)
+    with pytest.raises(ValueError, match="a hook fails"):
+        loss.backward()
+    # Autograd never ran the backward's end: the wrapper ends that step (nothing more applied)
+    # at the next entry point, and checkpointing, re-wrapping and training go on.
+    state = net.state_dict()
+    assert set(state) == {"module." + k for k in model.state_dict()}
+    opt.state_dict()
+    for step in range(3):
+        x, y = data("vector", rank, step + 1)
+        opt.zero_grad()
+        F.cross_entropy(net(x), y).backward()
+        opt.step()
+    net, opt = loom_torch.parallelize(model, opt, bucket_cap_mb=CAP_MB)
+    net.synchronize()
+    identical_on_every_rank(flat(model), gloo, n)
+
+
+def test_a_backward_that_did_not_go_through_the_wrapper_is_not_reduced(world):
+    # As DDP: a saliency map on one rank (a backward through the unwrapped model) starts no
+    # communication; training goes on alike.
+    rank, n, gloo = world
+
+    def loop(net, opt, model, step):
+        if step == 1 and rank == 0:
+            x = data("vector", rank, 99)[0].requires_grad_()
+            model(x).sum().backward()
+            assert x.grad is not None
+        x, y = data("vector", rank, step)
+        opt.zero_grad()
+        F.cross_entropy(net(x), y).backward()
+        opt.step()
+
+    (ddp_model, _, _), (loom_model, _, _) = _pair(
+        Mlp, lambda m: OPTIMIZERS["sgd"](m.parameters()), loop, gloo, 4)
+    assert_like_ddp(loom_model, ddp_model, gloo, n)
+
+
+def test_a_second_optimizer_for_part_of_the_model_sees_averaged_gradients(world):
+    rank, n, gloo = world
+    heads = {}
+
+    def make_opt(model):  # parallelize gets the backbone's; the head has its own optimizer
+        heads[id(model)] = torch.optim.Adam(model.head.parameters(), lr=1e-2)
+        return torch.optim.SGD(list(model.fc1.parameters()) + list(model.fc2.parameters()),
+                               lr=0.05)
+
+    def loop(net, opt, model, step):
+        x, y = data("vector", rank, step)
+        opt.zero_grad()
+        heads[id(model)].zero_grad()
+        F.cross_entropy(net(x), y).backward()
+        heads[id(model)].step()  # first: its buckets landed before backward ended
+        opt.step()
+
+    (ddp_model, _, _), (loom_model, _, _) = _pair(Mlp, make_opt, loop, gloo, 5)
+    assert_like_ddp(loom_model, ddp_model, gloo, n)
+
+
+def test_evaluation_loops_of_different_lengths_leave_the_buffers_alone(world):
+    # As DDP: buffers are broadcast before a forward that follows a grad-enabled reduced forward,
+    # not before every forward, so ranks may evaluate different numbers of batches.
+    rank, n, gloo = world
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 8), nn.BatchNorm1d(8), nn.Linear(8, 4))
+    net, opt = loom_torch.parallelize(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                      bucket_cap_mb=CAP_MB)
+    x, y = data("vector", rank, 0)
+    F.cross_entropy(net(x), y).backward()
+    opt.step()
+    with torch.no_grad():
+        for k in range(2 + (3 if rank == 0 else 0)):  # rank 0 evaluates 5 batches, others 2
+            net(data("vector", rank, 10 + k)[0])
+    F.cross_entropy(net(x), y).backward()  # after evaluation: no broadcast, as DDP
+    opt.step()
+    seen = []
+    hook = model[1].register_forward_pre_hook(lambda m, inputs: seen.append(
+        m.running_mean.clone()))
+    F.cross_entropy(net(x), y).backward()  # rank 0's buffers broadcast before this forward
+    hook.remove()
+    opt.step()
+    net.synchronize()
+    mean = seen[0]  # what this forward began with
+    everyone = [torch.empty_like(mean) for _ in range(n)]
+    dist.all_gather(everyone, mean, group=gloo)
+    assert all(torch.equal(m, everyone[0]) for m in everyone)
+
+
+def test_wrapped_models_pickle_and_copy_without_the_wrapper(world):
+    import copy
+    import pickle
+    rank, n, gloo = world
+    _, net, opt = train("mlp", "sgd", rank, 2)
+    model = net.module
+    net.synchronize()  # reading the parameters through the model: every update applied first
+    restored = pickle.loads(pickle.dumps(model))  # the hooks travel inert
+    x, _ = data("vector", rank, 7)
+    with torch.no_grad():
+        torch.testing.assert_close(restored(x), model(x))
+    ema = copy.deepcopy(model)  # an EMA copy: its forward is not the wrapper's business
+    with torch.no_grad():
+        ema(x)
+    assert not net._loom.awaiting_step
+
+
+def test_replacing_a_gradient_between_backward_and_step_is_named(world):
+    rank, n, gloo = world
+    torch.manual_seed(0)
+    model = Mlp()
+    net, opt = loom_torch.parallelize(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                      bucket_cap_mb=CAP_MB)
+    x, y = data("vector", rank, 0)
+    F.cross_entropy(net(x), y).backward()
+    model.fc2.weight.grad = model.fc2.weight.grad * 0.5
+    with pytest.raises(RuntimeError, match="the gradient of 'fc2.weight' was replaced between "
+                                           "backward and optimizer.step\\(\\).*defer_updates"):
+        opt.step()
+    net.synchronize()
+
+
+def test_a_frozen_sparse_embedding_is_accepted_and_a_scheduler_made_first_does_not_warn(world):
+    import warnings
+    rank, n, gloo = world
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(10, 4, sparse=True), nn.Flatten(), nn.Linear(12, 2))
+    model[0].weight.requires_grad_(False)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    net, opt = loom_torch.parallelize(model, opt, bucket_cap_mb=CAP_MB)
+    tokens = torch.randint(0, 10, (4, 3), generator=torch.Generator().manual_seed(rank))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch warns when step() was overridden
+        for _ in range(2):
+            opt.zero_grad()
+            net(tokens).sum().backward()
+            opt.step()
+            scheduler.step()
+    net.synchronize()
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.025)
+    identical_on_every_rank(flat(model), gloo, n)

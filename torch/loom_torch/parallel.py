@@ -41,7 +41,6 @@ leaves the averages in .grad; opt.step() runs the optimizer), where the first th
 apply.
 """
 import contextlib
-import functools
 import hashlib
 import time
 import types
@@ -134,7 +133,8 @@ def parallelize(model, optimizer, process_group=None, bucket_cap_mb=25, compress
     previous = _WRAPPED.get(model)
     previous = previous() if previous is not None else None
     driver = getattr(optimizer, "_loom_engine", None)
-    if driver is not None and driver is not previous:
+    driver = driver() if driver is not None else None
+    if driver is not None and not driver.closed and driver is not previous:
         raise ValueError("parallelize: this optimizer is already driven by another "
                          "parallelized model (one optimizer per wrapped model)")
     if previous is not None and not previous.closed:
@@ -171,7 +171,8 @@ def _local_problem(model):
             return ("parallelize: parameter '%s' is %s; only floating-point parameters are "
                     "trained" % (name, p.dtype))
     for mname, m in model.named_modules():
-        if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse:
+        if (isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse
+                and m.weight.requires_grad):
             return ("parallelize: module '%s' is %s(sparse=True), whose gradients are sparse; "
                     "parallelize reduces dense gradients (DDP's sparse gradients are not "
                     "supported): use sparse=False" % (mname, type(m).__name__))
@@ -246,6 +247,24 @@ def _first_tensor_needing_grad(value):
     return None
 
 
+class _WrittenWhilePending(RuntimeError):
+    """A parameter was written through the unwrapped model while its update was pending."""
+
+
+def _autograd_running():
+    """Whether autograd is running a backward on this thread (final callbacks can be queued
+    only then)."""
+    try:
+        Variable._execution_engine.queue_callback(_nothing)
+    except RuntimeError:
+        return False
+    return True
+
+
+def _nothing():
+    pass
+
+
 def _same_value(a, b):
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
@@ -256,16 +275,40 @@ def _same_value(a, b):
         return False
 
 
-def _gradient_hook(engine_ref, i, grad_inputs, grad_outputs):
-    engine = engine_ref()
-    if engine is not None and not engine.closed:
-        engine._on_gradient(i, grad_inputs, grad_outputs)
+class _EngineHook:
+    """A hook that calls its engine's method while the engine lives (held weakly, so a dropped
+    wrapper lets go of the model). A copy or a pickle of the model (an EMA copy, torch.save of
+    the module) carries an inert hook instead: the copy is not this wrapper's."""
+
+    __slots__ = ("engine", "method", "args")
+
+    def __init__(self, engine, method, *args):
+        self.engine = weakref.ref(engine)
+        self.method = method
+        self.args = args
+
+    def __call__(self, *call_args):
+        engine = self.engine()
+        if engine is not None and not engine.closed:
+            getattr(engine, self.method)(*self.args, *call_args)
+
+    def __reduce__(self):
+        return (_inert_hook, ())
+
+    def __deepcopy__(self, memo):
+        return _InertHook()
 
 
-def _module_hook(engine_ref, name, indices, module, inputs):
-    engine = engine_ref()
-    if engine is not None and not engine.closed:
-        engine._before_module(name, indices, module, inputs)
+class _InertHook:
+    def __call__(self, *args):
+        return None
+
+    def __reduce__(self):
+        return (_inert_hook, ())
+
+
+def _inert_hook():
+    return _InertHook()
 
 
 class _Engine:
@@ -336,6 +379,12 @@ class _Engine:
         self.step_key = None
         # Step state.
         self.sync = True             # this forward's backward is reduced (not under no_sync)
+        # A reduced forward ran since the last reduced backward began: only then is a backward
+        # reduced (as DDP: a backward through the unwrapped model is none of loom's business).
+        self.expect_backward = False
+        # As DDP's require_forward_param_sync: the buffers are broadcast before a forward that
+        # follows a grad-enabled, reduced forward (not before evaluation's forwards).
+        self.forward_param_sync = True
         self.no_sync_depth = 0
         self.in_backward = False     # a reduced backward began and did not end
         self.awaiting_step = False   # a reduced backward ended, optimizer.step() not yet called
@@ -345,12 +394,11 @@ class _Engine:
         # Autograd hooks: keep every AccumulateGrad node, or its hook never fires.
         # The hooks hold the engine weakly: a wrapper dropped by the user lets go of the model.
         self.accumulators, self.handles = [], []
-        me = weakref.ref(self)
         with torch.enable_grad():
             for i, p in enumerate(self.params):
                 accumulate = p.expand_as(p).grad_fn.next_functions[0][0]
-                self.handles.append(accumulate.register_hook(functools.partial(_gradient_hook,
-                                                                               me, i)))
+                self.handles.append(accumulate.register_hook(_EngineHook(self, "_on_gradient",
+                                                                         i)))
                 self.accumulators.append(accumulate)
         # Forward pre-hooks on every module that registers trainable parameters itself (not only
         # leaves: nn.MultiheadAttention's in_proj_weight belongs to a non-leaf module).
@@ -367,7 +415,7 @@ class _Engine:
             if mine:
                 self.guards[mname] = mine
                 self.handles.append(m.register_forward_pre_hook(
-                    functools.partial(_module_hook, me, mname, mine)))
+                    _EngineHook(self, "_before_module", mname, mine)))
         self.signature = self._signature()
         # Per step, a quick look at the trained parameters (moved, cast, frozen); the whole
         # registration is compared every FULL_CHECK_EVERY steps (named_modules() costs ~1 ms per
@@ -436,9 +484,31 @@ class _Engine:
 
     # -- backward -----------------------------------------------------------------------------
     def on_output_gradient(self, grad):
-        if self.sync and not self.in_backward:
+        if self.sync and not self.in_backward and self.expect_backward:
             self._begin_backward()
         return None
+
+    def recover_if_backward_failed(self):
+        """The last reduced backward raised (autograd never ran its end callback, so in_backward
+        stayed set): its step is ended here without applying what was not applied yet, as DDP
+        leaves a failed backward's gradients unapplied. Called from user-level entry points
+        (a forward, synchronize()), never while autograd runs."""
+        if not self.in_backward or _autograd_running():
+            return
+        self.in_backward = False
+        self.awaiting_step = False
+        for i in self.reducer.missing():  # the same communication as the ranks that went on
+            self.reducer.mark_unused(i)
+        if self.plan["track_usage"]:
+            self.reducer.backward_done()
+        try:
+            for k in range(len(self.groups)):
+                if not self.applied[k]:
+                    self.reducer.wait_update(k)
+                    self.applied[k] = True
+                    self.reducer.updated(k)
+        finally:
+            self.reducer.finish()
 
     def _learn_guards(self):
         self.learning = False
@@ -480,12 +550,14 @@ class _Engine:
                       for g in self.optimizer.param_groups]
         self.step_narrow = self._narrowed()
         self.step_key = self.narrow_key
+        self.step_orphans = self.orphan_groups
         self.pending_versions = {}
         self.seen = [None] * len(self.params)  # this step's gradients only
         if self.profiling:
             self.timeline_updates, self.timeline_waits = [], []
             self.timeline_forward, self.timeline_forward_end = [], 0
             self.t0 = time.monotonic_ns()
+        self.expect_backward = False
         self.reducer.begin()
         self.steps_since_plan += 1
         self.applied = [False] * len(self.groups)
@@ -557,6 +629,8 @@ class _Engine:
         if not self.sync:
             return
         if not self.in_backward:
+            if not self.expect_backward:
+                return  # no reduced forward since the last backward: not reduced, as DDP
             self._begin_backward()
         grad = self.params[i].grad
         if grad is None:
@@ -572,8 +646,16 @@ class _Engine:
         self.in_backward = False
         self.awaiting_step = True
         missing = self.reducer.missing()
-        for i in missing:  # zero shares keep every rank's communication identical
-            self.reducer.mark_unused(i)
+        for i in missing:  # every rank hands every gradient over: the same communication
+            grad = self.params[i].grad
+            if grad is not None and self.plan["track_usage"]:
+                # Unused here in this backward, but this rank holds a gradient (accumulated
+                # under no_sync): DDP sends it; it does not count as a use.
+                self.reducer.ready(i, grad, used=False)
+                self.seen[i] = weakref.ref(grad)
+                self.seen_version[i] = grad._version
+            else:
+                self.reducer.mark_unused(i)
         self.reducer.backward_done()
         if missing and not self.plan["track_usage"]:
             names = ", ".join("'%s'" % self.names[i] for i in missing[:5])
@@ -587,6 +669,8 @@ class _Engine:
             self._land_all()
         else:
             self._apply_landed()
+            for k in self.step_orphans:
+                self.wait_and_apply(k)
 
     def _land_all(self):
         # defer_updates: as DDP's backward, this one ends with every average in .grad; the
@@ -624,14 +708,21 @@ class _Engine:
             # The optimizer's parameters loom does not reduce (outside the model, frozen in it,
             # without elements): stepped in opt.step() with their own .grad, as without loom.
             self.outside = [[] for _ in groups]
+            stepped = set()
             for gi, g in enumerate(groups):
                 for p in g["params"]:
                     i = self.index.get(id(p))
                     if i is not None:
                         self.narrow[self.group_of[i]][gi].append(p)
+                        stepped.add(i)
                     else:
                         self.outside[gi].append(p)
             self.any_outside = any(self.outside)
+            # Update groups holding trained parameters that this optimizer does not step
+            # (another optimizer does, after backward): they land before backward ends, so
+            # that .grad holds the average then, as with DDP.
+            self.orphan_groups = sorted({self.group_of[i] for i in range(len(self.params))
+                                         if i not in stepped})
             self.narrow_key = key
         return self.narrow
 
@@ -671,8 +762,13 @@ class _Engine:
         for i, p in enumerate(self.params):
             grad = p.grad
             seen = self.seen[i]
-            if (grad is not None and seen is not None and seen() is grad
-                    and grad._version != self.seen_version[i]):
+            if grad is None or seen is None:
+                continue
+            if seen() is not grad:
+                raise RuntimeError(
+                    "loom_torch.parallelize: the gradient of '%s' was replaced between backward "
+                    "and optimizer.step() (p.grad = ...): %s" % (self.names[i], hint))
+            if grad._version != self.seen_version[i]:
                 raise RuntimeError(
                     "loom_torch.parallelize: the gradient of '%s' was changed in place between "
                     "backward and optimizer.step() (clip_grad_norm_, scaling): %s"
@@ -691,16 +787,22 @@ class _Engine:
     def _apply_group(self, k):
         pending = self.pending_versions
         if pending:
-            written = [i for i in self.groups[k]
-                       if i in pending and self.params[i]._version != pending[i]]
+            if any(i in pending and self.params[i]._version != pending[i]
+                   for i in self.groups[k]):
+                # Named once, for every pending parameter written: the groups stay pending and
+                # the next synchronize() (or forward) applies them on top of the writes.
+                written = sorted(i for i, v in pending.items() if self.params[i]._version != v)
+                pending.clear()
+                names = ", ".join("'%s'" % self.names[i] for i in written[:5])
+                more = " and %d more" % (len(written) - 5) if len(written) > 5 else ""
+                raise _WrittenWhilePending(
+                    "loom_torch.parallelize: parameter(s) %s%s were written after "
+                    "optimizer.step() while their updates were still pending (an update lands "
+                    "as the next forward reaches its module); call net.synchronize() before "
+                    "writing the parameters through the unwrapped model (writes through .data "
+                    "cannot be seen)" % (names, more))
             for i in self.groups[k]:
                 pending.pop(i, None)
-            if written:  # the group stays pending: synchronize() applies it (on the write)
-                raise RuntimeError(
-                    "loom_torch.parallelize: parameter '%s' was written after optimizer.step() "
-                    "while its update was still pending (the update lands as the next forward "
-                    "reaches it); call net.synchronize() before writing the parameters through "
-                    "the unwrapped model" % self.names[written[0]])
         self.applied[k] = True
         swapped = []
         track = self.plan["track_usage"]
@@ -770,18 +872,27 @@ class _Engine:
 
     def synchronize(self):
         """Applies every pending update and ends the step's run (raises its failure)."""
-        if self.closed or not self.reducer.in_step():
+        if self.closed:
+            return
+        self.recover_if_backward_failed()
+        if not self.reducer.in_step():
             return
         if self.in_backward:
             raise RuntimeError("loom_torch.parallelize: synchronize() during backward")
         if self.defer_updates:
             self._land_all()  # the averages into .grad; opt.step() updates
             return
+        written = False
         try:
             for k in range(len(self.groups)):
                 self.wait_and_apply(k)
+        except _WrittenWhilePending:
+            written = True  # the step stays open: the next synchronize() applies the group
+            raise
         finally:
-            if self.t0 is not None:
+            if written:
+                pass
+            elif self.t0 is not None:
                 start = time.monotonic_ns() - self.t0
                 self.reducer.finish()
                 self.timeline_waits.append((start, time.monotonic_ns() - self.t0))
@@ -836,7 +947,7 @@ class _Engine:
             handle.remove()
         self.handles, self.accumulators = [], []
         self.closed = True
-        if getattr(self.optimizer, "_loom_engine", None) is self:
+        if getattr(self.optimizer, "_loom_engine", None) is not None:
             self.optimizer._loom_engine = None
 
 
@@ -865,7 +976,7 @@ class ParallelModule(torch.nn.Module):
         engine = _Engine(module, optimizer, group, plan, overlap_forward, rebuild_buckets, profile,
                          automatic, defer_updates)
         object.__setattr__(self, "_loom", engine)
-        optimizer._loom_engine = engine
+        optimizer._loom_engine = weakref.ref(engine)  # the wrapper keeps it alive, not this
         # Methods of the optimizer itself, so that LR schedulers can wrap and count step(); a
         # closed engine (the model wrapped again) passes them through to the optimizer's own.
         cls = type(optimizer)
@@ -874,9 +985,15 @@ class ParallelModule(torch.nn.Module):
         def through(name):
             def call(opt, *args, **kwargs):
                 owner = ref()
+                if name == "step" and hasattr(opt, "_step_count"):
+                    opt._step_count += 1  # what an LR scheduler's wrapper of step() counts
                 if owner is None or owner.closed:
                     return getattr(cls, name)(opt, *args, **kwargs)
                 return getattr(owner, "optimizer_" + name)(*args, **kwargs)
+            if name == "step":
+                # An LR scheduler made before or after parallelize() finds its counter here
+                # (else it warns that step() was overridden, and wraps it once more).
+                call._with_counter = True
             return types.MethodType(call, optimizer)
         optimizer.step = through("step")
         optimizer.state_dict = through("state_dict")
@@ -887,18 +1004,24 @@ class ParallelModule(torch.nn.Module):
         if engine.closed:
             raise RuntimeError("loom_torch.parallelize: this wrapper was replaced by a later "
                                "parallelize() of the same model; use the one it returned")
+        engine.recover_if_backward_failed()
         timed = engine.t0 is not None and not engine.in_backward
         if timed:  # a new forward: the step's timeline keeps the last one before backward
             entered = time.monotonic_ns() - engine.t0
             engine.timeline_forward = []
         frozen = engine.check_registration()
-        if self.broadcast_buffers and engine.world > 1 and engine.buffers:
-            buffers = engine.buffers
-            if buffers:  # on the group's communicator, apart from the reducer's
-                dist._broadcast_coalesced(self.process_group, buffers, 250 * 1024 * 1024, 0)
+        if (self.broadcast_buffers and engine.world > 1 and engine.buffers
+                and engine.forward_param_sync):
+            # On the group's communicator, apart from the reducer's; as DDP, only after a
+            # grad-enabled reduced forward (so evaluation loops may differ in length by rank).
+            dist._broadcast_coalesced(self.process_group, engine.buffers, 250 * 1024 * 1024, 0)
         # Every trained parameter frozen for this forward (a GAN's generator step through the
         # discriminator): its backward is none of this model's business.
         engine.sync = engine.no_sync_depth == 0 and not frozen
+        reduced = engine.sync and torch.is_grad_enabled()
+        engine.forward_param_sync = reduced
+        if reduced:
+            engine.expect_backward = True
         if engine.root_guard:
             engine.before_module(engine.root_guard)
         if timed:
@@ -907,7 +1030,7 @@ class ParallelModule(torch.nn.Module):
         output = self.module(*inputs, **kwargs)
         if timed:
             engine.timeline_forward_end = time.monotonic_ns() - engine.t0
-        if engine.sync and torch.is_grad_enabled():
+        if reduced:
             first = _first_tensor_needing_grad(output)
             if first is not None:
                 first.register_hook(engine.on_output_gradient)

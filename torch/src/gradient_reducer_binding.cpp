@@ -64,7 +64,7 @@ class TorchReducer {
   GradientReducer& reducer() { return *_reducer; }
   Backend& backend() { return *_backend; }
 
-  void ready(std::size_t p, const at::Tensor& gradient) {
+  void ready(std::size_t p, const at::Tensor& gradient, bool used) {
     const std::string where = "parallelize: the gradient of '" + _reducer->parameter(p).name + "'";
     if (gradient.layout() != at::kStrided)
       throw Error(ErrorCode::unsupported,
@@ -74,7 +74,7 @@ class TorchReducer {
     const at::Tensor dense = gradient.is_contiguous() ? gradient : gradient.contiguous();
     const Buffer buffer = to_buffer(dense, *_backend, where, "gradient");
     py::gil_scoped_release no_gil;
-    _reducer->ready(p, buffer);
+    _reducer->ready(p, buffer, used);
   }
 
   /// Parameter p's averaged gradient: a view of loom's bucket memory shaped like p, which
@@ -288,7 +288,8 @@ void bind_gradient_reducer(py::module_& m) {
            py::arg("profile"), py::arg("priority") = "ready")
       .def("begin", [](TorchReducer& r) { r.reducer().begin(); })
       .def("in_step", [](TorchReducer& r) { return r.reducer().in_step(); })
-      .def("ready", &TorchReducer::ready, py::arg("parameter"), py::arg("gradient"))
+      .def("ready", &TorchReducer::ready, py::arg("parameter"), py::arg("gradient"),
+           py::arg("used") = true)
       .def("mark_unused", [](TorchReducer& r, std::size_t p) { r.reducer().mark_unused(p); })
       .def("handed_over", [](TorchReducer& r, std::size_t p) { return r.reducer().handed_over(p); })
       .def(

@@ -162,8 +162,11 @@ class GradientReducer {
   bool in_step() const noexcept;
   /// @brief Hands over parameter p's gradient (same count and dtype as declared; any thread):
   /// copied into the bucket, scaled by 1 / world size. ErrorCode::invalid_argument for a
-  /// mismatch, a second gradient for p in this step, or no step in progress.
-  void ready(std::size_t p, Buffer gradient);
+  /// mismatch, a second gradient for p in this step, or no step in progress. used = false
+  /// (track_usage): p produced no gradient on this rank in this step, but the rank holds one
+  /// from before (accumulated under no_sync): that is its share, as DDP sends it, while p
+  /// counts as unused here for globally_unused().
+  void ready(std::size_t p, Buffer gradient, bool used = true);
   /// @brief Parameter p produced no gradient on this rank in this step: its share is zero.
   void mark_unused(std::size_t p);
   /// @brief Whether parameter p's gradient was handed over (ready or mark_unused) this step.
