@@ -1047,3 +1047,71 @@ def test_a_frozen_sparse_embedding_is_accepted_and_a_scheduler_made_first_does_n
     net.synchronize()
     assert opt.param_groups[0]["lr"] == pytest.approx(0.025)
     identical_on_every_rank(flat(model), gloo, n)
+
+
+@pytest.mark.parametrize("defer", [False, True])
+def test_a_gradient_penalty_through_the_wrapper_trains_like_ddp(world, defer):
+    # WGAN-GP's penalty: torch.autograd.grad through a reduced forward's output accumulates no
+    # gradient and must not begin a step; the loss's backward is the one reduced.
+    rank, n, gloo = world
+
+    def loop(net, opt, model, step):
+        x, y = data("vector", rank, step)
+        x2 = data("vector", rank, 100 + step)[0].requires_grad_()
+        opt.zero_grad()
+        (g,) = torch.autograd.grad(net(x2).sum(), x2, create_graph=True)
+        penalty = ((g.norm(dim=1) - 1) ** 2).mean()
+        (F.cross_entropy(net(x), y) + 0.1 * penalty).backward()
+        opt.step()
+
+    (ddp_model, _, _), (loom_model, _, _) = _pair(
+        Mlp, lambda m: OPTIMIZERS["sgd"](m.parameters()), loop, gloo, 4, defer_updates=defer)
+    assert_like_ddp(loom_model, ddp_model, gloo, n)
+
+
+def test_a_no_grad_forward_before_backward_does_not_cancel_the_reduction(world):
+    rank, n, gloo = world
+
+    def loop(net, opt, model, step):
+        x, y = data("vector", rank, step)
+        opt.zero_grad()
+        loss = F.cross_entropy(net(x), y)
+        with torch.no_grad():  # a metric on the side, between forward and backward
+            net(data("vector", rank, 50 + step)[0])
+        loss.backward()
+        opt.step()
+
+    (ddp_model, _, _), (loom_model, _, _) = _pair(
+        Mlp, lambda m: OPTIMIZERS["sgd"](m.parameters()), loop, gloo, 4)
+    assert_like_ddp(loom_model, ddp_model, gloo, n)
+
+
+def test_a_backward_that_fails_on_one_rank_leaves_every_rank_identical(world):
+    # One rank's backward raises (a batch it skips); its peers' went on. The failed step is
+    # completed alike on every rank (missing gradients count as zero), whatever landed before.
+    rank, n, gloo = world
+    torch.manual_seed(0)
+    model = Mlp()
+    net, opt = loom_torch.parallelize(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                      bucket_cap_mb=CAP_MB)
+    def fail(grad):
+        raise ValueError("this rank skips the batch")
+
+    for step in range(3):
+        x, y = data("vector", rank, step)
+        opt.zero_grad()
+        if step == 1 and rank == n - 1:
+            # Fails once head's and fc2's gradients were handed over, before fc1's.
+            def arm(module, inputs, output):
+                output.register_hook(fail)
+            hook = model.fc1.register_forward_hook(arm)
+            out = net(x)
+            hook.remove()
+            with pytest.raises(ValueError, match="skips the batch"):
+                F.cross_entropy(out, y).backward()
+            assert net._loom.in_backward  # the step began: its end never ran
+            continue
+        F.cross_entropy(net(x), y).backward()
+        opt.step()
+    net.synchronize()
+    identical_on_every_rank(flat(model), gloo, n)

@@ -378,10 +378,10 @@ class _Engine:
         self.step_narrow = None      # the param groups' membership when backward began
         self.step_key = None
         # Step state.
-        self.sync = True             # this forward's backward is reduced (not under no_sync)
         # A reduced forward ran since the last reduced backward began: only then is a backward
         # reduced (as DDP: a backward through the unwrapped model is none of loom's business).
         self.expect_backward = False
+        self.output_at = None  # monotonic ns when this backward reached the output
         # As DDP's require_forward_param_sync: the buffers are broadcast before a forward that
         # follows a grad-enabled, reduced forward (not before evaluation's forwards).
         self.forward_param_sync = True
@@ -484,15 +484,31 @@ class _Engine:
 
     # -- backward -----------------------------------------------------------------------------
     def on_output_gradient(self, grad):
-        if self.sync and not self.in_backward and self.expect_backward:
-            self._begin_backward()
+        # When backward reached the output: the step's start for the timeline. The step itself
+        # begins with the first gradient (torch.autograd.grad through the output, a gradient
+        # penalty, accumulates none and must not begin one).
+        if not self.in_backward and self.expect_backward:
+            self._refuse_second_backward()  # before any gradient accumulates into .grad
+            self.output_at = time.monotonic_ns()
         return None
+
+    def _refuse_second_backward(self):
+        if self.awaiting_step and not self.defer_updates:
+            raise RuntimeError(
+                "loom_torch.parallelize: backward on rank %d began, but optimizer.step() was not "
+                "called after the previous backward; parallelize updates the parameters as their "
+                "gradients land, so every backward is followed by optimizer.step() (accumulate "
+                "gradients with `with net.no_sync():`; a backward through this model that its "
+                "optimizer does not step, as a GAN's generator step through the discriminator, "
+                "freezes all of its parameters for that forward; or wrap with "
+                "defer_updates=True for DDP's semantics). The previous backward's updates were "
+                "applied" % self.rank)
 
     def recover_if_backward_failed(self):
         """The last reduced backward raised (autograd never ran its end callback, so in_backward
-        stayed set): its step is ended here without applying what was not applied yet, as DDP
-        leaves a failed backward's gradients unapplied. Called from user-level entry points
-        (a forward, synchronize()), never while autograd runs."""
+        stayed set): its step is completed here as a peer's would be, every update applied.
+        Called from user-level entry points (a forward, synchronize(), close()), never while
+        autograd runs."""
         if not self.in_backward or _autograd_running():
             return
         self.in_backward = False
@@ -501,14 +517,10 @@ class _Engine:
             self.reducer.mark_unused(i)
         if self.plan["track_usage"]:
             self.reducer.backward_done()
-        try:
-            for k in range(len(self.groups)):
-                if not self.applied[k]:
-                    self.reducer.wait_update(k)
-                    self.applied[k] = True
-                    self.reducer.updated(k)
-        finally:
-            self.reducer.finish()
+        # Every update is applied (gradients that never came count as zero), as on a peer whose
+        # backward went on: which buckets landed before the failure depends on timing, so only
+        # applying all of them keeps the ranks' parameters identical.
+        self.synchronize()
 
     def _learn_guards(self):
         self.learning = False
@@ -528,18 +540,11 @@ class _Engine:
     def _begin_backward(self):
         if self.learning:
             self._learn_guards()
-        if self.awaiting_step and not self.defer_updates:
-            raise RuntimeError(
-                "loom_torch.parallelize: backward on rank %d began, but optimizer.step() was not "
-                "called after the previous backward; parallelize updates the parameters as their "
-                "gradients land, so every backward is followed by optimizer.step() (accumulate "
-                "gradients with `with net.no_sync():`; a backward through this model that its "
-                "optimizer does not step, as a GAN's generator step through the discriminator, "
-                "freezes all of its parameters for that forward; or wrap with "
-                "defer_updates=True for DDP's semantics). The previous backward's updates were "
-                "applied" % self.rank)
+        self._refuse_second_backward()
+        now = self.output_at if self.output_at is not None else time.monotonic_ns()
+        self.output_at = None
         self.synchronize()
-        self._record_step()
+        self._record_step(now)
         if self.rebuild_pending:
             self._rebuild_buckets()
         if self.automatic and self.steps_since_plan >= self.AUTO_PLAN_AFTER:
@@ -556,7 +561,7 @@ class _Engine:
         if self.profiling:
             self.timeline_updates, self.timeline_waits = [], []
             self.timeline_forward, self.timeline_forward_end = [], 0
-            self.t0 = time.monotonic_ns()
+            self.t0 = now
         self.expect_backward = False
         self.reducer.begin()
         self.steps_since_plan += 1
@@ -564,11 +569,11 @@ class _Engine:
         self.in_backward = True
         Variable._execution_engine.queue_callback(self._end_backward)
 
-    def _record_step(self):
+    def _record_step(self, now):
         # The step that just finished, up to now (the next begin()), for the simulator.
         if self.t0 is None:
             return
-        end = time.monotonic_ns() - self.t0
+        end = now - self.t0
         self.t0 = None
         self.last_period = end * 1e-9
         if not self.timeline_forward:
@@ -626,11 +631,11 @@ class _Engine:
         self._layout()
 
     def _on_gradient(self, i, grad_inputs, grad_outputs):
-        if not self.sync:
-            return
         if not self.in_backward:
             if not self.expect_backward:
-                return  # no reduced forward since the last backward: not reduced, as DDP
+                # No reduced forward (grad-enabled, outside no_sync, not wholly frozen) since
+                # the last reduced backward began: this backward is not reduced, as DDP's.
+                return
             self._begin_backward()
         grad = self.params[i].grad
         if grad is None:
@@ -671,6 +676,11 @@ class _Engine:
             self._apply_landed()
             for k in self.step_orphans:
                 self.wait_and_apply(k)
+                for i in self.groups[k]:  # as DDP, .grad made from the average where none was
+                    p = self.params[i]
+                    if p.grad is None and not (self.plan["track_usage"]
+                                               and self.reducer.globally_unused(i)):
+                        p.grad = self.views[i].clone()
 
     def _land_all(self):
         # defer_updates: as DDP's backward, this one ends with every average in .grad; the
@@ -678,9 +688,11 @@ class _Engine:
         try:
             for k in range(len(self.groups)):
                 self.reducer.wait_update(k)
-                self._copy_average(k)
-                self.applied[k] = True
-                self.reducer.updated(k)
+                try:
+                    self._copy_average(k)
+                finally:
+                    self.applied[k] = True
+                    self.reducer.updated(k)
         finally:
             self.reducer.finish()
 
@@ -723,6 +735,7 @@ class _Engine:
             # that .grad holds the average then, as with DDP.
             self.orphan_groups = sorted({self.group_of[i] for i in range(len(self.params))
                                          if i not in stepped})
+            self.stepped = stepped
             self.narrow_key = key
         return self.narrow
 
@@ -762,8 +775,8 @@ class _Engine:
         for i, p in enumerate(self.params):
             grad = p.grad
             seen = self.seen[i]
-            if grad is None or seen is None:
-                continue
+            if grad is None or seen is None or i not in self.stepped:
+                continue  # (another optimizer's parameters are its business)
             if seen() is not grad:
                 raise RuntimeError(
                     "loom_torch.parallelize: the gradient of '%s' was replaced between backward "
@@ -839,7 +852,9 @@ class _Engine:
                 g.update(hyper)
             for p, grad in swapped:
                 p.grad = grad
-        self.reducer.updated(k)
+            # Signalled even if the optimizer raised: its error is the one reported, and the
+            # step's end does not wait for an update node that nothing would signal.
+            self.reducer.updated(k)
 
     def wait_and_apply(self, k):
         if not self.applied[k]:
@@ -938,6 +953,7 @@ class _Engine:
     def close(self):
         """Lets go of the model (the model was wrapped again): pending updates applied, hooks
         removed; the optimizer's own methods run again; the wrapper refuses to run."""
+        self.recover_if_backward_failed()
         if self.in_backward or (self.awaiting_step and not self.defer_updates):
             raise RuntimeError("loom_torch.parallelize: the model is wrapped again between "
                                "backward and optimizer.step() of its previous wrapper; wrap it "
@@ -1016,9 +1032,9 @@ class ParallelModule(torch.nn.Module):
             # grad-enabled reduced forward (so evaluation loops may differ in length by rank).
             dist._broadcast_coalesced(self.process_group, engine.buffers, 250 * 1024 * 1024, 0)
         # Every trained parameter frozen for this forward (a GAN's generator step through the
-        # discriminator): its backward is none of this model's business.
-        engine.sync = engine.no_sync_depth == 0 and not frozen
-        reduced = engine.sync and torch.is_grad_enabled()
+        # discriminator): its backward is none of this model's business. A forward under no_grad
+        # or no_sync does not cancel an earlier reduced forward's backward (as DDP).
+        reduced = engine.no_sync_depth == 0 and not frozen and torch.is_grad_enabled()
         engine.forward_param_sync = reduced
         if reduced:
             engine.expect_backward = True
