@@ -500,9 +500,9 @@ def test_auto_plan_keeps_the_numerics_and_every_rank_ends_on_the_same_plan(world
     assert_like_ddp(loom_model, ddp_model, gloo, n)
 
 
-def _pair(build, make_opt, loop, gloo, steps, **loom_options):
+def _pair(build, make_opt, loop, gloo, steps, find_unused=False, **loom_options):
     """Trains build() with DDP on Gloo, then with parallelize (same seed, same loop); returns
-    the two (model, net, opt) triples."""
+    the two (model, net, opt) triples. find_unused: find_unused_parameters on both sides."""
     out = []
     for use_loom in (False, True):
         torch.manual_seed(0)
@@ -510,9 +510,11 @@ def _pair(build, make_opt, loop, gloo, steps, **loom_options):
         opt = make_opt(model)
         if use_loom:
             net, opt = loom_torch.parallelize(model, opt, bucket_cap_mb=CAP_MB,
-                                              first_bucket_mb=CAP_MB, **loom_options)
+                                              first_bucket_mb=CAP_MB,
+                                              find_unused_parameters=find_unused, **loom_options)
         else:
-            net = DDP(model, process_group=gloo, bucket_cap_mb=CAP_MB)
+            net = DDP(model, process_group=gloo, bucket_cap_mb=CAP_MB,
+                      find_unused_parameters=find_unused)
         for step in range(steps):
             loop(net, opt, model, step)
         if use_loom:
@@ -823,26 +825,16 @@ def test_a_parameter_used_in_some_steps_only_trains_like_ddp(world):
             out = super().forward(x)
             return self.extra(out) if use else out
 
-    results = []
-    for use_loom in (False, True):
-        torch.manual_seed(0)
-        model = Sometimes()
-        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-        if use_loom:
-            net, opt = loom_torch.parallelize(model, opt, bucket_cap_mb=CAP_MB,
-                                              find_unused_parameters=True)
-        else:
-            net = DDP(model, process_group=gloo, bucket_cap_mb=CAP_MB,
-                      find_unused_parameters=True)
-        for step in range(6):
-            x, y = data("vector", rank, step)
-            opt.zero_grad(set_to_none=False)
-            F.cross_entropy(net(x, step % 3 == 0), y).backward()
-            opt.step()
-        if use_loom:
-            net.synchronize()
-        results.append(model)
-    assert_like_ddp(results[1], results[0], gloo, n)
+    def loop(net, opt, model, step):
+        x, y = data("vector", rank, step)
+        opt.zero_grad(set_to_none=False)
+        F.cross_entropy(net(x, step % 3 == 0), y).backward()
+        opt.step()
+
+    (ddp_model, _, _), (loom_model, _, _) = _pair(
+        Sometimes, lambda m: torch.optim.Adam(m.parameters(), lr=1e-2), loop, gloo, 6,
+        find_unused=True)
+    assert_like_ddp(loom_model, ddp_model, gloo, n)
 
 
 class Branchy(nn.Module):
@@ -869,28 +861,19 @@ def test_a_gradient_held_from_no_sync_is_sent_for_a_parameter_unused_in_the_step
     # As DDP: a parameter this rank does not use in the reduced backward, but whose .grad it
     # accumulated under no_sync, contributes that .grad (not zero) to the average.
     rank, n, gloo = world
-    results = []
-    for use_loom in (False, True):
-        torch.manual_seed(0)
-        model = Branchy()
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        if use_loom:
-            net, opt = loom_torch.parallelize(model, opt, bucket_cap_mb=CAP_MB,
-                                              find_unused_parameters=True, defer_updates=defer)
-        else:
-            net = DDP(model, process_group=gloo, bucket_cap_mb=CAP_MB,
-                      find_unused_parameters=True)
-        for step in range(3):
-            x, y = data("vector", rank, step)
-            opt.zero_grad()
-            with net.no_sync():
-                F.cross_entropy(net(x, True, False), y).backward()
-            F.cross_entropy(net(x, rank == 0, True), y).backward()  # only rank 0 uses a
-            opt.step()
-        if use_loom:
-            net.synchronize()
-        results.append(model)
-    assert_like_ddp(results[1], results[0], gloo, n)
+
+    def loop(net, opt, model, step):
+        x, y = data("vector", rank, step)
+        opt.zero_grad()
+        with net.no_sync():
+            F.cross_entropy(net(x, True, False), y).backward()
+        F.cross_entropy(net(x, rank == 0, True), y).backward()  # only rank 0 uses a
+        opt.step()
+
+    (ddp_model, _, _), (loom_model, _, _) = _pair(
+        Branchy, lambda m: torch.optim.SGD(m.parameters(), lr=0.1), loop, gloo, 3,
+        find_unused=True, defer_updates=defer)
+    assert_like_ddp(loom_model, ddp_model, gloo, n)
 
 
 def test_after_a_failed_backward_the_wrapper_recovers(world):

@@ -376,7 +376,6 @@ class _Engine:
         self.seen_version = [0] * len(self.params)
         self.pending_versions = {}   # parameter -> its version at step(), update still pending
         self.step_narrow = None      # the param groups' membership when backward began
-        self.step_key = None
         # Step state.
         # A reduced forward ran since the last reduced backward began: only then is a backward
         # reduced (as DDP: a backward through the unwrapped model is none of loom's business).
@@ -554,7 +553,6 @@ class _Engine:
         self.hyper = [{key: value for key, value in g.items() if key != "params"}
                       for g in self.optimizer.param_groups]
         self.step_narrow = self._narrowed()
-        self.step_key = self.narrow_key
         self.step_orphans = self.orphan_groups
         self.pending_versions = {}
         self.seen = [None] * len(self.params)  # this step's gradients only
@@ -641,11 +639,19 @@ class _Engine:
         if grad is None:
             raise RuntimeError("loom_torch.parallelize: parameter '%s' has no .grad after its "
                                "gradient was accumulated" % self.names[i])
-        self.reducer.ready(i, grad)
-        self.seen[i] = weakref.ref(grad)
-        self.seen_version[i] = grad._version
+        self._hand_over(i, grad)
         if not self.defer_updates:
             self._apply_landed()
+
+    def _name_list(self, indices):
+        """The first five parameters' names, quoted, and how many more."""
+        names = ", ".join("'%s'" % self.names[i] for i in indices[:5])
+        return names + (" and %d more" % (len(indices) - 5) if len(indices) > 5 else "")
+
+    def _hand_over(self, i, grad, used=True):
+        self.reducer.ready(i, grad, used=used)
+        self.seen[i] = weakref.ref(grad)
+        self.seen_version[i] = grad._version
 
     def _end_backward(self):
         self.in_backward = False
@@ -656,31 +662,23 @@ class _Engine:
             if grad is not None and self.plan["track_usage"]:
                 # Unused here in this backward, but this rank holds a gradient (accumulated
                 # under no_sync): DDP sends it; it does not count as a use.
-                self.reducer.ready(i, grad, used=False)
-                self.seen[i] = weakref.ref(grad)
-                self.seen_version[i] = grad._version
+                self._hand_over(i, grad, used=False)
             else:
                 self.reducer.mark_unused(i)
         self.reducer.backward_done()
         if missing and not self.plan["track_usage"]:
-            names = ", ".join("'%s'" % self.names[i] for i in missing[:5])
-            more = " and %d more" % (len(missing) - 5) if len(missing) > 5 else ""
             raise RuntimeError(
                 "loom_torch.parallelize: on rank %d, %d parameter(s) received no gradient in this "
-                "backward: %s%s. Pass find_unused_parameters=True to parallelize() if the model "
+                "backward: %s. Pass find_unused_parameters=True to parallelize() if the model "
                 "leaves parameters unused in some steps (or freeze them before wrapping)"
-                % (self.rank, len(missing), names, more))
+                % (self.rank, len(missing), self._name_list(missing)))
         if self.defer_updates:
             self._land_all()
         else:
             self._apply_landed()
             for k in self.step_orphans:
-                self.wait_and_apply(k)
-                for i in self.groups[k]:  # as DDP, .grad made from the average where none was
-                    p = self.params[i]
-                    if p.grad is None and not (self.plan["track_usage"]
-                                               and self.reducer.globally_unused(i)):
-                        p.grad = self.views[i].clone()
+                self.wait_and_apply(k)  # (copies the average into the .grad autograd made)
+                self._copy_average(k, missing_only=True)  # as DDP, .grad where none was
 
     def _land_all(self):
         # defer_updates: as DDP's backward, this one ends with every average in .grad; the
@@ -696,7 +694,8 @@ class _Engine:
         finally:
             self.reducer.finish()
 
-    def _copy_average(self, k):
+    def _copy_average(self, k, missing_only=False):
+        # Group k's averages into .grad (only where there is none: missing_only).
         track = self.plan["track_usage"]
         for i in self.groups[k]:
             if track and self.reducer.globally_unused(i):
@@ -704,7 +703,7 @@ class _Engine:
             p = self.params[i]
             if p.grad is None:
                 p.grad = self.views[i].clone()
-            else:
+            elif not missing_only:
                 p.grad.copy_(self.views[i])
 
     # -- updates --------------------------------------------------------------------------------
@@ -806,14 +805,12 @@ class _Engine:
                 # the next synchronize() (or forward) applies them on top of the writes.
                 written = sorted(i for i, v in pending.items() if self.params[i]._version != v)
                 pending.clear()
-                names = ", ".join("'%s'" % self.names[i] for i in written[:5])
-                more = " and %d more" % (len(written) - 5) if len(written) > 5 else ""
                 raise _WrittenWhilePending(
-                    "loom_torch.parallelize: parameter(s) %s%s were written after "
+                    "loom_torch.parallelize: parameter(s) %s were written after "
                     "optimizer.step() while their updates were still pending (an update lands "
                     "as the next forward reaches its module); call net.synchronize() before "
                     "writing the parameters through the unwrapped model (writes through .data "
-                    "cannot be seen)" % (names, more))
+                    "cannot be seen)" % self._name_list(written))
             for i in self.groups[k]:
                 pending.pop(i, None)
         self.applied[k] = True
