@@ -62,20 +62,30 @@ std::size_t message_bytes(const MPI_Status& status) {
   return count == MPI_UNDEFINED ? 0 : static_cast<std::size_t>(count);
 }
 
-// An MPI_Comm_dup of MPI_COMM_WORLD, shared by a backend and its pending works so that the
-// communicator outlives every request on it.
+// A communicator of the backend's own, shared by a backend and its pending works so that the
+// communicator outlives every request on it: a duplicate of MPI_COMM_WORLD or of another
+// Communicator, or (a subgroup) a new communicator over some ranks of MPI_COMM_WORLD made by
+// MPI_Comm_create_group, which only those ranks call.
 class Communicator {
  public:
-  Communicator() {
-    check("mpi backend", "MPI_Comm_dup of MPI_COMM_WORLD", MPI_Comm_dup(MPI_COMM_WORLD, &_comm));
-    // Errors come back as return codes (and become loom::Error) instead of aborting the job.
-    const int rc = MPI_Comm_set_errhandler(_comm, MPI_ERRORS_RETURN);
-    if (rc != MPI_SUCCESS) {
-      MPI_Comm_free(&_comm);
-      throw failure("mpi backend", "MPI_Comm_set_errhandler", rc);
-    }
-    MPI_Comm_rank(_comm, &_rank);
-    MPI_Comm_size(_comm, &_size);
+  // A duplicate of `parent` (collective over `parent`).
+  explicit Communicator(MPI_Comm parent = MPI_COMM_WORLD) {
+    check("mpi backend", "MPI_Comm_dup", MPI_Comm_dup(parent, &_comm));
+    finish_setup();
+  }
+  // The ranks `world_ranks` of MPI_COMM_WORLD, in that order (collective over them only; `tag`
+  // tells apart groups made at the same time by disjoint sets of ranks).
+  Communicator(const std::vector<int>& world_ranks, int tag) {
+    MPI_Group world_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
+    check("mpi backend", "MPI_Comm_group", MPI_Comm_group(MPI_COMM_WORLD, &world_group));
+    int rc = MPI_Group_incl(world_group, static_cast<int>(world_ranks.size()), world_ranks.data(),
+                            &group);
+    MPI_Group_free(&world_group);
+    check("mpi backend", "MPI_Group_incl", rc);
+    rc = MPI_Comm_create_group(MPI_COMM_WORLD, group, tag, &_comm);
+    MPI_Group_free(&group);
+    check("mpi backend", "MPI_Comm_create_group", rc);
+    finish_setup();
   }
   ~Communicator() {
     // MPI_Comm_free after MPI_Finalize is illegal; a backend kept in a static may die that late.
@@ -92,6 +102,17 @@ class Communicator {
   int size() const noexcept { return _size; }
 
  private:
+  void finish_setup() {
+    // Errors come back as return codes (and become loom::Error) instead of aborting the job.
+    const int rc = MPI_Comm_set_errhandler(_comm, MPI_ERRORS_RETURN);
+    if (rc != MPI_SUCCESS) {
+      MPI_Comm_free(&_comm);
+      throw failure("mpi backend", "MPI_Comm_set_errhandler", rc);
+    }
+    MPI_Comm_rank(_comm, &_rank);
+    MPI_Comm_size(_comm, &_size);
+  }
+
   MPI_Comm _comm = MPI_COMM_NULL;
   int _rank = 0;
   int _size = 1;
@@ -294,8 +315,10 @@ class MpiBackend final : public Backend {
       : _construction(std::make_unique<ConstructionWatch>(timeout())),
         _config(config),
         _runtime(runtime),
-        _communicator(std::make_shared<Communicator>()),
-        _algorithm_communicator(std::make_shared<Communicator>()),
+        _communicator(config.ranks.empty()
+                          ? std::make_shared<Communicator>()
+                          : std::make_shared<Communicator>(config.ranks, config.group_tag)),
+        _algorithm_communicator(std::make_shared<Communicator>(_communicator->get())),
         _shared_board(std::make_unique<SharedBoard>(_communicator->get())) {
     // Collective like the dup above: every rank constructs its backend at the same point.
     Topology topology = mpi::node_topology(_communicator->get());
@@ -788,6 +811,18 @@ class MpiBackend final : public Backend {
   std::unique_ptr<mpi::BoardExchange> _board_exchange;  // several hosts only
 };
 
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string text = "[";
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    if (i == 8 && ranks.size() > 10) {
+      text += ", ... " + std::to_string(ranks.size() - 8) + " more";
+      break;
+    }
+    text += (i ? ", " : "") + std::to_string(ranks[i]);
+  }
+  return text + "]";
+}
+
 }  // namespace
 
 MpiConfig MpiConfig::from_env() {
@@ -809,6 +844,32 @@ std::shared_ptr<Backend> make_mpi_backend(const MpiConfig& config) {
                     " but loom needs MPI_THREAD_MULTIPLE (it calls MPI from several threads); "
                     "use an MPI built with thread support, or set "
                     "MpiConfig::require_thread_multiple = false if only one thread uses MPI");
+  if (!config.ranks.empty()) {
+    int world_rank = 0, world_size = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+    const std::string where = "mpi backend over ranks " + rank_list(config.ranks) +
+                              " (this process is rank " + std::to_string(world_rank) + " of " +
+                              std::to_string(world_size) + ")";
+    std::vector<bool> seen(static_cast<std::size_t>(world_size), false);
+    for (int r : config.ranks) {
+      if (r < 0 || r >= world_size)
+        throw Error(ErrorCode::invalid_argument,
+                    where + ": rank " + std::to_string(r) + " is not a rank of the job");
+      if (seen[static_cast<std::size_t>(r)])
+        throw Error(ErrorCode::invalid_argument,
+                    where + ": rank " + std::to_string(r) + " is named twice");
+      seen[static_cast<std::size_t>(r)] = true;
+    }
+    if (!seen[static_cast<std::size_t>(world_rank)])
+      throw Error(ErrorCode::invalid_argument,
+                  where + ": this process is not one of them (only the group's ranks make it)");
+    if (config.group_tag < 0 || config.group_tag > runtime.tag_ub())
+      throw Error(ErrorCode::invalid_argument, where + ": group tag " +
+                                                   std::to_string(config.group_tag) +
+                                                   " is outside [0, " +
+                                                   std::to_string(runtime.tag_ub()) + "]");
+  }
   return std::make_shared<MpiBackend>(config, runtime);
 }
 

@@ -3,24 +3,39 @@
     import loom_torch                      # registers the backend "loom"
     dist.init_process_group("loom")        # under mpirun: rank, size and rendezvous from it
 
-Importing loom_torch registers the backend "loom" with torch.distributed. Under mpirun, RANK,
-WORLD_SIZE and LOCAL_RANK are taken from the launcher when unset, and MASTER_ADDR/MASTER_PORT
-(for torch's store) are agreed over loom's mpi backend: rank 0's host name and a free port.
+Importing loom_torch registers the backend "loom" with torch.distributed (a c10d Backend for
+cpu and cuda: "loom" and "cpu:loom,cuda:loom" both work, and subgroups from new_group and
+DeviceMesh). Under mpirun, RANK, WORLD_SIZE and LOCAL_RANK are taken from the launcher when
+unset, and MASTER_ADDR/MASTER_PORT (for torch's store) are agreed over loom's mpi backend: rank
+0's host name and a free port.
 """
 import os
 import socket
 import sys
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
-from . import _C
-from ._C import ProcessGroupLoom
-from .hooks import LoomHookState, register_ddp_hook
-from .parallel import ParallelModule, parallelize
+try:
+    from . import _C
+except ImportError as error:  # built against another torch: the C++ signatures do not match
+    raise ImportError("loom_torch could not load its extension against torch %s (%s); rebuild "
+                      "it in this environment: pip install --no-build-isolation <loom>"
+                      % (torch.__version__, error)) from error
+if _C.TORCH_VERSION != torch.__version__:
+    raise ImportError("loom_torch was built against torch %s but this environment has torch %s; "
+                      "rebuild it here: pip install --no-build-isolation <loom>"
+                      % (_C.TORCH_VERSION, torch.__version__))
+
+from ._C import ProcessGroupLoom  # noqa: E402
+from ._groups import backend_of  # noqa: E402
+from .hooks import LoomHookState, register_ddp_hook  # noqa: E402
+from .parallel import ParallelModule, parallelize  # noqa: E402
 
 __all__ = ["ProcessGroupLoom", "LoomHookState", "register_ddp_hook", "parallelize",
-           "ParallelModule", "setup_environment"]
+           "ParallelModule", "setup_environment", "backend_of"]
+
 
 _LAUNCHER_RANK = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
 _LAUNCHER_SIZE = ("OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE")
@@ -62,8 +77,12 @@ def setup_environment():
     os.environ.setdefault("MASTER_PORT", port)
 
 
-def _create(store, rank, size, timeout):
-    return ProcessGroupLoom(store, rank, size, timeout)
+def _create(options, backend_options=None):
+    # torch's extended creator API: the group's store, rank, size, timeout, its name and the
+    # job's ranks in it (empty for the default group).
+    return ProcessGroupLoom(options.store, options.group_rank, options.group_size, options.timeout,
+                            [int(r) for r in (options.global_ranks_in_group or [])],
+                            str(options.group_id or ""))
 
 
 def _exit_after_loom_timeout(previous):
@@ -79,7 +98,7 @@ def _exit_after_loom_timeout(previous):
 
 
 if "LOOM" not in dist.Backend._plugins:
-    dist.Backend.register_backend("loom", _create)
+    dist.Backend.register_backend("loom", _create, extended_api=True, devices=["cpu", "cuda"])
     sys.excepthook = _exit_after_loom_timeout(sys.excepthook)
 if _C.launched_by_mpirun():
     setup_environment()

@@ -15,6 +15,7 @@ why the next-forward priority is not applied under DDP.
 import torch.distributed as dist
 
 from . import _C
+from ._groups import backend_of
 
 _COMPRESSIONS = ("none", "float16", "bfloat16", "fp16", "bf16")
 
@@ -23,9 +24,10 @@ class LoomHookState:
     """What the hook needs: the loom group and the compression (none, float16, bfloat16)."""
 
     def __init__(self, group, compression="none"):
-        if not isinstance(group, _C.ProcessGroupLoom):
-            raise ValueError("loom's DDP hook needs a loom process group, got %s"
-                             % type(group).__name__)
+        try:
+            group = backend_of(group)
+        except TypeError as error:
+            raise ValueError("loom's DDP hook needs a loom process group: %s" % error) from None
         if compression not in _COMPRESSIONS:
             raise ValueError("compression must be none, float16 or bfloat16, not %r"
                              % (compression,))

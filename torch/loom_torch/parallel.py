@@ -51,6 +51,7 @@ import torch.distributed as dist
 from torch.autograd import Variable
 
 from . import _C
+from ._groups import backend_of
 
 __all__ = ["parallelize", "ParallelModule"]
 
@@ -127,9 +128,11 @@ def parallelize(model, optimizer, process_group=None, bucket_cap_mb=25, compress
     group = process_group
     if group is None or group == dist.GroupMember.WORLD:
         group = dist.distributed_c10d._get_default_group()
-    if not isinstance(group, _C.ProcessGroupLoom):
+    try:
+        backend_of(group)
+    except TypeError as error:
         raise ValueError("parallelize needs a loom process group (dist.init_process_group(\"loom\")"
-                         "), got %s" % type(group).__name__)
+                         "): %s" % error) from None
     previous = _WRAPPED.get(model)
     previous = previous() if previous is not None else None
     driver = getattr(optimizer, "_loom_engine", None)
@@ -355,7 +358,7 @@ class _Engine:
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
         self.reducer = _C.GradientReducer(
-            group, self.names, [owner.get(id(p), "") for p in self.params], self.params,
+            backend_of(group), self.names, [owner.get(id(p), "") for p in self.params], self.params,
             plan["bucket_cap_mb"], plan["first_bucket_mb"], plan["partition_large"],
             plan["collectives_in_flight"], plan["compression"], plan["track_usage"], profile,
             plan["priority"])

@@ -1,4 +1,4 @@
-// The Python module loom_torch._C: ProcessGroupLoom as a torch.distributed.ProcessGroup, and the
+// The Python module loom_torch._C: ProcessGroupLoom as a torch.distributed Backend, and the
 // helpers loom_torch/__init__.py needs (launcher rendezvous, failure state).
 #include <pybind11/chrono.h>
 #include <pybind11/pybind11.h>
@@ -52,20 +52,27 @@ PYBIND11_DECLARE_HOLDER_TYPE(T, NoGilHolder<T>, true);
 PYBIND11_MODULE(_C, m) {
   using loom::torch::ProcessGroupLoom;
   m.doc() = "loom's torch.distributed process group (backend \"loom\")";
-  // ProcessGroup and Store are registered by torch's own extension.
+  // Backend and Store are registered by torch's own extension.
   py::module_::import("torch.distributed");
+  m.attr("TORCH_VERSION") = LOOM_TORCH_BUILT_AGAINST;
 
-  py::class_<ProcessGroupLoom, c10d::ProcessGroup, NoGilHolder<ProcessGroupLoom>>(
+  py::class_<ProcessGroupLoom, c10d::Backend, NoGilHolder<ProcessGroupLoom>>(
       m, "ProcessGroupLoom",
-      "torch.distributed's ProcessGroup over a loom Backend; made by "
-      "init_process_group(\"loom\")")
+      "torch.distributed's Backend \"loom\" over a loom Backend; made by "
+      "init_process_group(\"loom\") and new_group(backend=\"loom\"); the one behind a group is "
+      "loom_torch.backend_of(group)")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                       std::chrono::duration<float> timeout) {
+                       std::chrono::duration<float> timeout, std::vector<int> global_ranks,
+                       const std::string& group_name) {
              return NoGilHolder<ProcessGroupLoom>(c10::make_intrusive<ProcessGroupLoom>(
-                 store, rank, size, std::chrono::duration_cast<std::chrono::nanoseconds>(timeout)));
+                 store, rank, size, std::chrono::duration_cast<std::chrono::nanoseconds>(timeout),
+                 std::move(global_ranks), group_name));
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
+           py::arg("global_ranks") = std::vector<int>{}, py::arg("group_name") = "",
            py::call_guard<py::gil_scoped_release>())
+      .def("global_ranks", &ProcessGroupLoom::global_ranks,
+           "The job's ranks in this group, in group order")
       .def(
           "allreduce_bucket",
           [](ProcessGroupLoom& group, at::Tensor bucket, const std::string& compression) {

@@ -10,6 +10,7 @@
 #include "loom/environment.hpp"
 #include "loom/error.hpp"
 #include "loom/flight_recorder.hpp"
+#include "loom/mpi.hpp"
 #include "loom/rank_board.hpp"
 #include "tensors.hpp"
 
@@ -62,6 +63,88 @@ class AnySourceRecv final : public Work {
   std::unique_ptr<Work> _recv;
 };
 
+/// Several works as one: done when every one is done, failed with the first error once all
+/// have ended (none is left running on a buffer its caller may free); abandoning it abandons
+/// those still running.
+class AllOf final : public Work {
+ public:
+  AllOf(std::string description, std::vector<std::unique_ptr<Work>> works)
+      : Work(std::move(description)), _works(std::move(works)) {}
+
+ protected:
+  bool poll() override {
+    bool done = true;
+    for (auto& work : _works) {
+      if (!work) continue;
+      if (!work->test()) {
+        done = false;
+        continue;
+      }
+      if (auto error = work->error(); error && !_error) _error = error;
+      work.reset();
+    }
+    if (done && _error) std::rethrow_exception(_error);
+    return done;
+  }
+  void on_abandon() noexcept override {
+    for (auto& work : _works)
+      if (work) work->abandon();
+  }
+
+ private:
+  std::vector<std::unique_ptr<Work>> _works;
+  std::exception_ptr _error;
+};
+
+void check_root(const std::string& where, int root, int size) {
+  if (root < 0 || root >= size)
+    throw Error(ErrorCode::invalid_argument, where + ": root " + std::to_string(root) +
+                                                 " is not a rank of the group (0.." +
+                                                 std::to_string(size - 1) + ")");
+}
+
+void check_like(const std::string& where, const std::string& what, const Buffer& buffer,
+                const Buffer& like, const std::string& like_what) {
+  if (buffer.count() != like.count() || buffer.dtype() != like.dtype())
+    throw Error(ErrorCode::invalid_argument, where + ": " + what + " is " + buffer.describe() +
+                                                 " but " + like_what + " is " + like.describe());
+}
+
+void copy_bytes(const Buffer& to, const Buffer& from) {
+  if (from.bytes() > 0) std::memcpy(to.data(), from.data(), from.bytes());
+}
+
+// Split sizes (rows of dimension 0) of an all-to-all: `splits` as given, or equal blocks.
+std::vector<int64_t> rows_per_rank(const std::string& where, const std::string& what,
+                                   const at::Tensor& tensor, const std::vector<int64_t>& splits,
+                                   int size) {
+  const int64_t rows = tensor.dim() == 0 ? 1 : tensor.size(0);
+  if (splits.empty()) {
+    if (rows % size != 0)
+      throw Error(ErrorCode::invalid_argument,
+                  where + ": the " + what + " has " + std::to_string(rows) +
+                      " rows, which do not split into " + std::to_string(size) +
+                      " equal blocks; pass split sizes");
+    return std::vector<int64_t>(static_cast<std::size_t>(size), rows / size);
+  }
+  if (splits.size() != static_cast<std::size_t>(size))
+    throw Error(ErrorCode::invalid_argument, where + ": " + std::to_string(splits.size()) + " " +
+                                                 what + " split sizes for " +
+                                                 std::to_string(size) + " ranks");
+  int64_t total = 0;
+  for (int64_t s : splits) {
+    if (s < 0)
+      throw Error(ErrorCode::invalid_argument,
+                  where + ": a " + what + " split size is negative (" + std::to_string(s) + ")");
+    total += s;
+  }
+  if (total != rows)
+    throw Error(ErrorCode::invalid_argument, where + ": the " + what + " split sizes add up to " +
+                                                 std::to_string(total) + " rows but the " + what +
+                                                 " has " + std::to_string(rows));
+  return splits;
+}
+
 }  // namespace
 
 bool any_broken() noexcept {
@@ -69,28 +152,58 @@ bool any_broken() noexcept {
 }
 
 ProcessGroupLoom::ProcessGroupLoom(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
-                                   std::chrono::nanoseconds timeout)
-    : c10d::ProcessGroup(rank, size),
+                                   std::chrono::nanoseconds timeout, std::vector<int> global_ranks,
+                                   const std::string& group_name)
+    : c10d::Backend(rank, size),
       _store(std::move(store)),
-      _timeout(environment::text("LOOM_TIMEOUT_S") ? environment::timeout() : timeout) {
+      _timeout(environment::text("LOOM_TIMEOUT_S") ? environment::timeout() : timeout),
+      _global_ranks(std::move(global_ranks)) {
   const std::string where =
       "loom process group (rank " + std::to_string(rank) + " of " + std::to_string(size) + ")";
+  if (!_global_ranks.empty() && _global_ranks.size() != static_cast<std::size_t>(size))
+    throw Error(ErrorCode::invalid_argument,
+                where + ": torch names " + std::to_string(_global_ranks.size()) +
+                    " ranks in the group but gives its size as " + std::to_string(size));
   const bool explicit_backend = environment::text("LOOM_BACKEND").has_value();
+  bool subgroup = false;
   if (launched_by_mpirun()) {
     const std::optional<int> job = environment::launcher_world_size();
-    // Checked before the backend is made: making the mpi backend duplicates MPI_COMM_WORLD, a
-    // collective the ranks outside a subgroup would never join.
-    if (job && *job > 0 && *job != size)
+    bool whole = _global_ranks.empty();
+    if (!whole && job && static_cast<int>(_global_ranks.size()) == *job) {
+      whole = true;
+      for (int r = 0; r < size; ++r) whole = whole && _global_ranks[r] == r;
+    }
+    if (whole && job && *job > 0 && *job != size)
       throw Error(ErrorCode::unsupported,
-                  where + ": loom groups span the whole job (" + std::to_string(*job) +
-                      " ranks); subgroups (new_group with fewer ranks) are not supported");
+                  where + ": the default loom group spans the whole job (" +
+                      std::to_string(*job) + " ranks); make smaller groups with new_group");
+    subgroup = !whole;
   } else if (size > 1 && !explicit_backend) {
+    const bool torchrun = environment::text("TORCHELASTIC_RUN_ID").has_value() ||
+                          environment::text("TORCHELASTIC_RESTART_COUNT").has_value();
     throw Error(ErrorCode::unavailable,
-                where +
-                    ": a loom group of several processes runs on loom's mpi backend, so "
-                    "launch them with mpirun (torchrun-style launchers are not supported)");
+                where + ": " +
+                    (torchrun ? std::string("launched by torchrun. ")
+                              : std::string("not launched by mpirun. ")) +
+                    "A loom group of several processes on CPU runs on loom's mpi backend, and "
+                    "Open MPI wires its processes up through mpirun's runtime (PMIx): processes "
+                    "started by another launcher each see a job of one rank and cannot reach "
+                    "each other. Launch with `mpirun -np " +
+                    std::to_string(size) +
+                    " python3 script.py` (loom_torch takes RANK, WORLD_SIZE and MASTER_ADDR "
+                    "from it), or use gloo under torchrun");
   }
-  _backend = create_backend();
+  if (subgroup) {
+    MpiConfig config = MpiConfig::from_env();
+    config.ranks = _global_ranks;
+    // The group's name is the same on its ranks and differs between groups made at once.
+    config.group_tag = static_cast<int>(std::hash<std::string>{}(group_name) % 32768);
+    _backend = make_mpi_backend(config);
+  } else {
+    _backend = create_backend();
+  }
+  if (_global_ranks.empty())
+    for (int r = 0; r < size; ++r) _global_ranks.push_back(r);
   if (_backend->rank() != rank || _backend->world_size() != size)
     throw Error(ErrorCode::mismatch,
                 where + ": torch says rank " + std::to_string(rank) + " of " +
@@ -131,15 +244,8 @@ ProcessGroupLoom::~ProcessGroupLoom() {
   if (broken()) {
     // Deliberately leaked: freeing a communicator with operations stuck on a dead peer can
     // block forever, and the process is about to end with loom's error anyway.
-    [[maybe_unused]] auto* leaked = new std::shared_ptr<Backend>(std::move(_backend));
+    [[maybe_unused]] auto* leaked = new std::shared_ptr<loom::Backend>(std::move(_backend));
   }
-}
-
-c10::intrusive_ptr<c10d::ProcessGroup> ProcessGroupLoom::create(
-    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-    std::chrono::duration<float> timeout) {
-  return c10::make_intrusive<ProcessGroupLoom>(
-      store, rank, size, std::chrono::duration_cast<std::chrono::nanoseconds>(timeout));
 }
 
 std::chrono::nanoseconds ProcessGroupLoom::timeout_of(std::chrono::milliseconds requested) const {
@@ -169,6 +275,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::collective(c10d::OpType type,
                                                             std::chrono::milliseconds timeout,
                                                             std::function<void()> after, Keep keep,
                                                             std::string_view name) {
+  std::unique_ptr<Work> work = start(args, name);
+  auto result = c10::make_intrusive<LoomWork>(rank_, type, std::move(outputs));
+  return watch(std::move(work), std::move(result), timeout,
+               "loom/census/" + std::to_string(_collectives++), std::move(after), std::move(keep));
+}
+
+std::unique_ptr<Work> ProcessGroupLoom::start(const CollectiveArgs& args, std::string_view name) {
   check_usable(to_string(args.op));
   const AlgorithmChoice choice = _selector.choose(args, *_backend);
   // The backend records it (flight recorder, rank board), as it does the executor's: the
@@ -178,6 +291,42 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::collective(c10d::OpType type,
     std::lock_guard lock(_choice_mutex);
     _last_choice = choice;
   }
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::exchange(
+    c10d::OpType type, std::string_view op, DType dtype, std::size_t count,
+    std::vector<Transfer> sends, std::vector<Transfer> recvs, std::vector<at::Tensor> outputs,
+    std::chrono::milliseconds timeout, std::function<void()> after, Keep keep) {
+  check_usable(op);
+  if (!_backend->has_algorithm_channel())
+    throw Error(ErrorCode::unsupported,
+                _backend->where(op) + ": loom runs " + std::string(op) +
+                    " as point-to-point messages on a private channel, which the " +
+                    std::string(_backend->name()) + " backend lacks");
+  // Every rank takes the next tag here, in the same order: the exchange's messages never match
+  // another collective's.
+  const int tag = _backend->next_algorithm_tag();
+  loom::Backend::OperationRecord operation;
+  auto work = _backend->start_recorded({op, op, dtype, count, "p2p", -1, true}, operation, [&] {
+    std::vector<std::unique_ptr<Work>> works;
+    for (const Transfer& r : recvs)
+      works.push_back(_backend->algorithm_recv_async(r.buffer, r.peer, tag));
+    for (const Transfer& t : sends)
+      works.push_back(_backend->algorithm_send_async(t.buffer, t.peer, tag));
+    return std::make_unique<AllOf>(_backend->where(op), std::move(works));
+  });
+  auto result = c10::make_intrusive<LoomWork>(rank_, type, std::move(outputs));
+  return watch(std::move(work), std::move(result), timeout,
+               "loom/census/" + std::to_string(_collectives++), std::move(after), std::move(keep));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::all_of(c10d::OpType type,
+                                                        std::vector<std::unique_ptr<Work>> works,
+                                                        std::vector<at::Tensor> outputs,
+                                                        std::chrono::milliseconds timeout,
+                                                        std::function<void()> after, Keep keep) {
+  auto work = std::make_unique<AllOf>(_backend->where("coalesced collectives"), std::move(works));
   auto result = c10::make_intrusive<LoomWork>(rank_, type, std::move(outputs));
   return watch(std::move(work), std::move(result), timeout,
                "loom/census/" + std::to_string(_collectives++), std::move(after), std::move(keep));
@@ -438,20 +587,280 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall_base(at::Tensor& outpu
                                                                std::vector<int64_t>& input_splits,
                                                                const c10d::AllToAllOptions& opts) {
   const std::string where = _backend->where("alltoall");
-  for (const auto* splits : {&output_splits, &input_splits}) {
-    if (splits->empty()) continue;
-    const bool equal = splits->size() == static_cast<std::size_t>(size_) &&
-                       std::all_of(splits->begin(), splits->end(),
-                                   [&](int64_t s) { return s == splits->front(); });
-    if (!equal)
-      throw Error(ErrorCode::unsupported,
-                  where +
-                      ": split sizes must be equal (one block per rank); loom's alltoall "
-                      "has no uneven form");
+  const Buffer send = to_buffer(input, *_backend, where, "input");
+  const Buffer recv = to_buffer(output, *_backend, where, "output");
+  const auto in_rows = rows_per_rank(where, "input", input, input_splits, size_);
+  const auto out_rows = rows_per_rank(where, "output", output, output_splits, size_);
+  const bool even = std::all_of(in_rows.begin(), in_rows.end(),
+                                [&](int64_t r) { return r == in_rows.front(); }) &&
+                    std::all_of(out_rows.begin(), out_rows.end(),
+                                [&](int64_t r) { return r == out_rows.front(); });
+  if (even) {
+    CollectiveArgs args{Collective::alltoall, send, recv};
+    return collective(c10d::OpType::ALLTOALL_BASE, args, {output}, opts.timeout, {}, {input});
   }
-  CollectiveArgs args{Collective::alltoall, to_buffer(input, *_backend, where, "input"),
-                      to_buffer(output, *_backend, where, "output")};
-  return collective(c10d::OpType::ALLTOALL_BASE, args, {output}, opts.timeout, {}, {input});
+  // Uneven blocks: one message to and from every rank, rows of the same width on both sides.
+  const auto width = [](const at::Tensor& t) {
+    return t.dim() == 0 || t.size(0) == 0 ? int64_t{0} : t.numel() / t.size(0);
+  };
+  const int64_t in_width = width(input), out_width = width(output);
+  if (in_width != out_width && input.numel() > 0 && output.numel() > 0)
+    throw Error(ErrorCode::invalid_argument,
+                where + ": input rows hold " + std::to_string(in_width) +
+                    " elements but output rows " + std::to_string(out_width));
+  if (send.dtype() != recv.dtype())
+    throw Error(ErrorCode::invalid_argument, where + ": input is " + send.describe() +
+                                                 " but output is " + recv.describe());
+  std::vector<Transfer> sends, recvs;
+  std::size_t in_at = 0, out_at = 0;
+  Buffer own_in, own_out;
+  for (int r = 0; r < size_; ++r) {
+    const auto in_count = static_cast<std::size_t>(in_rows[r] * in_width);
+    const auto out_count = static_cast<std::size_t>(out_rows[r] * out_width);
+    const Buffer in = send.slice(in_at, in_count), out = recv.slice(out_at, out_count);
+    in_at += in_count;
+    out_at += out_count;
+    if (r == rank_) {
+      if (in_count != out_count)
+        throw Error(ErrorCode::invalid_argument,
+                    where + ": this rank sends itself " + std::to_string(in_count) +
+                        " elements but expects " + std::to_string(out_count) + " from itself");
+      own_in = in;
+      own_out = out;
+      continue;
+    }
+    sends.push_back({in, r});
+    recvs.push_back({out, r});
+  }
+  copy_bytes(own_out, own_in);
+  return exchange(c10d::OpType::ALLTOALL_BASE, "alltoall", send.dtype(), send.count(),
+                  std::move(sends), std::move(recvs), {output}, opts.timeout, {}, {input});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall(std::vector<at::Tensor>& outputs,
+                                                          std::vector<at::Tensor>& inputs,
+                                                          const c10d::AllToAllOptions& opts) {
+  const std::string where = _backend->where("alltoall");
+  const auto ranks = static_cast<std::size_t>(size_);
+  if (inputs.size() != ranks || outputs.size() != ranks)
+    throw Error(ErrorCode::invalid_argument,
+                where + ": " + std::to_string(inputs.size()) + " inputs and " +
+                    std::to_string(outputs.size()) + " outputs; expected one of each per rank (" +
+                    std::to_string(size_) + ")");
+  std::vector<Transfer> sends, recvs;
+  std::size_t count = 0;
+  DType dtype = DType::uint8;
+  for (int r = 0; r < size_; ++r) {
+    const Buffer in = to_buffer(inputs[r], *_backend, where, "input " + std::to_string(r));
+    const Buffer out = to_buffer(outputs[r], *_backend, where, "output " + std::to_string(r));
+    if (in.dtype() != out.dtype())
+      throw Error(ErrorCode::invalid_argument, where + ": input " + std::to_string(r) + " is " +
+                                                   in.describe() + " but output " +
+                                                   std::to_string(r) + " is " + out.describe());
+    dtype = in.dtype();
+    count += in.count();
+    if (r == rank_) {
+      check_like(where, "output " + std::to_string(r), out, in, "this rank's own input");
+      copy_bytes(out, in);
+      continue;
+    }
+    sends.push_back({in, r});
+    recvs.push_back({out, r});
+  }
+  return exchange(c10d::OpType::ALLTOALL, "alltoall", dtype, count, std::move(sends),
+                  std::move(recvs), outputs, opts.timeout, {}, inputs);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::gather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::GatherOptions& opts) {
+  const std::string where = _backend->where("gather");
+  const int root = as_rank(opts.rootRank);
+  check_root(where, root, size_);
+  const at::Tensor& input = single(inputs, where, "inputs");
+  const Buffer send = to_buffer(input, *_backend, where, "input");
+  std::vector<Transfer> sends, recvs;
+  std::vector<at::Tensor> results;
+  if (rank_ == root) {
+    if (outputs.size() != 1 || outputs.front().size() != static_cast<std::size_t>(size_))
+      throw Error(ErrorCode::invalid_argument,
+                  where + ": the root needs one list of " + std::to_string(size_) +
+                      " output tensors (one per rank), got " +
+                      (outputs.size() == 1 ? std::to_string(outputs.front().size()) + " tensors"
+                                           : std::to_string(outputs.size()) + " lists"));
+    results = outputs.front();
+    for (int r = 0; r < size_; ++r) {
+      const Buffer out = to_buffer(results[r], *_backend, where, "output " + std::to_string(r));
+      check_like(where, "output " + std::to_string(r), out, send, "the input");
+      if (r == rank_)
+        copy_bytes(out, send);
+      else
+        recvs.push_back({out, r});
+    }
+  } else {
+    if (!outputs.empty() && !(outputs.size() == 1 && outputs.front().empty()))
+      throw Error(ErrorCode::invalid_argument,
+                  where + ": only the root (rank " + std::to_string(root) +
+                      ") passes output tensors");
+    sends.push_back({send, root});
+  }
+  return exchange(c10d::OpType::GATHER, "gather", send.dtype(), send.count(), std::move(sends),
+                  std::move(recvs), std::move(results), opts.timeout, {}, {input});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ScatterOptions& opts) {
+  const std::string where = _backend->where("scatter");
+  const int root = as_rank(opts.rootRank);
+  check_root(where, root, size_);
+  const at::Tensor& output = single(outputs, where, "outputs");
+  const Buffer recv = to_buffer(output, *_backend, where, "output");
+  std::vector<Transfer> sends, recvs;
+  Keep keep;
+  if (rank_ == root) {
+    if (inputs.size() != 1 || inputs.front().size() != static_cast<std::size_t>(size_))
+      throw Error(ErrorCode::invalid_argument,
+                  where + ": the root needs one list of " + std::to_string(size_) +
+                      " input tensors (one per rank), got " +
+                      (inputs.size() == 1 ? std::to_string(inputs.front().size()) + " tensors"
+                                          : std::to_string(inputs.size()) + " lists"));
+    keep = inputs.front();
+    for (int r = 0; r < size_; ++r) {
+      const Buffer in = to_buffer(keep[r], *_backend, where, "input " + std::to_string(r));
+      check_like(where, "input " + std::to_string(r), in, recv, "the output");
+      if (r == rank_)
+        copy_bytes(recv, in);
+      else
+        sends.push_back({in, r});
+    }
+  } else {
+    if (!inputs.empty() && !(inputs.size() == 1 && inputs.front().empty()))
+      throw Error(ErrorCode::invalid_argument,
+                  where + ": only the root (rank " + std::to_string(root) +
+                      ") passes input tensors");
+    recvs.push_back({recv, root});
+  }
+  return exchange(c10d::OpType::SCATTER, "scatter", recv.dtype(), recv.count(), std::move(sends),
+                  std::move(recvs), {output}, opts.timeout, {}, std::move(keep));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  const std::string where = _backend->where("allreduce_coalesced");
+  if (tensors.empty())
+    throw Error(ErrorCode::invalid_argument, where + ": no tensors to reduce");
+  const ReduceOp op = to_loom(opts.reduceOp, where);
+  std::vector<Buffer> buffers;
+  bool one_dtype = true;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    buffers.push_back(to_buffer(tensors[i], *_backend, where, "tensor " + std::to_string(i)));
+    one_dtype = one_dtype && buffers[i].dtype() == buffers.front().dtype();
+  }
+  std::vector<std::unique_ptr<Work>> works;
+  if (!one_dtype) {
+    for (const Buffer& b : buffers)
+      works.push_back(start({Collective::allreduce, b, b, op}, "allreduce_coalesced"));
+    return all_of(c10d::OpType::COALESCED, std::move(works), tensors, opts.timeout, {}, {});
+  }
+  // One collective over the tensors' concatenation, copied back when it completes.
+  std::vector<at::Tensor> flat_views;
+  for (const at::Tensor& t : tensors) flat_views.push_back(t.reshape({-1}));
+  at::Tensor flat = at::cat(flat_views);
+  const Buffer buffer = to_buffer(flat, *_backend, where, "concatenation");
+  works.push_back(start({Collective::allreduce, buffer, buffer, op}, "allreduce_coalesced"));
+  auto copy_back = [tensors, flat] {
+    int64_t at = 0;
+    for (const at::Tensor& t : tensors) {
+      t.view({-1}).copy_(flat.narrow(0, at, t.numel()));
+      at += t.numel();
+    }
+  };
+  return all_of(c10d::OpType::COALESCED, std::move(works), tensors, opts.timeout, copy_back,
+                {flat});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& output_lists, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  const std::string where = _backend->where("allgather_coalesced");
+  if (output_lists.size() != inputs.size())
+    throw Error(ErrorCode::invalid_argument,
+                where + ": " + std::to_string(inputs.size()) + " inputs but " +
+                    std::to_string(output_lists.size()) + " output lists");
+  std::vector<CollectiveArgs> all;
+  std::vector<std::function<void()>> copies;
+  Keep keep;
+  std::vector<at::Tensor> results;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const std::string what = "input " + std::to_string(i);
+    const Buffer send = to_buffer(inputs[i], *_backend, where, what);
+    const std::vector<at::Tensor>& list = output_lists[i];
+    if (list.size() != static_cast<std::size_t>(size_))
+      throw Error(ErrorCode::invalid_argument,
+                  where + ": output list " + std::to_string(i) + " has " +
+                      std::to_string(list.size()) + " tensors; expected one per rank (" +
+                      std::to_string(size_) + ")");
+    for (std::size_t r = 0; r < list.size(); ++r)
+      check_like(where, "output " + std::to_string(i) + "." + std::to_string(r),
+                 to_buffer(list[r], *_backend, where, "output"), send, what);
+    at::Tensor flat =
+        at::empty({static_cast<int64_t>(send.count()) * size_}, inputs[i].options());
+    all.push_back({Collective::allgather, send, to_buffer(flat, *_backend, where)});
+    copies.push_back([list, flat, bytes = send.bytes()] {
+      const auto* from = static_cast<const std::byte*>(flat.data_ptr());
+      for (std::size_t r = 0; r < list.size(); ++r)
+        if (bytes > 0) std::memcpy(list[r].data_ptr(), from + r * bytes, bytes);
+    });
+    keep.push_back(flat);
+    keep.push_back(inputs[i]);
+    results.insert(results.end(), list.begin(), list.end());
+  }
+  std::vector<std::unique_ptr<Work>> works;
+  for (const CollectiveArgs& args : all) works.push_back(start(args));
+  auto copy_out = [copies = std::move(copies)] {
+    for (const auto& copy : copies) copy();
+  };
+  return all_of(c10d::OpType::ALLGATHER_COALESCED, std::move(works), std::move(results),
+                opts.timeout, copy_out, std::move(keep));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  const std::string where = _backend->where("allgather_into_tensor_coalesced");
+  if (outputs.size() != inputs.size())
+    throw Error(ErrorCode::invalid_argument, where + ": " + std::to_string(inputs.size()) +
+                                                 " inputs but " + std::to_string(outputs.size()) +
+                                                 " outputs");
+  // Every tensor checked before the first collective starts.
+  std::vector<CollectiveArgs> all;
+  for (std::size_t i = 0; i < inputs.size(); ++i)
+    all.push_back({Collective::allgather,
+                   to_buffer(inputs[i], *_backend, where, "input " + std::to_string(i)),
+                   to_buffer(outputs[i], *_backend, where, "output " + std::to_string(i))});
+  std::vector<std::unique_ptr<Work>> works;
+  for (const CollectiveArgs& args : all) works.push_back(start(args));
+  return all_of(c10d::OpType::COALESCED, std::move(works), outputs, opts.timeout, {}, inputs);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  const std::string where = _backend->where("reduce_scatter_tensor_coalesced");
+  if (outputs.size() != inputs.size())
+    throw Error(ErrorCode::invalid_argument, where + ": " + std::to_string(inputs.size()) +
+                                                 " inputs but " + std::to_string(outputs.size()) +
+                                                 " outputs");
+  const ReduceOp op = to_loom(opts.reduceOp, where);
+  std::vector<CollectiveArgs> all;
+  for (std::size_t i = 0; i < inputs.size(); ++i)
+    all.push_back({Collective::reduce_scatter,
+                   to_buffer(inputs[i], *_backend, where, "input " + std::to_string(i)),
+                   to_buffer(outputs[i], *_backend, where, "output " + std::to_string(i)), op});
+  std::vector<std::unique_ptr<Work>> works;
+  for (const CollectiveArgs& args : all) works.push_back(start(args));
+  return all_of(c10d::OpType::COALESCED, std::move(works), outputs, opts.timeout, {}, inputs);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::barrier(const c10d::BarrierOptions& opts) {
@@ -498,7 +907,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recvAnysource(std::vector<at::T
   auto result = c10::make_intrusive<LoomWork>(rank_, c10d::OpType::RECVANYSOURCE,
                                               std::vector<at::Tensor>{tensor});
   // Recorded while it probes (peer -1), and its receive again once the sender is known.
-  Backend::OperationRecord operation;
+  loom::Backend::OperationRecord operation;
   auto work = _backend->start_recorded(
       {"recvAnysource", "recv", buffer.dtype(), buffer.count(), "native", -1, false}, operation,
       [&] { return std::make_unique<AnySourceRecv>(*_backend, buffer, tag, result); });

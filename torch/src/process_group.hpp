@@ -1,7 +1,7 @@
-// ProcessGroupLoom: a c10d::ProcessGroup over a loom Backend (torch.distributed backend "loom").
+// ProcessGroupLoom: a c10d::Backend over a loom Backend (torch.distributed backend "loom").
 #pragma once
 
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <atomic>
@@ -24,29 +24,31 @@
 
 namespace loom::torch {
 
-/// @brief torch.distributed's process group over a loom Backend.
+/// @brief torch.distributed's backend "loom": a c10d::Backend over a loom Backend, registered
+/// for cpu and cuda, so that torch's dispatcher (functional collectives, DTensor, DeviceMesh)
+/// reaches it through ProcessGroup::getBackend.
 ///
 /// Every collective is started through the algorithm the AlgorithmSelector picks (LOOM_TUNING_FILE,
 /// LOOM_<COLL> ranges) with loom::start_collective and handed to one ProgressEngine, which
-/// completes the returned LoomWork: no thread waits per operation. Bad input throws loom::Error
+/// completes the returned LoomWork: no thread waits per operation. gather, scatter and the
+/// uneven all-to-alls, which loom has no collective for, are point-to-point exchanges on the
+/// backend's private channel, recorded as one collective each. Bad input throws loom::Error
 /// (RuntimeError "[loom:<code>] ..." in Python) before anything is sent. An operation not done
 /// after LOOM_TIMEOUT_S (else the timeout given to init_process_group) fails with
 /// ErrorCode::timeout naming the ranks that never reached it (asked through torch's store), and
 /// every later operation of the group fails at once with ErrorCode::cancelled.
-class ProcessGroupLoom final : public c10d::ProcessGroup {
+class ProcessGroupLoom final : public c10d::Backend {
  public:
   /// @brief Makes the group for `rank` of `size`: the backend LOOM_BACKEND names, else mpi under
-  /// mpirun, else (one rank) local. Throws ErrorCode::mismatch when the launcher's rank or size
-  /// differs from torch's, and ErrorCode::unsupported for a group smaller than the job (loom's
-  /// mpi backend spans MPI_COMM_WORLD).
+  /// mpirun, else (one rank) local. `global_ranks` are the job's ranks in the group (torch's
+  /// global_ranks_in_group; empty for the default group, which must span the whole job): a
+  /// subgroup is an mpi backend over those ranks only, made by them only. Throws
+  /// ErrorCode::mismatch when the launcher's rank or size differs from torch's, and
+  /// ErrorCode::unavailable for several processes not launched by mpirun (torchrun).
   ProcessGroupLoom(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
-                   std::chrono::nanoseconds timeout);
+                   std::chrono::nanoseconds timeout, std::vector<int> global_ranks = {},
+                   const std::string& group_name = {});
   ~ProcessGroupLoom() override;
-
-  /// @brief torch's creator signature: register_backend("loom", create).
-  static c10::intrusive_ptr<c10d::ProcessGroup> create(const c10::intrusive_ptr<c10d::Store>& store,
-                                                       int rank, int size,
-                                                       std::chrono::duration<float> timeout);
 
   const std::string getBackendName() const override { return "loom"; }
 
@@ -70,6 +72,28 @@ class ProcessGroupLoom final : public c10d::ProcessGroup {
                                                std::vector<int64_t>& output_splits,
                                                std::vector<int64_t>& input_splits,
                                                const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  /// Coalesced forms: one loom collective per tensor (an allreduce of tensors of one dtype is
+  /// one collective over their concatenation), completed together by one Work.
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& output_lists, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
@@ -85,6 +109,8 @@ class ProcessGroupLoom final : public c10d::ProcessGroup {
   std::string last_algorithm() const;
   /// @brief "mpi", "local" or "nccl".
   std::string backend_name() const { return std::string(_backend->name()); }
+  /// @brief The job's ranks in this group, in group order (every rank for the default group).
+  const std::vector<int>& global_ranks() const noexcept { return _global_ranks; }
   /// @brief The watchdog's timeout in seconds (0: none).
   double timeout_seconds() const;
   /// @brief Whether an operation of this group timed out (the communicator is then unusable).
@@ -102,6 +128,24 @@ class ProcessGroupLoom final : public c10d::ProcessGroup {
                                             std::chrono::milliseconds timeout,
                                             std::function<void()> after = {}, Keep keep = {},
                                             std::string_view name = {});
+  // One point-to-point exchange on the algorithm channel, recorded as collective `op`: `sends`
+  // and `recvs` with one tag, then `after` (local copies) once all are done.
+  struct Transfer {
+    Buffer buffer;
+    int peer;
+  };
+  c10::intrusive_ptr<c10d::Work> exchange(c10d::OpType type, std::string_view op, DType dtype,
+                                          std::size_t count, std::vector<Transfer> sends,
+                                          std::vector<Transfer> recvs,
+                                          std::vector<at::Tensor> outputs,
+                                          std::chrono::milliseconds timeout,
+                                          std::function<void()> after, Keep keep);
+  // Several loom works as one torch Work (the coalesced forms).
+  c10::intrusive_ptr<c10d::Work> all_of(c10d::OpType type, std::vector<std::unique_ptr<Work>> works,
+                                        std::vector<at::Tensor> outputs,
+                                        std::chrono::milliseconds timeout,
+                                        std::function<void()> after, Keep keep);
+  std::unique_ptr<Work> start(const CollectiveArgs& args, std::string_view name = {});
   c10::intrusive_ptr<c10d::Work> watch(std::unique_ptr<Work> work,
                                        c10::intrusive_ptr<LoomWork> result,
                                        std::chrono::milliseconds timeout, std::string census_key,
@@ -113,10 +157,11 @@ class ProcessGroupLoom final : public c10d::ProcessGroup {
   std::string who_is_missing(const std::string& census_key);
   void run_reporter();
 
-  std::shared_ptr<Backend> _backend;
+  std::shared_ptr<loom::Backend> _backend;
   c10::intrusive_ptr<c10d::Store> _store;
   AlgorithmSelector _selector;
   std::chrono::nanoseconds _timeout;
+  std::vector<int> _global_ranks;
   std::uint64_t _collectives = 0;  // issued on the caller's thread, in the same order everywhere
   std::atomic<bool> _broken{false};
 

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <vector>
 
 #include "loom/backend.hpp"
 
@@ -26,12 +27,21 @@ struct MpiConfig {
   /// @brief Fail when MPI cannot give MPI_THREAD_MULTIPLE (loom's progress engine and TBB
   /// workers call MPI from several threads, so a lower level would be unsafe).
   bool require_thread_multiple = true;
+  /// @brief The ranks of MPI_COMM_WORLD the backend spans, in the order of its ranks (rank i of
+  /// the backend is world rank ranks[i]); empty: all of them. Only those ranks make it
+  /// (MPI_Comm_create_group), together; a rank outside them, a rank named twice or a rank
+  /// outside the job is ErrorCode::invalid_argument. For subgroups (torch's new_group).
+  std::vector<int> ranks;
+  /// @brief Tells apart subgroups made at the same time by disjoint sets of ranks (the same on
+  /// every rank of one group; [0, MPI_TAG_UB]).
+  int group_tag = 0;
 
   /// @brief Defaults overridden by LOOM_MPI_CUDA_AWARE=0|1.
   static MpiConfig from_env();
 };
 
-/// @brief The MPI backend over a duplicate of MPI_COMM_WORLD. Initialises MPI on first use
+/// @brief The MPI backend over a duplicate of MPI_COMM_WORLD (or of the ranks config.ranks
+/// names). Initialises MPI on first use
 /// (MPI_Init_thread with MPI_THREAD_MULTIPLE) and finalises it at exit only if loom did.
 /// Throws ErrorCode::unavailable when MPI cannot start or lacks the thread level.
 std::shared_ptr<Backend> make_mpi_backend(const MpiConfig& config = MpiConfig::from_env());
