@@ -58,8 +58,11 @@ else()
         if(_lt_cuda)
           set(LOOM_TORCH_HAS_CUDA ON)
         endif()
-        # torch's C++ ABI for everything: libloom's std::string crosses into the extension.
-        add_compile_definitions(_GLIBCXX_USE_CXX11_ABI=${_lt_abi})
+        # torch's C++ ABI for everything: libloom's std::string crosses into the extension
+        # (g++'s default is the new ABI, which torch 2.6 and newer use too).
+        if(NOT _lt_abi EQUAL 1)
+          add_compile_definitions(_GLIBCXX_USE_CXX11_ABI=${_lt_abi})
+        endif()
         # torch as an imported target: its headers (pybind11 included: another pybind11 fails
         # at import with "unknown base type c10d::Backend") and libraries, without
         # find_package(Torch), which on a CUDA build of torch wants the CUDA toolkit.

@@ -7,10 +7,10 @@ LOOM_PACKAGES=(build-essential cmake ninja-build pkg-config libtbb-dev libopenmp
   libboost-graph-dev libboost-program-options-dev libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev graphviz clang-format python3 iproute2
   clang libclang-rt-14-dev xz-utils)  # these three: libFuzzer and oneTBB's source for TSan
-# loom_torch (torch/) and its tests: only the test command (LOOM_SETUP_TORCH=1) installs them; the
-# library and the demo never need PyTorch.
+# loom_torch (torch/) and its tests: only the test command (LOOM_SETUP_TORCH=1) needs them; the
+# library and the demo never need PyTorch. torch itself comes from PyPI into .venv (below).
 if [[ ${LOOM_SETUP_TORCH:-0} == 1 ]]; then
-  LOOM_PACKAGES+=(libtorch-dev python3-torch pybind11-dev python3-dev python3-pytest)
+  LOOM_PACKAGES+=(python3-dev python3-venv)
 fi
 
 missing=()
@@ -41,4 +41,23 @@ JOBS=$(nproc)
 loom_configure_and_build() {
   cmake -S . -B "$LOOM_BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@"
   cmake --build "$LOOM_BUILD_DIR" -j "$JOBS"
+}
+
+# The PyTorch user's install, for the torch tests: a virtual environment of the project's own
+# (.venv) with the torch pip installs, then `pip install --no-build-isolation .`, which builds
+# libloom and loom_torch against that torch (pyproject.toml): the one build of loom_torch.
+# Sets LOOM_TORCH_PYTHON, the python whose environment has it. LOOM_TORCH_SPEC picks the torch
+# (default torch==2.13.0, a CPU build).
+loom_install_torch_package() {
+  local venv=${LOOM_VENV:-$PWD/.venv} spec=${LOOM_TORCH_SPEC:-torch==2.13.0}
+  local start=$SECONDS
+  [[ -x $venv/bin/python ]] || python3 -m venv "$venv"
+  if ! "$venv/bin/python" -c "import torch, pytest, numpy, scikit_build_core" 2>/dev/null; then
+    "$venv/bin/pip" install -q --disable-pip-version-check "$spec" pytest numpy \
+      'scikit-build-core>=0.10'
+  fi
+  "$venv/bin/pip" install -q --disable-pip-version-check --no-build-isolation .
+  export LOOM_TORCH_PYTHON=$venv/bin/python
+  echo "loom: loom_torch installed in $venv ($("$LOOM_TORCH_PYTHON" -c \
+    'import torch; print("torch", torch.__version__)'), $((SECONDS - start)) s)"
 }

@@ -865,10 +865,9 @@ std::shared_ptr<Backend> make_mpi_backend(const MpiConfig& config) {
       throw Error(ErrorCode::invalid_argument,
                   where + ": this process is not one of them (only the group's ranks make it)");
     if (config.group_tag < 0 || config.group_tag > runtime.tag_ub())
-      throw Error(ErrorCode::invalid_argument, where + ": group tag " +
-                                                   std::to_string(config.group_tag) +
-                                                   " is outside [0, " +
-                                                   std::to_string(runtime.tag_ub()) + "]");
+      throw Error(ErrorCode::invalid_argument,
+                  where + ": group tag " + std::to_string(config.group_tag) + " is outside [0, " +
+                      std::to_string(runtime.tag_ub()) + "]");
   }
   return std::make_shared<MpiBackend>(config, runtime);
 }

@@ -28,4 +28,12 @@ def world():
 
 @pytest.fixture(scope="session")
 def loom_group(world):
+    """The default group: a torch ProcessGroup whose cpu and cuda backend is loom's."""
     return dist.distributed_c10d._get_default_group()
+
+
+@pytest.fixture(scope="session")
+def loom_backend(loom_group):
+    """The ProcessGroupLoom behind the default group (loom's own methods)."""
+    import loom_torch
+    return loom_torch.backend_of(loom_group)

@@ -3,6 +3,7 @@ and the group stays usable afterwards."""
 import pytest
 import torch
 import torch.distributed as dist
+import loom_torch
 from torch.distributed import ReduceOp
 
 
@@ -25,7 +26,7 @@ def test_tensor_on_another_device_names_it(world, loom_group):
     hook's entry point is called directly."""
     with raises("unsupported", r"allreduce \(DDP bucket\) on rank", "bucket is on meta",
                 "CPU memory"):
-        loom_group.allreduce_bucket(torch.zeros(4, device="meta"))
+        loom_torch.backend_of(loom_group).allreduce_bucket(torch.zeros(4, device="meta"))
 
 
 def test_bitwise_reduce_ops_are_refused(world):
@@ -65,9 +66,14 @@ def test_mismatched_sizes(world):
         dist.all_gather_into_tensor(torch.zeros(4 * n + 1), torch.zeros(4))
     with raises("invalid_argument", "reduce_scatter"):
         dist.reduce_scatter_tensor(torch.zeros(4), torch.zeros(4 * n + 1))
-    with raises("unsupported", "alltoall", "split sizes must be equal"):
+    # Every rank sends everything to rank 0 and expects everything from rank 0: the ranks'
+    # split sizes disagree, which each rank that receives a message of the wrong size names.
+    with raises("mismatch", "alltoall", "expected %d bytes but the message from rank \\d+ with "
+                "tag \\d+ has (more than )?\\d+ bytes" % (16 * n if rank else 0)):
         dist.all_to_all_single(torch.zeros(4 * n), torch.zeros(4 * n), [4 * n] + [0] * (n - 1),
                                [4 * n] + [0] * (n - 1))
+    with raises("invalid_argument", "alltoall", "split sizes add up to 5 rows"):
+        dist.all_to_all_single(torch.zeros(4 * n), torch.zeros(4 * n), [5] + [0] * (n - 1))
     with raises("invalid_argument", "alltoall"):
         dist.all_to_all_single(torch.zeros(4 * n), torch.zeros(4 * n + 1))
 

@@ -11,6 +11,7 @@ import zlib
 import pytest
 import torch
 import torch.distributed as dist
+import loom_torch
 from torch.distributed import ReduceOp
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64,
@@ -235,12 +236,12 @@ def test_barrier_and_async_work(world, loom_group):
     assert torch.equal(t, torch.full((1000,), float(n)))
 
 
-def test_each_collective_goes_through_the_selector(world, loom_group):
+def test_each_collective_goes_through_the_selector(world, loom_backend):
     _, n, _ = world
     dist.all_reduce(torch.ones(1 << 16))
-    assert loom_group.last_algorithm().split(" ")[0] in (
+    assert loom_backend.last_algorithm().split(" ")[0] in (
         "native", "ring", "rd", "rabenseifner", "tree")
-    assert loom_group.backend_name() == "mpi"
+    assert loom_backend.backend_name() == "mpi"
 
 
 def test_loom_allreduce_ranges_choose_the_algorithm(world, monkeypatch):
@@ -249,18 +250,18 @@ def test_loom_allreduce_ranges_choose_the_algorithm(world, monkeypatch):
     ring = dist.new_group(backend="loom")  # the selector reads LOOM_<COLL> when a group is made
     t = data(rank, "ring-override", 1000, torch.float32)
     dist.all_reduce(t, group=ring)
-    assert ring.last_algorithm() == "ring (override)"
+    assert loom_torch.backend_of(ring).last_algorithm() == "ring (override)"
     check(t, reduced([data(r, "ring-override", 1000, torch.float32) for r in range(n)], "sum",
                      torch.float32))
     dist.destroy_process_group(ring)
 
 
-def test_flight_record_holds_every_operation_alike_on_every_rank(world, loom_group):
+def test_flight_record_holds_every_operation_alike_on_every_rank(world, loom_backend):
     """The group writes each operation into loom's flight recorder, as the executor does:
     collectives numbered by collective_seq_id (the same numbers, operations and sizes on every
     rank), point-to-point apart, each completed, with the algorithm the selector chose."""
     rank, n, gloo = world
-    first = json.loads(loom_group.flight_record())["next_collective_seq_id"]
+    first = json.loads(loom_backend.flight_record())["next_collective_seq_id"]
     t = torch.ones(7)
     dist.all_reduce(t)
     dist.broadcast(torch.ones(5, dtype=torch.float64), 0)
@@ -273,7 +274,7 @@ def test_flight_record_holds_every_operation_alike_on_every_rank(world, loom_gro
     works = [dist.isend(torch.ones(4), right), dist.irecv(recv, left)]
     for w in works:
         w.wait()
-    record = json.loads(loom_group.flight_record("test"))
+    record = json.loads(loom_backend.flight_record("test"))
     assert record["rank"] == rank and record["world_size"] == n and record["reason"] == "test"
     assert record["backend"] == "mpi"
     mine = [e for e in record["entries"] if e["collective_seq_id"] >= first]

@@ -1001,15 +1001,17 @@ class ParallelModule(torch.nn.Module):
         def through(name):
             def call(opt, *args, **kwargs):
                 owner = ref()
-                if name == "step" and hasattr(opt, "_step_count"):
-                    opt._step_count += 1  # what an LR scheduler's wrapper of step() counts
+                if name == "step":
+                    opt._opt_called = True  # what an LR scheduler's wrapper of step() records
+                    if hasattr(opt, "_step_count"):
+                        opt._step_count += 1
                 if owner is None or owner.closed:
                     return getattr(cls, name)(opt, *args, **kwargs)
                 return getattr(owner, "optimizer_" + name)(*args, **kwargs)
             if name == "step":
                 # An LR scheduler made before or after parallelize() finds its counter here
                 # (else it warns that step() was overridden, and wraps it once more).
-                call._with_counter = True
+                call._wrapped_by_lr_sched = True
             return types.MethodType(call, optimizer)
         optimizer.step = through("step")
         optimizer.state_dict = through("state_dict")

@@ -69,7 +69,7 @@ class AnySourceRecv final : public Work {
 class AllOf final : public Work {
  public:
   AllOf(std::string description, std::vector<std::unique_ptr<Work>> works)
-      : Work(std::move(description)), _works(std::move(works)) {}
+      : Work(description), _where(std::move(description)), _works(std::move(works)) {}
 
  protected:
   bool poll() override {
@@ -83,7 +83,13 @@ class AllOf final : public Work {
       if (auto error = work->error(); error && !_error) _error = error;
       work.reset();
     }
-    if (done && _error) std::rethrow_exception(_error);
+    if (done && _error) {
+      try {
+        std::rethrow_exception(_error);
+      } catch (const Error& e) {
+        throw Error(e.code(), _where + ": " + e.message());
+      }
+    }
     return done;
   }
   void on_abandon() noexcept override {
@@ -92,6 +98,7 @@ class AllOf final : public Work {
   }
 
  private:
+  std::string _where;
   std::vector<std::unique_ptr<Work>> _works;
   std::exception_ptr _error;
 };
@@ -129,8 +136,8 @@ std::vector<int64_t> rows_per_rank(const std::string& where, const std::string& 
   }
   if (splits.size() != static_cast<std::size_t>(size))
     throw Error(ErrorCode::invalid_argument, where + ": " + std::to_string(splits.size()) + " " +
-                                                 what + " split sizes for " +
-                                                 std::to_string(size) + " ranks");
+                                                 what + " split sizes for " + std::to_string(size) +
+                                                 " ranks");
   int64_t total = 0;
   for (int64_t s : splits) {
     if (s < 0)
@@ -174,9 +181,9 @@ ProcessGroupLoom::ProcessGroupLoom(c10::intrusive_ptr<c10d::Store> store, int ra
       for (int r = 0; r < size; ++r) whole = whole && _global_ranks[r] == r;
     }
     if (whole && job && *job > 0 && *job != size)
-      throw Error(ErrorCode::unsupported,
-                  where + ": the default loom group spans the whole job (" +
-                      std::to_string(*job) + " ranks); make smaller groups with new_group");
+      throw Error(ErrorCode::unsupported, where + ": the default loom group spans the whole job (" +
+                                              std::to_string(*job) +
+                                              " ranks); make smaller groups with new_group");
     subgroup = !whole;
   } else if (size > 1 && !explicit_backend) {
     const bool torchrun = environment::text("TORCHELASTIC_RUN_ID").has_value() ||
@@ -609,8 +616,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall_base(at::Tensor& outpu
                 where + ": input rows hold " + std::to_string(in_width) +
                     " elements but output rows " + std::to_string(out_width));
   if (send.dtype() != recv.dtype())
-    throw Error(ErrorCode::invalid_argument, where + ": input is " + send.describe() +
-                                                 " but output is " + recv.describe());
+    throw Error(ErrorCode::invalid_argument,
+                where + ": input is " + send.describe() + " but output is " + recv.describe());
   std::vector<Transfer> sends, recvs;
   std::size_t in_at = 0, out_at = 0;
   Buffer own_in, own_out;
@@ -643,10 +650,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall(std::vector<at::Tensor
   const std::string where = _backend->where("alltoall");
   const auto ranks = static_cast<std::size_t>(size_);
   if (inputs.size() != ranks || outputs.size() != ranks)
-    throw Error(ErrorCode::invalid_argument,
-                where + ": " + std::to_string(inputs.size()) + " inputs and " +
-                    std::to_string(outputs.size()) + " outputs; expected one of each per rank (" +
-                    std::to_string(size_) + ")");
+    throw Error(ErrorCode::invalid_argument, where + ": " + std::to_string(inputs.size()) +
+                                                 " inputs and " + std::to_string(outputs.size()) +
+                                                 " outputs; expected one of each per rank (" +
+                                                 std::to_string(size_) + ")");
   std::vector<Transfer> sends, recvs;
   std::size_t count = 0;
   DType dtype = DType::uint8;
@@ -699,9 +706,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::gather(
     }
   } else {
     if (!outputs.empty() && !(outputs.size() == 1 && outputs.front().empty()))
-      throw Error(ErrorCode::invalid_argument,
-                  where + ": only the root (rank " + std::to_string(root) +
-                      ") passes output tensors");
+      throw Error(
+          ErrorCode::invalid_argument,
+          where + ": only the root (rank " + std::to_string(root) + ") passes output tensors");
     sends.push_back({send, root});
   }
   return exchange(c10d::OpType::GATHER, "gather", send.dtype(), send.count(), std::move(sends),
@@ -736,9 +743,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::scatter(
     }
   } else {
     if (!inputs.empty() && !(inputs.size() == 1 && inputs.front().empty()))
-      throw Error(ErrorCode::invalid_argument,
-                  where + ": only the root (rank " + std::to_string(root) +
-                      ") passes input tensors");
+      throw Error(ErrorCode::invalid_argument, where + ": only the root (rank " +
+                                                   std::to_string(root) + ") passes input tensors");
     recvs.push_back({recv, root});
   }
   return exchange(c10d::OpType::SCATTER, "scatter", recv.dtype(), recv.count(), std::move(sends),
@@ -748,8 +754,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::scatter(
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
   const std::string where = _backend->where("allreduce_coalesced");
-  if (tensors.empty())
-    throw Error(ErrorCode::invalid_argument, where + ": no tensors to reduce");
+  if (tensors.empty()) throw Error(ErrorCode::invalid_argument, where + ": no tensors to reduce");
   const ReduceOp op = to_loom(opts.reduceOp, where);
   std::vector<Buffer> buffers;
   bool one_dtype = true;
@@ -797,15 +802,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_coalesced(
     const Buffer send = to_buffer(inputs[i], *_backend, where, what);
     const std::vector<at::Tensor>& list = output_lists[i];
     if (list.size() != static_cast<std::size_t>(size_))
-      throw Error(ErrorCode::invalid_argument,
-                  where + ": output list " + std::to_string(i) + " has " +
-                      std::to_string(list.size()) + " tensors; expected one per rank (" +
-                      std::to_string(size_) + ")");
+      throw Error(ErrorCode::invalid_argument, where + ": output list " + std::to_string(i) +
+                                                   " has " + std::to_string(list.size()) +
+                                                   " tensors; expected one per rank (" +
+                                                   std::to_string(size_) + ")");
     for (std::size_t r = 0; r < list.size(); ++r)
       check_like(where, "output " + std::to_string(i) + "." + std::to_string(r),
                  to_buffer(list[r], *_backend, where, "output"), send, what);
-    at::Tensor flat =
-        at::empty({static_cast<int64_t>(send.count()) * size_}, inputs[i].options());
+    at::Tensor flat = at::empty({static_cast<int64_t>(send.count()) * size_}, inputs[i].options());
     all.push_back({Collective::allgather, send, to_buffer(flat, *_backend, where)});
     copies.push_back([list, flat, bytes = send.bytes()] {
       const auto* from = static_cast<const std::byte*>(flat.data_ptr());
@@ -930,10 +934,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_bucket(at::Tensor buc
   const bool half = compression == Compression::float16;
   at::Tensor wire = at::empty({static_cast<int64_t>(buffer.count())},
                               bucket.options().dtype(half ? at::kHalf : at::kBFloat16));
-  // The division by the world size is folded into the cast, as the Bucketer does: each element
-  // is multiplied in float and rounded once (mul_out computes in float, the output's dtype is
-  // the cast). torch's vectorised kernels do both casts, as DDP's fp16_compress_hook does.
-  at::mul_out(wire, bucket, at::Scalar(1.0 / static_cast<double>(size_)));
+  // Cast, then divided by the world size in the 16-bit type: what DDP's fp16_compress_hook does
+  // (buffer.to(float16).div_(world_size)), in torch's vectorised kernels, with no temporary.
+  wire.copy_(bucket);
+  wire.div_(static_cast<double>(size_));
   const Buffer wire_buffer = to_buffer(wire, *_backend, where, "compressed bucket");
   CollectiveArgs args{Collective::allreduce, wire_buffer, wire_buffer, ReduceOp::sum};
   auto decompress = [bucket, wire]() mutable { bucket.copy_(wire); };
