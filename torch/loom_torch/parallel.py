@@ -314,6 +314,43 @@ def _inert_hook():
     return _InertHook()
 
 
+# Reads of the wrapped model that see its weights: each applies the updates still pending from
+# the last optimizer.step() first (the unwrapped model, net.module, an EMA, a metric, a
+# checkpoint all read the updated values). Installed on the model instance, so the per-step
+# path (the wrapped forward, the optimizer) never runs them.
+_FRESH_READS = ("parameters", "named_parameters", "state_dict", "__reduce_ex__")
+
+
+class _FreshRead:
+    """The model's own method `name`, after the engine's pending updates are applied. A copy or
+    a pickle of the model (deepcopy for an EMA, torch.save of the module) is a plain module:
+    __reduce_ex__ leaves these out of the state it hands over."""
+
+    __slots__ = ("engine", "module", "name")
+
+    def __init__(self, engine, module, name):
+        self.engine = weakref.ref(engine)
+        self.module = weakref.ref(module)
+        self.name = name
+
+    def __call__(self, *args, **kwargs):
+        engine, module = self.engine(), self.module()
+        if engine is not None and not engine.closed:
+            engine.before_read()
+        result = getattr(type(module), self.name)(module, *args, **kwargs)
+        if self.name == "__reduce_ex__" and isinstance(result, tuple) and len(result) > 2 \
+                and isinstance(result[2], dict):
+            state = {k: v for k, v in result[2].items() if not isinstance(v, _FreshRead)}
+            result = result[:2] + (state,) + result[3:]
+        return result
+
+    def __reduce__(self):  # only reached through a state this class did not filter
+        return (_inert_hook, ())
+
+    def __deepcopy__(self, memo):
+        return _InertHook()
+
+
 class _Engine:
     """The per-step state machine between autograd, the optimizer and loom's GradientReducer."""
 
@@ -390,6 +427,8 @@ class _Engine:
         self.no_sync_depth = 0
         self.in_backward = False     # a reduced backward began and did not end
         self.awaiting_step = False   # a reduced backward ended, optimizer.step() not yet called
+        self.updates_pending = False  # optimizer.step() left updates to land during the forward
+        self.in_wrapped_forward = False
         self.hyper = None            # the param groups' hyperparameters when backward began
         self.narrow_key = None
         self.narrow = None
@@ -442,7 +481,7 @@ class _Engine:
     def _signature(self):
         # Frozen parameters may move freely (nothing of loom refers to them).
         return [(id(p), p.data_ptr() if p.requires_grad else 0, p.requires_grad)
-                for p in self.module.parameters()]
+                for p in torch.nn.Module.parameters(self.module)]
 
     FULL_CHECK_EVERY = 64
 
@@ -463,7 +502,7 @@ class _Engine:
                 and all(p.data_ptr() == ptr for p, ptr in self.quick)
                 and [entry[0] for entry in now] == [entry[0] for entry in self.signature]):
             return True
-        named = list(self.module.named_parameters())
+        named = list(torch.nn.Module.named_parameters(self.module))
         before = {entry[0]: entry for entry in self.signature}
         for name, p in named:
             old = before.get(id(p))
@@ -885,6 +924,15 @@ class _Engine:
         else:
             self.before_module(indices)
 
+    def before_read(self):
+        """A read of the weights outside the wrapped forward (the unwrapped model's
+        parameters(), state_dict(), forward, a pickle): the pending updates first."""
+        if self.updates_pending and not self.in_backward and not self.in_wrapped_forward:
+            self.synchronize()
+
+    def before_unwrapped_forward(self, module, inputs):
+        self.before_read()
+
     def synchronize(self):
         """Applies every pending update and ends the step's run (raises its failure)."""
         if self.closed:
@@ -913,6 +961,8 @@ class _Engine:
                 self.timeline_waits.append((start, time.monotonic_ns() - self.t0))
             else:
                 self.reducer.finish()
+            if not written:
+                self.updates_pending = False
 
     def optimizer_step(self, closure=None):
         if self.defer_updates:
@@ -939,6 +989,7 @@ class _Engine:
         # What a write through the unwrapped model would overtake: named when it lands.
         for k, done in enumerate(self.applied):
             if not done:
+                self.updates_pending = True
                 for i in self.groups[k]:
                     self.pending_versions[i] = self.params[i]._version
 
@@ -962,6 +1013,9 @@ class _Engine:
         for handle in self.handles:
             handle.remove()
         self.handles, self.accumulators = [], []
+        for name in _FRESH_READS:
+            if isinstance(self.module.__dict__.get(name), _FreshRead):
+                del self.module.__dict__[name]
         self.closed = True
         if getattr(self.optimizer, "_loom_engine", None) is not None:
             self.optimizer._loom_engine = None
@@ -993,6 +1047,10 @@ class ParallelModule(torch.nn.Module):
                          automatic, defer_updates)
         object.__setattr__(self, "_loom", engine)
         optimizer._loom_engine = weakref.ref(engine)  # the wrapper keeps it alive, not this
+        for name in _FRESH_READS:
+            module.__dict__[name] = _FreshRead(engine, module, name)
+        engine.handles.append(module.register_forward_pre_hook(
+            _EngineHook(engine, "before_unwrapped_forward")))
         # Methods of the optimizer itself, so that LR schedulers can wrap and count step(); a
         # closed engine (the model wrapped again) passes them through to the optimizer's own.
         cls = type(optimizer)
@@ -1045,7 +1103,11 @@ class ParallelModule(torch.nn.Module):
         if timed:
             engine.timeline_forward.append(("", engine.root_guard, entered,
                                             time.monotonic_ns() - engine.t0))
-        output = self.module(*inputs, **kwargs)
+        engine.in_wrapped_forward = True
+        try:
+            output = self.module(*inputs, **kwargs)
+        finally:
+            engine.in_wrapped_forward = False
         if timed:
             engine.timeline_forward_end = time.monotonic_ns() - engine.t0
         if reduced:
