@@ -88,12 +88,23 @@ def _create(options, backend_options=None):
 def _exit_after_loom_timeout(previous):
     # After a loom timeout the communicator has a dead or stuck peer: MPI_Finalize at exit could
     # block forever. Print the error as usual, then end the process (non-zero) at once.
-    def hook(kind, value, traceback):
-        previous(kind, value, traceback)
-        if _C.any_broken():
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(1)
+    # torch 2.x's init_process_group installs its own hook around this one, which captures what
+    # it prints to prefix each line with the rank: printed there, it would be lost at os._exit.
+    # So the error goes to the process's real stderr here.
+    def hook(kind, value, tb):
+        if not _C.any_broken():
+            previous(kind, value, tb)
+            return
+        import traceback
+        text = "".join(traceback.format_exception(kind, value, tb))
+        rank = os.environ.get("RANK")
+        if rank is not None:
+            text = "".join("[rank%s]: %s" % (rank, line) for line in text.splitlines(True))
+        sys.stdout.flush()
+        out = sys.__stderr__
+        out.write(text)
+        out.flush()
+        os._exit(1)
     return hook
 
 
