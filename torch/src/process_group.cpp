@@ -117,6 +117,28 @@ void check_like(const std::string& where, const std::string& what, const Buffer&
                                                  " but " + like_what + " is " + like.describe());
 }
 
+// What a rank passes as the root's tensor lists of a gather (`what` "output") or scatter
+// ("input"): on the root, one list of a tensor per rank (returned); elsewhere none (torch gives
+// no list, or one empty list; an empty list is returned).
+std::vector<at::Tensor> root_list(const std::string& where,
+                                  const std::vector<std::vector<at::Tensor>>& lists, int rank,
+                                  int root, int size, const std::string& what) {
+  if (rank != root) {
+    if (!lists.empty() && !(lists.size() == 1 && lists.front().empty()))
+      throw Error(ErrorCode::invalid_argument, where + ": only the root (rank " +
+                                                   std::to_string(root) + ") passes " + what +
+                                                   " tensors");
+    return {};
+  }
+  if (lists.size() != 1 || lists.front().size() != static_cast<std::size_t>(size))
+    throw Error(ErrorCode::invalid_argument,
+                where + ": the root needs one list of " + std::to_string(size) + " " + what +
+                    " tensors (one per rank), got " +
+                    (lists.size() == 1 ? std::to_string(lists.front().size()) + " tensors"
+                                       : std::to_string(lists.size()) + " lists"));
+  return lists.front();
+}
+
 void copy_bytes(const Buffer& to, const Buffer& from) {
   if (from.bytes() > 0) std::memcpy(to.data(), from.data(), from.bytes());
 }
@@ -687,15 +709,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::gather(
   const at::Tensor& input = single(inputs, where, "inputs");
   const Buffer send = to_buffer(input, *_backend, where, "input");
   std::vector<Transfer> sends, recvs;
-  std::vector<at::Tensor> results;
+  std::vector<at::Tensor> results = root_list(where, outputs, rank_, root, size_, "output");
   if (rank_ == root) {
-    if (outputs.size() != 1 || outputs.front().size() != static_cast<std::size_t>(size_))
-      throw Error(ErrorCode::invalid_argument,
-                  where + ": the root needs one list of " + std::to_string(size_) +
-                      " output tensors (one per rank), got " +
-                      (outputs.size() == 1 ? std::to_string(outputs.front().size()) + " tensors"
-                                           : std::to_string(outputs.size()) + " lists"));
-    results = outputs.front();
     for (int r = 0; r < size_; ++r) {
       const Buffer out = to_buffer(results[r], *_backend, where, "output " + std::to_string(r));
       check_like(where, "output " + std::to_string(r), out, send, "the input");
@@ -705,10 +720,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::gather(
         recvs.push_back({out, r});
     }
   } else {
-    if (!outputs.empty() && !(outputs.size() == 1 && outputs.front().empty()))
-      throw Error(
-          ErrorCode::invalid_argument,
-          where + ": only the root (rank " + std::to_string(root) + ") passes output tensors");
     sends.push_back({send, root});
   }
   return exchange(c10d::OpType::GATHER, "gather", send.dtype(), send.count(), std::move(sends),
@@ -724,15 +735,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::scatter(
   const at::Tensor& output = single(outputs, where, "outputs");
   const Buffer recv = to_buffer(output, *_backend, where, "output");
   std::vector<Transfer> sends, recvs;
-  Keep keep;
+  Keep keep = root_list(where, inputs, rank_, root, size_, "input");
   if (rank_ == root) {
-    if (inputs.size() != 1 || inputs.front().size() != static_cast<std::size_t>(size_))
-      throw Error(ErrorCode::invalid_argument,
-                  where + ": the root needs one list of " + std::to_string(size_) +
-                      " input tensors (one per rank), got " +
-                      (inputs.size() == 1 ? std::to_string(inputs.front().size()) + " tensors"
-                                          : std::to_string(inputs.size()) + " lists"));
-    keep = inputs.front();
     for (int r = 0; r < size_; ++r) {
       const Buffer in = to_buffer(keep[r], *_backend, where, "input " + std::to_string(r));
       check_like(where, "input " + std::to_string(r), in, recv, "the output");
@@ -742,9 +746,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::scatter(
         sends.push_back({in, r});
     }
   } else {
-    if (!inputs.empty() && !(inputs.size() == 1 && inputs.front().empty()))
-      throw Error(ErrorCode::invalid_argument, where + ": only the root (rank " +
-                                                   std::to_string(root) + ") passes input tensors");
     recvs.push_back({recv, root});
   }
   return exchange(c10d::OpType::SCATTER, "scatter", recv.dtype(), recv.count(), std::move(sends),
