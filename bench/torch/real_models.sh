@@ -9,10 +9,18 @@
 # period measured over the same steps (MODES may add parallelize-auto: bucket_cap_mb="auto"),
 # and every row the host's interrupt and softirq time per step ("irq ms", all CPUs: where the
 # kernel moves loopback TCP through the shaper, work a NIC would do that takes the ranks' cores).
+# MODES may also name parallelize-default (parallelize() with its default plan) and
+# ddp-gloo-optim-bwd (DDP on Gloo with torch's optimizer in backward); OPTIMIZER (sgd, adamw),
+# CLIP (clip_grad_norm_'s max norm, 0: none; parallelize rows then defer their updates, named
+# "+defer") and SERIES (N: warm up N steps per mode, each recorded) pass on to real_models.py.
 #   bench/torch/real_models.sh [RATE] [BUILD_DIR]
 #   MODELS="transformer convnet" NP=3 COMPRESSION=float16 bench/torch/real_models.sh 10gbit
-# Set-up: python3-torch (scripts/setup.sh) and, for resnet18/mobilenet_v2, python3-torchvision,
-# installed here when missing (the library and the tests never need it). RATE needs root.
+#   MODELS=mlp MODES=ddp-gloo,parallelize-default OPTIMIZER=adamw CLIP=1 SERIES=25 \
+#     bench/torch/real_models.sh shm
+# Set-up: PYTHON (default: the project's venv, $root/.venv/bin/python, else python3) with torch
+# and, for resnet18/mobilenet_v2, torchvision, which the project's venv lacks: install
+# torch==2.14.1 and torchvision==0.29.1 into a separate venv and name its python in PYTHON.
+# RATE needs root.
 # Every rank runs with glibc's malloc told to keep freed memory (MALLOC_TRIM_THRESHOLD_ and
 # MALLOC_MMAP_THRESHOLD_ 1 GiB; MALLOC=default leaves glibc's defaults): with its defaults a
 # torch process, depending on what it allocated before, hands its activations' pages back to the
@@ -36,7 +44,18 @@ modes=${MODES:-local,ddp-gloo,ddp-loom,parallelize}
 steps=${STEPS:-8}
 discard=${DISCARD:-1}
 rounds=${ROUNDS:-3}
-python=${PYTHON:-/usr/bin/python3}
+optimizer=${OPTIMIZER:-sgd}
+clip=${CLIP:-0}
+series=${SERIES:-none}
+series_flag=()
+[[ $series == none ]] || series_flag=(--series "$series")
+if [[ -n ${PYTHON:-} ]]; then
+  python=$PYTHON
+elif [[ -x $root/.venv/bin/python ]]; then
+  python=$root/.venv/bin/python
+else
+  python=python3
+fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 malloc=()
 if [[ ${MALLOC:-keep} != default ]]; then
@@ -53,6 +72,7 @@ if [[ ${1:-} == --inner ]]; then
         ${malloc[@]+"${malloc[@]}"} "$python" \
         "$root/bench/torch/real_models.py" --model "$model" --modes "$modes" \
         --compression "$compression" --steps "$steps" --rounds "$rounds" --discard "$discard" \
+        --optimizer "$optimizer" --clip "$clip" ${series_flag[@]+"${series_flag[@]}"} \
         --json "$out/$model.np$n.json" >"$out/$model.np$n.txt" 2>&1 ||
         { cat "$out/$model.np$n.txt" >&2; exit 1; }
     done
@@ -62,8 +82,12 @@ fi
 
 if [[ " $models " =~ " resnet18 " || " $models " =~ " mobilenet_v2 " ]] &&
   ! "$python" -c "import torchvision" 2>/dev/null; then
-  echo "real_models: installing python3-torchvision (the benchmark's set-up only)"
-  apt-get install -y -qq python3-torchvision >/dev/null
+  echo "real_models: resnet18 and mobilenet_v2 need torchvision, which $python lacks:" \
+    "install it into a separate venv (python3 -m venv /path/tv &&" \
+    "/path/tv/bin/pip install torch==2.14.1 torchvision==0.29.1) and run with" \
+    "PYTHON=/path/tv/bin/python, or leave them out of MODELS" \
+    "(e.g. MODELS=\"transformer convnet mlp\")" >&2
+  exit 1
 fi
 mkdir -p "$out"
 load=$(cut -d' ' -f1 /proc/loadavg)
@@ -76,18 +100,20 @@ else
   "$root/bench/netem.sh" "$rate" -- "$0" --inner "$rate" "$build" "$out"
 fi
 "$python" - "$out" "$np" "$rate" "$compression" "$load" "$(cut -d' ' -f1 /proc/loadavg)" \
-  $models <<'PY'
+  "$optimizer" "$clip" "$series" $models <<'PY'
 import json, sys
-out, np, rate, compression, load0, load1 = sys.argv[1:7]
+out, np, rate, compression, load0, load1, optimizer, clip, series = sys.argv[1:10]
 import os
-print("# real_models: %s ranks, %s, compression %s; load average %s -> %s; malloc %s" %
-      (np, rate, compression, load0, load1,
+import statistics
+print("# real_models: %s ranks, %s, compression %s, optimizer %s, clip %s, series %s; "
+      "load average %s -> %s; malloc %s" %
+      (np, rate, compression, optimizer, clip, series, load0, load1,
        "trim/mmap thresholds %s/%s" % (os.environ.get("MALLOC_TRIM_THRESHOLD_", "-"),
                                        os.environ.get("MALLOC_MMAP_THRESHOLD_", "-"))
        if "MALLOC_TRIM_THRESHOLD_" in os.environ or "MALLOC_MMAP_THRESHOLD_" in os.environ
        else "glibc's defaults"))
 runs = [(model, json.load(open("%s/%s.np%s.json" % (out, model, np))),
-         json.load(open("%s/%s.np1.json" % (out, model)))) for model in sys.argv[7:]]
+         json.load(open("%s/%s.np1.json" % (out, model)))) for model in sys.argv[10:]]
 # The mode column fits plan-carrying names ("parallelize:cap=2:first=0.25").
 mode_column = "%%-%ds" % max([16] + [len(m) for _, many, _ in runs for m in many["modes"]])
 print(("%-12s " + mode_column + " %10s %9s %9s %10s %10s %9s %9s %7s %10s %10s %7s") %
@@ -112,5 +138,18 @@ for model, many, one in runs:
         print(("%-12s " + mode_column + " %10.1f %9s %9s %10.1f %10.1f %9.3f %s %s %s") %
               (model, mode, r["step_ms"], "%.3f" % (r["step_ms"] / ddp) if ddp else "-", rounds,
                alone, many["wire_ms"], r["step_ms"] / bound, bound_n, irq, predicted))
+# The automatic plans' decisions and the warm-up series (--series), at NP ranks.
+for model, many, one in runs:
+    for mode, r in many["modes"].items():
+        notes = []
+        if "decided_at_step" in r:
+            notes.append("plan decided at step %s" % r["decided_at_step"])
+        series = r.get("series_ms")
+        if series:
+            notes.append("series median ms " + ", ".join(
+                "%d-%d %.1f" % (a, min(b, len(series)), statistics.median(series[a - 1:b]))
+                for a, b in ((1, 5), (6, 20), (21, len(series))) if a <= len(series)))
+        if notes:
+            print(("%-12s " + mode_column + " %s") % (model, mode, "; ".join(notes)))
 PY
 echo "(files in $out)"

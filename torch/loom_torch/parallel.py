@@ -59,10 +59,11 @@ _COMPRESSIONS = {None: "none", "none": "none", "float16": "float16", "fp16": "fl
                  "bfloat16": "bfloat16", "bf16": "bfloat16"}
 
 
-def parallelize(model, optimizer, process_group=None, bucket_cap_mb=25, compression=None,
+def parallelize(model, optimizer, process_group=None, bucket_cap_mb=None, compression=None,
                 find_unused_parameters=False, first_bucket_mb=1, partition_large=None,
                 collectives_in_flight=0, overlap_forward=True, broadcast_buffers=True,
-                rebuild_buckets=True, profile=None, priority="forward", defer_updates=False):
+                rebuild_buckets=True, profile=None, priority="forward", defer_updates=False,
+                gradient_as_bucket_view=True):
     """Wraps `model` and `optimizer` for data-parallel training on a loom process group.
 
     Returns (net, optimizer): net is a module wrapping `model` (as DDP's, its state_dict keys
@@ -100,6 +101,10 @@ def parallelize(model, optimizer, process_group=None, bucket_cap_mb=25, compress
     loom's buckets and order, but no update overlaps it and the next forward waits for nothing.
     (False: each bucket's update is applied as it lands; those uses are named errors.)
     """
+    if bucket_cap_mb is None:
+        # The default: loom plans the buckets itself, unless defer_updates asks for DDP's
+        # semantics (the plan's search models updates that overlap the communication).
+        bucket_cap_mb = 25 if defer_updates or profile is False else "auto"
     automatic = isinstance(bucket_cap_mb, str)
     if automatic:
         if bucket_cap_mb != "auto":
@@ -151,7 +156,7 @@ def parallelize(model, optimizer, process_group=None, bucket_cap_mb=25, compress
         priority=priority, wire_ratio=1.0),
         overlap_forward=overlap_forward, broadcast_buffers=broadcast_buffers,
         rebuild_buckets=rebuild_buckets, profile=profile, automatic=automatic,
-        defer_updates=bool(defer_updates))
+        defer_updates=bool(defer_updates), gradient_as_bucket_view=bool(gradient_as_bucket_view))
     _WRAPPED[model] = weakref.ref(net._loom)
     return net, optimizer
 
@@ -318,7 +323,9 @@ def _inert_hook():
 # the last optimizer.step() first (the unwrapped model, net.module, an EMA, a metric, a
 # checkpoint all read the updated values). Installed on the model instance, so the per-step
 # path (the wrapped forward, the optimizer) never runs them.
-_FRESH_READS = ("parameters", "named_parameters", "state_dict", "__reduce_ex__")
+# zero_grad(set_to_none=True) only drops each .grad: it reads no weight, and runs in every
+# step's loop (model.zero_grad()), so it never waits for the pending updates.
+_FRESH_READS = ("parameters", "named_parameters", "state_dict", "__reduce_ex__", "zero_grad")
 
 
 class _FreshRead:
@@ -335,6 +342,10 @@ class _FreshRead:
 
     def __call__(self, *args, **kwargs):
         engine, module = self.engine(), self.module()
+        if self.name == "zero_grad" and (args[0] if args else kwargs.get("set_to_none", True)):
+            for p in torch.nn.Module.parameters(module):
+                p.grad = None  # (Module.zero_grad's own set_to_none path)
+            return None
         if engine is not None and not engine.closed:
             engine.before_read()
         result = getattr(type(module), self.name)(module, *args, **kwargs)
@@ -369,7 +380,7 @@ class _Engine:
     AUTO_TRIAL_ROUNDS = 5
 
     def __init__(self, module, optimizer, group, plan, overlap_forward, rebuild_buckets, profile,
-                 automatic=False, defer_updates=False):
+                 automatic=False, defer_updates=False, gradient_as_bucket_view=True):
         self.module = module
         self.optimizer = optimizer
         self.group = group
@@ -399,6 +410,16 @@ class _Engine:
             plan["bucket_cap_mb"], plan["first_bucket_mb"], plan["partition_large"],
             plan["collectives_in_flight"], plan["compression"], plan["track_usage"], profile,
             plan["priority"])
+        # gradient_as_bucket_view (DDP's): each .grad is its parameter's slot in loom's bucket
+        # memory once handed over (autograd then accumulates into the bucket itself), not a
+        # tensor beside it; a parameter whose memory is not contiguous keeps its own .grad (the
+        # slot is contiguous, and .grad's layout follows the parameter's).
+        self.as_bucket_view = [gradient_as_bucket_view and p.is_contiguous() for p in self.params]
+        # join(divide_by_initial_world_size=False): world / ranks training, for the step in
+        # progress (its updates may land in the next forward) and for the next one.
+        self.grad_scale = self.next_scale = 1.0
+        self.joining = None          # the options of the join() in force
+        self.last_active = None      # join(): which ranks trained in the last step
         self._layout()
         # The step's timeline for the simulator (net.predict(), bucket_cap_mb="auto"): what
         # this thread did, in ns since the step's begin(); kept only while profiling.
@@ -477,6 +498,14 @@ class _Engine:
         self.views = [self.reducer.gradient(i) for i in range(len(self.params))]
         self.applied = [True] * len(self.groups)
         self.narrow_key = None
+
+    def _release_views(self):
+        """Before the buckets are rebuilt (their memory freed): a .grad that is a bucket slot
+        becomes a tensor of its own, with the same values."""
+        for i, p in enumerate(self.params):
+            grad = p.grad
+            if grad is not None and grad is self.views[i]:
+                p.grad = grad.clone()
 
     def _signature(self):
         # Frozen parameters may move freely (nothing of loom refers to them).
@@ -578,7 +607,7 @@ class _Engine:
                     break
             target[:] = sorted(set(target) | set(mine))
 
-    def _begin_backward(self):
+    def _begin_backward(self, shadow=False):
         if self.learning:
             self._learn_guards()
         self._refuse_second_backward()
@@ -596,6 +625,7 @@ class _Engine:
                       for g in self.optimizer.param_groups]
         self.step_narrow = self._narrowed()
         self.step_orphans = self.orphan_groups
+        self.grad_scale = self.next_scale
         self.pending_versions = {}
         self.seen = [None] * len(self.params)  # this step's gradients only
         if self.profiling:
@@ -607,7 +637,8 @@ class _Engine:
         self.steps_since_plan += 1
         self.applied = [False] * len(self.groups)
         self.in_backward = True
-        Variable._execution_engine.queue_callback(self._end_backward)
+        if not shadow:
+            Variable._execution_engine.queue_callback(self._end_backward)
 
     def _record_step(self, now):
         # The step that just finished, up to now (the next begin()), for the simulator.
@@ -632,6 +663,7 @@ class _Engine:
         # steps and shares its shortlist, which then runs one step per plan in turn.
         self.automatic = False
         self.last_period = None
+        self._release_views()
         chosen = self.reducer.shortlist_plans(self.AUTO_SHORTLIST, self.AUTO_TRIAL_ROUNDS)
         if chosen is not None:  # no plan predicted faster than the running one: nothing to time
             self._decided(chosen)
@@ -639,6 +671,7 @@ class _Engine:
     def _time_plans(self):
         # Collective: every rank records the period it measured (rank 0's decide) and moves to
         # the next trial plan, or to the fastest once every plan ran its rounds.
+        self._release_views()
         chosen = self.reducer.trial_step(self.last_period)
         self.last_period = None
         if chosen is None:
@@ -664,6 +697,7 @@ class _Engine:
         self.rebuild_pending = False
         agreed = self.reducer.agreed(order)
         p = self.plan
+        self._release_views()
         self.reducer.replan(p["bucket_cap_mb"], p["first_bucket_mb"], p["partition_large"],
                             p["collectives_in_flight"], p["compression"], p["track_usage"],
                             agreed, [], p["priority"], p["wire_ratio"])
@@ -691,7 +725,10 @@ class _Engine:
         return names + (" and %d more" % (len(indices) - 5) if len(indices) > 5 else "")
 
     def _hand_over(self, i, grad, used=True):
-        self.reducer.ready(i, grad, used=used)
+        self.reducer.ready(i, grad, used=used)  # (in place when .grad is the slot already)
+        if self.as_bucket_view[i] and grad is not self.views[i]:
+            grad = self.views[i]
+            self.params[i].grad = grad  # autograd's tensor is freed: one copy of the gradients
         self.seen[i] = weakref.ref(grad)
         self.seen_version[i] = grad._version
 
@@ -729,12 +766,63 @@ class _Engine:
             for k in range(len(self.groups)):
                 self.reducer.wait_update(k)
                 try:
+                    self._scale_landed(k)
                     self._copy_average(k)
                 finally:
                     self.applied[k] = True
                     self.reducer.updated(k)
         finally:
             self.reducer.finish()
+
+    def _scale_landed(self, k):
+        # join(divide_by_initial_world_size=False): the sum over the ranks still training, not
+        # over every rank (the reducer divides by the world size).
+        if self.grad_scale == 1.0:
+            return
+        for i in self.groups[k]:
+            self.views[i].mul_(self.grad_scale)
+            if self.params[i].grad is self.views[i]:
+                self.seen_version[i] = self.views[i]._version
+
+    # -- join(): uneven inputs --------------------------------------------------------------------
+    def join_round(self, training, broadcast):
+        """Collective on the group, once per reduced step while join() is in force: which ranks
+        still train (a rank that ran out of inputs says 0) and whether they broadcast the
+        buffers in this forward. Returns the ranks still training."""
+        flags = torch.zeros(self.world + 1, dtype=torch.int64)
+        if training:
+            flags[self.rank] = 1
+            flags[self.world] = int(broadcast)
+        dist.all_reduce(flags, group=self.group)
+        mask = flags.tolist()
+        training_ranks = [r for r in range(self.world) if mask[r]]
+        options = self.joining
+        if training_ranks:
+            self.last_active = training_ranks
+            if options["throw"] and len(training_ranks) < self.world:
+                done = [r for r in range(self.world) if not mask[r]]
+                raise RuntimeError(
+                    "loom_torch.parallelize: rank(s) %s ran out of inputs while rank(s) %s still "
+                    "train (join(throw_on_early_termination=True) raises on every rank; this is "
+                    "rank %d)" % (", ".join(map(str, done)), ", ".join(map(str, training_ranks)),
+                                  self.rank))
+            self.next_scale = (1.0 if options["divide"] else
+                               float(self.world) / len(training_ranks))
+        return training_ranks, mask[self.world] > 0
+
+    def shadow_step(self):
+        """join(): this rank ran out of inputs, its peers still train: it takes part in their
+        step as a backward with no gradient (zeros, as DDP's joined ranks), and applies the same
+        averaged update to its own parameters, so it stays with them."""
+        self._begin_backward(shadow=True)
+        for i in range(len(self.params)):
+            self.reducer.mark_unused(i)
+        self.reducer.backward_done()
+        self.in_backward = False
+        self.awaiting_step = False
+        self.synchronize()
+        if self.defer_updates:  # the averages are in .grad: the step the peers take
+            self.step_function(self.optimizer)
 
     def _copy_average(self, k, missing_only=False):
         # Group k's averages into .grad (only where there is none: missing_only).
@@ -744,8 +832,8 @@ class _Engine:
                 continue  # as DDP: its .grad is left as it was
             p = self.params[i]
             if p.grad is None:
-                p.grad = self.views[i].clone()
-            elif not missing_only:
+                p.grad = self.views[i] if self.as_bucket_view[i] else self.views[i].clone()
+            elif not missing_only and p.grad is not self.views[i]:
                 p.grad.copy_(self.views[i])
 
     # -- updates --------------------------------------------------------------------------------
@@ -856,6 +944,7 @@ class _Engine:
             for i in self.groups[k]:
                 pending.pop(i, None)
         self.applied[k] = True
+        self._scale_landed(k)
         swapped = []
         track = self.plan["track_usage"]
         for i in self.groups[k]:
@@ -866,8 +955,9 @@ class _Engine:
             seen = self.seen[i]
             if (grad is not None and seen is not None and seen() is grad
                     and grad._version == self.seen_version[i]):
-                grad.copy_(self.views[i])  # .grad holds the average, as with DDP
-                self.seen_version[i] = grad._version
+                if grad is not self.views[i]:
+                    grad.copy_(self.views[i])  # .grad holds the average, as with DDP
+                    self.seen_version[i] = grad._version
             else:
                 # zero_grad() or the user replaced .grad since backward: the average is lent
                 # for the update only.
@@ -993,6 +1083,13 @@ class _Engine:
                 for i in self.groups[k]:
                     self.pending_versions[i] = self.params[i]._version
 
+    def optimizer_zero_grad(self, set_to_none=True):
+        # A .grad that is a bucket slot holds an average whose update may still be pending:
+        # zeroing it in place first applies what is pending (set_to_none only drops .grad).
+        if not set_to_none:
+            self.before_read()
+        return type(self.optimizer).zero_grad(self.optimizer, set_to_none)
+
     def optimizer_state_dict(self):
         self.synchronize()
         return type(self.optimizer).state_dict(self.optimizer)
@@ -1010,6 +1107,7 @@ class _Engine:
                                "backward and optimizer.step() of its previous wrapper; wrap it "
                                "again after step()")
         self.synchronize()
+        self._release_views()  # (the reducer's memory is not the model's any more)
         for handle in self.handles:
             handle.remove()
         self.handles, self.accumulators = [], []
@@ -1027,7 +1125,7 @@ class ParallelModule(torch.nn.Module):
 
     def __init__(self, module, optimizer, group, plan, overlap_forward=True,
                  broadcast_buffers=True, rebuild_buckets=True, profile=None, automatic=False,
-                 defer_updates=False):
+                 defer_updates=False, gradient_as_bucket_view=True):
         super().__init__()
         self.module = module
         self.process_group = group
@@ -1044,7 +1142,7 @@ class ParallelModule(torch.nn.Module):
         if state and dist.get_world_size(group) > 1:
             dist._broadcast_coalesced(group, state, 250 * 1024 * 1024, 0)
         engine = _Engine(module, optimizer, group, plan, overlap_forward, rebuild_buckets, profile,
-                         automatic, defer_updates)
+                         automatic, defer_updates, gradient_as_bucket_view)
         object.__setattr__(self, "_loom", engine)
         optimizer._loom_engine = weakref.ref(engine)  # the wrapper keeps it alive, not this
         for name in _FRESH_READS:
@@ -1073,6 +1171,7 @@ class ParallelModule(torch.nn.Module):
             return types.MethodType(call, optimizer)
         optimizer.step = through("step")
         optimizer.state_dict = through("state_dict")
+        optimizer.zero_grad = through("zero_grad")
         optimizer.load_state_dict = through("load_state_dict")
 
     def forward(self, *inputs, **kwargs):
@@ -1086,15 +1185,20 @@ class ParallelModule(torch.nn.Module):
             entered = time.monotonic_ns() - engine.t0
             engine.timeline_forward = []
         frozen = engine.check_registration()
-        if (self.broadcast_buffers and engine.world > 1 and engine.buffers
-                and engine.forward_param_sync):
-            # On the group's communicator, apart from the reducer's; as DDP, only after a
-            # grad-enabled reduced forward (so evaluation loops may differ in length by rank).
-            dist._broadcast_coalesced(self.process_group, engine.buffers, 250 * 1024 * 1024, 0)
         # Every trained parameter frozen for this forward (a GAN's generator step through the
         # discriminator): its backward is none of this model's business. A forward under no_grad
         # or no_sync does not cancel an earlier reduced forward's backward (as DDP).
         reduced = engine.no_sync_depth == 0 and not frozen and torch.is_grad_enabled()
+        broadcast = (self.broadcast_buffers and engine.world > 1 and bool(engine.buffers)
+                     and engine.forward_param_sync)
+        source = 0
+        if engine.joining is not None and reduced and engine.world > 1:
+            # join(): the ranks that ran out of inputs hear of this step and take part in it.
+            source = engine.join_round(True, broadcast)[0][-1]
+        if broadcast:
+            # On the group's communicator, apart from the reducer's; as DDP, only after a
+            # grad-enabled reduced forward (so evaluation loops may differ in length by rank).
+            self._broadcast_buffers(source)
         engine.forward_param_sync = reduced
         if reduced:
             engine.expect_backward = True
@@ -1116,6 +1220,53 @@ class ParallelModule(torch.nn.Module):
                 first.register_hook(engine.on_output_gradient)
         return output
 
+    def _broadcast_buffers(self, source):
+        dist._broadcast_coalesced(self.process_group, self._loom.buffers, 250 * 1024 * 1024,
+                                  source)
+
+    @contextlib.contextmanager
+    def join(self, divide_by_initial_world_size=True, enable=True,
+             throw_on_early_termination=False):
+        """Uneven inputs, as DDP's join(): run the training loop inside `with net.join():`.
+        A rank whose loop ends first takes part in its peers' remaining steps as a rank with
+        zero gradients (averages over the initial world size; divide_by_initial_world_size=False:
+        over the ranks still training) and applies the same updates; when every rank's loop
+        ended, the parameters and buffers of the last rank to train are broadcast to all.
+        throw_on_early_termination=True: every rank raises instead, at the step where the
+        first rank ran out. Costs one small allreduce per step while in force. Each reduced
+        forward inside must be followed by its backward and optimizer.step(), as without it."""
+        engine = self._loom
+        if not enable or engine.world == 1:
+            yield
+            return
+        if engine.joining is not None:
+            raise RuntimeError("loom_torch.parallelize: join() is already in force for this "
+                               "model (one join() at a time)")
+        engine.joining = {"divide": bool(divide_by_initial_world_size),
+                          "throw": bool(throw_on_early_termination)}
+        engine.last_active = list(range(engine.world))
+        try:
+            yield
+            # This rank's inputs ended: shadow the peers' steps until every rank's ended.
+            engine.synchronize()
+            while True:
+                training, broadcast = engine.join_round(False, False)
+                if not training:
+                    break
+                if broadcast:  # from the highest rank still training, as DDP's join
+                    self._broadcast_buffers(training[-1])
+                engine.shadow_step()
+            # The last rank(s) to train hold the model every rank keeps (as DDP's join); with
+            # the same hyperparameters everywhere it is what every rank computed already.
+            engine.synchronize()
+            state = [t.detach() for t in self.module.state_dict(keep_vars=True).values()
+                     if isinstance(t, torch.Tensor) and t.numel() > 0]
+            dist._broadcast_coalesced(self.process_group, state, 250 * 1024 * 1024,
+                                      engine.last_active[-1])
+        finally:
+            engine.joining = None
+            engine.next_scale = 1.0
+
     @contextlib.contextmanager
     def no_sync(self):
         """Backward passes of forwards run inside accumulate their gradients locally (no
@@ -1129,6 +1280,13 @@ class ParallelModule(torch.nn.Module):
     def synchronize(self):
         """Applies every update still pending (the tail of the last step's communication)."""
         self._loom.synchronize()
+
+    def zero_grad(self, set_to_none=True):
+        """As Module.zero_grad; zeroing in place (set_to_none=False) first applies the updates
+        still pending (their averages are the gradients' memory)."""
+        if not set_to_none:
+            self._loom.before_read()
+        return super().zero_grad(set_to_none)
 
     def state_dict(self, *args, **kwargs):
         self._loom.synchronize()
@@ -1178,6 +1336,7 @@ class ParallelModule(torch.nn.Module):
         order = engine.reducer.observed_ready_order()
         if order:  # rank 0's, so that every rank builds the same buckets
             order = engine.reducer.agreed(order)
+        engine._release_views()
         engine.reducer.replan(p["bucket_cap_mb"], p["first_bucket_mb"], p["partition_large"],
                               p["collectives_in_flight"], p["compression"], p["track_usage"],
                               order, list(issue_order), p["priority"], p["wire_ratio"])
