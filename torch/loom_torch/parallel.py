@@ -70,7 +70,8 @@ def parallelize(model, optimizer, process_group=None, bucket_cap_mb=None, compre
     start with "module."); optimizer is the same object, its step() taken over.
 
     process_group: a "loom" group (default: the default group). bucket_cap_mb / first_bucket_mb:
-    DDP's bucket caps. bucket_cap_mb="auto": loom plans the buckets itself: the first steps run
+    DDP's bucket caps; bucket_cap_mb=None (the default) is "auto", or DDP's 25 MiB with
+    defer_updates=True or profile=False. bucket_cap_mb="auto": loom plans the buckets itself: the first steps run
     with DDP's 25 MiB (rebuilt in the observed order after the first step), profiled; after
     three profiled steps the step simulator predicts every candidate plan from them (bucket cap
     1 to 50 MiB x first bucket x partitioning x collectives in flight 0 to 3 x priority) on a
@@ -100,6 +101,10 @@ def parallelize(model, optimizer, process_group=None, bucket_cap_mb=None, compre
     the discriminator) then work as with DDP; the communication still overlaps backward in
     loom's buckets and order, but no update overlaps it and the next forward waits for nothing.
     (False: each bucket's update is applied as it lands; those uses are named errors.)
+    gradient_as_bucket_view: as DDP's: once handed over, each .grad is the parameter's slot in
+    loom's bucket memory (one copy of the gradients, and no copy of the average back into .grad);
+    False: .grad stays the tensor autograd made, the average copied into it.
+    Uneven inputs: `with net.join():` around the loop (DDP's join(); ParallelModule.join).
     """
     if bucket_cap_mb is None:
         # The default: loom plans the buckets itself, unless defer_updates asks for DDP's
