@@ -49,11 +49,12 @@ class Trainer:
         self.tensors = sum(1 for _ in net.parameters())
         self.bytes = sum(p.numel() * p.element_size() for p in net.parameters())
         optimizer = lambda params: torch.optim.SGD(params, lr=0.01, momentum=0.9)  # noqa: E731
-        if mode == "parallelize":
+        if mode in ("parallelize", "parallelize-default"):
             import loom_torch
+            # parallelize-default: no plan given (loom's automatic plan, the default).
+            plan = {} if mode == "parallelize-default" else {"bucket_cap_mb": args.bucket_cap_mb}
             self.net, self.opt = loom_torch.parallelize(
-                net, optimizer(net.parameters()), process_group=groups["loom"],
-                bucket_cap_mb=args.bucket_cap_mb)
+                net, optimizer(net.parameters()), process_group=groups["loom"], **plan)
         else:
             group = groups["gloo" if mode == "ddp-gloo" else "loom"]
             self.net = DDP(net, process_group=group, bucket_cap_mb=args.bucket_cap_mb)
@@ -77,7 +78,7 @@ class Trainer:
 
     def quiesce(self):
         """What parallelize still has in flight lands now, untimed, not under the next mode."""
-        if self.mode == "parallelize":
+        if self.mode.startswith("parallelize"):
             self.net.synchronize()
 
 
@@ -103,6 +104,10 @@ def main():
     trainers = [Trainer(mode, args, rank, groups) for mode in args.modes.split(",")]
     for t in trainers:
         for _ in range(args.warmups):
+            dist.barrier(group=sync)
+            t.step()
+        # The default's automatic plan: timed once it decided (the same step on every rank).
+        while t.mode == "parallelize-default" and t.net.automatic_plan is None:
             dist.barrier(group=sync)
             t.step()
         t.times.clear()

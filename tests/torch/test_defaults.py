@@ -175,3 +175,24 @@ def test_join_is_refused_inside_itself(world):
         with pytest.raises(RuntimeError, match="join\\(\\) is already in force"):
             with net.join():
                 pass
+
+
+def test_a_wrapper_dropped_right_after_step_leaves_the_model_its_last_updates(world):
+    import gc
+    rank, n, gloo = world
+    ddp_model = ddp_run("mlp", "sgd", rank, 6, gloo)
+
+    def train():  # returns the model only: the wrapper goes with the function's frame
+        model, kind = fresh("mlp")
+        net, opt = loom_torch.parallelize(model, OPTIMIZERS["sgd"](model.parameters()))
+        for step in range(6):
+            x, y = data(kind, rank, step)
+            opt.zero_grad()
+            loss_of(kind, net(x), y).backward()
+            opt.step()
+        return model
+
+    model = train()
+    gc.collect()
+    assert_like_ddp(model, ddp_model, gloo, n)  # (the read applies what was pending)
+    assert "_loom_pending_updates" not in model.__dict__

@@ -55,6 +55,9 @@ from ._groups import backend_of
 
 __all__ = ["parallelize", "ParallelModule"]
 
+# Loom's bookkeeping runs eagerly under torch.compile (a graph break), never traced.
+_eager = torch.compiler.disable if hasattr(torch, "compiler") else (lambda f: f)
+
 _COMPRESSIONS = {None: "none", "none": "none", "float16": "float16", "fp16": "float16",
                  "bfloat16": "bfloat16", "bf16": "bfloat16"}
 
@@ -184,6 +187,10 @@ def _local_problem(model):
             return ("parallelize: parameter '%s' is %s; only floating-point parameters are "
                     "trained" % (name, p.dtype))
     for mname, m in model.named_modules():
+        if isinstance(m, torch.nn.SyncBatchNorm):
+            return ("parallelize: module '%s' is SyncBatchNorm, which torch runs on GPU only (its "
+                    "forward on CPU raises; DDP refuses it on CPU too); use nn.BatchNorm1d/2d/3d on CPU"
+                    % mname)
         if (isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse
                 and m.weight.requires_grad):
             return ("parallelize: module '%s' is %s(sparse=True), whose gradients are sparse; "
@@ -300,6 +307,7 @@ class _EngineHook:
         self.method = method
         self.args = args
 
+    @_eager
     def __call__(self, *call_args):
         engine = self.engine()
         if engine is not None and not engine.closed:
@@ -333,6 +341,10 @@ def _inert_hook():
 _FRESH_READS = ("parameters", "named_parameters", "state_dict", "__reduce_ex__", "zero_grad")
 
 
+# The model's attribute that keeps an engine with pending updates alive (left out of pickles).
+_PENDING = "_loom_pending_updates"
+
+
 class _FreshRead:
     """The model's own method `name`, after the engine's pending updates are applied. A copy or
     a pickle of the model (deepcopy for an EMA, torch.save of the module) is a plain module:
@@ -345,6 +357,7 @@ class _FreshRead:
         self.module = weakref.ref(module)
         self.name = name
 
+    @_eager
     def __call__(self, *args, **kwargs):
         engine, module = self.engine(), self.module()
         if self.name == "zero_grad" and (args[0] if args else kwargs.get("set_to_none", True)):
@@ -356,9 +369,17 @@ class _FreshRead:
         result = getattr(type(module), self.name)(module, *args, **kwargs)
         if self.name == "__reduce_ex__" and isinstance(result, tuple) and len(result) > 2 \
                 and isinstance(result[2], dict):
-            state = {k: v for k, v in result[2].items() if not isinstance(v, _FreshRead)}
+            state = {k: v for k, v in result[2].items()
+                     if not isinstance(v, _FreshRead) and k != _PENDING}
             result = result[:2] + (state,) + result[3:]
         return result
+
+    @property
+    def __func__(self):
+        # What a bound method has: the function it calls (torch.compile checks that the
+        # module's named_parameters is nn.Module's own, to trace the module as usual).
+        module = self.module()
+        return getattr(type(module), self.name) if module is not None else None
 
     def __reduce__(self):  # only reached through a state this class did not filter
         return (_inert_hook, ())
@@ -393,6 +414,7 @@ class _Engine:
         self.overlap_forward = overlap_forward
         self.defer_updates = defer_updates
         self.closed = False
+        self.read_targets = [module]  # where reads apply pending updates (ParallelModule sets)
         self.rebuild_pending = rebuild_buckets
         # Zero-element parameters have nothing to reduce: the optimizer steps them at step()
         # like any parameter outside the model.
@@ -1058,11 +1080,19 @@ class _Engine:
                 self.reducer.finish()
             if not written:
                 self.updates_pending = False
+                for target in self.read_targets:
+                    target.__dict__.pop(_PENDING, None)
 
     def optimizer_step(self, closure=None):
         if self.defer_updates:
             # DDP's semantics: the averages are in .grad (backward waited for them).
             self.awaiting_step = False
+            return self.step_function(self.optimizer, closure)
+        if (not self.awaiting_step and not self.optimizer.state
+                and all(g.get("lr", 1.0) == 0 for g in self.optimizer.param_groups)):
+            # torch.distributed.checkpoint's _init_optim_state: a step at learning rate 0 with
+            # zero gradients that makes a fresh optimizer's state, on every rank, to load into.
+            # Local: it communicates nothing and changes no parameter.
             return self.step_function(self.optimizer, closure)
         if closure is not None:
             raise RuntimeError("loom_torch.parallelize: optimizer.step(closure) is not supported: "
@@ -1087,6 +1117,12 @@ class _Engine:
                 self.updates_pending = True
                 for i in self.groups[k]:
                     self.pending_versions[i] = self.params[i]._version
+        if self.updates_pending:
+            # While updates are pending the model keeps this engine alive (a wrapper dropped
+            # right after opt.step(), as `return model` from a training function, must not take
+            # the last step's updates with it): its next read or forward applies them.
+            for target in self.read_targets:
+                target.__dict__[_PENDING] = self
 
     def optimizer_zero_grad(self, set_to_none=True):
         # A .grad that is a bucket slot holds an average whose update may still be pending:
@@ -1099,9 +1135,9 @@ class _Engine:
         self.synchronize()
         return type(self.optimizer).state_dict(self.optimizer)
 
-    def optimizer_load_state_dict(self, state):
+    def optimizer_load_state_dict(self, state_dict):
         self.synchronize()
-        return type(self.optimizer).load_state_dict(self.optimizer, state)
+        return type(self.optimizer).load_state_dict(self.optimizer, state_dict)
 
     def close(self):
         """Lets go of the model (the model was wrapped again): pending updates applied, hooks
@@ -1116,9 +1152,10 @@ class _Engine:
         for handle in self.handles:
             handle.remove()
         self.handles, self.accumulators = [], []
-        for name in _FRESH_READS:
-            if isinstance(self.module.__dict__.get(name), _FreshRead):
-                del self.module.__dict__[name]
+        for target in self.read_targets:
+            for name in _FRESH_READS:
+                if isinstance(target.__dict__.get(name), _FreshRead):
+                    del target.__dict__[name]
         self.closed = True
         if getattr(self.optimizer, "_loom_engine", None) is not None:
             self.optimizer._loom_engine = None
@@ -1150,10 +1187,16 @@ class ParallelModule(torch.nn.Module):
                          automatic, defer_updates, gradient_as_bucket_view)
         object.__setattr__(self, "_loom", engine)
         optimizer._loom_engine = weakref.ref(engine)  # the wrapper keeps it alive, not this
-        for name in _FRESH_READS:
-            module.__dict__[name] = _FreshRead(engine, module, name)
-        engine.handles.append(module.register_forward_pre_hook(
-            _EngineHook(engine, "before_unwrapped_forward")))
+        # The model, and the module torch.compile wrapped (its reads are the user's too).
+        engine.read_targets = [module]
+        inner = getattr(module, "_orig_mod", None)
+        if isinstance(inner, torch.nn.Module):
+            engine.read_targets.append(inner)
+        for target in engine.read_targets:
+            for name in _FRESH_READS:
+                target.__dict__[name] = _FreshRead(engine, target, name)
+            engine.handles.append(target.register_forward_pre_hook(
+                _EngineHook(engine, "before_unwrapped_forward")))
         # Methods of the optimizer itself, so that LR schedulers can wrap and count step(); a
         # closed engine (the model wrapped again) passes them through to the optimizer's own.
         cls = type(optimizer)
@@ -1180,12 +1223,24 @@ class ParallelModule(torch.nn.Module):
         optimizer.load_state_dict = through("load_state_dict")
 
     def forward(self, *inputs, **kwargs):
+        # torch.compile(net) compiles the model's own forward; loom's bookkeeping around it
+        # (and its hooks) run eagerly, as graph breaks.
+        reduced, timed = self._before_forward()
+        try:
+            output = self.module(*inputs, **kwargs)
+        finally:
+            self._forward_ended()
+        return self._after_forward(output, reduced, timed)
+
+    @_eager
+    def _before_forward(self):
         engine = self._loom
         if engine.closed:
             raise RuntimeError("loom_torch.parallelize: this wrapper was replaced by a later "
                                "parallelize() of the same model; use the one it returned")
         engine.recover_if_backward_failed()
         timed = engine.t0 is not None and not engine.in_backward
+        entered = 0
         if timed:  # a new forward: the step's timeline keeps the last one before backward
             entered = time.monotonic_ns() - engine.t0
             engine.timeline_forward = []
@@ -1213,10 +1268,15 @@ class ParallelModule(torch.nn.Module):
             engine.timeline_forward.append(("", engine.root_guard, entered,
                                             time.monotonic_ns() - engine.t0))
         engine.in_wrapped_forward = True
-        try:
-            output = self.module(*inputs, **kwargs)
-        finally:
-            engine.in_wrapped_forward = False
+        return reduced, timed
+
+    @_eager
+    def _forward_ended(self):
+        self._loom.in_wrapped_forward = False
+
+    @_eager
+    def _after_forward(self, output, reduced, timed):
+        engine = self._loom
         if timed:
             engine.timeline_forward_end = time.monotonic_ns() - engine.t0
         if reduced:
@@ -1297,7 +1357,11 @@ class ParallelModule(torch.nn.Module):
         self._loom.synchronize()
         return super().state_dict(*args, **kwargs)
 
-    def load_state_dict(self, state_dict, strict=True):
+    def load_state_dict(self, state_dict, strict=True, assign=False):
+        if assign:
+            raise ValueError("loom_torch.parallelize: load_state_dict(assign=True) would replace "
+                             "the parameters loom reduces; load with assign=False (the values "
+                             "are copied into them)")
         self._loom.synchronize()
         return super().load_state_dict(state_dict, strict)
 
