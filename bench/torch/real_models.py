@@ -40,8 +40,8 @@ N ranks on this host); "parallelize" needs loom_torch.parallelize (bucket_cap_mb
 automatic plan decided, so its row is the chosen plan's step); either takes a plan in its name,
 e.g. "parallelize:cap=2:first=0.25" (options cap, first, inflight, priority, partition:
 parallelize()'s bucket_cap_mb, first_bucket_mb, collectives_in_flight, priority and
-partition_large). "parallelize-default" is parallelize() with no plan argument at all, its
-defaults' plan: when that plan is an automatic one still to be made, its warm-up too runs until
+partition_large). "parallelize-default" is parallelize() with no plan argument at all (nor
+profile: its row has a prediction only where the automatic plan profiles), its defaults' plan: when that plan is an automatic one still to be made, its warm-up too runs until
 it decided. parallelize-auto's and parallelize-default's rows say at which step the plan was
 decided ("decided_at_step", counted from the first warm-up step; absent: no automatic plan).
 "ddp-gloo-optim-bwd" is DDP on Gloo with torch's optimizer in backward
@@ -263,9 +263,11 @@ class Trainer:
                                  "updates with communication): leave parallelize-auto out or "
                                  "give a cap (parallelize:cap=...)" % mode)
             import loom_torch
+            # parallelize-default is what a user's parallelize(model, opt) runs: profile left to
+            # its default too (the automatic plan profiles; defer_updates' fixed plan does not).
             options = dict(
                 compression=None if args.compression == "none" else args.compression,
-                profile=True if args.predict else None)
+                profile=True if args.predict and self.kind != "parallelize-default" else None)
             if self.kind != "parallelize-default":  # parallelize-default: its defaults' plan
                 options["bucket_cap_mb"] = ("auto" if self.kind == "parallelize-auto"
                                             else args.bucket_cap_mb)
@@ -460,7 +462,7 @@ def main():
             row["plan"] = net.plan()[0]
             if net.automatic_plan is not None:
                 row["automatic_plan"] = net.automatic_plan
-            if args.predict:
+            if args.predict and net._loom.profiling:
                 p = net.predict()
                 row.update(pred_ms=p["predicted_ms"], period_ms=p["measured_ms"],
                            err=p["error"], pred_steps=p["steps"], breakdown=p["breakdown"],

@@ -683,6 +683,10 @@ ReducerShortlist shortlist_reducer_plans(GradientReducer& reducer,
                                          std::span<const ReducerStepRecord> steps,
                                          const PlanSearchSpace& space, std::size_t keep) {
   if (keep == 0) invalid("shortlist_reducer_plans: keep must be at least 1 (the running plan)");
+  if (!(space.shortlist_margin >= 1.0) || !std::isfinite(space.shortlist_margin))
+    invalid("shortlist_reducer_plans: shortlist_margin must be a finite factor >= 1, not " +
+            std::to_string(space.shortlist_margin));
+  const double margin = space.shortlist_margin;
   if (reducer.in_step())
     invalid("shortlist_reducer_plans: a step is in progress (finish() it first)");
   constexpr std::size_t per_plan = plan_fields + 1;
@@ -690,11 +694,12 @@ ReducerShortlist shortlist_reducer_plans(GradientReducer& reducer,
   // its prediction.
   const std::vector<std::int64_t> zero = predicted_on_rank_zero(
       reducer, steps, space, "GradientReducer::shortlist_plans", "shortlist_reducer_plans",
-      [keep](const ReducerMeasurements& measured, const std::vector<ReducerPrediction>& ranked,
-             const ReducerPrediction& current, std::vector<std::int64_t>& out) {
+      [keep, margin](const ReducerMeasurements& measured,
+                     const std::vector<ReducerPrediction>& ranked,
+                     const ReducerPrediction& current, std::vector<std::int64_t>& out) {
         std::vector<const ReducerPrediction*> picked{&current};
         for (const ReducerPrediction& p : ranked) {
-          if (picked.size() >= keep || !(p.step_s < current.step_s)) break;
+          if (picked.size() >= keep || !(p.step_s < current.step_s * margin)) break;
           const bool twin = std::any_of(picked.begin(), picked.end(), [&](const auto* q) {
             return same_plan(q->plan, p.plan) ||
                    (q->buckets == p.buckets && std::abs(q->step_s - p.step_s) <= 1e-9 * q->step_s);

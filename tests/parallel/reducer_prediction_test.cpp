@@ -407,11 +407,74 @@ TEST(ReducerPrediction, NothingPredictedFasterShortlistsOnlyTheRunningPlan) {
     space.caps_bytes = {std::size_t{64} << 20};
     space.first_bucket_bytes = {};
     space.max_in_flight = 0;
+    space.shortlist_margin = 1.0;  // only plans predicted faster
     const ReducerShortlist list = shortlist_reducer_plans(reducer, steps, space, 3);
     std::lock_guard lock(mutex);
     lengths.push_back(list.plans.size());
   });
   EXPECT_EQ(lengths, (std::vector<std::size_t>{1, 1}));
+}
+
+TEST(ReducerPrediction, TheMarginShortlistsPlansPredictedSlightlySlowerAndNoFurther) {
+  // With margin 1 only plans predicted faster than the running one (one 64 MiB bucket) are
+  // timed; with a wide margin also those predicted slower, each within it. A margin below 1 is
+  // refused.
+  std::mutex mutex;
+  std::vector<ReducerShortlist> strict, loose;
+  std::vector<std::string> refused;
+  LocalWorld::run(2, [&](Backend& backend) {
+    const std::vector<ParameterSpec> params = twelve_layers();
+    GradientReducer reducer(params, backend, one_64_mib_bucket(), options());
+    // Every gradient handed over within 12 us: no backward left to overlap, so more buckets
+    // only add messages and the running single bucket is predicted fastest.
+    ReducerStepRecord step = twelve_layer_step(params);
+    for (int l = 0; l < 12; ++l) step.run[static_cast<std::size_t>(l)].end_ns = 1000 * (12 - l);
+    std::vector<ReducerStepRecord> steps{step};
+    PlanSearchSpace space;
+    space.caps_bytes = {std::size_t{128} << 10, std::size_t{256} << 10, std::size_t{64} << 20};
+    space.first_bucket_bytes = {};
+    space.max_in_flight = 0;
+    space.shortlist_margin = 1.0;
+    ReducerShortlist a = shortlist_reducer_plans(reducer, steps, space, 50);
+    space.shortlist_margin = 100.0;
+    ReducerShortlist b = shortlist_reducer_plans(reducer, steps, space, 50);
+    space.shortlist_margin = 0.9;
+    std::string message;
+    try {
+      shortlist_reducer_plans(reducer, steps, space, 3);
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::invalid_argument) message = e.what();
+    }
+    std::lock_guard lock(mutex);
+    strict.push_back(std::move(a));
+    loose.push_back(std::move(b));
+    refused.push_back(message);
+  });
+  ASSERT_EQ(strict.size(), 2u);
+  for (std::size_t r = 0; r < 2; ++r) {
+    const double running = strict[r].plans.front().predicted_step_s;
+    for (std::size_t k = 1; k < strict[r].plans.size(); ++k)
+      EXPECT_LT(strict[r].plans[k].predicted_step_s, running);
+    // A wide margin also times the plans predicted slower than the running one (each within
+    // it), and every plan the strict margin timed.
+    EXPECT_GT(loose[r].plans.size(), strict[r].plans.size());
+    bool slower = false;
+    for (const TimedPlan& t : loose[r].plans) {
+      EXPECT_LE(t.predicted_step_s, 100.0 * running);
+      slower = slower || t.predicted_step_s >= running;
+    }
+    EXPECT_TRUE(slower);
+    for (const TimedPlan& t : strict[r].plans) {
+      const bool timed = std::any_of(loose[r].plans.begin(), loose[r].plans.end(),
+                                     [&](const TimedPlan& u) {
+                                       return describe(u.plan) == describe(t.plan);
+                                     });
+      EXPECT_TRUE(timed) << describe(t.plan);
+    }
+    EXPECT_EQ(describe(loose[r].plans.front().plan), describe(strict[r].plans.front().plan));
+    EXPECT_NE(refused[r].find("shortlist_margin must be a finite factor >= 1"), std::string::npos)
+        << refused[r];
+  }
 }
 
 TEST(ReducerPrediction, BadRecordsAreNamedErrors) {

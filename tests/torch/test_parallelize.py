@@ -200,10 +200,10 @@ def identical_on_every_rank(weights, gloo, n):
         assert torch.equal(w, everyone[0]), "rank %d's parameters differ from rank 0's" % r
 
 
-def assert_like_ddp(loom_model, ddp_model, gloo, n):
+def assert_like_ddp(loom_model, ddp_model, gloo, n, atol=1e-6):
     loom_weights, ddp_weights = flat(loom_model), flat(ddp_model)
     identical_on_every_rank(loom_weights, gloo, n)
-    torch.testing.assert_close(loom_weights, ddp_weights, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(loom_weights, ddp_weights, rtol=1e-5, atol=atol)
 
 
 @pytest.mark.parametrize("name,optimizer,scheduler", [
@@ -479,7 +479,10 @@ def test_auto_plan_keeps_the_numerics_and_every_rank_ends_on_the_same_plan(world
     net.synchronize()
     chosen = net.automatic_plan
     assert chosen is not None and chosen["candidates"] > 1, chosen
-    assert chosen["predicted_ms"] <= chosen["replaced_predicted_ms"] + 1e-9, chosen
+    # Shortlisted: predicted at most PlanSearchSpace::shortlist_margin (1.10) times the
+    # starting plan's step (the clock, not the model, decides between them).
+    margin = 1.10 * (1 + 1e-9)
+    assert chosen["predicted_ms"] <= chosen["replaced_predicted_ms"] * margin, chosen
     # The shortlist was timed: the starting plan first, each plan with rank 0's step (against
     # the starting plan's in the same rounds), and the plan in force is the fastest measured.
     timed = chosen["timed"]
@@ -489,7 +492,7 @@ def test_auto_plan_keeps_the_numerics_and_every_rank_ends_on_the_same_plan(world
     fastest = min(timed, key=lambda t: t["measured_ms"])
     assert chosen["plan"] == fastest["plan"], chosen
     assert chosen["changed"] == (fastest is not timed[0]), chosen
-    assert all(t["predicted_ms"] < timed[0]["predicted_ms"] for t in timed[1:]), chosen
+    assert all(t["predicted_ms"] <= timed[0]["predicted_ms"] * margin for t in timed[1:]), chosen
     plan, buckets = net.plan()
     assert plan == chosen["plan"], (plan, chosen)
     mine = (plan, buckets, net._loom.reducer.bucket_issue_order(), net._loom.reducer.issue_order(),
@@ -497,7 +500,10 @@ def test_auto_plan_keeps_the_numerics_and_every_rank_ends_on_the_same_plan(world
     everyone = [None] * n
     dist.all_gather_object(everyone, mine, group=gloo)
     assert all(o == mine for o in everyone), everyone
-    assert_like_ddp(loom_model, ddp_model, gloo, n)
+    # The plan chosen sets the buckets, so the order 3 ranks' gradients are added in; Adam
+    # turns last-bit differences of a near-zero gradient into steps of ~1e-6 (the OPTIMIZERS
+    # note): weights near zero are compared to 2e-6, every other at rtol 1e-5.
+    assert_like_ddp(loom_model, ddp_model, gloo, n, atol=2e-6 if optimizer == "adamw" else 1e-6)
 
 
 def _pair(build, make_opt, loop, gloo, steps, find_unused=False, **loom_options):

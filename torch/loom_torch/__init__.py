@@ -12,7 +12,6 @@ unset, and MASTER_ADDR/MASTER_PORT (for torch's store) are agreed over loom's mp
 import os
 import socket
 import sys
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -37,18 +36,6 @@ __all__ = ["ProcessGroupLoom", "LoomHookState", "register_ddp_hook", "paralleliz
            "ParallelModule", "setup_environment", "backend_of"]
 
 
-_LAUNCHER_RANK = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
-_LAUNCHER_SIZE = ("OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE")
-_LAUNCHER_LOCAL_RANK = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
-
-
-def _first(names):
-    for name in names:
-        if os.environ.get(name):
-            return os.environ[name]
-    return None
-
-
 def _free_port():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))
@@ -61,17 +48,18 @@ def setup_environment():
     Called on import; a no-op outside mpirun or when all five are set. Every rank must import
     loom_torch (the address is broadcast from rank 0 over MPI).
     """
-    rank, size = _first(_LAUNCHER_RANK), _first(_LAUNCHER_SIZE)
+    # The launcher's variables as loom's C++ reads them (loom/environment.hpp).
+    rank, size = _C.launcher_rank(), _C.launcher_world_size()
     if rank is None or size is None:
         return
-    os.environ.setdefault("RANK", rank)
-    os.environ.setdefault("WORLD_SIZE", size)
-    local = _first(_LAUNCHER_LOCAL_RANK)
+    os.environ.setdefault("RANK", str(rank))
+    os.environ.setdefault("WORLD_SIZE", str(size))
+    local = _C.launcher_local_rank()
     if local is not None:
-        os.environ.setdefault("LOCAL_RANK", local)
+        os.environ.setdefault("LOCAL_RANK", str(local))
     if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
         return
-    mine = "%s:%d" % (socket.gethostname(), _free_port()) if rank == "0" else ""
+    mine = "%s:%d" % (socket.gethostname(), _free_port()) if rank == 0 else ""
     addr, port = _C.broadcast_from_rank0(mine).rsplit(":", 1)
     os.environ.setdefault("MASTER_ADDR", addr)
     os.environ.setdefault("MASTER_PORT", port)

@@ -15,10 +15,8 @@ why the next-forward priority is not applied under DDP.
 import torch.distributed as dist
 
 from . import _C
+from ._compress import compression_name
 from ._groups import backend_of
-
-_COMPRESSIONS = ("none", "float16", "bfloat16", "fp16", "bf16")
-
 
 class LoomHookState:
     """What the hook needs: the loom group and the compression (none, float16, bfloat16)."""
@@ -28,11 +26,8 @@ class LoomHookState:
             group = backend_of(group)
         except TypeError as error:
             raise ValueError("loom's DDP hook needs a loom process group: %s" % error) from None
-        if compression not in _COMPRESSIONS:
-            raise ValueError("compression must be none, float16 or bfloat16, not %r"
-                             % (compression,))
         self.group = group
-        self.compression = compression
+        self.compression = compression_name(compression, "loom's DDP hook")
 
 
 def register_ddp_hook(model, group=None, compression="none"):

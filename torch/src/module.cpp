@@ -12,6 +12,7 @@
 #include "ddp_hook.hpp"
 #include "gradient_reducer_binding.hpp"
 #include "loom/backend.hpp"
+#include "loom/environment.hpp"
 #include "loom/error.hpp"
 #include "process_group.hpp"
 
@@ -120,5 +121,10 @@ PYBIND11_MODULE(_C, m) {
       py::arg("text"), py::call_guard<py::gil_scoped_release>(),
       "Rank 0's text on every rank, over loom's mpi backend (under mpirun only)");
   m.def("launched_by_mpirun", &loom::launched_by_mpirun);
+  // The launcher's rank, size and local rank as loom reads them (None without a launcher, or
+  // where a value is not a count): one parser for C++ and Python.
+  m.def("launcher_rank", &loom::environment::launcher_rank);
+  m.def("launcher_world_size", &loom::environment::launcher_world_size);
+  m.def("launcher_local_rank", &loom::environment::launcher_local_rank);
   loom::torch::bind_gradient_reducer(m);
 }

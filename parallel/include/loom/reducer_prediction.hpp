@@ -149,6 +149,12 @@ struct PlanSearchSpace {
   std::size_t max_in_flight = 3;
   /// @brief Try IssuePriority::forward beside ready (with a collective limit).
   bool try_forward_priority = true;
+  /// @brief shortlist_reducer_plans(): plans predicted under this factor of the running plan's
+  /// predicted step are timed (>= 1; 1: only plans predicted faster). Above 1 because on a few shared cores the model's
+  /// error is often larger than a candidate's predicted gain: the simulator ranks, the trials'
+  /// clock decides (the GPT-like model of bench/torch/real_models.py kept DDP's 25 MiB, no plan
+  /// predicted faster, where smaller caps ran faster).
+  double shortlist_margin = 1.10;
 };
 
 /// @brief Every plan of `space` (compression, usage counting and orders as the reducer's
@@ -182,7 +188,8 @@ struct AutomaticPlan {
 /// @brief The automatic plan's shortlist, to be timed (PlanTrials) before it decides.
 struct ReducerShortlist {
   /// @brief The running plan first, then the fastest predicted plans that the simulator
-  /// predicts faster than it, at most `keep` in all. Only the running plan: nothing to time.
+  /// predicts under PlanSearchSpace::shortlist_margin times its step, at most `keep` in all.
+  /// Only the running plan: nothing to time.
   std::vector<TimedPlan> plans;
   double measured_step_s = 0;  ///< the running plan over the profiled steps (rank 0's)
   std::size_t candidates = 0;  ///< plans predicted
