@@ -1,4 +1,4 @@
-// loom-collectives: an nccl-tests-style benchmark of loom's collectives (see README.md).
+// loom-collectives: an nccl-tests-style benchmark of loom's collectives (see docs/algorithms.md).
 #include <algorithm>
 #include <atomic>
 #include <cstdint>

@@ -10,14 +10,20 @@ What a doc may name, and where it must exist:
       `Suite.Test` in the same table cell or sentence are tests of that suite
   bad_inputs `Row`                                      a row of tests/backends/bad_inputs.hpp
   ctest names (`fault_mpi.np3`, `fuzz.timeout_env_fuzzer`)  tests/**/CMakeLists.txt, or the
-      tests registered in BUILD_DIR (ctest -N) when given
+      tests registered in BUILD_DIR (ctest -N) when given; a lowercase `a.b` is a ctest name
+      when `a` starts a test's name there (or b is npN): others (`torch.save`, `net.module`,
+      the node `bucket3.pack`) are code, not tests
   folders under a top-level folder (`backends/local`)    the source tree
+  markdown links and images (`[x](../bench/RESULTS.md#2-scheduler)`, outside code fences)
+      the file or folder, resolved from the doc's own folder; an #anchor must be the GitHub
+      anchor of a heading of the target (of the doc itself when no file is given)
 A doc that does not exist is a failure (a check of nothing must not pass). With --comments, the
 comments of every source file (C++, CMake, shell, Python) are checked too: the paths they name
 (files, and folders under a top-level folder) must exist. Every missing name is reported with
 its line. Standard library only.
 """
 import argparse
+import functools
 import pathlib
 import re
 import subprocess
@@ -35,6 +41,9 @@ COMMENT = {".py": re.compile(r"#(.*)$"), ".sh": re.compile(r"#(.*)$"),
            ".cmake": re.compile(r"#(.*)$"), "CMakeLists.txt": re.compile(r"#(.*)$")}
 CPP_COMMENT = re.compile(r"//(.*)$")
 CODE_SPAN = re.compile(r"`([^`]+)`")
+LINK = re.compile(r"\]\(([^)\s]+)\)")  # [text](target) and ![alt](target)
+FENCE = re.compile(r"^\s*(`{3,}|~{3,})")
+HEADING = re.compile(r"^#{1,6}\s+(.*?)[\s#]*$")
 GTEST = re.compile(r"^(?:(?P<binary>\w+):\s*)?(?:\w+/)?(?P<suite>[A-Z]\w*)\.(?P<test>[A-Z]\w*)"
                    r"(?:/\S*)?$")
 BARE_TEST = re.compile(r"^[A-Z][A-Za-z0-9_]*$")
@@ -74,6 +83,14 @@ class Tree:
             for name, ranks in MPI_TEST.findall(text):
                 self.mpi_ranks[name] = set(ranks.split())
         self.registered = self._registered(ctest, build_dir)
+        # What a ctest name starts with: `fault_mpi` of fault_mpi.np3, `docs` of docs.names_exist.
+        self.ctest_prefixes = {n.split(".", 1)[0] for n in self.registered if "." in n}
+        self.ctest_prefixes.update(self.mpi_ranks, ["fuzz"])
+        for text in self.cmake_files.values():
+            self.ctest_prefixes.update(re.findall(
+                r"\b(?:add_test\(\s*NAME\s+|loom_expect_test\(\s*)([a-z][\w-]*)\.", text))
+            self.ctest_prefixes.update(
+                "torch_" + n for n in re.findall(r"\bloom_add_torch_test\(\s*(\w+)", text))
         self.top_level = {p.name for p in root.iterdir() if p.is_dir() and
                           not p.name.startswith((".", "build"))}
 
@@ -197,8 +214,49 @@ def names_on(tree, line):
                     where = " in %s" % binary if binary else ""
                     found.append(("test %s.%s%s" % (suite, span, where),
                                   tree.test_exists(suite, span, binary)))
-                elif CTEST.match(span) and span.rsplit(".", 1)[1] not in FILE_EXTENSIONS:
+                elif CTEST.match(span) and span.rsplit(".", 1)[1] not in FILE_EXTENSIONS and \
+                        (span.split(".", 1)[0] in tree.ctest_prefixes or
+                         re.fullmatch(r"np\d+", span.split(".", 1)[1])):
                     found.append(("ctest %s" % span, tree.ctest_exists(span)))
+    return found
+
+
+@functools.lru_cache(maxsize=None)
+def anchors_of(path):
+    """The anchors GitHub gives the headings of a markdown file: the heading's text (a link's
+    text only) lower-cased, every character but letters, digits, '_', '-' and spaces dropped,
+    spaces made '-'; a repeated anchor gets -1, -2, ..."""
+    anchors, seen, in_fence = set(), {}, False
+    for line in path.read_text(errors="replace").splitlines():
+        if FENCE.match(line):
+            in_fence = not in_fence
+            continue
+        heading = None if in_fence else HEADING.match(line)
+        if not heading:
+            continue
+        text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading.group(1))
+        slug = re.sub(r"[^\w\- ]", "", text.lower()).replace(" ", "-")
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        anchors.add(slug if count == 0 else "%s-%d" % (slug, count))
+    return frozenset(anchors)
+
+
+def links_on(doc, line):
+    """Every markdown link target on one doc line (code spans left out), as (what, exists):
+    resolved from the doc's folder, its #anchor a heading of the target."""
+    found = []
+    for target in LINK.findall(CODE_SPAN.sub("", line)):
+        if "://" in target or target.startswith("mailto:"):
+            continue
+        path, _, anchor = target.partition("#")
+        linked = (doc.parent / path).resolve() if path else doc.resolve()
+        if not linked.exists():
+            found.append(("link target %s" % target, False))
+        elif anchor and linked.suffix == ".md":
+            found.append(("link anchor %s" % target, anchor in anchors_of(linked)))
+        else:
+            found.append(("link target %s" % target, True))
     return found
 
 
@@ -220,9 +278,15 @@ def main():
             failures += 1
             print("%s: the document does not exist" % doc)
             continue
-        checked = 0
+        checked, in_fence = 0, False
         for number, line in enumerate(path.read_text().splitlines(), 1):
-            for what, exists in names_on(tree, line):
+            links, text = [], line
+            if FENCE.match(line):
+                in_fence = not in_fence
+            elif not in_fence:
+                # Link targets are relative to the doc, not the root: checked as links only.
+                links, text = links_on(path, line), LINK.sub("]()", line)
+            for what, exists in links + names_on(tree, text):
                 checked += 1
                 if args.verbose:
                     print("%s:%d: %s %s" % (doc, number, what, "ok" if exists else "MISSING"))

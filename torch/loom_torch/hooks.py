@@ -9,7 +9,7 @@ asynchronously and completed by loom's progress engine, which completes DDP's fu
 compression the bucket is cast to float16 or bfloat16 with the division by the world size folded
 into the cast, summed in 16 bits and cast back as it completes (what loom's Bucketer does).
 Buckets are issued in DDP's order (after DDP's rebuild: the order gradients became ready, the
-same on every rank, as loom's Bucketer orders them by default); README.md ("The DDP hook") says
+same on every rank, as loom's Bucketer orders them by default); docs/torch.md ("The DDP hook") says
 why the next-forward priority is not applied under DDP.
 """
 import torch.distributed as dist

@@ -76,7 +76,7 @@ struct TuningParameters {
   std::vector<Measurement> measured;
 };
 
-/// @brief The parameters used without a tuning file (README "Algorithm selection" documents
+/// @brief The parameters used without a tuning file (docs/algorithms.md "Selection" documents
 /// them): alpha 5 us, beta 0.2 ns/B (5 GB/s), gamma 0.25 ns/B (4 GB/s), no native fits and no
 /// measurements (the backend's native call is then modelled as the best of loom's formulas).
 TuningParameters default_tuning();
