@@ -20,6 +20,9 @@ BENCH = os.path.join(HERE, "..", "..", "bench", "torch", "real_models.py")
 MODES = ["ddp-gloo", "ddp-loom", "parallelize", "parallelize-auto"]
 
 
+MAX_PREDICTION_ERROR = 0.5
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mpiexec", required=True)
@@ -58,6 +61,14 @@ def main():
             failures.append("%s: loss %r" % (mode, r["final_loss"]))
         if mode.startswith("parallelize") and not (r.get("pred_ms", 0) > 0 and "plan" in r):
             failures.append("%s: no prediction or plan: %r" % (mode, sorted(r)))
+        elif mode.startswith("parallelize") and not abs(r["err"]) <= MAX_PREDICTION_ERROR:
+            # The simulator's step against the measured period of the same steps: its median
+            # error on the benchmark host is 5.5% (bench/RESULTS.md); a loaded CI host with a
+            # few steps gets a wide bound, which a broken model (no wire, no update, a unit
+            # slip) still exceeds.
+            failures.append("%s: predicted %.1f ms, measured %.1f ms: error %.0f%% over %.0f%%"
+                            % (mode, r["pred_ms"], r["period_ms"], 100 * r["err"],
+                               100 * MAX_PREDICTION_ERROR))
     if not failures:
         reference = rows["modes"]["ddp-gloo"]["final_loss"]
         for mode in ("ddp-loom", "parallelize"):

@@ -447,6 +447,10 @@ def test_predict_replays_the_profiled_steps_in_the_simulator(world):
     assert p["predicted_ms"] == pytest.approx(work + parts["wait_ms"], rel=1e-9), p
     assert parts["wait_ms"] >= 0 and parts["exposed_ms"] <= parts["comm_ms"] + 1e-9, p
     assert p["error"] == pytest.approx((p["predicted_ms"] - p["measured_ms"]) / p["measured_ms"])
+    # And it predicts: within 50% of the period measured over the same steps (median error 5.5%
+    # on the benchmark host; a few steps of a tiny model on a loaded CI host get a wide bound,
+    # which a broken model still exceeds: no wire, no update, a unit slip).
+    assert abs(p["error"]) <= 0.5, p
     # The recorded periods are disjoint parts of the loop.
     assert p["measured_ms"] * p["steps"] <= elapsed_ms, (p, elapsed_ms)
     assert p["plan"] == net.plan()[0] and p["buckets"] == len(net.plan()[1]), p
@@ -899,17 +903,29 @@ def test_after_a_failed_backward_the_wrapper_recovers(world):
     hidden.register_hook(fail)
     with pytest.raises(ValueError, match="a hook fails"):
         loss.backward()
-    # Autograd never ran the backward's end: the wrapper ends that step (nothing more applied)
-    # at the next entry point, and checkpointing, re-wrapping and training go on.
+    # Autograd never ran the backward's end: the wrapper ends that step at the next entry point
+    # (the failed step's updates applied, as on a peer whose backward went on), and
+    # checkpointing, re-wrapping and training go on.
     state = net.state_dict()
     assert set(state) == {"module." + k for k in model.state_dict()}
-    opt.state_dict()
+    assert all(torch.equal(state["module." + k], v) for k, v in model.state_dict().items())
+    identical_on_every_rank(flat(model), gloo, n)  # the failed step left every rank alike
+    assert opt.state_dict()["param_groups"][0]["lr"] == 0.1
+    before = flat(model).clone()
     for step in range(3):
         x, y = data("vector", rank, step + 1)
         opt.zero_grad()
         F.cross_entropy(net(x), y).backward()
         opt.step()
     net, opt = loom_torch.parallelize(model, opt, bucket_cap_mb=CAP_MB)
+    net.synchronize()
+    assert not torch.equal(flat(model), before)  # it trained
+    identical_on_every_rank(flat(model), gloo, n)
+    # and a re-wrapped model trains too, every rank alike
+    x, y = data("vector", rank, 9)
+    opt.zero_grad()
+    F.cross_entropy(net(x), y).backward()
+    opt.step()
     net.synchronize()
     identical_on_every_rank(flat(model), gloo, n)
 
