@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "algorithms.hpp"
+#include "ceil_log2.hpp"
 #include "loom/environment.hpp"
 #include "loom/error.hpp"
 #include "step_work.hpp"
@@ -245,16 +246,6 @@ void AlgorithmSelector::set_override(Collective collective, std::vector<Algorith
   _overrides[static_cast<std::size_t>(collective)] = std::move(ranges);
 }
 
-namespace {
-
-double log2_ceil(int p) {
-  int steps = 0;
-  while ((1 << steps) < p) ++steps;
-  return steps;
-}
-
-}  // namespace
-
 // Thakur, Rabenseifner & Gropp, "Optimization of Collective Communication Operations in
 // MPICH" (2005), with the fold for non-power-of-two rank counts; n in bytes.
 double AlgorithmSelector::predict(Algorithm algorithm, Collective collective, std::size_t bytes,
@@ -309,7 +300,7 @@ double AlgorithmSelector::predict(Algorithm algorithm, Collective collective, st
   // step) of the leaders.
   switch (collective) {
     case Collective::broadcast:
-      return log2_ceil(nodes) * (ai + n * bi) + a + (k - 1) * n * b;
+      return ceil_log2(nodes) * (ai + n * bi) + a + (k - 1) * n * b;
     case Collective::allgather:  // n: the gathered buffer
       return a + (k - 1) * block * b + (N - 1) * (ai + k * block * bi) + a + (k - 1) * n * b;
     case Collective::reduce_scatter:  // n: the whole send buffer
@@ -331,7 +322,7 @@ double AlgorithmSelector::predict(Algorithm algorithm, Collective collective, st
   const double nc = n / C;
   const bool ring = hierarchical_inter_ring(topology, bytes);
   const int p2 = algorithms::power_of_two_below(nodes);
-  const int L = static_cast<int>(log2_ceil(p2));
+  const int L = ceil_log2(p2);
   const bool folds = p2 != nodes;
   const int T = (ring ? 2 * (nodes - 1) : L + 2) + 2;  // stages of a chunk
   const double scatter = a + (k - 1) * (nc / m) * b, gather = a + nc * b;
@@ -368,8 +359,8 @@ double AlgorithmSelector::predict_with(const CostParameters& cost, Algorithm alg
   if (world <= 1) return 0;
   const int p2i = algorithms::power_of_two_below(world);
   const double p2 = p2i;
-  const double lg = log2_ceil(world);
-  const double lg2 = log2_ceil(p2i);
+  const double lg = ceil_log2(world);
+  const double lg2 = ceil_log2(p2i);
   const bool fold = p2i != world;
   const double share = (p - 1) / p;
   if (algorithm == Algorithm::native) {

@@ -1,15 +1,10 @@
 // Binomial trees: reduce (to any root), broadcast (from any root) and allreduce as reduce to
 // rank 0 followed by broadcast from it. Ranks are renumbered so that the root is 0.
 #include "algorithms.hpp"
+#include "ceil_log2.hpp"
 
 namespace loom::algorithms {
 namespace {
-
-int ceil_log2(int n) {
-  int steps = 0;
-  while ((1 << steps) < n) ++steps;
-  return steps;
-}
 
 // Reduce step k (mask 2^k): a rank whose low k bits are zero either sends its partial result
 // to vr - mask (when bit k is set) and is done, or receives vr + mask's partial and combines.

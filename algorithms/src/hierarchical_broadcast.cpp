@@ -2,15 +2,10 @@
 // (the root on its own node, the leader elsewhere), so the vector crosses each node's link
 // once, then each of those ranks sends it to the other ranks of its node.
 #include "algorithms.hpp"
+#include "ceil_log2.hpp"
 
 namespace loom::algorithms {
 namespace {
-
-int ceil_log2(int n) {
-  int steps = 0;
-  while ((1 << steps) < n) ++steps;
-  return steps;
-}
 
 // Steps 0..K-1: the tree among the nodes' heads (largest mask first, nodes renumbered so that
 // the root's node is 0); step K: each head to the rest of its node.

@@ -4,6 +4,7 @@
 // buffer, and that reduction writes send (op) received into the result.
 #include "algorithms.hpp"
 #include "fold.hpp"
+#include "halving_range.hpp"
 
 namespace loom::algorithms {
 namespace {
@@ -20,7 +21,7 @@ class RabenseifnerAllreduce final : public StepWork {
         _op(args.reduce_op),
         _fold(rank(), world()),
         _incoming(scratch(_out.count(), _out.dtype())),
-        _hi(_fold.p2) {}
+        _halving(_fold.p2) {}
 
  protected:
   bool begin_step(int step) override {
@@ -39,23 +40,17 @@ class RabenseifnerAllreduce final : public StepWork {
     if (_fold.sits_out()) return true;
     const int v = _fold.newrank;
     if (step <= L) {
-      const int mask = _fold.p2 >> step;
-      const int partner = v ^ mask;
-      const int mid = _lo + (_hi - _lo) / 2;
-      const bool lower = v < partner;
-      _keep_lo = lower ? _lo : mid;
-      _keep_hi = lower ? mid : _hi;
-      const Buffer give = lower ? elements(_source, mid, _hi) : elements(_source, _lo, mid);
-      const Buffer keep = elements(_out, _keep_lo, _keep_hi);
-      send(give, _fold.real(partner));
-      recv(_incoming.slice(0, keep.count()), _fold.real(partner));
+      const HalvingRange::Exchange exchange = _halving.exchange(v, step);
+      const Buffer keep = elements(_out, exchange.keep);
+      send(elements(_source, exchange.give), _fold.real(exchange.partner));
+      recv(_incoming.slice(0, keep.count()), _fold.real(exchange.partner));
     } else {
       const int mask = 1 << (step - L - 1);
       const int partner = v ^ mask;
       const int mine = v & ~(mask - 1);
       const int theirs = partner & ~(mask - 1);
-      send(elements(_out, mine, mine + mask), _fold.real(partner));
-      recv(elements(_out, theirs, theirs + mask), _fold.real(partner));
+      send(elements(_out, {mine, mine + mask}), _fold.real(partner));
+      recv(elements(_out, {theirs, theirs + mask}), _fold.real(partner));
     }
     return true;
   }
@@ -70,20 +65,19 @@ class RabenseifnerAllreduce final : public StepWork {
     } else if (step == 2 * L + 1) {
       finish_average(_out, _op);
     } else if (step <= L && !_fold.sits_out()) {
-      const Buffer keep = elements(_out, _keep_lo, _keep_hi);
-      combine(keep, elements(_source, _keep_lo, _keep_hi), _incoming.slice(0, keep.count()), _op);
+      const Buffer keep = elements(_out, _halving.kept());
+      combine(keep, elements(_source, _halving.kept()), _incoming.slice(0, keep.count()), _op);
       _source = _out;
-      _lo = _keep_lo;
-      _hi = _keep_hi;
+      _halving.narrow();
     }
   }
 
  private:
-  // Elements of participants [first, last) of `whole` when it is cut into p2 blocks.
-  Buffer elements(Buffer whole, int first, int last) const {
-    if (first >= last) return whole.slice(0, 0);
-    const Range a = block_of(whole.count(), _fold.p2, first);
-    const Range b = block_of(whole.count(), _fold.p2, last - 1);
+  // Elements of participants `p` of `whole` when it is cut into p2 blocks.
+  Buffer elements(Buffer whole, Participants p) const {
+    if (p.first >= p.last) return whole.slice(0, 0);
+    const Range a = block_of(whole.count(), _fold.p2, p.first);
+    const Range b = block_of(whole.count(), _fold.p2, p.last - 1);
     return whole.slice(a.offset, b.offset + b.count - a.offset);
   }
 
@@ -93,8 +87,7 @@ class RabenseifnerAllreduce final : public StepWork {
   ReduceOp _op;
   Fold _fold;
   Buffer _incoming;
-  int _lo = 0, _hi;
-  int _keep_lo = 0, _keep_hi = 0;
+  HalvingRange _halving;
 };
 
 }  // namespace

@@ -3,6 +3,7 @@
 // Participant v stands for rank v + rem's block, or for ranks 2v and 2v+1's blocks if v < rem.
 #include "algorithms.hpp"
 #include "fold.hpp"
+#include "halving_range.hpp"
 
 namespace loom::algorithms {
 namespace {
@@ -17,7 +18,7 @@ class RecursiveHalvingReduceScatter final : public StepWork {
         _fold(rank(), world()),
         _work(scratch(args.send.count(), args.send.dtype())),
         _incoming(scratch(args.send.count(), args.send.dtype())),
-        _hi(_fold.p2) {
+        _halving(_fold.p2) {
     copy(_work, args.send);
   }
 
@@ -36,15 +37,10 @@ class RecursiveHalvingReduceScatter final : public StepWork {
       return true;
     }
     if (_fold.sits_out()) return true;
-    const int v = _fold.newrank;
-    const int partner = v ^ (_fold.p2 >> step);
-    const int mid = _lo + (_hi - _lo) / 2;
-    const bool lower = v < partner;
-    _keep_lo = lower ? _lo : mid;
-    _keep_hi = lower ? mid : _hi;
-    const Buffer keep = elements(_keep_lo, _keep_hi);
-    send(lower ? elements(mid, _hi) : elements(_lo, mid), _fold.real(partner));
-    recv(_incoming.slice(0, keep.count()), _fold.real(partner));
+    const HalvingRange::Exchange exchange = _halving.exchange(_fold.newrank, step);
+    const Buffer keep = elements(exchange.keep);
+    send(elements(exchange.give), _fold.real(exchange.partner));
+    recv(_incoming.slice(0, keep.count()), _fold.real(exchange.partner));
     return true;
   }
 
@@ -54,10 +50,9 @@ class RecursiveHalvingReduceScatter final : public StepWork {
       if (_fold.absorbs()) combine(_work, _incoming, _op);
     } else if (step <= L) {
       if (_fold.sits_out()) return;
-      const Buffer keep = elements(_keep_lo, _keep_hi);
+      const Buffer keep = elements(_halving.kept());
       combine(keep, _incoming.slice(0, keep.count()), _op);
-      _lo = _keep_lo;
-      _hi = _keep_hi;
+      _halving.narrow();
     } else {
       if (!_fold.sits_out()) copy(_out, own_block(rank()));
       finish_average(_out, _op);
@@ -67,11 +62,11 @@ class RecursiveHalvingReduceScatter final : public StepWork {
  private:
   // The first original rank participant v stands for, and one past its last.
   int first_rank(int v) const { return v < _fold.rem ? 2 * v : v + _fold.rem; }
-  Buffer elements(int first, int last) const {
+  Buffer elements(Participants p) const {
     const std::size_t block = _out.count();
-    const auto begin = static_cast<std::size_t>(first_rank(first)) * block;
+    const auto begin = static_cast<std::size_t>(first_rank(p.first)) * block;
     const auto end =
-        static_cast<std::size_t>(first_rank(last - 1) + (last - 1 < _fold.rem ? 2 : 1)) * block;
+        static_cast<std::size_t>(first_rank(p.last - 1) + (p.last - 1 < _fold.rem ? 2 : 1)) * block;
     return _work.slice(begin, end - begin);
   }
   Buffer own_block(int r) const {
@@ -83,8 +78,7 @@ class RecursiveHalvingReduceScatter final : public StepWork {
   Fold _fold;
   Buffer _work;
   Buffer _incoming;
-  int _lo = 0, _hi;
-  int _keep_lo = 0, _keep_hi = 0;
+  HalvingRange _halving;
 };
 
 }  // namespace

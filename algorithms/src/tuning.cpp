@@ -208,7 +208,8 @@ TuningParameters parse_tuning_file(std::string_view text) {
 std::string format_tuning_file(const TuningParameters& t) {
   std::ostringstream out;
   out << "loom-tuning 1\n";
-  out << "# written by loom-tune; docs/algorithms.md 'Tuning: loom-tune and tuning files' describes the format\n";
+  out << "# written by loom-tune; docs/algorithms.md 'Tuning: loom-tune and tuning files' "
+         "describes the format\n";
   if (!t.backend.empty()) out << "backend " << t.backend << "\n";
   out << "alpha_us " << format_double(t.cost.alpha_s * 1e6) << "\n";
   out << "beta_ns_per_byte " << format_double(t.cost.beta_s_per_byte * 1e9) << "\n";

@@ -1,5 +1,7 @@
 // The Open MPI backend: each backend owns a duplicate of MPI_COMM_WORLD; every operation is a
-// nonblocking MPI call whose request a Work polls with MPI_Test.
+// nonblocking MPI call whose request a Work polls with MPI_Test (request_work.hpp). This file
+// holds MpiBackend, the dispatch of each call to MPI (device buffers staged through host memory
+// where MPI cannot take them), and make_mpi_backend.
 #include "board_exchange.hpp"
 #include "mpi_runtime.hpp"  // first: it includes mpi.h without the C++ bindings
 #include "mpi_topology.hpp"
@@ -7,20 +9,16 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
-#include <condition_variable>
-#include <cstdio>
-#include <cstdlib>
 #include <functional>
 #include <memory>
-#include <mutex>
-#include <new>
 #include <optional>
-#include <stop_token>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "communicator.hpp"
+#include "construction_watch.hpp"
 #include "device_staging.hpp"
 #include "loom/call_watchdog.hpp"
 #include "loom/config.hpp"
@@ -29,28 +27,20 @@
 #include "loom/error.hpp"
 #include "loom/kernels/reduce.hpp"
 #include "loom/mpi.hpp"
+#include "mpi_errors.hpp"
+#include "request_work.hpp"
+#include "shared_board.hpp"
 
 namespace loom {
 namespace {
 
-// "<where>: <call> failed: <MPI's text>", where <where> is "allreduce on rank 1 of 4 (mpi)".
-Error failure(const std::string& where, const std::string& call, int rc) {
-  return Error(ErrorCode::backend_failure, where + ": " + call + " failed: " + mpi::error_text(rc));
-}
-
-void check(const std::string& where, const char* call, int rc) {
-  if (rc != MPI_SUCCESS) throw failure(where, call, rc);
-}
-
-// MPI counts are int; larger buffers would need derived datatypes, which predefined reduction
-// ops do not accept, so they are refused clearly instead.
-int to_int(const std::string& where, const char* what, std::size_t count) {
-  if (count > static_cast<std::size_t>(INT_MAX))
-    throw Error(ErrorCode::unsupported, where + ": " + what + " " + std::to_string(count) +
-                                            " exceeds " + std::to_string(INT_MAX) +
-                                            ", the largest count MPI takes (split the buffer)");
-  return static_cast<int>(count);
-}
+using mpi::check;
+using mpi::Communicator;
+using mpi::ConstructionWatch;
+using mpi::failure;
+using mpi::RequestWork;
+using mpi::SharedBoard;
+using mpi::to_int;
 
 bool on_device(Buffer buffer) {
   return buffer.device().kind != DeviceKind::cpu;
@@ -61,253 +51,6 @@ std::size_t message_bytes(const MPI_Status& status) {
   MPI_Get_elements_x(&status, MPI_BYTE, &count);
   return count == MPI_UNDEFINED ? 0 : static_cast<std::size_t>(count);
 }
-
-// A communicator of the backend's own, shared by a backend and its pending works so that the
-// communicator outlives every request on it: a duplicate of MPI_COMM_WORLD or of another
-// Communicator, or (a subgroup) a new communicator over some ranks of MPI_COMM_WORLD made by
-// MPI_Comm_create_group, which only those ranks call.
-class Communicator {
- public:
-  // A duplicate of `parent` (collective over `parent`).
-  explicit Communicator(MPI_Comm parent = MPI_COMM_WORLD) {
-    check("mpi backend", "MPI_Comm_dup", MPI_Comm_dup(parent, &_comm));
-    finish_setup();
-  }
-  // The ranks `world_ranks` of MPI_COMM_WORLD, in that order (collective over them only; `tag`
-  // tells apart groups made at the same time by disjoint sets of ranks).
-  Communicator(const std::vector<int>& world_ranks, int tag) {
-    MPI_Group world_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
-    check("mpi backend", "MPI_Comm_group", MPI_Comm_group(MPI_COMM_WORLD, &world_group));
-    int rc = MPI_Group_incl(world_group, static_cast<int>(world_ranks.size()), world_ranks.data(),
-                            &group);
-    MPI_Group_free(&world_group);
-    check("mpi backend", "MPI_Group_incl", rc);
-    rc = MPI_Comm_create_group(MPI_COMM_WORLD, group, tag, &_comm);
-    MPI_Group_free(&group);
-    check("mpi backend", "MPI_Comm_create_group", rc);
-    finish_setup();
-  }
-  ~Communicator() {
-    // MPI_Comm_free after MPI_Finalize is illegal; a backend kept in a static may die that late.
-    // With abandoned requests on it, leave it to the end of the process (which loom then ends
-    // without MPI_Finalize): freeing it is collective in the standard's sense.
-    if (_comm != MPI_COMM_NULL && !mpi::finalized() && abandoned_operations() == 0)
-      MPI_Comm_free(&_comm);
-  }
-  Communicator(const Communicator&) = delete;
-  Communicator& operator=(const Communicator&) = delete;
-
-  MPI_Comm get() const noexcept { return _comm; }
-  int rank() const noexcept { return _rank; }
-  int size() const noexcept { return _size; }
-
- private:
-  void finish_setup() {
-    // Errors come back as return codes (and become loom::Error) instead of aborting the job.
-    const int rc = MPI_Comm_set_errhandler(_comm, MPI_ERRORS_RETURN);
-    if (rc != MPI_SUCCESS) {
-      MPI_Comm_free(&_comm);
-      throw failure("mpi backend", "MPI_Comm_set_errhandler", rc);
-    }
-    MPI_Comm_rank(_comm, &_rank);
-    MPI_Comm_size(_comm, &_size);
-  }
-
-  MPI_Comm _comm = MPI_COMM_NULL;
-  int _rank = 0;
-  int _size = 1;
-};
-
-// Runs when the request ends: rc is MPI_Test's result, status the request's status. Throws
-// loom::Error to fail the work.
-using Finish = std::function<void(int rc, const MPI_Status& status)>;
-
-// The handle of one MPI request.
-class RequestWork final : public Work {
- public:
-  RequestWork(std::string description, std::shared_ptr<const Communicator> communicator,
-              MPI_Request request, Finish finish, bool cancellable)
-      : Work(std::move(description)),
-        _communicator(std::move(communicator)),
-        _request(request),
-        _finish(std::move(finish)),
-        _cancellable(cancellable) {}
-
-  // The caller may free the buffers as soon as this handle is gone, so a request still in
-  // flight must end first: a receive is cancelled (MPI_Cancel is legal for receives, and the
-  // message then stays for a later receive), any other request is waited for, which blocks
-  // until the peers take part. An abandoned work (a timeout, a failure) is never waited for:
-  // a request still open is left to MPI and counted (abandoned_operations()), after which loom
-  // will not finalise MPI. After MPI_Finalize nothing can be done (or is needed).
-  ~RequestWork() override {
-    if (_request == MPI_REQUEST_NULL || mpi::finalized()) return;
-    if (abandoned()) {
-      int done = 0;
-      if (MPI_Test(&_request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS)
-        release();
-      else if (done == 0)
-        note_abandoned_operation();
-      return;
-    }
-    if (_cancellable) MPI_Cancel(&_request);
-    if (MPI_Wait(&_request, MPI_STATUS_IGNORE) != MPI_SUCCESS) release();
-  }
-
- protected:
-  bool poll() override {
-    MPI_Status status{};
-    int done = 0;
-    const int rc = MPI_Test(&_request, &done, &status);
-    if (rc == MPI_SUCCESS && done == 0) return false;
-    if (rc != MPI_SUCCESS) release();
-    _finish(rc, status);
-    return true;
-  }
-
- private:
-  // Open MPI leaves a request that completed in error allocated; free it so it cannot leak.
-  void release() noexcept {
-    if (_request != MPI_REQUEST_NULL) MPI_Request_free(&_request);
-    _request = MPI_REQUEST_NULL;
-  }
-
-  std::shared_ptr<const Communicator> _communicator;
-  MPI_Request _request;
-  Finish _finish;
-  bool _cancellable;
-};
-
-// The ranks' board in a shared-memory window over the ranks of this host
-// (MPI_Win_allocate_shared on an MPI_COMM_TYPE_SHARED split): each rank's RankSlot is written
-// with plain atomic stores and read by its host peers with plain loads, so a peer that is
-// stopped, dead or stuck in a call still says how far it got. Ranks on other hosts are not
-// visible (their slots are null): a timeout message names them as such. A thread of its own beats
-// this rank's heartbeat every 100 ms whatever the rank's other threads do (inside a blocking
-// MPI call too), so its peers tell a stopped or frozen process from one waiting in a collective.
-class SharedBoard {
- public:
-  explicit SharedBoard(MPI_Comm world) {
-    int world_size = 1, world_rank = 0;
-    MPI_Comm_size(world, &world_size);
-    MPI_Comm_rank(world, &world_rank);
-    _slots.assign(static_cast<std::size_t>(world_size), nullptr);
-    if (MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &_host) != MPI_SUCCESS)
-      return;
-    MPI_Comm_set_errhandler(_host, MPI_ERRORS_RETURN);
-    void* base = nullptr;
-    if (MPI_Win_allocate_shared(sizeof(RankSlot), 1, MPI_INFO_NULL, _host, &base, &_window) !=
-        MPI_SUCCESS) {
-      _window = MPI_WIN_NULL;
-      mpi::MpiRuntime::instance().free_at_finalize(_window, _host);
-      return;
-    }
-    // Freed just before MPI_Finalize with every other board's window, in the order they were
-    // made (the same on every rank: backends are made collectively), whether this board is
-    // destroyed by then or not: freeing is collective, and ranks destroy their backends in
-    // different orders (Python's garbage collector frees loom_torch's reducers when it runs) or
-    // not at all, which in destruction order would leave each rank waiting in another window's
-    // free.
-    // A board still alive at finalize (its backend held by an object Python never collected,
-    // after an exception) stops beating into the window before it is freed.
-    mpi::MpiRuntime::instance().free_at_finalize(_window, _host, [beating = _beating] {
-      std::lock_guard hold(beating->mutex);
-      beating->slot = nullptr;
-    });
-    new (base) RankSlot();  // zero: nothing started, completed or failed
-    MPI_Barrier(_host);     // every slot constructed before anyone reads one
-    int host_size = 1;
-    MPI_Comm_size(_host, &host_size);
-    MPI_Group host_group, world_group;
-    MPI_Comm_group(_host, &host_group);
-    MPI_Comm_group(world, &world_group);
-    std::vector<int> host_ranks(host_size), world_ranks(host_size);
-    for (int k = 0; k < host_size; ++k) host_ranks[k] = k;
-    MPI_Group_translate_ranks(host_group, host_size, host_ranks.data(), world_group,
-                              world_ranks.data());
-    MPI_Group_free(&host_group);
-    MPI_Group_free(&world_group);
-    for (int k = 0; k < host_size; ++k) {
-      MPI_Aint size = 0;
-      int unit = 0;
-      void* slot = nullptr;
-      if (MPI_Win_shared_query(_window, k, &size, &unit, &slot) == MPI_SUCCESS &&
-          world_ranks[k] >= 0 && world_ranks[k] < world_size)
-        _slots[static_cast<std::size_t>(world_ranks[k])] = static_cast<RankSlot*>(slot);
-    }
-    if (RankSlot* mine = _slots[static_cast<std::size_t>(world_rank)]) {
-      _beating->slot = mine;
-      _heartbeat = std::jthread([beating = _beating](std::stop_token stop) {
-        std::mutex mutex;
-        std::condition_variable_any wake;
-        std::unique_lock lock(mutex);
-        // wait_for returns the predicate's value (false) on a stop too: the loop tests the stop.
-        while (!stop.stop_requested()) {
-          {
-            std::lock_guard hold(beating->mutex);
-            if (beating->slot == nullptr) return;  // the window is about to be freed
-            RankBoard::beat(*beating->slot);
-          }
-          wake.wait_for(lock, stop, std::chrono::milliseconds(100), [] { return false; });
-        }
-      });
-    }
-  }
-  // Freeing the window is collective, and a peer may be stopped or dead: it is freed just
-  // before MPI_Finalize (registered when it was made), never here. The heartbeat thread stops
-  // at once (jthread: request_stop, then join).
-  ~SharedBoard() = default;
-  SharedBoard(const SharedBoard&) = delete;
-  SharedBoard& operator=(const SharedBoard&) = delete;
-
-  const std::vector<RankSlot*>& slots() const noexcept { return _slots; }
-
- private:
-  MPI_Comm _host = MPI_COMM_NULL;
-  MPI_Win _window = MPI_WIN_NULL;
-  std::vector<RankSlot*> _slots;
-  // This rank's slot while the window exists; shared with the heartbeat thread and the
-  // runtime's finalize, which clears it before freeing the window.
-  struct Beating {
-    std::mutex mutex;
-    RankSlot* slot = nullptr;
-  };
-  std::shared_ptr<Beating> _beating = std::make_shared<Beating>();
-  std::jthread _heartbeat;
-};
-
-// Making a backend is collective (two MPI_Comm_dup of MPI_COMM_WORLD, the host split and its
-// shared window, the topology exchange) and MPI has no nonblocking form of these calls: a rank
-// that never makes its backend (it failed or stopped before, in code that runs on some ranks
-// only) would leave its peers inside them forever. They run watched: at the timeout loom says
-// what it waited for and ends the process, as for any blocking call it cannot abandon.
-class ConstructionWatch {
- public:
-  explicit ConstructionWatch(std::chrono::nanoseconds limit) {
-    int rank = -1, size = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    _watchdog.set_timeout(limit);
-    _watchdog.on_expiry([limit, rank, size](std::uint64_t) {
-      std::fprintf(stderr,
-                   "[loom:timeout] making the mpi backend on rank %d of %d did not complete "
-                   "within %s: it is collective (MPI_Comm_dup of MPI_COMM_WORLD, the ranks' "
-                   "shared board) and a rank did not make its backend (it failed or stopped "
-                   "before; a loom_torch.parallelize() or process group made on some ranks "
-                   "only); a blocking MPI call cannot be abandoned, so loom ends this process "
-                   "(status %d)\n",
-                   rank, size,
-                   environment::seconds_text(std::chrono::duration<double>(limit).count()).c_str(),
-                   fatal_exit_status);
-      std::fflush(nullptr);
-      std::_Exit(fatal_exit_status);
-    });
-    _watched.emplace(_watchdog, 0);
-  }
-
- private:
-  CallWatchdog _watchdog;
-  std::optional<WatchedCall> _watched;
-};
 
 class MpiBackend final : public Backend {
  public:

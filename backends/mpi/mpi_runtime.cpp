@@ -68,6 +68,22 @@ MPI_Datatype datatype(DType dtype) noexcept {
   return MPI_DATATYPE_NULL;
 }
 
+MPI_Op predefined_op(ReduceOp op) noexcept {
+  switch (op) {
+    case ReduceOp::sum:
+      return MPI_SUM;
+    case ReduceOp::prod:
+      return MPI_PROD;
+    case ReduceOp::min:
+      return MPI_MIN;
+    case ReduceOp::max:
+      return MPI_MAX;
+    case ReduceOp::avg:
+      break;
+  }
+  return MPI_OP_NULL;
+}
+
 namespace {
 
 // MPI calls user ops from C code, so nothing may propagate out: noexcept turns a (never
@@ -228,19 +244,7 @@ MPI_Op MpiRuntime::op(ReduceOp op, DType dtype) const noexcept {
   const ReduceOp combine = op == ReduceOp::avg ? ReduceOp::sum : op;
   const MPI_Op user = _user_ops[static_cast<std::size_t>(dtype)][static_cast<std::size_t>(combine)];
   if (user != MPI_OP_NULL) return user;
-  switch (combine) {
-    case ReduceOp::sum:
-      return MPI_SUM;
-    case ReduceOp::prod:
-      return MPI_PROD;
-    case ReduceOp::min:
-      return MPI_MIN;
-    case ReduceOp::max:
-      return MPI_MAX;
-    case ReduceOp::avg:
-      break;
-  }
-  return MPI_SUM;
+  return predefined_op(combine);
 }
 
 }  // namespace loom::mpi

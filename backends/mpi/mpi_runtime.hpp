@@ -31,8 +31,13 @@ std::string thread_level_name(int level);
 /// @brief Whether MPI_Finalize has run (after it almost every MPI call is illegal).
 bool finalized() noexcept;
 
-/// @brief The MPI datatype that carries `dtype`; 16-bit floats travel as MPI_UINT16_T.
+/// @brief The MPI datatype that carries `dtype`; 16-bit floats travel as MPI_UINT16_T, which is
+/// right for moving them but not for reducing them (MPI has no float16 arithmetic).
 MPI_Datatype datatype(DType dtype) noexcept;
+
+/// @brief MPI's predefined op for `op` (MPI_SUM, MPI_PROD, MPI_MIN, MPI_MAX); MPI_OP_NULL for
+/// avg, which MPI does not have. MpiRuntime::op is what the backend reduces with.
+MPI_Op predefined_op(ReduceOp op) noexcept;
 
 /// @brief What MPI says of CUDA device pointers.
 struct CudaSupport {

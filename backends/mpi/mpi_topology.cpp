@@ -6,15 +6,13 @@
 #include <vector>
 
 #include "loom/error.hpp"
+#include "mpi_errors.hpp"
 
 namespace loom::mpi {
 namespace {
 
 void check(const char* call, int rc) {
-  if (rc != MPI_SUCCESS)
-    throw Error(ErrorCode::backend_failure,
-                std::string("mpi backend: finding which ranks share a node: ") + call +
-                    " failed: " + error_text(rc));
+  mpi::check("mpi backend: finding which ranks share a node", call, rc);
 }
 
 }  // namespace

@@ -3,46 +3,10 @@
 
 #include "implementation.hpp"
 #include "mpi_communicator.hpp"
+#include "mpi_runtime.hpp"  // the library's own dtype and op maps (backends/mpi)
 
 namespace loom::bench {
 namespace {
-
-// The predefined MPI datatype of `dtype`; the 16-bit floats travel as MPI_UINT16_T, which is
-// right for moving them but not for reducing them (MPI has no float16 arithmetic).
-MPI_Datatype datatype(DType dtype) {
-  switch (dtype) {
-    case DType::float32:
-      return MPI_FLOAT;
-    case DType::float64:
-      return MPI_DOUBLE;
-    case DType::float16:
-    case DType::bfloat16:
-      return MPI_UINT16_T;
-    case DType::int32:
-      return MPI_INT32_T;
-    case DType::int64:
-      return MPI_INT64_T;
-    case DType::uint8:
-      return MPI_UINT8_T;
-  }
-  return MPI_DATATYPE_NULL;
-}
-
-MPI_Op reduction(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::sum:
-      return MPI_SUM;
-    case ReduceOp::prod:
-      return MPI_PROD;
-    case ReduceOp::min:
-      return MPI_MIN;
-    case ReduceOp::max:
-      return MPI_MAX;
-    case ReduceOp::avg:
-      break;
-  }
-  return MPI_OP_NULL;
-}
 
 int mpi_count(std::size_t count) {
   if (count > static_cast<std::size_t>(INT_MAX))
@@ -68,8 +32,8 @@ class MpiRawImplementation final : public Implementation {
 
   void run(const CollectiveArgs& call) override {
     const MPI_Comm comm = _communicator.get();
-    const MPI_Datatype type = datatype(call.send.dtype());
-    const MPI_Op op = reduction(call.reduce_op);
+    const MPI_Datatype type = mpi::datatype(call.send.dtype());
+    const MPI_Op op = mpi::predefined_op(call.reduce_op);
     const int send_count = mpi_count(call.send.count());
     const int recv_count = mpi_count(call.recv.count());
     void* send = call.send.data();
@@ -87,7 +51,7 @@ class MpiRawImplementation final : public Implementation {
                   "MPI_Reduce_scatter_block");
         return;
       case Collective::broadcast:
-        check_mpi(MPI_Bcast(recv, recv_count, datatype(call.recv.dtype()), call.root, comm),
+        check_mpi(MPI_Bcast(recv, recv_count, mpi::datatype(call.recv.dtype()), call.root, comm),
                   "MPI_Bcast");
         return;
       case Collective::reduce:

@@ -121,7 +121,7 @@ std::vector<ModeResult> run_modes(Backend& backend, std::vector<examples::TrainC
     r.overlap_efficiency = in.efficiency.median();
     r.final_loss = steps[k]->loss();
     r.progress_priority = steps[k]->executor().progress_priority();
-    if (const examples::StepPlan* p = steps[k]->plan()) {
+    if (const examples::TimedPlan* p = steps[k]->plan()) {
       r.plan = examples::describe(*p);
       r.plans_tried = steps[k]->plans_tried();
     }
@@ -140,10 +140,10 @@ std::vector<ModeResult> run_modes(Backend& backend, std::vector<examples::TrainC
       profile.workers = steps[k]->executor().workers();
       // A planned order runs one collective at a time (TrainStep::schedule_from_last_run).
       const std::size_t in_flight = configs[k].executor.collectives_in_flight;
-      profile.collectives_in_flight = steps[k]->plan() ? steps[k]->plan()->collectives_in_flight
-                                      : in_flight == 0 && !steps[k]->issue_order().empty()
-                                          ? 1
-                                          : in_flight;
+      profile.collectives_in_flight =
+          steps[k]->plan() ? steps[k]->plan()->plan.collectives_in_flight
+          : in_flight == 0 && !steps[k]->issue_order().empty() ? 1
+                                                               : in_flight;
       profile.measured_step_s = r.step_ms * 1e-3;
       profile.measured_comm_s = r.comm_ms * 1e-3;
       profile.measured_compute_s = r.compute_ms * 1e-3;

@@ -10,7 +10,8 @@
 
 namespace loom::bench {
 
-/// @brief Medians over the measured steps of one mode (milliseconds; see README "loom-overlap").
+/// @brief Medians over the measured steps of one mode (milliseconds; see docs/bucketing.md
+/// "loom-overlap").
 struct ModeResult {
   examples::OverlapMode mode = examples::OverlapMode::loom;
   std::string label;  ///< the mode's name, or the configuration's when several share a mode
@@ -32,7 +33,7 @@ struct ModeResult {
   /// @brief The automatic plan the step ran (examples::describe()), "" without one, and the
   /// plans it timed to choose it (predicted and measured).
   std::string plan;
-  std::vector<examples::StepPlan> plans_tried;
+  std::vector<examples::TimedPlan> plans_tried;
   /// @brief This rank's last timed step: why each communication node was or wasn't hidden.
   std::vector<CommunicationReport> communication;
 };

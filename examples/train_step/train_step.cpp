@@ -204,7 +204,7 @@ void TrainStep::schedule_from_last_run() {
   _step->schedule_from_last_run();
 }
 
-const StepPlan& TrainStep::plan_automatically(const PlanSearch& search) {
+const TimedPlan& TrainStep::plan_automatically(const PlanSearch& search) {
   return _step->plan_automatically(search);
 }
 

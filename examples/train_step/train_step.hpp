@@ -24,7 +24,7 @@ using loom::describe;
 using loom::OverlapMode;
 using loom::parse_overlap_mode;
 using loom::PlanSearch;
-using loom::StepPlan;
+using loom::TimedPlan;
 using loom::to_string;
 
 /// @brief The order in which the model registers its parameters (DDP buckets in reverse).
@@ -99,12 +99,12 @@ class TrainStep {
   /// @brief loom mode: predicts every candidate plan (PlanSearch) from the runs since the
   /// last plan (or the last run) on rank 0 and runs the best predicted on every rank, untimed.
   /// Collective. Needs a profiled run; other modes: ErrorCode::invalid_argument.
-  const StepPlan& plan_automatically(const PlanSearch& search = {});
+  const TimedPlan& plan_automatically(const PlanSearch& search = {});
   /// @brief The plan running now (nullptr before one).
-  const StepPlan* plan() const noexcept { return _step->plan(); }
+  const TimedPlan* plan() const noexcept { return _step->plan(); }
   /// @brief The automatic plan's timed shortlist, once it has decided (rank 0's predictions
   /// and measurements on every rank), in the order tried; empty before.
-  const std::vector<StepPlan>& plans_tried() const noexcept { return _step->plans_tried(); }
+  const std::vector<TimedPlan>& plans_tried() const noexcept { return _step->plans_tried(); }
 
   Executor& executor() noexcept { return _step->executor(); }
   /// @brief The graph the step's executor was compiled from (loom mode: without the first

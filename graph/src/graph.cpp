@@ -257,28 +257,30 @@ Task Graph::barrier(std::string name, CommOptions options) {
   return collective(std::move(name), spec, options);
 }
 
-Task Graph::send(std::string name, Buffer buffer, int peer, int tag, CommOptions options) {
+namespace {
+// A send or recv node: the two differ only in their kind (the buffer is in collective.send).
+detail::NodeData point_to_point(NodeKind kind, std::string name, Buffer buffer, int peer, int tag,
+                                CommOptions options) {
   detail::NodeData node;
   node.priority = checked_priority(options.priority, name);
   node.group = std::move(options.group);
   node.name = std::move(name);
-  node.kind = NodeKind::send;
+  node.kind = kind;
   node.collective.send = buffer;
   node.peer = peer;
   node.tag = tag;
-  return add(std::move(node));
+  return node;
+}
+}  // namespace
+
+Task Graph::send(std::string name, Buffer buffer, int peer, int tag, CommOptions options) {
+  return add(
+      point_to_point(NodeKind::send, std::move(name), buffer, peer, tag, std::move(options)));
 }
 
 Task Graph::recv(std::string name, Buffer buffer, int peer, int tag, CommOptions options) {
-  detail::NodeData node;
-  node.priority = checked_priority(options.priority, name);
-  node.group = std::move(options.group);
-  node.name = std::move(name);
-  node.kind = NodeKind::recv;
-  node.collective.send = buffer;
-  node.peer = peer;
-  node.tag = tag;
-  return add(std::move(node));
+  return add(
+      point_to_point(NodeKind::recv, std::move(name), buffer, peer, tag, std::move(options)));
 }
 
 Task Graph::copy(std::string name, Buffer src, Buffer dst, CommOptions options) {

@@ -70,14 +70,15 @@ struct DataParallelStep::State {
     std::unique_ptr<Executor> executor;
     Built built;
     std::vector<std::size_t> issue_order;
-    std::optional<StepPlan> plan;
+    std::optional<TimedPlan> plan;
   };
-  struct AutomaticPlan {
+  // DataParallelOptions::automatic_plan's progress: profiling, timing the shortlist, decided.
+  struct AutomaticPlanning {
     std::vector<std::vector<NodeTiming>> runs;  // profiled, at most PlanSearch::profile_runs
     std::vector<Compiled> compiled;             // each shortlisted plan's; the running one empty
-    std::vector<StepPlan> shortlist;            // while it is timed
+    std::vector<TimedPlan> shortlist;           // while it is timed
     std::optional<PlanTrials> trials;           // while the shortlist is timed
-    std::vector<StepPlan> tried;                // once decided
+    std::vector<TimedPlan> tried;               // once decided
     bool decided = false;
   };
 
@@ -93,8 +94,8 @@ struct DataParallelStep::State {
   bool primed = false;
   std::vector<std::size_t> issue_order;
   std::vector<std::size_t> ready_order;  // the gradients' order after rebuild_buckets()
-  std::optional<StepPlan> plan;
-  AutomaticPlan automatic;
+  std::optional<TimedPlan> plan;
+  AutomaticPlanning automatic;
 
   const StepParameter& parameter(std::size_t p) const {
     return model.layers[params[p].first].parameters[params[p].second];
@@ -118,8 +119,8 @@ struct DataParallelStep::State {
   ExecutorOptions executor_options() const;
   void compile();
   void swap_compiled(Compiled& other);
-  std::vector<StepPlan> predict_plans(const PlanSearch& search, std::size_t keep);
-  void apply_plan(StepPlan chosen);
+  std::vector<TimedPlan> predict_plans(const PlanSearch& search, std::size_t keep);
+  void apply_plan(TimedPlan chosen);
   void advance_automatic_plan(double run_s);
 };
 
@@ -359,7 +360,7 @@ ExecutorOptions DataParallelStep::State::executor_options() const {
   // The plan is made from profiled runs; once it is decided, profiling is what the user asked.
   if (options.automatic_plan && !automatic.decided) o.profile = true;
   if (plan) {
-    o.collectives_in_flight = plan->collectives_in_flight;
+    o.collectives_in_flight = plan->plan.collectives_in_flight;
     return o;
   }
   if (options.mode == OverlapMode::loom && !issue_order.empty() && o.collectives_in_flight == 0)
@@ -389,8 +390,8 @@ void DataParallelStep::State::swap_compiled(Compiled& other) {
   std::swap(plan, other.plan);
 }
 
-std::vector<StepPlan> DataParallelStep::State::predict_plans(const PlanSearch& search,
-                                                             std::size_t keep) {
+std::vector<TimedPlan> DataParallelStep::State::predict_plans(const PlanSearch& search,
+                                                              std::size_t keep) {
   if (options.mode != OverlapMode::loom)
     throw Error(ErrorCode::invalid_argument,
                 "DataParallelStep::plan_automatically plans loom mode's step; this step runs " +
@@ -403,7 +404,7 @@ std::vector<StepPlan> DataParallelStep::State::predict_plans(const PlanSearch& s
     throw Error(ErrorCode::invalid_argument,
                 "DataParallelStep::plan_automatically needs a profiled run first "
                 "(ExecutorOptions::profile)");
-  std::vector<StepPlan> mine;  // empty tells the other ranks that rank 0 failed
+  std::vector<TimedPlan> mine;  // empty tells the other ranks that rank 0 failed
   std::string failure;
   if (backend.rank() == 0) {
     try {
@@ -426,7 +427,7 @@ std::vector<StepPlan> DataParallelStep::State::predict_plans(const PlanSearch& s
       mine.clear();
     }
   }
-  std::vector<StepPlan> plans = agree_on_plans(backend, mine, limit());
+  std::vector<TimedPlan> plans = agree_on_plans(backend, mine, limit());
   if (!failure.empty()) throw Error(ErrorCode::internal, failure);
   if (plans.empty())
     throw Error(ErrorCode::peer_failed, "DataParallelStep::plan_automatically on rank " +
@@ -435,11 +436,11 @@ std::vector<StepPlan> DataParallelStep::State::predict_plans(const PlanSearch& s
   return plans;
 }
 
-void DataParallelStep::State::apply_plan(StepPlan chosen) {
+void DataParallelStep::State::apply_plan(TimedPlan chosen) {
   BucketerOptions o = options.bucketing;
-  o.cap_bytes = chosen.cap_bytes;
-  o.first_bucket_bytes = chosen.first_bucket_bytes;
-  o.split_large = chosen.split_large;
+  o.cap_bytes = chosen.plan.bucket_cap_bytes;
+  o.first_bucket_bytes = chosen.plan.first_bucket_bytes;
+  o.split_large = chosen.plan.partition_large;
   std::unique_ptr<Bucketer> b = make_bucketer(o);
   if (b->buckets().size() != chosen.buckets)
     throw Error(ErrorCode::mismatch,
@@ -448,19 +449,19 @@ void DataParallelStep::State::apply_plan(StepPlan chosen) {
                     std::to_string(chosen.buckets) + " buckets, this rank's model " +
                     std::to_string(b->buckets().size()));
   bucketer = std::move(b);
-  issue_order = chosen.issue_order;
+  issue_order = chosen.plan.issue_order;
   plan = std::move(chosen);
   compile();
 }
 
 void DataParallelStep::State::advance_automatic_plan(double run_s) {
   const PlanSearch& search = *options.automatic_plan;
-  AutomaticPlan& a = automatic;
+  AutomaticPlanning& a = automatic;
   if (!a.trials) {
     // Profiling the configured buckets.
     a.runs.push_back(executor->last_run());
     if (a.runs.size() < static_cast<std::size_t>(std::max(1, search.profile_runs))) return;
-    std::vector<StepPlan> shortlist = predict_plans(search, search.shortlist);
+    std::vector<TimedPlan> shortlist = predict_plans(search, search.shortlist);
     a.runs.clear();
     if (shortlist.size() == 1) {  // nothing to time
       a.tried = shortlist;
@@ -497,7 +498,7 @@ void DataParallelStep::State::advance_automatic_plan(double run_s) {
                                          std::to_string(a.tried.size()) + " plans, this rank " +
                                          std::to_string(a.compiled.size()));
   std::vector<double> agreed;
-  for (const StepPlan& p : a.tried) agreed.push_back(p.measured_step_s);
+  for (const TimedPlan& p : a.tried) agreed.push_back(p.measured_step_s);
   const std::size_t fastest = PlanTrials::fastest(agreed);
   if (fastest != current) {
     swap_compiled(a.compiled[current]);
@@ -605,8 +606,8 @@ void DataParallelStep::schedule_from_last_run() {
   // A planned order is only kept on the wire one collective at a time, whatever an automatic
   // plan chose before.
   if (s.plan) {
-    s.plan->collectives_in_flight = 1;
-    s.plan->issue_order = s.issue_order;
+    s.plan->plan.collectives_in_flight = 1;
+    s.plan->plan.issue_order = s.issue_order;
   }
   s.compile();
 }
@@ -615,17 +616,17 @@ const std::vector<std::size_t>& DataParallelStep::issue_order() const noexcept {
   return _state->issue_order;
 }
 
-const StepPlan& DataParallelStep::plan_automatically(const PlanSearch& search) {
+const TimedPlan& DataParallelStep::plan_automatically(const PlanSearch& search) {
   State& s = *_state;
   s.apply_plan(s.predict_plans(search, 1).front());
   return *s.plan;
 }
 
-const StepPlan* DataParallelStep::plan() const noexcept {
+const TimedPlan* DataParallelStep::plan() const noexcept {
   return _state->plan ? &*_state->plan : nullptr;
 }
 
-const std::vector<StepPlan>& DataParallelStep::plans_tried() const noexcept {
+const std::vector<TimedPlan>& DataParallelStep::plans_tried() const noexcept {
   return _state->automatic.tried;
 }
 

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "bytes_text.hpp"
 #include "loom/error.hpp"
 #include "loom/kernels/reduce.hpp"
 
@@ -23,16 +24,7 @@ namespace {
   throw Error(ErrorCode::invalid_argument, "GradientReducer: " + message);
 }
 
-std::string bytes_text(std::size_t bytes) {
-  std::ostringstream out;
-  if (bytes >= (std::size_t{1} << 20) && bytes % (std::size_t{1} << 20) == 0)
-    out << (bytes >> 20) << " MiB";
-  else if (bytes >= (std::size_t{1} << 10))
-    out << (bytes + 512) / 1024 << " KiB";
-  else
-    out << bytes << " B";
-  return out.str();
-}
+using detail::bytes_text;
 
 void check_order(const std::vector<std::size_t>& order, std::size_t n, const char* what) {
   if (order.empty()) return;
@@ -58,10 +50,6 @@ void check_plan(const ReducerPlan& plan, std::size_t n, const char* call) {
 }
 
 }  // namespace
-
-const char* to_string(IssuePriority priority) noexcept {
-  return priority == IssuePriority::forward ? "forward" : "ready";
-}
 
 std::vector<std::size_t> forward_issue_order(const std::vector<Bucket>& buckets,
                                              const std::vector<std::size_t>& bytes,
@@ -173,20 +161,6 @@ UpdateGroups make_update_groups(const Bucketer& bucketer,
     out.buckets.push_back(std::move(ordered));
   }
   return out;
-}
-
-std::string describe(const ReducerPlan& plan) {
-  std::string s =
-      "cap " + bytes_text(plan.bucket_cap_bytes) + ", first " + bytes_text(plan.first_bucket_bytes);
-  if (plan.partition_large) s += ", partition";
-  if (plan.compression != Compression::none) s += ", " + std::string(to_string(plan.compression));
-  if (plan.collectives_in_flight) s += ", in flight " + std::to_string(plan.collectives_in_flight);
-  if (!plan.issue_order.empty())
-    s += ", planned order";
-  else if (plan.priority == IssuePriority::forward && plan.collectives_in_flight)
-    s += ", forward priority";
-  if (plan.track_usage) s += ", usage counted";
-  return s;
 }
 
 struct GradientReducer::State {

@@ -69,11 +69,6 @@ double run_seconds(const std::vector<NodeTiming>& run) {
   return last > first ? static_cast<double>(last - first) * 1e-9 : 0;
 }
 
-std::string bucketing_text(std::size_t cap, std::size_t first, bool split) {
-  return "cap " + std::to_string(cap >> 10) + " KiB, first " + std::to_string(first >> 10) +
-         " KiB" + (split ? ", split" : "");
-}
-
 // The parts of a bucket whose cost is fitted per byte (the allreduce's comes from the wire).
 enum Part : std::size_t { pack, unpack, update, parts };
 
@@ -104,35 +99,9 @@ void check_plan_graph(const PlanGraph& g, const Bucketer& bucketer, const std::s
 
 }  // namespace
 
-int PlanSearch::runs_to_decide() const {
-  const int timed = shortlist > 1 ? static_cast<int>(shortlist) * std::max(2, trial_runs) : 0;
-  return std::max(1, profile_runs) + timed;
-}
-
-void PlanSearch::check(const std::string& who) const {
-  const auto bad = [&](const std::string& what) { invalid(who + ": " + what); };
-  if (caps_bytes.empty()) bad("PlanSearch::caps_bytes is empty");
-  for (std::size_t cap : caps_bytes)
-    if (cap == 0) bad("bucket caps must be > 0 (PlanSearch::caps_bytes holds 0)");
-  for (std::size_t first : first_bucket_bytes)
-    if (first == 0) bad("first-bucket sizes must be > 0 (PlanSearch::first_bucket_bytes holds 0)");
-  if (profile_runs < 1 || trial_runs < 2)
-    bad("PlanSearch needs profile_runs >= 1 and trial_runs >= 2 (got " +
-        std::to_string(profile_runs) + " and " + std::to_string(trial_runs) + ")");
-  if (latency_s < 0 || cores < 0 || comm_cpu < 0 || workers < 0)
-    bad("PlanSearch's latency_s, cores, comm_cpu and workers must be >= 0");
-}
-
-std::string describe(const StepPlan& plan) {
-  return bucketing_text(plan.cap_bytes, plan.first_bucket_bytes, plan.split_large) + ", " +
-         std::to_string(plan.buckets) + " buckets, in flight " +
-         (plan.collectives_in_flight == 0 ? std::string("unlimited")
-                                          : std::to_string(plan.collectives_in_flight));
-}
-
-std::vector<StepPlan> search_plans(const PlanSearch& search, const PlanInputs& inputs,
-                                   const BucketerFactory& make_bucketer,
-                                   const PlanGraphBuilder& build) {
+std::vector<TimedPlan> search_plans(const PlanSearch& search, const PlanInputs& inputs,
+                                    const BucketerFactory& make_bucketer,
+                                    const PlanGraphBuilder& build) {
   search.check("search_plans");
   if (!inputs.running || !inputs.bucketer || !make_bucketer || !build)
     invalid(
@@ -180,10 +149,10 @@ std::vector<StepPlan> search_plans(const PlanSearch& search, const PlanInputs& i
   std::vector<LinearCost> cost(parts);
   for (std::size_t p = 0; p < parts; ++p) cost[p] = fit(measured[p]);
 
-  // Candidates: the running bucketing, then every cap x first bucket (<= cap) x split.
+  // Candidates: the running bucketing, then every cap x first bucket (<= cap) x partition.
   struct Candidate {
     std::size_t cap, first;
-    bool split;
+    bool partition;
   };
   const BucketerOptions& running_options = bucketer.options();
   std::vector<Candidate> candidates{
@@ -193,21 +162,21 @@ std::vector<StepPlan> search_plans(const PlanSearch& search, const PlanInputs& i
     for (std::size_t f : search.first_bucket_bytes)
       if (f < cap) firsts.push_back(f);
     for (std::size_t first : firsts)
-      for (bool split : {false, true})
-        if ((!split || search.try_split) &&
+      for (bool partition : {false, true})
+        if ((!partition || search.try_partition) &&
             std::none_of(candidates.begin(), candidates.end(), [&](const Candidate& x) {
-              return x.cap == cap && x.first == first && x.split == split;
+              return x.cap == cap && x.first == first && x.partition == partition;
             }))
-          candidates.push_back({cap, first, split});
+          candidates.push_back({cap, first, partition});
   }
 
   PinnedPool pool;  // the candidates' bucket memory, one after another
-  std::vector<StepPlan> plans;
+  std::vector<TimedPlan> plans;
   for (const Candidate& c : candidates) {
     BucketerOptions options = running_options;
     options.cap_bytes = c.cap;
     options.first_bucket_bytes = c.first;
-    options.split_large = c.split;
+    options.split_large = c.partition;
     if (!options.pool) options.pool = &pool;
     const std::unique_ptr<Bucketer> candidate = make_bucketer(options);
     const PlanGraph g = build(*candidate, {});
@@ -234,35 +203,36 @@ std::vector<StepPlan> search_plans(const PlanSearch& search, const PlanInputs& i
       SimulationOptions start = sim;
       start.collectives_in_flight = in_flight;
       const Schedule s = best_order(profile, network, start);
-      StepPlan plan;
-      plan.cap_bytes = c.cap;
-      plan.first_bucket_bytes = c.first;
-      plan.split_large = c.split;
-      plan.collectives_in_flight = s.options.collectives_in_flight;
+      TimedPlan plan;
+      plan.plan.bucket_cap_bytes = c.cap;
+      plan.plan.first_bucket_bytes = c.first;
+      plan.plan.partition_large = c.partition;
+      plan.plan.collectives_in_flight = s.options.collectives_in_flight;
       plan.buckets = candidate->buckets().size();
       plan.predicted_step_s = s.prediction.step_s;
       for (std::size_t id :
            s.options.issue_order.empty() ? default_issue_order(profile) : s.options.issue_order)
         if (id < bucket_of_reduce.size() && bucket_of_reduce[id] != SIZE_MAX)
-          plan.issue_order.push_back(bucket_of_reduce[id]);
-      if (plan.issue_order.size() != plan.buckets)
+          plan.plan.issue_order.push_back(bucket_of_reduce[id]);
+      if (plan.plan.issue_order.size() != plan.buckets)
         throw Error(ErrorCode::internal, "search_plans: the plan (" + describe(plan) + ") orders " +
-                                             std::to_string(plan.issue_order.size()) + " buckets");
+                                             std::to_string(plan.plan.issue_order.size()) +
+                                             " buckets");
       plans.push_back(std::move(plan));
     }
   }
-  std::stable_sort(plans.begin(), plans.end(), [](const StepPlan& a, const StepPlan& b) {
+  std::stable_sort(plans.begin(), plans.end(), [](const TimedPlan& a, const TimedPlan& b) {
     return a.predicted_step_s < b.predicted_step_s;
   });
   return plans;
 }
 
-std::vector<StepPlan> shortlist_plans(const std::vector<StepPlan>& ranked, std::size_t keep) {
-  std::vector<StepPlan> out;
+std::vector<TimedPlan> shortlist_plans(const std::vector<TimedPlan>& ranked, std::size_t keep) {
+  std::vector<TimedPlan> out;
   std::vector<bool> taken(ranked.size(), false);
   for (std::size_t i = 0; i < ranked.size() && out.size() < keep; ++i)
-    if (std::none_of(out.begin(), out.end(), [&](const StepPlan& p) {
-          return p.collectives_in_flight == ranked[i].collectives_in_flight;
+    if (std::none_of(out.begin(), out.end(), [&](const TimedPlan& p) {
+          return p.plan.collectives_in_flight == ranked[i].plan.collectives_in_flight;
         })) {
       out.push_back(ranked[i]);
       taken[i] = true;
@@ -272,27 +242,28 @@ std::vector<StepPlan> shortlist_plans(const std::vector<StepPlan>& ranked, std::
   return out;
 }
 
-std::vector<StepPlan> agree_on_plans(Backend& backend, const std::vector<StepPlan>& mine,
-                                     std::chrono::nanoseconds limit) {
+std::vector<TimedPlan> agree_on_plans(Backend& backend, const std::vector<TimedPlan>& mine,
+                                      std::chrono::nanoseconds limit) {
   // One message: the count, then per plan a fixed header (so the order's length is known), its
   // prediction and measurement (bit patterns) and its order.
   std::vector<std::int64_t> wire{static_cast<std::int64_t>(mine.size())};
-  for (const StepPlan& plan : mine) {
+  for (const TimedPlan& timed : mine) {
+    const ReducerPlan& plan = timed.plan;
     wire.insert(wire.end(),
-                {static_cast<std::int64_t>(plan.cap_bytes),
-                 static_cast<std::int64_t>(plan.first_bucket_bytes), plan.split_large ? 1 : 0,
+                {static_cast<std::int64_t>(plan.bucket_cap_bytes),
+                 static_cast<std::int64_t>(plan.first_bucket_bytes), plan.partition_large ? 1 : 0,
                  static_cast<std::int64_t>(plan.collectives_in_flight),
-                 static_cast<std::int64_t>(plan.buckets),
+                 static_cast<std::int64_t>(timed.buckets),
                  static_cast<std::int64_t>(plan.issue_order.size()),
-                 std::bit_cast<std::int64_t>(plan.predicted_step_s),
-                 std::bit_cast<std::int64_t>(plan.measured_step_s)});
+                 std::bit_cast<std::int64_t>(timed.predicted_step_s),
+                 std::bit_cast<std::int64_t>(timed.measured_step_s)});
     wire.insert(wire.end(), plan.issue_order.begin(), plan.issue_order.end());
   }
   const std::vector<std::int64_t> root = backend.agree_on_root(
       "agree_on_plans",
       backend.rank() == 0 ? std::span<const std::int64_t>(wire) : std::span<const std::int64_t>(),
       limit, [&] { return "agree_on_plans on rank " + std::to_string(backend.rank()); });
-  std::vector<StepPlan> plans;
+  std::vector<TimedPlan> plans;
   std::size_t at = 0;
   const auto next = [&] {
     if (at >= root.size())
@@ -303,68 +274,21 @@ std::vector<StepPlan> agree_on_plans(Backend& backend, const std::vector<StepPla
   };
   const std::int64_t count = root.empty() ? 0 : next();
   for (std::int64_t i = 0; i < count; ++i) {
-    StepPlan plan;
-    plan.cap_bytes = static_cast<std::size_t>(next());
+    TimedPlan timed;
+    ReducerPlan& plan = timed.plan;
+    plan.bucket_cap_bytes = static_cast<std::size_t>(next());
     plan.first_bucket_bytes = static_cast<std::size_t>(next());
-    plan.split_large = next() != 0;
+    plan.partition_large = next() != 0;
     plan.collectives_in_flight = static_cast<std::size_t>(next());
-    plan.buckets = static_cast<std::size_t>(next());
+    timed.buckets = static_cast<std::size_t>(next());
     const std::int64_t order = next();
-    plan.predicted_step_s = std::bit_cast<double>(next());
-    plan.measured_step_s = std::bit_cast<double>(next());
+    timed.predicted_step_s = std::bit_cast<double>(next());
+    timed.measured_step_s = std::bit_cast<double>(next());
     for (std::int64_t k = 0; k < order; ++k)
       plan.issue_order.push_back(static_cast<std::size_t>(next()));
-    plans.push_back(std::move(plan));
+    plans.push_back(std::move(timed));
   }
   return plans;
-}
-
-PlanTrials::PlanTrials(std::size_t plans, int rounds)
-    : _runs_s(plans), _rounds(static_cast<std::size_t>(std::max(0, rounds))) {
-  if (plans == 0) invalid("PlanTrials: an empty shortlist");
-  if (rounds < 2)
-    invalid("PlanTrials: at least 2 rounds (the first is not counted), got " +
-            std::to_string(rounds));
-}
-
-std::size_t PlanTrials::record(double run_s) {
-  if (done()) invalid("PlanTrials::record: every plan already ran its rounds");
-  if (!std::isfinite(run_s) || run_s < 0)
-    invalid("PlanTrials::record: plan " + std::to_string(_current) + "'s run took " +
-            std::to_string(run_s) + " s (a time is finite and not negative)");
-  _runs_s[_current].push_back(run_s);
-  _current = (_current + 1) % _runs_s.size();
-  return _current;
-}
-
-bool PlanTrials::done() const noexcept {
-  return _runs_s.back().size() >= _rounds;
-}
-
-std::vector<double> PlanTrials::steps_s() const {
-  if (!done()) invalid("PlanTrials::steps_s before every plan ran its rounds");
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    const std::size_t h = v.size() / 2;
-    return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
-  };
-  const std::vector<double>& first = _runs_s.front();
-  const double base = median({first.begin() + 1, first.end()});
-  std::vector<double> out{base};
-  for (std::size_t k = 1; k < _runs_s.size(); ++k) {
-    std::vector<double> ratios;
-    for (std::size_t r = 1; r < _rounds; ++r)
-      // A run of 0 s (a clock too coarse for the step) cannot be a denominator.
-      ratios.push_back(first[r] > 0 ? _runs_s[k][r] / first[r] : 1.0);
-    out.push_back(base * median(std::move(ratios)));
-  }
-  return out;
-}
-
-std::size_t PlanTrials::fastest(std::span<const double> seconds) {
-  if (seconds.empty()) invalid("PlanTrials::fastest of no plans");
-  return static_cast<std::size_t>(std::min_element(seconds.begin(), seconds.end()) -
-                                  seconds.begin());
 }
 
 }  // namespace loom

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "ceil_log2.hpp"
 #include "loom/algorithm.hpp"
 #include "loom/error.hpp"
 
@@ -65,12 +66,6 @@ struct Fold {
   int rem = 0;
   int steps = 0;
 };
-
-int ceil_log2(int n) {
-  int steps = 0;
-  while ((1 << steps) < n) ++steps;
-  return steps;
-}
 
 // Accumulates the steps of one algorithm: each step's messages load every node's link (out at
 // the sender, in at the receiver) or memory, and the step lasts as long as the busiest of them.

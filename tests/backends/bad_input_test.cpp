@@ -5,11 +5,14 @@
 #include <mutex>
 
 #include "backends/bad_inputs.hpp"
+#include "expect_error.hpp"
 #include "loom/config.hpp"
 #include "loom/local.hpp"
 
 namespace loom {
 namespace {
+
+using test::expect_error;
 
 class BadInputLocal : public ::testing::TestWithParam<std::tuple<int, std::size_t>> {};
 
@@ -70,7 +73,8 @@ TEST(BackendFactory, LocalIsTheDefaultOutsideMpirun) {
 
 TEST(BackendFactory, EnvironmentChoosesTheBackend) {
   ::setenv("LOOM_BACKEND", "nonsense", 1);
-  EXPECT_THROW(create_backend(), Error);
+  expect_error(ErrorCode::unavailable, "unknown backend 'nonsense' (available: local",
+               [] { create_backend(); });
   ::setenv("LOOM_BACKEND", "local", 1);
   EXPECT_EQ(create_backend()->name(), "local");
   ::unsetenv("LOOM_BACKEND");

@@ -7,11 +7,14 @@
 #include <thread>
 
 #include "backends/collective_checks.hpp"
+#include "expect_error.hpp"
 #include "loom/error.hpp"
 #include "loom/local.hpp"
 
 namespace loom {
 namespace {
+
+using test::expect_error;
 
 using testing::all_collectives;
 using testing::standard_counts;
@@ -72,43 +75,49 @@ INSTANTIATE_TEST_SUITE_P(AllCases, LocalPointToPoint,
 
 TEST(LocalBackend, DifferentCollectivesAtTheSameStepAreAMismatchOnEveryRank) {
   std::atomic<int> mismatches{0};
-  EXPECT_THROW(
-      LocalWorld::run(
-          3,
-          [&](Backend& b) {
-            std::vector<float> v(4, 1.0f);
-            try {
-              if (b.rank() == 2)
-                b.broadcast(Buffer::of(std::span(v)), 0);
-              else
-                b.allreduce(Buffer::of(std::span(v)), ReduceOp::sum);
-            } catch (const Error& e) {
-              EXPECT_EQ(e.code(), ErrorCode::mismatch);
-              EXPECT_NE(std::string(e.what()).find("collective #0"), std::string::npos) << e.what();
-              EXPECT_NE(std::string(e.what()).find("rank 2 called broadcast"), std::string::npos)
-                  << e.what();
-              ++mismatches;
-              throw;
-            }
-          }),
-      Error);
+  // run() rethrows rank 0's error (the first that is not a consequence of another).
+  expect_error(
+      ErrorCode::mismatch,
+      "collective #0: rank 0 called allreduce float32[4] sum but rank 2 called broadcast "
+      "float32[4] root 0",
+      [&] {
+        LocalWorld::run(3, [&](Backend& b) {
+          std::vector<float> v(4, 1.0f);
+          try {
+            if (b.rank() == 2)
+              b.broadcast(Buffer::of(std::span(v)), 0);
+            else
+              b.allreduce(Buffer::of(std::span(v)), ReduceOp::sum);
+          } catch (const Error& e) {
+            EXPECT_EQ(e.code(), ErrorCode::mismatch);
+            EXPECT_NE(std::string(e.what()).find("collective #0"), std::string::npos) << e.what();
+            EXPECT_NE(std::string(e.what()).find("rank 2 called broadcast"), std::string::npos)
+                << e.what();
+            ++mismatches;
+            throw;
+          }
+        });
+      });
   EXPECT_EQ(mismatches.load(), 3);
 }
 
 TEST(LocalBackend, CountMismatchIsDetected) {
   std::atomic<int> mismatches{0};
-  EXPECT_THROW(LocalWorld::run(2,
-                               [&](Backend& b) {
-                                 std::vector<int> v(b.rank() == 0 ? 5 : 6, 1);
-                                 try {
-                                   b.allreduce(Buffer::of(std::span(v)), ReduceOp::sum);
-                                 } catch (const Error& e) {
-                                   EXPECT_EQ(e.code(), ErrorCode::mismatch) << e.what();
-                                   ++mismatches;
-                                   throw;
-                                 }
-                               }),
-               Error);
+  expect_error(ErrorCode::mismatch,
+               "collective #0: rank 0 called allreduce int32[5] sum but rank 1 called allreduce "
+               "int32[6] sum",
+               [&] {
+                 LocalWorld::run(2, [&](Backend& b) {
+                   std::vector<int> v(b.rank() == 0 ? 5 : 6, 1);
+                   try {
+                     b.allreduce(Buffer::of(std::span(v)), ReduceOp::sum);
+                   } catch (const Error& e) {
+                     EXPECT_EQ(e.code(), ErrorCode::mismatch) << e.what();
+                     ++mismatches;
+                     throw;
+                   }
+                 });
+               });
   EXPECT_EQ(mismatches.load(), 2);
 }
 
@@ -190,9 +199,11 @@ TEST(LocalBackend, WaitForTimesOutWhileAPeerIsLate) {
 }
 
 TEST(LocalWorld, SizeMustBePositive) {
-  EXPECT_THROW(LocalWorld(0), Error);
+  expect_error(ErrorCode::invalid_argument, "local world size must be at least 1, got 0",
+               [] { LocalWorld(0); });
   LocalWorld world(2);
-  EXPECT_THROW(world.backend(2), Error);
+  expect_error(ErrorCode::invalid_argument, "rank 2 is out of range [0, 2) of this local world",
+               [&] { world.backend(2); });
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "expect_error.hpp"
 #include "loom/cuda_device.hpp"
 #include "loom/error.hpp"
 #include "loom/mpi.hpp"
@@ -27,6 +28,8 @@
 
 namespace loom {
 namespace {
+
+using test::expect_error;
 
 Backend& world() {
   static std::shared_ptr<Backend> backend = make_mpi_backend();
@@ -330,7 +333,9 @@ TEST(MpiConfig, CudaAwareFromEnvironment) {
       EXPECT_NE(e.message().find("bogus"), std::string::npos) << e.what();
       EXPECT_NE(e.message().find("LOOM_MPI_CUDA_AWARE"), std::string::npos) << e.what();
     }
-    EXPECT_THROW(make_mpi_backend(), Error);
+    expect_error(ErrorCode::invalid_argument,
+                 "LOOM_MPI_CUDA_AWARE='bogus' is not valid (expected 0 or 1)",
+                 [] { make_mpi_backend(); });
   }
   {
     ScopedEnv env("LOOM_MPI_CUDA_AWARE", "0");

@@ -8,11 +8,14 @@
 #include <string>
 #include <vector>
 
+#include "expect_error.hpp"
 #include "loom/error.hpp"
 #include "loom/local.hpp"
 
 namespace loom {
 namespace {
+
+using test::expect_error;
 
 std::vector<int> as_vector(std::span<const int> ranks) {
   return {ranks.begin(), ranks.end()};
@@ -89,8 +92,11 @@ TEST(Topology, NodesNamedByTheirHosts) {
         << e.what();
   }
   const std::vector<std::string> short_list = {"host-a"};
-  EXPECT_THROW(t.with_node_names(short_list), Error);
-  EXPECT_THROW(t.node_name(2), Error);
+  expect_error(ErrorCode::invalid_argument, "Topology::with_node_names: 1 names for 3 ranks",
+               [&] { t.with_node_names(short_list); });
+  // node_name's range check is ranks_of_node's, and its message names that function.
+  expect_error(ErrorCode::invalid_argument, "node 2 is out of range [0, 2)",
+               [&] { t.node_name(2); });
 }
 
 TEST(Topology, BadArgumentsNameTheValue) {

@@ -84,11 +84,12 @@ TEST(TrainStepMpi, AutomaticPlanIsRankZerosChoiceEverywhereAndKeepsTheResults) {
   ASSERT_NE(step.plan(), nullptr);
   ASSERT_EQ(step.plans_tried().size(), 2u);
   // Every rank runs the same plan: compare its numbers through an allgather.
-  const StepPlan& plan = *step.plan();
-  std::vector<std::int64_t> mine{static_cast<std::int64_t>(plan.cap_bytes),
+  const TimedPlan& timed = *step.plan();
+  const ReducerPlan& plan = timed.plan;
+  std::vector<std::int64_t> mine{static_cast<std::int64_t>(plan.bucket_cap_bytes),
                                  static_cast<std::int64_t>(plan.first_bucket_bytes),
                                  static_cast<std::int64_t>(plan.collectives_in_flight),
-                                 static_cast<std::int64_t>(plan.buckets)};
+                                 static_cast<std::int64_t>(timed.buckets)};
   for (std::size_t b : plan.issue_order) mine.push_back(static_cast<std::int64_t>(b));
   std::vector<std::int64_t> all(mine.size() * n);
   backend.allgather(Buffer::of(std::span(mine)), Buffer::of(std::span(all)));

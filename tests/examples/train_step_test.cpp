@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "expect_error.hpp"
 #include "loom/cuda_device.hpp"
 #include "loom/error.hpp"
 #include "loom/local.hpp"
@@ -21,6 +22,8 @@
 
 namespace loom::examples {
 namespace {
+
+using test::expect_error;
 
 constexpr int steps = 6;
 
@@ -312,8 +315,8 @@ TEST(TrainStepPlan, AutomaticPlanIsTheFastestTimedAndTheSameOnEveryRank) {
   ASSERT_EQ(decide, 1 + 2 * 2);
   ASSERT_GT(steps, decide);  // the last steps run the final plan
   std::mutex mutex;
-  std::vector<StepPlan> chosen(3);
-  std::vector<std::vector<StepPlan>> tried(3);
+  std::vector<TimedPlan> chosen(3);
+  std::vector<std::vector<TimedPlan>> tried(3);
   std::vector<std::vector<std::string>> issued(3);
   std::vector<std::vector<float>> parameters(3);
   LocalWorld::run(3, [&](Backend& backend) {
@@ -329,19 +332,19 @@ TEST(TrainStepPlan, AutomaticPlanIsTheFastestTimedAndTheSameOnEveryRank) {
     issued[backend.rank()] = step.executor().issue_order();
     parameters[backend.rank()] = step.parameters();
     EXPECT_EQ(step.bucketer().buckets().size(), step.plan()->buckets);
-    EXPECT_EQ(step.bucketer().options().cap_bytes, step.plan()->cap_bytes);
+    EXPECT_EQ(step.bucketer().options().cap_bytes, step.plan()->plan.bucket_cap_bytes);
     // Profiling was only for the search: the decided plan runs as the user configured it.
     EXPECT_TRUE(step.executor().last_run().empty()) << "the decided plan still profiles";
   });
   ASSERT_EQ(tried[0].size(), 2u);
   // The shortlist holds the best predicted plan of each in-flight limit.
-  EXPECT_NE(tried[0][0].collectives_in_flight, tried[0][1].collectives_in_flight);
+  EXPECT_NE(tried[0][0].plan.collectives_in_flight, tried[0][1].plan.collectives_in_flight);
   double fastest = tried[0][0].measured_step_s;
-  for (const StepPlan& p : tried[0]) {
+  for (const TimedPlan& p : tried[0]) {
     EXPECT_GT(p.predicted_step_s, 0) << describe(p);
     EXPECT_GT(p.measured_step_s, 0) << describe(p);
     fastest = std::min(fastest, p.measured_step_s);
-    std::vector<std::size_t> sorted = p.issue_order;
+    std::vector<std::size_t> sorted = p.plan.issue_order;
     std::sort(sorted.begin(), sorted.end());
     ASSERT_EQ(sorted.size(), p.buckets) << describe(p);
     for (std::size_t b = 0; b < sorted.size(); ++b) EXPECT_EQ(sorted[b], b) << describe(p);
@@ -349,7 +352,7 @@ TEST(TrainStepPlan, AutomaticPlanIsTheFastestTimedAndTheSameOnEveryRank) {
   EXPECT_EQ(chosen[0].measured_step_s, fastest) << "the plan kept is not the fastest timed";
   for (int r = 1; r < 3; ++r) {
     EXPECT_EQ(describe(chosen[r]), describe(chosen[0])) << "rank " << r;
-    EXPECT_EQ(chosen[r].issue_order, chosen[0].issue_order) << "rank " << r;
+    EXPECT_EQ(chosen[r].plan.issue_order, chosen[0].plan.issue_order) << "rank " << r;
     EXPECT_EQ(issued[r], issued[0]) << "rank " << r;
     ASSERT_EQ(tried[r].size(), tried[0].size());
     for (std::size_t k = 0; k < tried[0].size(); ++k)  // rank 0's measurements everywhere
@@ -360,9 +363,10 @@ TEST(TrainStepPlan, AutomaticPlanIsTheFastestTimedAndTheSameOnEveryRank) {
         << "rank " << r << " differs from rank 0";
   }
   // The executor issues the plan's order.
-  ASSERT_EQ(issued[0].size(), chosen[0].issue_order.size());
+  ASSERT_EQ(issued[0].size(), chosen[0].plan.issue_order.size());
   for (std::size_t k = 0; k < issued[0].size(); ++k)
-    EXPECT_EQ(issued[0][k], "bucket" + std::to_string(chosen[0].issue_order[k]) + ".allreduce");
+    EXPECT_EQ(issued[0][k],
+              "bucket" + std::to_string(chosen[0].plan.issue_order[k]) + ".allreduce");
   expect_close(parameters[0], plain.parameters[0]);
 }
 
@@ -380,11 +384,11 @@ TEST(TrainStepPlan, PlanAutomaticallyRunsTheBestPredictedPlan) {
     for (int s = 0; s < steps; ++s) {
       step.run();
       if (s == 1) {
-        const StepPlan& plan = step.plan_automatically(small_search());
+        const TimedPlan& plan = step.plan_automatically(small_search());
         EXPECT_GT(plan.predicted_step_s, 0);
         EXPECT_EQ(plan.measured_step_s, 0);  // not timed
         EXPECT_EQ(step.bucketer().buckets().size(), plan.buckets);
-        EXPECT_EQ(step.issue_order(), plan.issue_order);
+        EXPECT_EQ(step.issue_order(), plan.plan.issue_order);
       }
     }
     std::lock_guard lock(mutex);
@@ -415,11 +419,11 @@ TEST(TrainStepPlan, ScheduleAfterThePlanRunsOneCollectiveAtATime) {
     // The plan is decided after runs_to_decide() runs; one more runs it.
     for (int s = 0; s <= config.automatic_plan->runs_to_decide(); ++s) step.run();
     ASSERT_NE(step.plan(), nullptr);
-    EXPECT_EQ(step.plan()->collectives_in_flight, 0u);
+    EXPECT_EQ(step.plan()->plan.collectives_in_flight, 0u);
     EXPECT_FALSE(step.executor().last_run().empty()) << "profiling asked for, then dropped";
     step.schedule_from_last_run();
-    EXPECT_EQ(step.plan()->collectives_in_flight, 1u);
-    EXPECT_EQ(step.plan()->issue_order, step.issue_order());
+    EXPECT_EQ(step.plan()->plan.collectives_in_flight, 1u);
+    EXPECT_EQ(step.plan()->plan.issue_order, step.issue_order());
     step.run();
     // One collective at a time: each allreduce is issued after the previous one completed.
     std::vector<NodeTiming> collectives;
@@ -639,8 +643,10 @@ TEST(TrainStep, BadInputIsAnError) {
     EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
     EXPECT_NE(e.message().find("depth 0"), std::string::npos) << e.message();
   }
-  EXPECT_THROW(parse_overlap_mode("fastest"), Error);
-  EXPECT_THROW(parse_registration("sideways"), Error);
+  expect_error(ErrorCode::invalid_argument, "unknown mode 'fastest'",
+               [] { parse_overlap_mode("fastest"); });
+  expect_error(ErrorCode::invalid_argument, "unknown registration order 'sideways'",
+               [] { parse_registration("sideways"); });
   config = small_model();
   TrainStep step(*backend, config);
   step.run();

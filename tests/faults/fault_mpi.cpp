@@ -160,7 +160,7 @@ int main(int argc, char** argv) {
           announce(rank, 0, "SIGSTOP to myself before shortlist_reducer_plans");
           ::raise(SIGSTOP);
         }
-        loom::shortlist_reducer_plans(reducer, {}, loom::PlanSearchSpace{}, 3);
+        loom::shortlist_reducer_plans(reducer, {}, loom::PlanSearch::for_gradient_reducer(), 3);
       } else {
         loom::ReducerShortlist shortlist;
         shortlist.plans.push_back({.plan = reducer.plan()});

@@ -6,6 +6,7 @@
 #include <numeric>
 #include <vector>
 
+#include "expect_error.hpp"
 #include "gpu/gpu_test_support.hpp"
 #include "loom/cuda_device.hpp"
 #include "loom/cuda_stream.hpp"
@@ -15,6 +16,8 @@
 
 namespace loom {
 namespace {
+
+using test::expect_error;
 
 TEST(CudaDevice, BadDeviceIndexIsNamed) {
   LOOM_REQUIRE_GPU();
@@ -27,7 +30,8 @@ TEST(CudaDevice, BadDeviceIndexIsNamed) {
         e.message().find("CUDA device " + std::to_string(cuda::device_count()) + " does not exist"),
         std::string::npos);
   }
-  EXPECT_THROW(cuda::StreamPool(0, 0), Error);
+  expect_error(ErrorCode::invalid_argument, "a stream pool needs at least one compute stream",
+               [] { cuda::StreamPool(0, 0); });
   EXPECT_FALSE(cuda::pci_bus_id(0).empty());
 }
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "expect_error.hpp"
 #include "loom/bucketer.hpp"
 #include "loom/error.hpp"
 #include "loom/executor.hpp"
@@ -528,16 +529,7 @@ INSTANTIATE_TEST_SUITE_P(
                     Exact{DType::float32, false, Compression::float16, false, false}),
     exact_name);
 
-template <class F>
-void expect_error(ErrorCode code, const std::string& needle, F&& f) {
-  try {
-    f();
-    FAIL() << "expected an error mentioning '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    EXPECT_NE(e.message().find(needle), std::string::npos) << e.message();
-  }
-}
+using test::expect_error;
 
 TEST(Bucketer, BadInputNamesWhatIsWrong) {
   expect_error(ErrorCode::invalid_argument, "no gradients", [] { Bucketer({}); });

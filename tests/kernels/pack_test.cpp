@@ -6,11 +6,14 @@
 #include <numeric>
 #include <vector>
 
+#include "expect_error.hpp"
 #include "loom/error.hpp"
 #include "loom/kernels/pack.hpp"
 
 namespace loom::kernels {
 namespace {
+
+using test::expect_error;
 
 TEST(PackPlan, OffsetsAreAlignedInGivenOrder) {
   std::vector<std::byte> a(5), b(17), c(0), d(16);
@@ -98,7 +101,8 @@ TEST(PackPlan, RefusesNullOverlapBadAlignmentAndSmallFlat) {
               std::string::npos)
         << e.what();
   }
-  EXPECT_THROW(plan.pieces(0), Error);
+  expect_error(ErrorCode::invalid_argument, "pack plan: pieces of 0 bytes",
+               [&] { plan.pieces(0); });
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <limits>
 #include <random>
 
+#include "expect_error.hpp"
 #include "half_patterns.hpp"
 #include "loom/error.hpp"
 #include "loom/kernels/reduce.hpp"
@@ -16,6 +17,8 @@
 
 namespace loom {
 namespace {
+
+using test::expect_error;
 
 template <class T>
 double value_of(T v) {
@@ -140,7 +143,8 @@ TEST(ReduceKernel, AverageDividesFloatsAndRefusesIntegers) {
     EXPECT_EQ(e.code(), ErrorCode::unsupported);
     EXPECT_NE(std::string(e.what()).find("int32"), std::string::npos);
   }
-  EXPECT_THROW(kernels::reduce(i.data(), i.data(), 1, DType::int32, ReduceOp::avg), Error);
+  expect_error(ErrorCode::unsupported, "reduce op avg is not defined for int32",
+               [&] { kernels::reduce(i.data(), i.data(), 1, DType::int32, ReduceOp::avg); });
 }
 
 TEST(ReduceKernel, ScaleMultipliesFloats) {
@@ -148,7 +152,8 @@ TEST(ReduceKernel, ScaleMultipliesFloats) {
   kernels::scale(d.data(), d.size(), DType::float64, 0.5);
   EXPECT_EQ(d, (std::vector<double>{0.5, -1.0}));
   std::uint8_t u = 3;
-  EXPECT_THROW(kernels::scale(&u, 1, DType::uint8, 2.0), Error);
+  expect_error(ErrorCode::unsupported, "scale is not defined for uint8",
+               [&] { kernels::scale(&u, 1, DType::uint8, 2.0); });
 }
 
 TEST(ReduceKernel, ScaleOutOfPlaceLeavesItsInput) {

@@ -391,14 +391,14 @@ TEST(DataParallelStep, AutomaticPlanDecidesTheSamePlanOnEveryRankAndKeepsTheNume
     }
     ASSERT_NE(step.plan(), nullptr);
     ASSERT_EQ(step.plans_tried().size(), 2u);
-    for (const StepPlan& p : step.plans_tried()) {
+    for (const TimedPlan& p : step.plans_tried()) {
       EXPECT_GT(p.predicted_step_s, 0) << describe(p);
       EXPECT_GT(p.measured_step_s, 0) << describe(p);
-      EXPECT_EQ(p.issue_order.size(), p.buckets) << describe(p);
+      EXPECT_EQ(p.plan.issue_order.size(), p.buckets) << describe(p);
     }
     // The plan running is the fastest measured of those tried.
     std::vector<double> measured;
-    for (const StepPlan& p : step.plans_tried()) measured.push_back(p.measured_step_s);
+    for (const TimedPlan& p : step.plans_tried()) measured.push_back(p.measured_step_s);
     const std::size_t fastest = PlanTrials::fastest(measured);
     EXPECT_EQ(describe(*step.plan()), describe(step.plans_tried()[fastest]));
     EXPECT_EQ(step.bucketer().buckets().size(), step.plan()->buckets);

@@ -14,12 +14,15 @@
 #include <thread>
 #include <vector>
 
+#include "expect_error.hpp"
 #include "loom/error.hpp"
 #include "loom/gradient_reducer.hpp"
 #include "loom/local.hpp"
 
 namespace loom {
 namespace {
+
+using test::expect_error;
 
 ExecutorOptions options(double timeout_s = 20, bool profile = false) {
   ExecutorOptions o;
@@ -225,10 +228,12 @@ TEST(GradientReducer, ForwardPriorityKeepsTheReadyOrderWhereTheWireKeepsUpOrIsUn
   GradientReducer other(four_layers(), *backend, reversed, options());
   EXPECT_EQ(other.issue_order(), ready);
   ReducerPlan bad = one_per_bucket(1, IssuePriority::forward, 0.0);
-  EXPECT_THROW(GradientReducer(four_layers(), *backend, bad, options()), Error);
+  expect_error(ErrorCode::invalid_argument, "wire_ratio must be > 0 (got 0",
+               [&] { GradientReducer(four_layers(), *backend, bad, options()); });
   bad.wire_ratio = 1;
   bad.forward_order = {0, 1, 2};
-  EXPECT_THROW(GradientReducer(four_layers(), *backend, bad, options()), Error);
+  expect_error(ErrorCode::invalid_argument, "forward_order has 3 entries for 4 parameters",
+               [&] { GradientReducer(four_layers(), *backend, bad, options()); });
 }
 
 // A large gradient partitioned: its later pieces do not hold back the small bucket the next
@@ -389,8 +394,12 @@ TEST(GradientReducer, BadHandOversAreNamedErrors) {
     reducer.updated(k);
   }
   reducer.finish();
-  EXPECT_THROW(GradientReducer({{"a", "", 0}}, *backend), Error);
-  EXPECT_THROW(GradientReducer({{"a", "", 1}, {"a", "", 2}}, *backend), Error);
+  expect_error(ErrorCode::invalid_argument, "parameter 'a' has no elements", [&] {
+    GradientReducer({{"a", "", 0}}, *backend);
+  });
+  expect_error(ErrorCode::invalid_argument, "parameters #0 and #1 are both named 'a'", [&] {
+    GradientReducer({{"a", "", 1}, {"a", "", 2}}, *backend);
+  });
 }
 
 TEST(GradientReducer, ReplansFromTheObservedOrderAndExplainsBuckets) {

@@ -277,13 +277,13 @@ TEST(ReducerPrediction, RanksPlansAndAgreesOnRankZerosChoice) {
     GradientReducer reducer(params, backend, one_64_mib_bucket(), options());
     std::vector<ReducerStepRecord> steps{twelve_layer_step(params)};
     if (backend.rank() != 0) steps.clear();  // rank 0 decides: the others need no records
-    PlanSearchSpace space;
-    space.caps_bytes = {std::size_t{128} << 10, std::size_t{256} << 10, std::size_t{1} << 20};
-    space.first_bucket_bytes = {std::size_t{64} << 10};
+    PlanSearch search = PlanSearch::for_gradient_reducer();
+    search.caps_bytes = {std::size_t{128} << 10, std::size_t{256} << 10, std::size_t{1} << 20};
+    search.first_bucket_bytes = {std::size_t{64} << 10};
     std::vector<ReducerPrediction> ranked;
     if (backend.rank() == 0)
-      ranked = rank_plans(reducer, measure_reducer_steps(reducer, steps), space);
-    const AutomaticPlan chosen = plan_automatically(reducer, steps, space);
+      ranked = rank_plans(reducer, measure_reducer_steps(reducer, steps), search);
+    const AutomaticPlan chosen = choose_reducer_plan(reducer, steps, search);
     std::lock_guard lock(mutex);
     plans.push_back(reducer.plan());
     decided.push_back(chosen);
@@ -329,10 +329,10 @@ TEST(ReducerPrediction, ShortlistIsTimedAndRankZerosStepsDecide) {
     GradientReducer reducer(params, backend, one_64_mib_bucket(), options());
     std::vector<ReducerStepRecord> steps{twelve_layer_step(params)};
     if (backend.rank() != 0) steps.clear();
-    PlanSearchSpace space;
-    space.caps_bytes = {std::size_t{128} << 10, std::size_t{256} << 10, std::size_t{1} << 20};
-    space.first_bucket_bytes = {std::size_t{64} << 10};
-    const ReducerShortlist list = shortlist_reducer_plans(reducer, steps, space, 3);
+    PlanSearch search = PlanSearch::for_gradient_reducer();
+    search.caps_bytes = {std::size_t{128} << 10, std::size_t{256} << 10, std::size_t{1} << 20};
+    search.first_bucket_bytes = {std::size_t{64} << 10};
+    const ReducerShortlist list = shortlist_reducer_plans(reducer, steps, search, 3);
     const std::string first = describe(list.plans.front().plan);
     const std::string before = describe(reducer.plan());
     PlanTrials trials(list.plans.size(), 3);
@@ -359,7 +359,7 @@ TEST(ReducerPrediction, ShortlistIsTimedAndRankZerosStepsDecide) {
     }
     std::string no_keep;
     try {
-      shortlist_reducer_plans(reducer, steps, space, 0);
+      shortlist_reducer_plans(reducer, steps, search, 0);
     } catch (const Error& e) {
       no_keep = e.what();
     }
@@ -403,12 +403,12 @@ TEST(ReducerPrediction, NothingPredictedFasterShortlistsOnlyTheRunningPlan) {
     GradientReducer reducer(params, backend, one_64_mib_bucket(), options());
     std::vector<ReducerStepRecord> steps{twelve_layer_step(params)};
     // Only the running plan's cap is searched, without partitioning or a collective limit.
-    PlanSearchSpace space;
-    space.caps_bytes = {std::size_t{64} << 20};
-    space.first_bucket_bytes = {};
-    space.max_in_flight = 0;
-    space.shortlist_margin = 1.0;  // only plans predicted faster
-    const ReducerShortlist list = shortlist_reducer_plans(reducer, steps, space, 3);
+    PlanSearch search = PlanSearch::for_gradient_reducer();
+    search.caps_bytes = {std::size_t{64} << 20};
+    search.first_bucket_bytes = {};
+    search.max_in_flight = 0;
+    search.shortlist_margin = 1.0;  // only plans predicted faster
+    const ReducerShortlist list = shortlist_reducer_plans(reducer, steps, search, 3);
     std::lock_guard lock(mutex);
     lengths.push_back(list.plans.size());
   });
@@ -430,18 +430,18 @@ TEST(ReducerPrediction, TheMarginShortlistsPlansPredictedSlightlySlowerAndNoFurt
     ReducerStepRecord step = twelve_layer_step(params);
     for (int l = 0; l < 12; ++l) step.run[static_cast<std::size_t>(l)].end_ns = 1000 * (12 - l);
     std::vector<ReducerStepRecord> steps{step};
-    PlanSearchSpace space;
-    space.caps_bytes = {std::size_t{128} << 10, std::size_t{256} << 10, std::size_t{64} << 20};
-    space.first_bucket_bytes = {};
-    space.max_in_flight = 0;
-    space.shortlist_margin = 1.0;
-    ReducerShortlist a = shortlist_reducer_plans(reducer, steps, space, 50);
-    space.shortlist_margin = 100.0;
-    ReducerShortlist b = shortlist_reducer_plans(reducer, steps, space, 50);
-    space.shortlist_margin = 0.9;
+    PlanSearch search = PlanSearch::for_gradient_reducer();
+    search.caps_bytes = {std::size_t{128} << 10, std::size_t{256} << 10, std::size_t{64} << 20};
+    search.first_bucket_bytes = {};
+    search.max_in_flight = 0;
+    search.shortlist_margin = 1.0;
+    ReducerShortlist a = shortlist_reducer_plans(reducer, steps, search, 50);
+    search.shortlist_margin = 100.0;
+    ReducerShortlist b = shortlist_reducer_plans(reducer, steps, search, 50);
+    search.shortlist_margin = 0.9;
     std::string message;
     try {
-      shortlist_reducer_plans(reducer, steps, space, 3);
+      shortlist_reducer_plans(reducer, steps, search, 3);
     } catch (const Error& e) {
       if (e.code() == ErrorCode::invalid_argument) message = e.what();
     }
@@ -465,10 +465,9 @@ TEST(ReducerPrediction, TheMarginShortlistsPlansPredictedSlightlySlowerAndNoFurt
     }
     EXPECT_TRUE(slower);
     for (const TimedPlan& t : strict[r].plans) {
-      const bool timed = std::any_of(loose[r].plans.begin(), loose[r].plans.end(),
-                                     [&](const TimedPlan& u) {
-                                       return describe(u.plan) == describe(t.plan);
-                                     });
+      const bool timed =
+          std::any_of(loose[r].plans.begin(), loose[r].plans.end(),
+                      [&](const TimedPlan& u) { return describe(u.plan) == describe(t.plan); });
       EXPECT_TRUE(timed) << describe(t.plan);
     }
     EXPECT_EQ(describe(loose[r].plans.front().plan), describe(strict[r].plans.front().plan));
@@ -511,7 +510,7 @@ TEST(ReducerPrediction, BadRecordsAreNamedErrors) {
     // rank 1 fails to plan on rank 0's failure too
     std::string automatic = "no error";
     try {
-      plan_automatically(reducer, std::vector<ReducerStepRecord>{});
+      choose_reducer_plan(reducer, std::vector<ReducerStepRecord>{});
     } catch (const Error& e) {
       automatic = e.what();
     }

@@ -11,12 +11,15 @@
 #include <string>
 #include <vector>
 
+#include "expect_error.hpp"
 #include "loom/error.hpp"
 #include "loom/local.hpp"
 #include "loom/step_planner.hpp"
 
 namespace loom {
 namespace {
+
+using test::expect_error;
 
 constexpr std::size_t kGradients = 4;
 constexpr std::size_t kCount = 65536;  // 256 KiB of float32 each
@@ -102,30 +105,31 @@ TEST(StepPlanner, RanksEveryCandidateAndPrefersBucketsThatOverlapBackward) {
   inputs.runs = runs;
   inputs.ranks = 2;
   inputs.workers = 1;
-  const std::vector<StepPlan> plans = search_plans(search, inputs, make_bucketer, build);
+  const std::vector<TimedPlan> plans = search_plans(search, inputs, make_bucketer, build);
   // Candidates: (25 MiB, 25 MiB) running; 256 KiB; 512 KiB x first {512, 256}; 25 MiB x first
-  // 256 KiB; each with and without split: 1 + 1*2 + 2*2 + 1*2 - (running's own, no split) ...
+  // 256 KiB; each with and without partition: 1 + 1*2 + 2*2 + 1*2 - (running's own, none) ...
   std::set<std::tuple<std::size_t, std::size_t, bool>> bucketings;
-  for (const StepPlan& p : plans) {
-    bucketings.insert({p.cap_bytes, p.first_bucket_bytes, p.split_large});
-    std::vector<std::size_t> order = p.issue_order;
+  for (const TimedPlan& p : plans) {
+    bucketings.insert({p.plan.bucket_cap_bytes, p.plan.first_bucket_bytes, p.plan.partition_large});
+    std::vector<std::size_t> order = p.plan.issue_order;
     std::sort(order.begin(), order.end());
     std::vector<std::size_t> all(p.buckets);
     std::iota(all.begin(), all.end(), std::size_t{0});
     EXPECT_EQ(order, all) << describe(p) << ": not a permutation of its buckets";
-    EXPECT_LE(p.collectives_in_flight, 1u);
+    EXPECT_LE(p.plan.collectives_in_flight, 1u);
     EXPECT_GT(p.predicted_step_s, 0);
   }
-  // cap x first (<= cap) x split: 256K {256K} x2, 512K {512K, 256K} x2, 25M {25M, 256K} x2.
+  // cap x first (<= cap) x partition: 256K {256K} x2, 512K {512K, 256K} x2, 25M {25M, 256K} x2.
   EXPECT_EQ(bucketings.size(), 10u);
   EXPECT_EQ(plans.size(), bucketings.size() * 2);  // in flight 0 and 1 each
-  EXPECT_TRUE(std::is_sorted(plans.begin(), plans.end(), [](const StepPlan& a, const StepPlan& b) {
-    return a.predicted_step_s < b.predicted_step_s;
-  }));
+  EXPECT_TRUE(
+      std::is_sorted(plans.begin(), plans.end(), [](const TimedPlan& a, const TimedPlan& b) {
+        return a.predicted_step_s < b.predicted_step_s;
+      }));
   // The running plan is predicted as measured (~20 ms backward + 20 ms wire); the best hides
   // the wire behind backward: ~20 ms + the last 5 ms bucket.
-  const auto one_bucket = std::find_if(plans.begin(), plans.end(), [](const StepPlan& p) {
-    return p.buckets == 1 && p.collectives_in_flight == 0;
+  const auto one_bucket = std::find_if(plans.begin(), plans.end(), [](const TimedPlan& p) {
+    return p.buckets == 1 && p.plan.collectives_in_flight == 0;
   });
   ASSERT_NE(one_bucket, plans.end());
   EXPECT_NEAR(one_bucket->predicted_step_s, 0.040, 0.004) << describe(*one_bucket);
@@ -133,31 +137,27 @@ TEST(StepPlanner, RanksEveryCandidateAndPrefersBucketsThatOverlapBackward) {
   EXPECT_NEAR(plans.front().predicted_step_s, 0.025, 0.004) << describe(plans.front());
 
   // The shortlist: the best of each in-flight limit first.
-  const std::vector<StepPlan> shortlist = shortlist_plans(plans, 3);
+  const std::vector<TimedPlan> shortlist = shortlist_plans(plans, 3);
   ASSERT_EQ(shortlist.size(), 3u);
-  EXPECT_NE(shortlist[0].collectives_in_flight, shortlist[1].collectives_in_flight);
+  EXPECT_NE(shortlist[0].plan.collectives_in_flight, shortlist[1].plan.collectives_in_flight);
   EXPECT_EQ(describe(shortlist[0]), describe(plans[0]));
 
   // A search without a profiled run, or with a bad field, is a named error.
   PlanInputs no_runs = inputs;
   no_runs.runs = {};
-  EXPECT_THROW(search_plans(search, no_runs, make_bucketer, build), Error);
+  expect_error(ErrorCode::invalid_argument, "search_plans needs a profiled run",
+               [&] { search_plans(search, no_runs, make_bucketer, build); });
   PlanSearch bad = search;
   bad.trial_runs = 1;
-  try {
-    search_plans(bad, inputs, make_bucketer, build);
-    ADD_FAILURE() << "trial_runs 1 accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
-    EXPECT_NE(std::string(e.what()).find("trial_runs >= 2"), std::string::npos) << e.what();
-  }
+  expect_error(ErrorCode::invalid_argument, "trial_runs >= 2",
+               [&] { search_plans(bad, inputs, make_bucketer, build); });
 }
 
-StepPlan plan_with(std::size_t cap, std::size_t in_flight) {
-  StepPlan p;
-  p.cap_bytes = cap;
-  p.first_bucket_bytes = cap;
-  p.collectives_in_flight = in_flight;
+TimedPlan plan_with(std::size_t cap, std::size_t in_flight) {
+  TimedPlan p;
+  p.plan.bucket_cap_bytes = cap;
+  p.plan.first_bucket_bytes = cap;
+  p.plan.collectives_in_flight = in_flight;
   return p;
 }
 
@@ -181,14 +181,20 @@ TEST(StepPlanner, TrialsRunRoundRobinAndDecideOnSameRoundRatiosAfterTheFirstRoun
   EXPECT_DOUBLE_EQ(steps[1], 0.6 * 0.8);  // its same-round ratio, 0.8 in every round
   EXPECT_DOUBLE_EQ(steps[2], 0.6 * 1.1);
   EXPECT_EQ(PlanTrials::fastest(steps), 1u);
-  EXPECT_THROW(trials.record(0.1), Error);
-  EXPECT_THROW(PlanTrials(0, 3), Error);
-  EXPECT_THROW(PlanTrials(1, 1), Error);
-  EXPECT_THROW(PlanTrials(1, 2).steps_s(), Error);
-  EXPECT_THROW(PlanTrials::fastest({}), Error);
+  expect_error(ErrorCode::invalid_argument, "every plan already ran its rounds",
+               [&] { trials.record(0.1); });
+  expect_error(ErrorCode::invalid_argument, "PlanTrials: an empty shortlist",
+               [] { PlanTrials(0, 3); });
+  expect_error(ErrorCode::invalid_argument, "at least 2 rounds (the first is not counted), got 1",
+               [] { PlanTrials(1, 1); });
+  expect_error(ErrorCode::invalid_argument, "steps_s before every plan ran its rounds",
+               [] { (void)PlanTrials(1, 2).steps_s(); });
+  expect_error(ErrorCode::invalid_argument, "PlanTrials::fastest of no plans",
+               [] { (void)PlanTrials::fastest({}); });
   PlanTrials bad(2, 2);
-  EXPECT_THROW(bad.record(-1.0), Error);
-  EXPECT_THROW(bad.record(std::nan("")), Error);
+  expect_error(ErrorCode::invalid_argument, "plan 0's run took -1", [&] { bad.record(-1.0); });
+  expect_error(ErrorCode::invalid_argument, "a time is finite and not negative",
+               [&] { bad.record(std::nan("")); });
   EXPECT_EQ(bad.current(), 0u);  // a refused time is not recorded
 }
 
@@ -222,29 +228,29 @@ TEST(StepPlanner, TheHostsDriftBetweenRoundsDoesNotDecideTheTrials) {
 }
 
 TEST(StepPlanner, EveryRankGetsRankZerosPlans) {
-  std::vector<std::vector<StepPlan>> got(3);
+  std::vector<std::vector<TimedPlan>> got(3);
   LocalWorld::run(3, [&](Backend& backend) {
     // Every rank searched something different; rank 0's count.
-    std::vector<StepPlan> mine;
+    std::vector<TimedPlan> mine;
     for (int i = 0; i <= backend.rank(); ++i) {
-      StepPlan p = plan_with(std::size_t(1000 * (backend.rank() + 1) + i), std::size_t(i));
+      TimedPlan p = plan_with(std::size_t(1000 * (backend.rank() + 1) + i), std::size_t(i));
       p.buckets = 3;
-      p.issue_order = {2, 0, 1};
+      p.plan.issue_order = {2, 0, 1};
       p.predicted_step_s = 0.125 + backend.rank();
       p.measured_step_s = 1.0 / 3.0;
       mine.push_back(p);
     }
     got[backend.rank()] = agree_on_plans(backend, mine, std::chrono::seconds(20));
     // Rank 0 with nothing (its search failed): nothing on every rank.
-    const auto none = agree_on_plans(backend, backend.rank() == 0 ? std::vector<StepPlan>{} : mine,
+    const auto none = agree_on_plans(backend, backend.rank() == 0 ? std::vector<TimedPlan>{} : mine,
                                      std::chrono::seconds(20));
     EXPECT_TRUE(none.empty()) << "rank " << backend.rank();
   });
   for (int r = 0; r < 3; ++r) {
     ASSERT_EQ(got[r].size(), 1u) << "rank " << r;
-    const StepPlan& p = got[r][0];
-    EXPECT_EQ(p.cap_bytes, 1000u);
-    EXPECT_EQ(p.issue_order, (std::vector<std::size_t>{2, 0, 1}));
+    const TimedPlan& p = got[r][0];
+    EXPECT_EQ(p.plan.bucket_cap_bytes, 1000u);
+    EXPECT_EQ(p.plan.issue_order, (std::vector<std::size_t>{2, 0, 1}));
     EXPECT_EQ(p.buckets, 3u);
     EXPECT_DOUBLE_EQ(p.predicted_step_s, 0.125);
     EXPECT_DOUBLE_EQ(p.measured_step_s, 1.0 / 3.0);  // bit-exact through the wire
@@ -293,7 +299,8 @@ TEST(StepPlanner, TimingsCarryTaskIdsAndTheGraphSaysItsScheduleOrder) {
   Task y = cyclic.compute("y", [] {});
   x.precede(y);
   y.precede(x);
-  EXPECT_THROW(cyclic.topological_order(), Error);
+  expect_error(ErrorCode::graph_invalid, "cycle: 'x' -> 'y' -> 'x'",
+               [&] { (void)cyclic.topological_order(); });
 
   LocalWorld::run(1, [&](Backend& backend) {
     ExecutorOptions o;

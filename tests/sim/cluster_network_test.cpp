@@ -9,11 +9,14 @@
 #include <cmath>
 #include <string>
 
+#include "expect_error.hpp"
 #include "loom/error.hpp"
 #include "loom/step_simulator.hpp"
 
 namespace loom {
 namespace {
+
+using test::expect_error;
 
 constexpr double MiB = 1 << 20;
 constexpr std::size_t size = 64 << 20;
@@ -165,9 +168,14 @@ TEST(ClusterNetwork, HierarchicalAllgatherReduceScatterBroadcastCrossOncePerNode
 }
 
 TEST(ClusterNetwork, BadInputIsNamed) {
-  EXPECT_THROW(ClusterNetwork::uniform(0, 8, gbit, 1e9), Error);
-  EXPECT_THROW(ClusterNetwork::uniform(2, 8, 0, 1e9), Error);
-  EXPECT_THROW(ClusterNetwork::uniform(2, 8, gbit, 1e9, -1), Error);
+  expect_error(ErrorCode::invalid_argument, "(got 0 nodes of 8 ranks)",
+               [] { ClusterNetwork::uniform(0, 8, gbit, 1e9); });
+  expect_error(ErrorCode::invalid_argument,
+               "(got link 0.000000 bit/s, intra 1000000000.000000 B/s)",
+               [] { ClusterNetwork::uniform(2, 8, 0, 1e9); });
+  // The message names neither the parameter (link_latency_s) nor its value.
+  expect_error(ErrorCode::invalid_argument, "a cluster's latencies and gamma must be >= 0",
+               [] { ClusterNetwork::uniform(2, 8, gbit, 1e9, -1); });
   try {
     cluster_cost(link_only(2, 2), Algorithm::bruck, Collective::allreduce, 8);
     FAIL() << "bruck allreduce accepted";
@@ -179,8 +187,11 @@ TEST(ClusterNetwork, BadInputIsNamed) {
   EXPECT_DOUBLE_EQ(parse_byte_rate("200GB/s"), 200e9);
   EXPECT_DOUBLE_EQ(parse_byte_rate("4.5gb/s"), 4.5e9);
   EXPECT_DOUBLE_EQ(parse_byte_rate("100gbit"), 12.5e9);
-  EXPECT_THROW(parse_byte_rate("fast"), Error);
-  EXPECT_THROW(parse_byte_rate("5parsecs/s"), Error);
+  // Without "/s" the text is read as a link rate, and named so.
+  expect_error(ErrorCode::invalid_argument, "bad link rate 'fast'",
+               [] { parse_byte_rate("fast"); });
+  expect_error(ErrorCode::invalid_argument, "bad byte rate '5parsecs': unknown unit 'parsecs'",
+               [] { parse_byte_rate("5parsecs/s"); });
 }
 
 TEST(NetworkModelTwoLevel, ChoosesPerSizeAndScale) {
@@ -208,7 +219,8 @@ TEST(NetworkModelTwoLevel, ChoosesPerSizeAndScale) {
   EXPECT_EQ(net.collective(Collective::allreduce, size, 512).algorithm, Algorithm::hierarchical);
   // A send crosses the link.
   EXPECT_NEAR(net.point_to_point(12'500'000), 5e-6 + 1e-3, 1e-12);
-  EXPECT_THROW(NetworkModel::from_link(gbit, 0).cluster_at(4), Error);
+  expect_error(ErrorCode::invalid_argument, "this network model has one level",
+               [] { NetworkModel::from_link(gbit, 0).cluster_at(4); });
 }
 
 // 10 ms of compute, then an allreduce of 64 MiB that depends on it.

@@ -7,10 +7,13 @@
 #include <sstream>
 #include <vector>
 
+#include "expect_error.hpp"
 #include "loom/error.hpp"
 
 namespace loom {
 namespace {
+
+using test::expect_error;
 
 TEST(StepProfile, FromAGraphAndRunsTakesMeans) {
   std::vector<float> grad(256);
@@ -91,13 +94,21 @@ TEST(StepProfile, BadFilesAreNamed) {
     std::stringstream in(text);
     return read_step_profile(in);
   };
-  EXPECT_THROW(read("{\"nodes\": [], \"edges\": []}"), Error);  // not a profile
-  EXPECT_THROW(read("{\"loom-step-profile\": 1, \"nodes\": [], \"edges\": [[0, 1]]}"), Error);
-  EXPECT_THROW(read("{\"loom-step-profile\": 1, \"nodes\": [{\"name\": \"x\", \"kind\": "
-                    "\"teleport\", \"duration_s\": 0}], \"edges\": []}"),
-               Error);
-  EXPECT_THROW(read("{\"loom-step-profile\": 1, \"nodes\": ["), Error);
-  EXPECT_THROW(load_step_profile("/nonexistent/profile.json"), Error);
+  expect_error(ErrorCode::invalid_argument, "not a step profile (no \"loom-step-profile\" member)",
+               [&] { read("{\"nodes\": [], \"edges\": []}"); });
+  expect_error(ErrorCode::invalid_argument, "step profile: edge [0, 1] names a node of 0",
+               [&] { read("{\"loom-step-profile\": 1, \"nodes\": [], \"edges\": [[0, 1]]}"); });
+  expect_error(ErrorCode::invalid_argument, "step profile: unknown node kind 'teleport'", [&] {
+    read(
+        "{\"loom-step-profile\": 1, \"nodes\": [{\"name\": \"x\", \"kind\": "
+        "\"teleport\", \"duration_s\": 0}], \"edges\": []}");
+  });
+  // Cut off after "[": the offset is the text's length (35).
+  expect_error(ErrorCode::invalid_argument, "JSON: unexpected end at offset 35",
+               [&] { read("{\"loom-step-profile\": 1, \"nodes\": ["); });
+  expect_error(ErrorCode::invalid_argument,
+               "cannot read the step profile '/nonexistent/profile.json'",
+               [] { load_step_profile("/nonexistent/profile.json"); });
 }
 
 }  // namespace

@@ -4,10 +4,13 @@
 
 #include <gtest/gtest.h>
 
+#include "expect_error.hpp"
 #include "loom/error.hpp"
 
 namespace loom {
 namespace {
+
+using test::expect_error;
 
 constexpr double ms = 1e-3;
 
@@ -141,7 +144,8 @@ TEST(StepSimulator, ComputeAndTheWireShareOneCore) {
   EXPECT_NEAR(half.step_s, 2.5 * ms, 1e-12);
   // Two cores: no contention.
   EXPECT_NEAR(simulate(p, net, {.ranks = 2, .cores = 2, .comm_cpu = 1}).step_s, 2 * ms, 1e-12);
-  EXPECT_THROW(simulate(p, net, {.ranks = 2, .comm_cpu = -1}), Error);
+  expect_error(ErrorCode::invalid_argument, "simulate: comm_cpu must be >= 0",
+               [&] { simulate(p, net, {.ranks = 2, .comm_cpu = -1}); });
 }
 
 TEST(StepSimulator, IssueOrderAgainstTheEdgesIsRefused) {
@@ -149,9 +153,18 @@ TEST(StepSimulator, IssueOrderAgainstTheEdgesIsRefused) {
   auto c1 = add_allreduce(p, "c1", 1000), x = add_compute(p, "x", 1 * ms),
        c2 = add_allreduce(p, "c2", 1000);
   p.edges = {{c1, x}, {x, c2}};
-  EXPECT_THROW(simulate(p, model(0, 1e-9), {.ranks = 2, .issue_order = {c2, c1}}), Error);
-  EXPECT_THROW(simulate(p, model(0, 1e-9), {.ranks = 2, .issue_order = {c1}}), Error);
-  EXPECT_THROW(simulate(p, model(0, 1e-9), {.ranks = 2, .issue_order = {c1, x, c2}}), Error);
+  expect_error(ErrorCode::invalid_argument,
+               "cannot complete with this issue order ('c2' is next to issue but waits on a node",
+               [&] {
+                 simulate(p, model(0, 1e-9), {.ranks = 2, .issue_order = {c2, c1}});
+               });
+  expect_error(ErrorCode::invalid_argument, "simulate: the issue order lacks 'c2'",
+               [&] { simulate(p, model(0, 1e-9), {.ranks = 2, .issue_order = {c1}}); });
+  // x is node 1, a compute node; the message gives its index, not its name.
+  expect_error(ErrorCode::invalid_argument,
+               "simulate: issue order entry 1 is not a communication node of the step", [&] {
+                 simulate(p, model(0, 1e-9), {.ranks = 2, .issue_order = {c1, x, c2}});
+               });
   EXPECT_EQ(default_issue_order(p), (std::vector<std::size_t>{c1, c2}));
 }
 
@@ -194,7 +207,8 @@ TEST(NetworkModel, FromALinkAndFittedToAProfile) {
   EXPECT_NEAR(NetworkModel::fitted(p, 0).collective(Collective::allreduce, 1'000'000, 2).seconds,
               2 * ms, 1e-8);
   p.measured_comm_s = 0;
-  EXPECT_THROW(NetworkModel::fitted(p, 0), Error);
+  expect_error(ErrorCode::invalid_argument, "fitting the wire needs the profile's measured_comm_s",
+               [&] { NetworkModel::fitted(p, 0); });
 }
 
 TEST(NetworkModel, ParsesRatesAndDurations) {
@@ -205,10 +219,14 @@ TEST(NetworkModel, ParsesRatesAndDurations) {
   EXPECT_DOUBLE_EQ(parse_duration("20us"), 20e-6);
   EXPECT_DOUBLE_EQ(parse_duration("1.5ms"), 1.5e-3);
   EXPECT_DOUBLE_EQ(parse_duration("0"), 0);
-  EXPECT_THROW(parse_link_rate("fast"), Error);
-  EXPECT_THROW(parse_link_rate("2gbits"), Error);
-  EXPECT_THROW(parse_link_rate("0gbit"), Error);
-  EXPECT_THROW(parse_duration("-1us"), Error);
+  expect_error(ErrorCode::invalid_argument, "bad link rate 'fast'",
+               [] { parse_link_rate("fast"); });
+  expect_error(ErrorCode::invalid_argument, "bad link rate '2gbits': unknown unit 'gbits'",
+               [] { parse_link_rate("2gbits"); });
+  expect_error(ErrorCode::invalid_argument, "link rate '0gbit' is 0",
+               [] { parse_link_rate("0gbit"); });
+  // Named, but not why (negative).
+  expect_error(ErrorCode::invalid_argument, "bad duration '-1us'", [] { parse_duration("-1us"); });
 }
 
 }  // namespace

@@ -483,7 +483,7 @@ def test_auto_plan_keeps_the_numerics_and_every_rank_ends_on_the_same_plan(world
     net.synchronize()
     chosen = net.automatic_plan
     assert chosen is not None and chosen["candidates"] > 1, chosen
-    # Shortlisted: predicted at most PlanSearchSpace::shortlist_margin (1.10) times the
+    # Shortlisted: predicted at most PlanSearch::shortlist_margin (1.10) times the
     # starting plan's step (the clock, not the model, decides between them).
     margin = 1.10 * (1 + 1e-9)
     assert chosen["predicted_ms"] <= chosen["replaced_predicted_ms"] * margin, chosen

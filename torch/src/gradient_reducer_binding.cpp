@@ -18,8 +18,8 @@
 #include "loom/error.hpp"
 #include "loom/gradient_reducer.hpp"
 #include "loom/output_file.hpp"
+#include "loom/plan.hpp"
 #include "loom/reducer_prediction.hpp"
-#include "loom/step_planner.hpp"
 #include "process_group.hpp"
 #include "tensors.hpp"
 
@@ -143,7 +143,8 @@ class TorchReducer {
   /// Returns the decision when there is nothing to time (only the running plan shortlisted).
   std::optional<AutomaticPlan> shortlist_plans(std::size_t keep, int rounds) {
     const std::vector<ReducerStepRecord> steps = records();
-    ReducerShortlist list = shortlist_reducer_plans(*_reducer, steps, PlanSearchSpace{}, keep);
+    ReducerShortlist list =
+        shortlist_reducer_plans(*_reducer, steps, PlanSearch::for_gradient_reducer(), keep);
     _records.clear();
     if (list.plans.size() == 1) {
       const double measured = list.measured_step_s;
@@ -444,7 +445,7 @@ void bind_gradient_reducer(py::module_& m) {
             AutomaticPlan chosen;
             {
               py::gil_scoped_release no_gil;
-              chosen = plan_automatically(r.reducer(), records);
+              chosen = choose_reducer_plan(r.reducer(), records);
             }
             r.clear_records();
             return automatic_plan_dict(chosen);

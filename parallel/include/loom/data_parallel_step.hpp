@@ -106,7 +106,8 @@ struct StepModel {
 /// @brief How the step runs.
 struct DataParallelOptions {
   OverlapMode mode = OverlapMode::loom;
-  /// @brief Caps, split, compression, pool; average is always on (gradients of a mean loss).
+  /// @brief Cap, first bucket, partition (BucketerOptions::split_large), compression, pool;
+  /// average is always on (gradients of a mean loss).
   BucketerOptions bucketing;
   ExecutorOptions executor;
   /// @brief loom mode: plan buckets, issue order and collectives in flight automatically
@@ -150,12 +151,13 @@ class DataParallelStep {
   /// @brief loom mode: predicts every candidate plan (PlanSearch) from the runs since the
   /// last plan (or the last run) on rank 0 and runs the best predicted on every rank, untimed.
   /// Collective. Needs a profiled run; other modes: ErrorCode::invalid_argument.
-  const StepPlan& plan_automatically(const PlanSearch& search = {});
-  /// @brief The plan running now (nullptr before one).
-  const StepPlan* plan() const noexcept;
+  const TimedPlan& plan_automatically(const PlanSearch& search = {});
+  /// @brief The plan running now (nullptr before one): its bucketing, issue order and
+  /// collectives in flight, with its bucket count, prediction and (once timed) measurement.
+  const TimedPlan* plan() const noexcept;
   /// @brief The automatic plan's timed shortlist once it has decided (rank 0's predictions
   /// and measurements on every rank), in the order tried; empty before.
-  const std::vector<StepPlan>& plans_tried() const noexcept;
+  const std::vector<TimedPlan>& plans_tried() const noexcept;
 
   Executor& executor() noexcept;
   /// @brief The graph the executor was compiled from (loom mode: without the first step's

@@ -15,6 +15,7 @@
 #include "loom/executor.hpp"
 #include "loom/graph.hpp"
 #include "loom/overlap_metrics.hpp"
+#include "loom/plan.hpp"
 
 namespace loom {
 
@@ -25,60 +26,6 @@ struct ParameterSpec {
   std::size_t count = 0;
   DType dtype = DType::float32;
 };
-
-/// @brief Which bucket the reducer issues first when several are ready for a limited wire.
-enum class IssuePriority : unsigned char {
-  /// @brief The order the buckets are expected to become ready in (DDP's order).
-  ready,
-  /// @brief ByteScheduler's priority, as a fixed order: a bucket holding parameters the next
-  /// forward needs earlier goes before a lower-priority one expected to be waiting with it.
-  /// Applies with collectives_in_flight > 0 (without a limit every ready bucket is issued at
-  /// once, and a fixed order could only delay one).
-  forward,
-};
-
-const char* to_string(IssuePriority priority) noexcept;
-
-/// @brief How the reducer buckets, orders and reduces: the plan a planner (or the user) picks.
-struct ReducerPlan {
-  /// @brief A bucket is closed once it holds this many bytes (DDP's bucket_cap_mb).
-  std::size_t bucket_cap_bytes = std::size_t{25} << 20;
-  /// @brief The first bucket's limit, small so that communication starts early.
-  std::size_t first_bucket_bytes = std::size_t{1} << 20;
-  /// @brief Partition gradients larger than the cap across buckets (ByteScheduler's partition),
-  /// so that a bucket the next forward needs early never waits behind one giant gradient.
-  bool partition_large = false;
-  /// @brief At most this many allreduces on the wire at once (0: no limit).
-  std::size_t collectives_in_flight = 0;
-  Compression compression = Compression::none;
-  /// @brief The order the gradients are expected to become ready in (parameter indices, first
-  /// first): buckets are filled in this order. Empty: reverse registration (backward's usual
-  /// order, as DDP assumes before its first step).
-  std::vector<std::size_t> ready_order;
-  /// @brief The buckets' issue order (a permutation of the bucket indices; the same on every
-  /// rank). Empty: made from `priority` (bucket order, i.e. the expected ready order, or
-  /// forward_issue_order()).
-  std::vector<std::size_t> issue_order;
-  /// @brief How the issue order is made when issue_order is empty.
-  IssuePriority priority = IssuePriority::ready;
-  /// @brief The order the next forward uses the parameters in (parameter indices, first
-  /// first), for IssuePriority::forward. Empty: registration order.
-  std::vector<std::size_t> forward_order;
-  /// @brief For IssuePriority::forward: the expected wire time of all gradients over the
-  /// backward's time (the model forward_issue_order() schedules with).
-  double wire_ratio = 1.0;
-  /// @brief Count, per parameter, the ranks that produced its gradient in a step (DDP's
-  /// find_unused_parameters): the client hands over unused ones with mark_unused() and learns
-  /// after the step which were unused on every rank (globally_unused()). Costs one more
-  /// allreduce at the end of backward, which every bucket's update waits for.
-  bool track_usage = false;
-  /// @brief Add an external node per update group, which the client signals with updated()
-  /// once it applied the update: the run then spans the updates, and the trace shows them.
-  bool external_updates = true;
-};
-
-/// @brief "cap 25 MiB, first 1 MiB, 3 buckets, partition, float16, in flight 1".
-std::string describe(const ReducerPlan& plan);
 
 /// @brief The issue order IssuePriority::forward gives `buckets` (filled from gradients of
 /// `bytes` each): the order ByteScheduler's priority queue would issue them in on a wire

@@ -138,40 +138,14 @@ ReducerPrediction predict_reducer_step(const GradientReducer& reducer,
                                        const ReducerMeasurements& measured,
                                        const ReducerPlan& plan);
 
-/// @brief The plans the automatic plan chooses among.
-struct PlanSearchSpace {
-  std::vector<std::size_t> caps_bytes{std::size_t{1} << 20,  std::size_t{2} << 20,
-                                      std::size_t{4} << 20,  std::size_t{10} << 20,
-                                      std::size_t{25} << 20, std::size_t{50} << 20};
-  /// @brief First-bucket sizes tried below each cap (the cap itself is always tried).
-  std::vector<std::size_t> first_bucket_bytes{std::size_t{256} << 10, std::size_t{1} << 20};
-  bool try_partition = true;
-  std::size_t max_in_flight = 3;
-  /// @brief Try IssuePriority::forward beside ready (with a collective limit).
-  bool try_forward_priority = true;
-  /// @brief shortlist_reducer_plans(): plans predicted under this factor of the running plan's
-  /// predicted step are timed (>= 1; 1: only plans predicted faster). Above 1 because on a few shared cores the model's
-  /// error is often larger than a candidate's predicted gain: the simulator ranks, the trials'
-  /// clock decides (the GPT-like model of bench/torch/real_models.py kept DDP's 25 MiB, no plan
-  /// predicted faster, where smaller caps ran faster).
-  double shortlist_margin = 1.10;
-};
-
-/// @brief Every plan of `space` (compression, usage counting and orders as the reducer's
+/// @brief Every plan `search` tries (compression, usage counting and orders as the reducer's
 /// plan; IssuePriority::forward with the measured wire-to-backward ratio) predicted from
 /// `measured`, fastest first; the reducer's own plan first among equals.
-std::vector<ReducerPrediction> rank_plans(const GradientReducer& reducer,
-                                          const ReducerMeasurements& measured,
-                                          const PlanSearchSpace& space = {});
+std::vector<ReducerPrediction> rank_plans(
+    const GradientReducer& reducer, const ReducerMeasurements& measured,
+    const PlanSearch& search = PlanSearch::for_gradient_reducer());
 
-/// @brief A shortlisted plan: its prediction and, once timed, rank 0's measurement.
-struct TimedPlan {
-  ReducerPlan plan;
-  double predicted_step_s = 0;
-  double measured_step_s = 0;  ///< rank 0's step under it (PlanTrials::steps_s; 0: not timed)
-};
-
-/// @brief What plan_automatically() or decide_reducer_plan() decided.
+/// @brief What choose_reducer_plan() or decide_reducer_plan() decided.
 struct AutomaticPlan {
   ReducerPlan plan;  ///< now in force on every rank
   double predicted_step_s = 0;
@@ -188,7 +162,7 @@ struct AutomaticPlan {
 /// @brief The automatic plan's shortlist, to be timed (PlanTrials) before it decides.
 struct ReducerShortlist {
   /// @brief The running plan first, then the fastest predicted plans that the simulator
-  /// predicts under PlanSearchSpace::shortlist_margin times its step, at most `keep` in all.
+  /// predicts under PlanSearch::shortlist_margin times its step, at most `keep` in all.
   /// Only the running plan: nothing to time.
   std::vector<TimedPlan> plans;
   double measured_step_s = 0;  ///< the running plan over the profiled steps (rank 0's)
@@ -196,13 +170,13 @@ struct ReducerShortlist {
 };
 
 /// @brief Collective (every rank, between steps, at the same step): rank 0 measures `steps`,
-/// ranks the plans of `space` (rank_plans) and sends its shortlist; every rank gets the same
+/// ranks the plans of `search` (rank_plans) and sends its shortlist; every rank gets the same
 /// one. The plan is not changed. Plans the simulator cannot tell apart (the same predicted step
 /// and bucket count) are shortlisted once. ErrorCode::invalid_argument for `keep` 0, a step in
 /// progress, or rank 0's failure to predict (thrown on every rank).
-ReducerShortlist shortlist_reducer_plans(GradientReducer& reducer,
-                                         std::span<const ReducerStepRecord> steps,
-                                         const PlanSearchSpace& space = {}, std::size_t keep = 3);
+ReducerShortlist shortlist_reducer_plans(
+    GradientReducer& reducer, std::span<const ReducerStepRecord> steps,
+    const PlanSearch& search = PlanSearch::for_gradient_reducer(), std::size_t keep = 3);
 
 /// @brief Collective (every rank, between steps, at the same step): rank 0's `measured_s`
 /// (each shortlisted plan's period, PlanTrials::steps_s) decide; every rank replans
@@ -213,13 +187,14 @@ AutomaticPlan decide_reducer_plan(GradientReducer& reducer, const ReducerShortli
                                   std::span<const double> measured_s);
 
 /// @brief Collective (every rank, between steps, at the same step): rank 0 measures `steps`
-/// (its own), ranks the plans of `space` and sends its fastest; every rank replans to it
+/// (its own), ranks the plans of `search` and sends its fastest, untimed; every rank replans to it
 /// (GradientReducer::replan) and gets the same AutomaticPlan. The running plan stays unless
 /// the fastest is predicted faster by more than the prediction of the running plan misses
 /// its measured step (on a loaded host the model's error can exceed a candidate's gain). Rank 0's
 /// failure to predict (ErrorCode::invalid_argument naming why) is thrown on every rank, the plan
 /// left as it was.
-AutomaticPlan plan_automatically(GradientReducer& reducer, std::span<const ReducerStepRecord> steps,
-                                 const PlanSearchSpace& space = {});
+AutomaticPlan choose_reducer_plan(GradientReducer& reducer,
+                                  std::span<const ReducerStepRecord> steps,
+                                  const PlanSearch& search = PlanSearch::for_gradient_reducer());
 
 }  // namespace loom

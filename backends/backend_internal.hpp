@@ -1,0 +1,164 @@
+// What the files of Backend share and nothing else sees: the record of one blocking call, the
+// argument checks and the peer/tag texts of error messages. Private to backends/.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "loom/backend.hpp"
+#include "loom/error.hpp"
+
+namespace loom {
+
+// One blocking call: written to the flight recorder and, for collectives, published on the
+// board as started; completed (or failed) when it returns. A handful of relaxed stores.
+class Backend::BlockingCall {
+ public:
+  BlockingCall(Backend& backend, const CollectiveArgs& args) : _backend(backend) {
+    _record = backend._recorder->record(
+        {{}, to_string(args.op), args.send.dtype(), args.send.count(), "native", -1, true},
+        OperationState::started, &_seq);
+    if (backend._board) backend._board->started(_seq);
+    backend._blocking_record.store(_record, std::memory_order_relaxed);
+    backend._blocking_seq.store(_seq, std::memory_order_relaxed);
+  }
+  BlockingCall(Backend& backend, std::string_view op, Buffer buffer, int peer) : _backend(backend) {
+    _record = backend._recorder->record(
+        {op, op, buffer.dtype(), buffer.count(), "native", peer, false}, OperationState::started);
+    backend._blocking_record.store(_record, std::memory_order_relaxed);
+    backend._blocking_seq.store(-1, std::memory_order_relaxed);
+  }
+  ~BlockingCall() {
+    if (!_done) _backend._recorder->update(_record, OperationState::failed);
+  }
+  BlockingCall(const BlockingCall&) = delete;
+  BlockingCall& operator=(const BlockingCall&) = delete;
+
+  void completed() noexcept {
+    _done = true;
+    _backend._recorder->update(_record, OperationState::completed, false);
+    if (_seq >= 0 && _backend._board) _backend._board->completed(_seq);
+  }
+  std::int64_t seq() const noexcept { return _seq; }
+
+ private:
+  Backend& _backend;
+  std::uint64_t _record = 0;
+  std::int64_t _seq = -1;
+  bool _done = false;
+};
+
+namespace detail {
+
+// Checks shared by every buffer argument.
+class Check {
+ public:
+  // The "<op> on rank r of n" prefix is built only when a check fails: validation runs on
+  // every call, including each message of loom's algorithms.
+  Check(const Backend& backend, std::string_view operation)
+      : _backend(backend), _operation(operation) {}
+
+  // Cold and out of line (backend_validation.cpp), so that the checks themselves stay small
+  // enough to inline.
+  [[noreturn, gnu::cold, gnu::noinline]] void fail(ErrorCode code, const std::string& what) const;
+
+  // The checks on every call build their messages in these cold functions, so that what is
+  // left inline is a few compares (validation runs on each call: at 8 B it was a third of a
+  // one-rank allreduce's time while the messages were built inline).
+  void buffer(const char* role, Buffer b) const {
+    if (b.data() == nullptr && b.count() != 0) [[unlikely]]
+      fail_null(role, b);
+    if (!_backend.supports(b.device())) [[unlikely]]
+      fail_unreachable(role, b);
+  }
+
+  void same_dtype(Buffer send, Buffer recv) const {
+    if (send.dtype() != recv.dtype()) [[unlikely]]
+      fail_dtypes(send, recv);
+  }
+
+  void op(ReduceOp op, DType dtype) const {
+    if (!supports(op, dtype)) [[unlikely]]
+      fail_op(op, dtype);
+  }
+
+  void root(int root) const {
+    if (root < 0 || root >= _backend.world_size())
+      fail(ErrorCode::invalid_argument, "root " + std::to_string(root) + " is out of range [0, " +
+                                            std::to_string(_backend.world_size()) + ")");
+  }
+
+  void peer(int peer, bool wildcard_allowed) const {
+    if (wildcard_allowed && peer == any_source) return;
+    if (peer < 0 || peer >= _backend.world_size())
+      fail(ErrorCode::invalid_argument, "peer " + std::to_string(peer) + " is out of range [0, " +
+                                            std::to_string(_backend.world_size()) + ")");
+  }
+
+  void tag(int tag, int max_tag, bool wildcard_allowed) const {
+    if (wildcard_allowed && tag == any_tag) return;
+    if (tag < 0 || tag > max_tag)
+      fail(ErrorCode::invalid_argument,
+           "tag " + std::to_string(tag) + " is out of range [0, " + std::to_string(max_tag) + "]");
+  }
+
+  // A message's peer and tag; the wildcards (any_source, any_tag) where a receive allows them.
+  void envelope(int peer, int tag, int max_tag, bool wildcards_allowed) const {
+    this->peer(peer, wildcards_allowed);
+    this->tag(tag, max_tag, wildcards_allowed);
+  }
+
+  // A message's buffer (in its `role`, "send" or "recv"), peer and tag.
+  void message(const char* role, Buffer b, int peer, int tag, int max_tag,
+               bool wildcards_allowed) const {
+    buffer(role, b);
+    envelope(peer, tag, max_tag, wildcards_allowed);
+  }
+
+  // The two buffers of a call that reads one and writes the other: each usable, one dtype.
+  void buffers(Buffer send, Buffer recv) const {
+    buffer("send", send);
+    buffer("recv", recv);
+    same_dtype(send, recv);
+  }
+
+  void same_count(Buffer send, Buffer recv) const {
+    if (recv.count() != send.count()) [[unlikely]]
+      fail_counts(send, recv);
+  }
+
+  // Out-of-place operations must not read memory they are writing.
+  void disjoint(Buffer send, Buffer recv) const {
+    if (send.bytes() == 0 || recv.bytes() == 0) return;
+    auto* s = static_cast<const std::byte*>(send.data());
+    auto* r = static_cast<const std::byte*>(recv.data());
+    if (s < r + recv.bytes() && r < s + send.bytes()) [[unlikely]]
+      fail_overlap(send, recv);
+  }
+
+ private:
+  [[noreturn, gnu::cold, gnu::noinline]] void fail_null(const char* role, Buffer b) const;
+  [[noreturn, gnu::cold, gnu::noinline]] void fail_unreachable(const char* role, Buffer b) const;
+  [[noreturn, gnu::cold, gnu::noinline]] void fail_dtypes(Buffer send, Buffer recv) const;
+  [[noreturn, gnu::cold, gnu::noinline]] void fail_counts(Buffer send, Buffer recv) const;
+  [[noreturn, gnu::cold, gnu::noinline]] void fail_op(ReduceOp op, DType dtype) const;
+  [[noreturn, gnu::cold, gnu::noinline]] void fail_overlap(Buffer send, Buffer recv) const;
+
+  const Backend& _backend;
+  std::string_view _operation;
+};
+
+// "rank 2" or "any rank".
+inline std::string peer_text(int peer) {
+  return peer == any_source ? std::string("any rank") : "rank " + std::to_string(peer);
+}
+
+// "7" or "any".
+inline std::string tag_text(int tag) {
+  return tag == any_tag ? std::string("any") : std::to_string(tag);
+}
+
+}  // namespace detail
+}  // namespace loom

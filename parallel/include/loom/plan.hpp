@@ -1,0 +1,180 @@
+// The planning vocabulary both data-parallel steps share: the plan (ReducerPlan: buckets, issue
+// order, collectives in flight), what a search tries (PlanSearch), a shortlisted plan with its
+// predicted and measured step (TimedPlan), and the round-robin timing of a shortlist
+// (PlanTrials). DataParallelStep (step_planner.hpp) and GradientReducer (reducer_prediction.hpp)
+// search with them; loom_torch.parallelize reads them through the GradientReducer.
+#pragma once
+
+#include <cstddef>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "loom/bucketer.hpp"
+
+namespace loom {
+
+/// @brief Which bucket the reducer issues first when several are ready for a limited wire.
+enum class IssuePriority : unsigned char {
+  /// @brief The order the buckets are expected to become ready in (DDP's order).
+  ready,
+  /// @brief ByteScheduler's priority, as a fixed order: a bucket holding parameters the next
+  /// forward needs earlier goes before a lower-priority one expected to be waiting with it.
+  /// Applies with collectives_in_flight > 0 (without a limit every ready bucket is issued at
+  /// once, and a fixed order could only delay one).
+  forward,
+};
+
+const char* to_string(IssuePriority priority) noexcept;
+
+/// @brief How a step buckets, orders and reduces: the plan a planner (or the user) picks. A
+/// GradientReducer runs all of it; a DataParallelStep takes the bucketing (cap, first bucket,
+/// partition), the issue order and the collectives in flight (its compression and the rest are
+/// DataParallelOptions').
+struct ReducerPlan {
+  /// @brief A bucket is closed once it holds this many bytes (DDP's bucket_cap_mb).
+  std::size_t bucket_cap_bytes = std::size_t{25} << 20;
+  /// @brief The first bucket's limit, small so that communication starts early.
+  std::size_t first_bucket_bytes = std::size_t{1} << 20;
+  /// @brief Partition gradients larger than the cap across buckets (ByteScheduler's partition),
+  /// so that a bucket the next forward needs early never waits behind one giant gradient.
+  bool partition_large = false;
+  /// @brief At most this many allreduces on the wire at once (0: no limit).
+  std::size_t collectives_in_flight = 0;
+  Compression compression = Compression::none;
+  /// @brief The order the gradients are expected to become ready in (parameter indices, first
+  /// first): buckets are filled in this order. Empty: reverse registration (backward's usual
+  /// order, as DDP assumes before its first step).
+  std::vector<std::size_t> ready_order;
+  /// @brief The buckets' issue order (a permutation of the bucket indices; the same on every
+  /// rank). Empty: made from `priority` (bucket order, i.e. the expected ready order, or
+  /// forward_issue_order()).
+  std::vector<std::size_t> issue_order;
+  /// @brief How the issue order is made when issue_order is empty.
+  IssuePriority priority = IssuePriority::ready;
+  /// @brief The order the next forward uses the parameters in (parameter indices, first
+  /// first), for IssuePriority::forward. Empty: registration order.
+  std::vector<std::size_t> forward_order;
+  /// @brief For IssuePriority::forward: the expected wire time of all gradients over the
+  /// backward's time (the model forward_issue_order() schedules with).
+  double wire_ratio = 1.0;
+  /// @brief Count, per parameter, the ranks that produced its gradient in a step (DDP's
+  /// find_unused_parameters): the client hands over unused ones with mark_unused() and learns
+  /// after the step which were unused on every rank (globally_unused()). Costs one more
+  /// allreduce at the end of backward, which every bucket's update waits for.
+  bool track_usage = false;
+  /// @brief Add an external node per update group, which the client signals with updated()
+  /// once it applied the update: the run then spans the updates, and the trace shows them.
+  bool external_updates = true;
+};
+
+/// @brief "cap 25 MiB, first 1 MiB, partition, float16, in flight 1, planned order".
+std::string describe(const ReducerPlan& plan);
+
+/// @brief What an automatic plan searches, and how it decides: candidate bucketings (cap x
+/// first bucket x partition), each with its issue orders and collectives in flight, predicted
+/// by the step simulator; the best predicted are shortlisted, timed round-robin (PlanTrials)
+/// and decided on rank 0's figures. Rank 0 decides everything; every rank runs its plans.
+///
+/// PlanSearch{} holds DataParallelStep's defaults (DataParallelOptions::automatic_plan);
+/// for_gradient_reducer() the GradientReducer's (rank_plans, shortlist_reducer_plans,
+/// choose_reducer_plan; loom_torch.parallelize's bucket_cap_mb="auto"). Fields read by one of
+/// the two only say so.
+struct PlanSearch {
+  /// @brief Bucket caps tried (bytes).
+  std::vector<std::size_t> caps_bytes = {
+      std::size_t{256} << 10, std::size_t{512} << 10, std::size_t{1} << 20, std::size_t{2} << 20,
+      std::size_t{4} << 20,   std::size_t{8} << 20,   std::size_t{25} << 20};
+  /// @brief First-bucket sizes tried with each cap (those not below the cap are skipped; the
+  /// cap itself is always tried).
+  std::vector<std::size_t> first_bucket_bytes = {std::size_t{256} << 10, std::size_t{1} << 20};
+  /// @brief Also try partitioning gradients larger than the cap (ReducerPlan::partition_large).
+  bool try_partition = true;
+  /// @brief Collectives in flight tried: 0 (no limit) .. max_in_flight.
+  std::size_t max_in_flight = 2;
+  /// @brief GradientReducer: also try IssuePriority::forward beside ready (with a collective
+  /// limit).
+  bool try_forward_priority = true;
+  /// @brief GradientReducer (shortlist_reducer_plans): plans predicted under this factor of the
+  /// running plan's predicted step are timed (>= 1; 1: only plans predicted faster). Above 1
+  /// because on a few shared cores the model's error is often larger than a candidate's
+  /// predicted gain: the simulator ranks, the trials' clock decides (the GPT-like model of
+  /// bench/torch/real_models.py kept DDP's 25 MiB, no plan predicted faster, where smaller caps
+  /// ran faster).
+  double shortlist_margin = 1.10;
+  /// @brief DataParallelStep: profiled runs the plans are predicted from.
+  int profile_runs = 2;
+  /// @brief DataParallelStep: plans timed (0 or 1: the best predicted is taken untimed).
+  std::size_t shortlist = 4;
+  /// @brief DataParallelStep: rounds over the shortlist (each plan runs once per round,
+  /// round-robin, so a noisy machine disturbs them alike); the first round (new executors, new
+  /// bucket memory) is not counted; PlanTrials::steps_s (each plan against the first in the
+  /// same rounds) decides.
+  int trial_runs = 4;
+  /// @brief Per-message latency of the fitted wire (seconds).
+  double latency_s = 50e-6;
+  /// @brief DataParallelStep: compute workers per rank in the simulation (0: the running
+  /// executor's, Executor::workers()).
+  int workers = 0;
+  /// @brief DataParallelStep: SimulationOptions::cores and comm_cpu (CPU the transport takes on
+  /// few cores).
+  double cores = 0;
+  double comm_cpu = 0;
+
+  /// @brief The GradientReducer's search: caps 1, 2, 4, 10, 25 and 50 MiB, in flight 0..3.
+  static PlanSearch for_gradient_reducer();
+  /// @brief Runs DataParallelStep's automatic plan takes before its final plan runs
+  /// (profile_runs, then every timed plan's trial_runs).
+  int runs_to_decide() const;
+  /// @brief ErrorCode::invalid_argument, "<who>: ...", naming the first bad field.
+  void check(const std::string& who) const;
+};
+
+/// @brief A plan as a search found it: the plan, its bucket count, the simulator's step for it
+/// and, once timed, rank 0's measured step.
+struct TimedPlan {
+  ReducerPlan plan;
+  std::size_t buckets = 0;
+  double predicted_step_s = 0;  ///< the simulator's step for this plan
+  double measured_step_s = 0;   ///< rank 0's step under it (PlanTrials::steps_s; 0: not timed)
+};
+
+/// @brief describe(plan.plan), then the bucket count when known: "cap 512 KiB, first 256 KiB,
+/// partition, in flight 2, planned order, 17 buckets".
+std::string describe(const TimedPlan& plan);
+
+/// @brief Times a shortlist round-robin: each plan runs once per round, `rounds` rounds; the
+/// first round (new executors, new bucket memory) is not counted. A plan's measurement is taken
+/// against the first plan's in the same round (steps_s()), so that a host whose speed drifts
+/// between rounds (a shared machine's often does, by tens of percent over seconds) disturbs
+/// every plan of a round alike. Plans are indices into the caller's shortlist, so every
+/// planner (DataParallelStep's, the GradientReducer's automatic plan) times its own.
+class PlanTrials {
+ public:
+  /// @brief ErrorCode::invalid_argument for no plans or fewer than 2 rounds.
+  PlanTrials(std::size_t plans, int rounds);
+  /// @brief The plan whose run record() expects next.
+  std::size_t current() const noexcept { return _current; }
+  /// @brief How many plans are timed.
+  std::size_t plans() const noexcept { return _runs_s.size(); }
+  /// @brief Records the current plan's run; returns the plan to run next (current() after).
+  /// ErrorCode::invalid_argument once done(), or for a negative or non-finite time.
+  std::size_t record(double run_s);
+  /// @brief Whether every plan ran `rounds` times.
+  bool done() const noexcept;
+  /// @brief Each plan's step, in seconds: the first plan's median over its counted runs, and
+  /// for every other plan that median times the median over the counted rounds of the plan's
+  /// run over the first plan's run in the same round (ErrorCode::invalid_argument before
+  /// done()).
+  std::vector<double> steps_s() const;
+  /// @brief The index of the lowest time (the first among equals); ErrorCode::invalid_argument
+  /// for none.
+  static std::size_t fastest(std::span<const double> seconds);
+
+ private:
+  std::vector<std::vector<double>> _runs_s;
+  std::size_t _rounds;
+  std::size_t _current = 0;
+};
+
+}  // namespace loom

@@ -1,0 +1,124 @@
+// The planning vocabulary both data-parallel steps share: a plan's description, the search's
+// defaults and checks, and the round-robin timing of a shortlist.
+#include "loom/plan.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "loom/error.hpp"
+#include "bytes_text.hpp"
+
+namespace loom {
+
+namespace {
+
+[[noreturn]] void invalid(const std::string& what) {
+  throw Error(ErrorCode::invalid_argument, what);
+}
+
+using detail::bytes_text;
+
+}  // namespace
+
+const char* to_string(IssuePriority priority) noexcept {
+  return priority == IssuePriority::forward ? "forward" : "ready";
+}
+
+std::string describe(const ReducerPlan& plan) {
+  std::string s =
+      "cap " + bytes_text(plan.bucket_cap_bytes) + ", first " + bytes_text(plan.first_bucket_bytes);
+  if (plan.partition_large) s += ", partition";
+  if (plan.compression != Compression::none) s += ", " + std::string(to_string(plan.compression));
+  if (plan.collectives_in_flight) s += ", in flight " + std::to_string(plan.collectives_in_flight);
+  if (!plan.issue_order.empty())
+    s += ", planned order";
+  else if (plan.priority == IssuePriority::forward && plan.collectives_in_flight)
+    s += ", forward priority";
+  if (plan.track_usage) s += ", usage counted";
+  return s;
+}
+
+std::string describe(const TimedPlan& plan) {
+  std::string s = describe(plan.plan);
+  if (plan.buckets)
+    s += ", " + std::to_string(plan.buckets) + (plan.buckets == 1 ? " bucket" : " buckets");
+  return s;
+}
+
+PlanSearch PlanSearch::for_gradient_reducer() {
+  PlanSearch search;
+  search.caps_bytes = {std::size_t{1} << 20,  std::size_t{2} << 20,  std::size_t{4} << 20,
+                       std::size_t{10} << 20, std::size_t{25} << 20, std::size_t{50} << 20};
+  search.max_in_flight = 3;
+  return search;
+}
+
+int PlanSearch::runs_to_decide() const {
+  const int timed = shortlist > 1 ? static_cast<int>(shortlist) * std::max(2, trial_runs) : 0;
+  return std::max(1, profile_runs) + timed;
+}
+
+void PlanSearch::check(const std::string& who) const {
+  const auto bad = [&](const std::string& what) { invalid(who + ": " + what); };
+  if (caps_bytes.empty()) bad("PlanSearch::caps_bytes is empty");
+  for (std::size_t cap : caps_bytes)
+    if (cap == 0) bad("bucket caps must be > 0 (PlanSearch::caps_bytes holds 0)");
+  for (std::size_t first : first_bucket_bytes)
+    if (first == 0) bad("first-bucket sizes must be > 0 (PlanSearch::first_bucket_bytes holds 0)");
+  if (profile_runs < 1 || trial_runs < 2)
+    bad("PlanSearch needs profile_runs >= 1 and trial_runs >= 2 (got " +
+        std::to_string(profile_runs) + " and " + std::to_string(trial_runs) + ")");
+  if (latency_s < 0 || cores < 0 || comm_cpu < 0 || workers < 0)
+    bad("PlanSearch's latency_s, cores, comm_cpu and workers must be >= 0");
+}
+
+PlanTrials::PlanTrials(std::size_t plans, int rounds)
+    : _runs_s(plans), _rounds(static_cast<std::size_t>(std::max(0, rounds))) {
+  if (plans == 0) invalid("PlanTrials: an empty shortlist");
+  if (rounds < 2)
+    invalid("PlanTrials: at least 2 rounds (the first is not counted), got " +
+            std::to_string(rounds));
+}
+
+std::size_t PlanTrials::record(double run_s) {
+  if (done()) invalid("PlanTrials::record: every plan already ran its rounds");
+  if (!std::isfinite(run_s) || run_s < 0)
+    invalid("PlanTrials::record: plan " + std::to_string(_current) + "'s run took " +
+            std::to_string(run_s) + " s (a time is finite and not negative)");
+  _runs_s[_current].push_back(run_s);
+  _current = (_current + 1) % _runs_s.size();
+  return _current;
+}
+
+bool PlanTrials::done() const noexcept {
+  return _runs_s.back().size() >= _rounds;
+}
+
+std::vector<double> PlanTrials::steps_s() const {
+  if (!done()) invalid("PlanTrials::steps_s before every plan ran its rounds");
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const std::size_t h = v.size() / 2;
+    return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
+  };
+  const std::vector<double>& first = _runs_s.front();
+  const double base = median({first.begin() + 1, first.end()});
+  std::vector<double> out{base};
+  for (std::size_t k = 1; k < _runs_s.size(); ++k) {
+    std::vector<double> ratios;
+    for (std::size_t r = 1; r < _rounds; ++r)
+      // A run of 0 s (a clock too coarse for the step) cannot be a denominator.
+      ratios.push_back(first[r] > 0 ? _runs_s[k][r] / first[r] : 1.0);
+    out.push_back(base * median(std::move(ratios)));
+  }
+  return out;
+}
+
+std::size_t PlanTrials::fastest(std::span<const double> seconds) {
+  if (seconds.empty()) invalid("PlanTrials::fastest of no plans");
+  return static_cast<std::size_t>(std::min_element(seconds.begin(), seconds.end()) -
+                                  seconds.begin());
+}
+
+}  // namespace loom

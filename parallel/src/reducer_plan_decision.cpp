@@ -1,0 +1,230 @@
+// The automatic plan of a GradientReducer, agreed from rank 0: its fastest predicted plan
+// (choose_reducer_plan), or a shortlist timed by the client (shortlist_reducer_plans) and
+// decided on rank 0's trial steps (decide_reducer_plan). Every function is collective.
+#include "loom/reducer_prediction.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "loom/error.hpp"
+
+namespace loom {
+
+namespace {
+
+[[noreturn]] void invalid(const std::string& message) {
+  throw Error(ErrorCode::invalid_argument, message);
+}
+
+// A plan as rank 0 sends it: the fields a search varies (its orders and compression are the
+// reducer's own, the same on every rank).
+constexpr std::size_t plan_fields = 6;
+
+void encode_plan(const ReducerPlan& plan, std::vector<std::int64_t>& out) {
+  out.push_back(static_cast<std::int64_t>(plan.bucket_cap_bytes));
+  out.push_back(static_cast<std::int64_t>(plan.first_bucket_bytes));
+  out.push_back(plan.partition_large ? 1 : 0);
+  out.push_back(static_cast<std::int64_t>(plan.collectives_in_flight));
+  out.push_back(static_cast<std::int64_t>(plan.priority));
+  out.push_back(std::bit_cast<std::int64_t>(plan.wire_ratio));
+}
+
+// The reducer's plan with the fields at `at` (plan_fields of them).
+ReducerPlan decode_plan(const GradientReducer& reducer, const std::int64_t* at) {
+  ReducerPlan plan = reducer.plan();
+  plan.bucket_cap_bytes = static_cast<std::size_t>(at[0]);
+  plan.first_bucket_bytes = static_cast<std::size_t>(at[1]);
+  plan.partition_large = at[2] != 0;
+  plan.collectives_in_flight = static_cast<std::size_t>(at[3]);
+  plan.priority = static_cast<IssuePriority>(at[4]);
+  plan.wire_ratio = std::bit_cast<double>(at[5]);
+  plan.issue_order.clear();
+  return plan;
+}
+
+bool same_plan(const ReducerPlan& a, const ReducerPlan& b) {
+  return a.bucket_cap_bytes == b.bucket_cap_bytes && a.first_bucket_bytes == b.first_bucket_bytes &&
+         a.partition_large == b.partition_large &&
+         a.collectives_in_flight == b.collectives_in_flight && a.priority == b.priority &&
+         (a.priority != IssuePriority::forward || a.wire_ratio == b.wire_ratio) &&
+         a.issue_order == b.issue_order;
+}
+
+std::chrono::nanoseconds agreement_limit(const GradientReducer& reducer) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(*reducer.executor_options().timeout);
+}
+
+// What rank 0 predicts from the profiled steps, on every rank: rank 0 measures the steps,
+// ranks the plans and predicts the running one, and `encode` turns that into the values every
+// rank receives (Backend::agree_on_root, `name`, within agreement_limit). `valid` checks their
+// shape on every rank; where rank 0 failed, it rethrows its own error and the other ranks get
+// invalid_argument naming `who` (the plan is left unchanged everywhere).
+std::vector<std::int64_t> predicted_on_rank_zero(
+    GradientReducer& reducer, std::span<const ReducerStepRecord> steps, const PlanSearch& search,
+    std::string_view name, std::string_view who,
+    const std::function<void(const ReducerMeasurements&, const std::vector<ReducerPrediction>&,
+                             const ReducerPrediction&, std::vector<std::int64_t>&)>& encode,
+    const std::function<bool(const std::vector<std::int64_t>&)>& valid) {
+  Backend& backend = reducer.backend();
+  const std::string who_here = std::string(who) + " on rank " + std::to_string(backend.rank());
+  std::vector<std::int64_t> mine;  // empty elsewhere and on rank 0's failure
+  std::optional<Error> failure;
+  if (backend.rank() == 0) {
+    try {
+      const ReducerMeasurements measured = measure_reducer_steps(reducer, steps, search.latency_s);
+      const std::vector<ReducerPrediction> ranked = rank_plans(reducer, measured, search);
+      const ReducerPrediction current = predict_reducer_step(reducer, measured, reducer.plan());
+      encode(measured, ranked, current, mine);
+    } catch (const Error& e) {
+      failure = e;
+      mine.clear();
+    }
+  }
+  std::vector<std::int64_t> zero =
+      backend.agree_on_root(name, mine, agreement_limit(reducer), [&] { return who_here; });
+  if (!valid(zero)) {
+    if (failure) throw *failure;
+    invalid(who_here +
+            ": rank 0 could not predict the plans (its error says why); the plan is unchanged");
+  }
+  return zero;
+}
+
+}  // namespace
+
+AutomaticPlan choose_reducer_plan(GradientReducer& reducer,
+                                  std::span<const ReducerStepRecord> steps,
+                                  const PlanSearch& search) {
+  if (reducer.in_step()) invalid("choose_reducer_plan: a step is in progress (finish() it first)");
+  // The plan, the candidates' count, three predictions and whether the plan changes.
+  const std::vector<std::int64_t> zero = predicted_on_rank_zero(
+      reducer, steps, search, "GradientReducer::choose_plan", "choose_reducer_plan",
+      [](const ReducerMeasurements& measured, const std::vector<ReducerPrediction>& ranked,
+         const ReducerPrediction& running, std::vector<std::int64_t>& out) {
+        const double current = running.step_s;
+        // A plan replaces the running one only if it is predicted faster by more than the
+        // prediction misses the running plan's measured step.
+        const double doubt = std::abs(current - measured.step_s);
+        const bool change = ranked.front().step_s < current - doubt;
+        encode_plan(change ? ranked.front().plan : running.plan, out);
+        out.push_back(static_cast<std::int64_t>(ranked.size()));
+        out.push_back(std::bit_cast<std::int64_t>(change ? ranked.front().step_s : current));
+        out.push_back(std::bit_cast<std::int64_t>(current));
+        out.push_back(std::bit_cast<std::int64_t>(measured.step_s));
+        out.push_back(change ? 1 : 0);
+      },
+      [](const std::vector<std::int64_t>& zero) { return zero.size() == plan_fields + 5; });
+  const ReducerPlan plan = decode_plan(reducer, zero.data());
+  const std::int64_t* tail = zero.data() + plan_fields;
+  AutomaticPlan chosen;
+  chosen.candidates = static_cast<std::size_t>(tail[0]);
+  chosen.predicted_step_s = std::bit_cast<double>(tail[1]);
+  chosen.current_predicted_step_s = std::bit_cast<double>(tail[2]);
+  chosen.measured_step_s = std::bit_cast<double>(tail[3]);
+  chosen.changed = tail[4] != 0;
+  if (chosen.changed) reducer.replan(plan);
+  chosen.plan = reducer.plan();
+  return chosen;
+}
+
+ReducerShortlist shortlist_reducer_plans(GradientReducer& reducer,
+                                         std::span<const ReducerStepRecord> steps,
+                                         const PlanSearch& search, std::size_t keep) {
+  if (keep == 0) invalid("shortlist_reducer_plans: keep must be at least 1 (the running plan)");
+  if (!(search.shortlist_margin >= 1.0) || !std::isfinite(search.shortlist_margin))
+    invalid("shortlist_reducer_plans: shortlist_margin must be a finite factor >= 1, not " +
+            std::to_string(search.shortlist_margin));
+  const double margin = search.shortlist_margin;
+  if (reducer.in_step())
+    invalid("shortlist_reducer_plans: a step is in progress (finish() it first)");
+  constexpr std::size_t per_plan = plan_fields + 2;
+  // Rank 0's candidates' count, the running plan's measured step, then per plan its fields, its
+  // prediction and its bucket count.
+  const std::vector<std::int64_t> zero = predicted_on_rank_zero(
+      reducer, steps, search, "GradientReducer::shortlist_plans", "shortlist_reducer_plans",
+      [keep, margin](const ReducerMeasurements& measured,
+                     const std::vector<ReducerPrediction>& ranked, const ReducerPrediction& current,
+                     std::vector<std::int64_t>& out) {
+        std::vector<const ReducerPrediction*> picked{&current};
+        for (const ReducerPrediction& p : ranked) {
+          if (picked.size() >= keep || !(p.step_s < current.step_s * margin)) break;
+          const bool twin = std::any_of(picked.begin(), picked.end(), [&](const auto* q) {
+            return same_plan(q->plan, p.plan) ||
+                   (q->buckets == p.buckets && std::abs(q->step_s - p.step_s) <= 1e-9 * q->step_s);
+          });
+          if (!twin) picked.push_back(&p);
+        }
+        out.push_back(static_cast<std::int64_t>(ranked.size()));
+        out.push_back(std::bit_cast<std::int64_t>(measured.step_s));
+        for (const ReducerPrediction* p : picked) {
+          encode_plan(p->plan, out);
+          out.push_back(std::bit_cast<std::int64_t>(p->step_s));
+          out.push_back(static_cast<std::int64_t>(p->buckets));
+        }
+      },
+      [](const std::vector<std::int64_t>& zero) {
+        return zero.size() >= 2 + per_plan && (zero.size() - 2) % per_plan == 0;
+      });
+  ReducerShortlist out;
+  out.candidates = static_cast<std::size_t>(zero[0]);
+  out.measured_step_s = std::bit_cast<double>(zero[1]);
+  for (std::size_t at = 2; at < zero.size(); at += per_plan) {
+    TimedPlan t;
+    t.plan = decode_plan(reducer, zero.data() + at);
+    t.predicted_step_s = std::bit_cast<double>(zero[at + plan_fields]);
+    t.buckets = static_cast<std::size_t>(zero[at + plan_fields + 1]);
+    out.plans.push_back(std::move(t));
+  }
+  // The running plan keeps its own orders (a planned issue order is not sent).
+  out.plans.front().plan = reducer.plan();
+  return out;
+}
+
+AutomaticPlan decide_reducer_plan(GradientReducer& reducer, const ReducerShortlist& shortlist,
+                                  std::span<const double> measured_s) {
+  Backend& backend = reducer.backend();
+  const std::string who = "decide_reducer_plan on rank " + std::to_string(backend.rank());
+  if (reducer.in_step()) invalid(who + ": a step is in progress (finish() it first)");
+  if (shortlist.plans.empty()) invalid(who + ": an empty shortlist");
+  if (measured_s.size() != shortlist.plans.size())
+    invalid(who + ": " + std::to_string(measured_s.size()) + " measurements for " +
+            std::to_string(shortlist.plans.size()) + " shortlisted plans");
+  std::vector<std::int64_t> mine;
+  for (double v : measured_s) {
+    if (!std::isfinite(v) || v < 0)
+      invalid(who + ": a plan's measured step is " + std::to_string(v) + " s");
+    mine.push_back(std::bit_cast<std::int64_t>(v));
+  }
+  const std::vector<std::int64_t> zero = backend.agree_on_root(
+      "GradientReducer::decide_plan", mine, agreement_limit(reducer),
+      [&] { return "decide_reducer_plan on rank " + std::to_string(backend.rank()); },
+      /*same_length=*/true);
+  AutomaticPlan chosen;
+  chosen.candidates = shortlist.candidates;
+  chosen.measured_step_s = shortlist.measured_step_s;
+  chosen.current_predicted_step_s = shortlist.plans.front().predicted_step_s;
+  std::vector<double> agreed;
+  for (std::size_t k = 0; k < zero.size(); ++k) {
+    TimedPlan t = shortlist.plans[k];
+    t.measured_step_s = std::bit_cast<double>(zero[k]);
+    agreed.push_back(t.measured_step_s);
+    chosen.timed.push_back(std::move(t));
+  }
+  const std::size_t fastest = PlanTrials::fastest(agreed);
+  const TimedPlan& best = chosen.timed[fastest];
+  chosen.predicted_step_s = best.predicted_step_s;
+  chosen.changed = fastest != 0;  // the replaced plan is the shortlist's first
+  if (!same_plan(best.plan, reducer.plan())) reducer.replan(best.plan);
+  chosen.plan = reducer.plan();
+  return chosen;
+}
+
+}  // namespace loom
