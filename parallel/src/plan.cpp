@@ -6,8 +6,8 @@
 #include <cmath>
 #include <sstream>
 
-#include "loom/error.hpp"
 #include "bytes_text.hpp"
+#include "loom/error.hpp"
 
 namespace loom {
 
