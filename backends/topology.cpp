@@ -76,11 +76,19 @@ int Topology::local_rank(int rank) const {
   return _local_rank[rank];
 }
 
+namespace {
+
+void check_node(const char* who, int node, int nodes) {
+  if (node < 0 || node >= nodes)
+    throw Error(ErrorCode::invalid_argument, std::string(who) + ": node " + std::to_string(node) +
+                                                 " is out of range [0, " + std::to_string(nodes) +
+                                                 ")");
+}
+
+}  // namespace
+
 std::span<const int> Topology::ranks_of_node(int node) const {
-  if (node < 0 || node >= node_count())
-    throw Error(ErrorCode::invalid_argument, "Topology::ranks_of_node: node " +
-                                                 std::to_string(node) + " is out of range [0, " +
-                                                 std::to_string(node_count()) + ")");
+  check_node("Topology::ranks_of_node", node, node_count());
   return _ranks_of_node[node];
 }
 
@@ -106,7 +114,7 @@ Topology Topology::with_node_names(std::span<const std::string> name_of_rank) co
 
 const std::string& Topology::node_name(int node) const {
   static const std::string none;
-  ranks_of_node(node);  // the range check
+  check_node("Topology::node_name", node, node_count());
   return _node_names.empty() ? none : _node_names[node];
 }
 

@@ -211,7 +211,13 @@ PinnedBlock PinnedPool::acquire(std::size_t bytes) {
     bucket.pop_back();
     ++s.stats.hits;
   } else {
-    if (capacity > s.options.cap_bytes || !s.make_room(capacity))
+    if (capacity > s.options.cap_bytes)
+      throw Error(ErrorCode::out_of_memory,
+                  "pinned pool: cannot acquire " + std::to_string(bytes) +
+                      " bytes: its size class (" + std::to_string(capacity) +
+                      " bytes) is larger than the whole " + std::to_string(s.options.cap_bytes) +
+                      "-byte cap; raise the cap");
+    if (!s.make_room(capacity))
       throw Error(ErrorCode::out_of_memory,
                   "pinned pool: cannot acquire " + std::to_string(bytes) + " bytes (size class " +
                       std::to_string(capacity) + "): " + std::to_string(s.stats.bytes_in_use) +

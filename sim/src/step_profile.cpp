@@ -148,10 +148,11 @@ StepProfile read_step_profile(std::istream& in) {
     const double from = pair[0].as_number("edges"), to = pair[1].as_number("edges");
     if (from < 0 || to < 0 || from >= static_cast<double>(p.nodes.size()) ||
         to >= static_cast<double>(p.nodes.size()))
-      throw Error(ErrorCode::invalid_argument,
-                  "step profile: edge [" + std::to_string(static_cast<long>(from)) + ", " +
-                      std::to_string(static_cast<long>(to)) + "] names a node of " +
-                      std::to_string(p.nodes.size()));
+      throw Error(ErrorCode::invalid_argument, "step profile: edge [" +
+                                                   std::to_string(static_cast<long>(from)) + ", " +
+                                                   std::to_string(static_cast<long>(to)) +
+                                                   "] names a node outside the profile's " +
+                                                   std::to_string(p.nodes.size()) + " nodes");
     p.edges.emplace_back(static_cast<std::size_t>(from), static_cast<std::size_t>(to));
   }
   return p;

@@ -94,8 +94,7 @@ TEST(Topology, NodesNamedByTheirHosts) {
   const std::vector<std::string> short_list = {"host-a"};
   expect_error(ErrorCode::invalid_argument, "Topology::with_node_names: 1 names for 3 ranks",
                [&] { t.with_node_names(short_list); });
-  // node_name's range check is ranks_of_node's, and its message names that function.
-  expect_error(ErrorCode::invalid_argument, "node 2 is out of range [0, 2)",
+  expect_error(ErrorCode::invalid_argument, "Topology::node_name: node 2 is out of range [0, 2)",
                [&] { t.node_name(2); });
 }
 

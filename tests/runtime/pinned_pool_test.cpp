@@ -77,9 +77,10 @@ TEST(PinnedPool, ExhaustedCapIsAnOutOfMemoryErrorSayingSo) {
               std::string::npos)
         << e.what();
   }
-  // Larger than the cap itself (the message counts what is in use, though no release would do).
+  // Larger than the cap itself: no release would help, and the message says so.
   expect_error(ErrorCode::out_of_memory,
-               "cannot acquire 65536 bytes (size class 65536): 32768 of the 32768-byte cap",
+               "cannot acquire 65536 bytes: its size class (65536 bytes) is larger than the "
+               "whole 32768-byte cap; raise the cap",
                [&] { pool.acquire(64 * KiB); });
   b.release();
   EXPECT_NO_THROW(pool.acquire(4 * KiB));  // room again after a release

@@ -96,7 +96,8 @@ TEST(StepProfile, BadFilesAreNamed) {
   };
   expect_error(ErrorCode::invalid_argument, "not a step profile (no \"loom-step-profile\" member)",
                [&] { read("{\"nodes\": [], \"edges\": []}"); });
-  expect_error(ErrorCode::invalid_argument, "step profile: edge [0, 1] names a node of 0",
+  expect_error(ErrorCode::invalid_argument,
+               "step profile: edge [0, 1] names a node outside the profile's 0 nodes",
                [&] { read("{\"loom-step-profile\": 1, \"nodes\": [], \"edges\": [[0, 1]]}"); });
   expect_error(ErrorCode::invalid_argument, "step profile: unknown node kind 'teleport'", [&] {
     read(
