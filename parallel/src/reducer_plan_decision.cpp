@@ -190,6 +190,7 @@ ReducerShortlist shortlist_reducer_plans(GradientReducer& reducer,
 
 AutomaticPlan decide_reducer_plan(GradientReducer& reducer, const ReducerShortlist& shortlist,
                                   std::span<const double> measured_s) {
+  constexpr double kMinGain = 0.03;
   Backend& backend = reducer.backend();
   const std::string who = "decide_reducer_plan on rank " + std::to_string(backend.rank());
   if (reducer.in_step()) invalid(who + ": a step is in progress (finish() it first)");
@@ -218,7 +219,11 @@ AutomaticPlan decide_reducer_plan(GradientReducer& reducer, const ReducerShortli
     agreed.push_back(t.measured_step_s);
     chosen.timed.push_back(std::move(t));
   }
-  const std::size_t fastest = PlanTrials::fastest(agreed);
+  std::size_t fastest = PlanTrials::fastest(agreed);
+  // A plan replaces the running one only for a gain above the trials' noise: plans within
+  // kMinGain of it are what a few noisy rounds cannot tell apart, and the running plan (DDP's
+  // cap at first) stays (the GPT-like model switched for 0.2-2% and then ran slower).
+  if (fastest != 0 && !(agreed[fastest] < agreed[0] * (1.0 - kMinGain))) fastest = 0;
   const TimedPlan& best = chosen.timed[fastest];
   chosen.predicted_step_s = best.predicted_step_s;
   chosen.changed = fastest != 0;  // the replaced plan is the shortlist's first

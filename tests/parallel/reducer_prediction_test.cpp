@@ -395,6 +395,40 @@ TEST(ReducerPrediction, ShortlistIsTimedAndRankZerosStepsDecide) {
   EXPECT_NE(refused.find("keep must be at least 1"), std::string::npos) << refused;
 }
 
+TEST(ReducerPrediction, APlanReplacesTheRunningOneOnlyForAGainAboveNoise) {
+  // Two ranks, rank 0's times decide: 1% faster keeps the running plan (the trials cannot tell
+  // it apart); 10% faster replaces it.
+  std::mutex mutex;
+  std::vector<AutomaticPlan> close, clear;
+  std::vector<std::string> before, after;
+  LocalWorld::run(2, [&](Backend& backend) {
+    const std::vector<ParameterSpec> params = twelve_layers();
+    GradientReducer reducer(params, backend, one_64_mib_bucket(), options());
+    std::vector<ReducerStepRecord> steps{twelve_layer_step(params)};
+    PlanSearch space = PlanSearch::for_gradient_reducer();
+    space.caps_bytes = {std::size_t{128} << 10, std::size_t{256} << 10, std::size_t{1} << 20};
+    space.first_bucket_bytes = {std::size_t{64} << 10};
+    const ReducerShortlist list = shortlist_reducer_plans(reducer, steps, space, 2);
+    const std::string running = describe(reducer.plan());
+    const AutomaticPlan a = decide_reducer_plan(reducer, list, std::vector<double>{0.100, 0.099});
+    const std::string kept = describe(reducer.plan());
+    const AutomaticPlan b = decide_reducer_plan(reducer, list, std::vector<double>{0.100, 0.090});
+    std::lock_guard lock(mutex);
+    close.push_back(a);
+    clear.push_back(b);
+    before.push_back(running);
+    after.push_back(kept);
+  });
+  ASSERT_EQ(close.size(), 2u);
+  for (std::size_t r = 0; r < 2; ++r) {
+    ASSERT_EQ(close[r].timed.size(), 2u);
+    EXPECT_FALSE(close[r].changed);
+    EXPECT_EQ(after[r], before[r]) << "a 1% gain must not replace the running plan";
+    EXPECT_TRUE(clear[r].changed);
+    EXPECT_EQ(describe(clear[r].plan), describe(clear[r].timed[1].plan));
+  }
+}
+
 TEST(ReducerPrediction, NothingPredictedFasterShortlistsOnlyTheRunningPlan) {
   std::mutex mutex;
   std::vector<std::size_t> lengths;

@@ -493,7 +493,11 @@ def test_auto_plan_keeps_the_numerics_and_every_rank_ends_on_the_same_plan(world
     assert 1 <= len(timed) <= 3, chosen
     assert timed[0]["predicted_ms"] == pytest.approx(chosen["replaced_predicted_ms"]), chosen
     assert all(t["measured_ms"] > 0 for t in timed), chosen
+    # The fastest measured, unless it beats the starting plan by less than 3% (the trials'
+    # noise: then the starting plan stays).
     fastest = min(timed, key=lambda t: t["measured_ms"])
+    if not fastest["measured_ms"] < timed[0]["measured_ms"] * 0.97:
+        fastest = timed[0]
     assert chosen["plan"] == fastest["plan"], chosen
     assert chosen["changed"] == (fastest is not timed[0]), chosen
     assert all(t["predicted_ms"] <= timed[0]["predicted_ms"] * margin for t in timed[1:]), chosen

@@ -180,7 +180,8 @@ ReducerShortlist shortlist_reducer_plans(
 
 /// @brief Collective (every rank, between steps, at the same step): rank 0's `measured_s`
 /// (each shortlisted plan's period, PlanTrials::steps_s) decide; every rank replans
-/// to the fastest measured unless it is the plan in force, and gets the same AutomaticPlan
+/// to the fastest measured unless it is the plan in force or beats the running plan (the
+/// shortlist's first) by less than 3% (the trials' noise), and gets the same AutomaticPlan
 /// (with `timed` set). ErrorCode::invalid_argument for a step in progress or a measurement per
 /// plan missing, ErrorCode::mismatch when rank 0 timed another number of plans.
 AutomaticPlan decide_reducer_plan(GradientReducer& reducer, const ReducerShortlist& shortlist,
