@@ -5,6 +5,8 @@ last."""
 import torch
 import torch.distributed as dist
 
+from ._model_checks import broadcast_state
+
 
 class _Join:
     """Mixed into _Engine (_engine.py)."""
@@ -62,7 +64,4 @@ class _Join:
         # The last rank(s) to train hold the model every rank keeps (as DDP's join); with the
         # same hyperparameters everywhere it is what every rank computed already.
         self.synchronize()
-        state = [t.detach() for t in self.module.state_dict(keep_vars=True).values()
-                 if isinstance(t, torch.Tensor) and t.numel() > 0]
-        dist._broadcast_coalesced(net.process_group, state, 250 * 1024 * 1024,
-                                  self.last_active[-1])
+        broadcast_state(net.process_group, self.module, self.last_active[-1])

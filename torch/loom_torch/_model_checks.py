@@ -82,3 +82,21 @@ def _agree_on_model(group, model, problem):
                                "is %s here and %s on rank 0 (%d entries here, %d there); wrap "
                                "the same model on every rank" % (rank, k, here, there,
                                                                  len(lines), len(theirs)))
+
+
+# torch's coalescing bucket for broadcasts of model state (DDP's broadcast_bucket_size).
+_BROADCAST_BUCKET_BYTES = 250 * 1024 * 1024
+
+
+def broadcast_tensors(group, tensors, source):
+    """`source`'s values of `tensors` on every rank of `group` (in place, coalesced)."""
+    if tensors and dist.get_world_size(group) > 1:
+        dist._broadcast_coalesced(group, tensors, _BROADCAST_BUCKET_BYTES, source)
+
+
+def broadcast_state(group, module, source):
+    """`source`'s parameters and buffers of `module` on every rank: when wrapped, as DDP, and at
+    the end of join(). Tensors without elements are left out (torch's coalescing fails on them,
+    and they have nothing to send)."""
+    broadcast_tensors(group, [t.detach() for t in module.state_dict(keep_vars=True).values()
+                              if isinstance(t, torch.Tensor) and t.numel() > 0], source)

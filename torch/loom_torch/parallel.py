@@ -53,7 +53,7 @@ from ._engine import _Engine
 from ._groups import backend_of
 from ._hooks import (_FRESH_READS, _EngineHook, _FreshRead, _eager, _first_tensor_needing_grad,
                      _inert_hook)  # noqa: F401  (_inert_hook: named by pickles of wrapped models)
-from ._model_checks import _agree_on_model, _local_problem
+from ._model_checks import _agree_on_model, _local_problem, broadcast_state, broadcast_tensors
 
 __all__ = ["parallelize", "ParallelModule"]
 
@@ -183,11 +183,7 @@ class ParallelModule(torch.nn.Module):
         elif problem:
             raise ValueError(problem)
         # Rank 0's parameters and buffers everywhere, as DDP does when it wraps a model.
-        state = [t.detach() for t in module.state_dict(keep_vars=True).values()
-                 if isinstance(t, torch.Tensor) and t.numel() > 0]  # (torch's coalescing
-        # fails on a tensor without elements, which has nothing to send)
-        if state and dist.get_world_size(group) > 1:
-            dist._broadcast_coalesced(group, state, 250 * 1024 * 1024, 0)
+        broadcast_state(group, module, 0)
         engine = _Engine(module, optimizer, group, plan, overlap_forward, rebuild_buckets, profile,
                          automatic, defer_updates, gradient_as_bucket_view)
         object.__setattr__(self, "_loom", engine)
@@ -291,8 +287,7 @@ class ParallelModule(torch.nn.Module):
         return output
 
     def _broadcast_buffers(self, source):
-        dist._broadcast_coalesced(self.process_group, self._loom.buffers, 250 * 1024 * 1024,
-                                  source)
+        broadcast_tensors(self.process_group, self._loom.buffers, source)
 
     @contextlib.contextmanager
     def join(self, divide_by_initial_world_size=True, enable=True,
