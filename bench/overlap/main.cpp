@@ -57,7 +57,7 @@ std::vector<bench::ModeResult> run_all(Backend& backend, const Flags& flags) {
       for (std::size_t in_flight : sweep_in_flight) {
         configs.push_back(flags.train.config);
         configs.back().mode = OverlapMode::loom;
-        configs.back().bucketing.cap_bytes = cap << 10;
+        configs.back().bucketing.bucket_cap_bytes = cap << 10;
         configs.back().bucketing.first_bucket_bytes = std::min(cap, flags.train.first_bucket_kb)
                                                       << 10;
         configs.back().executor.collectives_in_flight = in_flight;
@@ -93,7 +93,7 @@ void report(const std::vector<bench::ModeResult>& results, const Flags& flags,
     std::snprintf(buckets, sizeof buckets, "%zu bucket%s (cap %zu KiB, first %zu KiB%s)",
                   results.front().buckets, results.front().buckets == 1 ? "" : "s",
                   flags.train.bucket_cap_kb, flags.train.first_bucket_kb,
-                  flags.train.config.bucketing.split_large ? ", split" : "");
+                  flags.train.config.bucketing.partition_large ? ", partition-large" : "");
   const std::string block =
       flags.plan.block_steps == 1
           ? std::string("steps (a barrier before each)")

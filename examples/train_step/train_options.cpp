@@ -23,9 +23,9 @@ void add_train_options(po::options_description& options, TrainFlags& flags) {
                            po::value(&flags.bucket_cap_kb)->default_value(flags.bucket_cap_kb),
                            "bucket cap in KiB (DDP: 25 MiB)")(
       "first-bucket-kb", po::value(&flags.first_bucket_kb)->default_value(flags.first_bucket_kb),
-      "first bucket cap in KiB (DDP: 1 MiB)")("split",
-                                              po::bool_switch(&flags.config.bucketing.split_large),
-                                              "split gradients larger than the cap across buckets")(
+      "first bucket cap in KiB (DDP: 1 MiB)")(
+      "partition-large", po::bool_switch(&flags.config.bucketing.partition_large),
+      "split gradients larger than the cap across buckets")(
       "compression", po::value(&flags.compression)->default_value(flags.compression),
       "none, float16 or bfloat16")(
       "collectives-in-flight",
@@ -54,7 +54,7 @@ Device parse_device(const std::string& text) {
 void apply_train_options(TrainFlags& flags) {
   if (flags.bucket_cap_kb == 0 || flags.first_bucket_kb == 0)
     throw Error(ErrorCode::invalid_argument, "--bucket-cap-kb and --first-bucket-kb must be > 0");
-  flags.config.bucketing.cap_bytes = flags.bucket_cap_kb * 1024;
+  flags.config.bucketing.bucket_cap_bytes = flags.bucket_cap_kb * 1024;
   flags.config.bucketing.first_bucket_bytes = flags.first_bucket_kb * 1024;
   flags.config.bucketing.compression = parse_compression(flags.compression);
   flags.config.registration = parse_registration(flags.registration);

@@ -26,7 +26,8 @@ struct TrainFlags {
 Device parse_device(const std::string& text);
 
 /// @brief Adds --input --width --output --depth --batch --seed --lr --bucket-cap-kb
-/// --first-bucket-kb --split --compression --collectives-in-flight --registration --device
+/// --first-bucket-kb --partition-large --compression --collectives-in-flight --registration
+/// --device
 /// --packed.
 void add_train_options(boost::program_options::options_description& options, TrainFlags& flags);
 

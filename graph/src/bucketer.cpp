@@ -222,7 +222,7 @@ void Bucketer::State::assign(std::span<const std::size_t> order) {
 Bucketer::Bucketer(std::vector<GradientSpec> gradients, BucketerOptions options)
     : _state(std::make_unique<State>()) {
   if (gradients.empty()) invalid("Bucketer: no gradients to bucket");
-  if (options.cap_bytes == 0) invalid("Bucketer: cap_bytes must be > 0");
+  if (options.bucket_cap_bytes == 0) invalid("Bucketer: bucket_cap_bytes must be > 0");
   if (options.first_bucket_bytes == 0) invalid("Bucketer: first_bucket_bytes must be > 0");
   std::unordered_map<std::string, std::size_t> names;
   std::size_t with_storage = 0;
@@ -277,8 +277,8 @@ std::vector<Bucket> Bucketer::assign(std::span<const GradientSpec> gradients,
                                      std::span<const std::size_t> order,
                                      const BucketerOptions& options) {
   check_permutation(order, gradients.size(), "Bucketer::assign: order");
-  if (options.cap_bytes == 0 || options.first_bucket_bytes == 0)
-    invalid("Bucketer::assign: cap_bytes and first_bucket_bytes must be > 0");
+  if (options.bucket_cap_bytes == 0 || options.first_bucket_bytes == 0)
+    invalid("Bucketer::assign: bucket_cap_bytes and first_bucket_bytes must be > 0");
   struct Group {
     Bucket open;
     bool closed_one = false;  // after the first bucket, the cap applies
@@ -295,12 +295,13 @@ std::vector<Bucket> Bucketer::assign(std::span<const GradientSpec> gradients,
     const std::size_t element = dtype_size(spec.dtype);
     std::size_t offset = 0;
     while (offset < spec.count) {
-      const std::size_t limit = group.closed_one ? options.cap_bytes : options.first_bucket_bytes;
+      const std::size_t limit =
+          group.closed_one ? options.bucket_cap_bytes : options.first_bucket_bytes;
       Bucket& open = group.open;
       open.dtype = spec.dtype;
       open.device = spec.device;
       std::size_t take = spec.count - offset;
-      if (options.split_large)  // at least one element, so a limit below one element progresses
+      if (options.partition_large)  // at least one element, so a limit below one element progresses
         take = std::min(take, std::max<std::size_t>(1, (limit - open.bytes()) / element));
       open.pieces.push_back({g, offset, take, open.count});
       open.count += take;
@@ -318,7 +319,8 @@ std::vector<Bucket> Bucketer::assign(std::span<const GradientSpec> gradients,
   for (const GroupKey& key : first_seen) {
     Group& group = groups[key];
     if (group.open.pieces.empty()) continue;
-    group.open.limit_bytes = group.closed_one ? options.cap_bytes : options.first_bucket_bytes;
+    group.open.limit_bytes =
+        group.closed_one ? options.bucket_cap_bytes : options.first_bucket_bytes;
     result.push_back(std::move(group.open));
   }
   return result;

@@ -438,9 +438,9 @@ std::vector<TimedPlan> DataParallelStep::State::predict_plans(const PlanSearch& 
 
 void DataParallelStep::State::apply_plan(TimedPlan chosen) {
   BucketerOptions o = options.bucketing;
-  o.cap_bytes = chosen.plan.bucket_cap_bytes;
+  o.bucket_cap_bytes = chosen.plan.bucket_cap_bytes;
   o.first_bucket_bytes = chosen.plan.first_bucket_bytes;
-  o.split_large = chosen.plan.partition_large;
+  o.partition_large = chosen.plan.partition_large;
   std::unique_ptr<Bucketer> b = make_bucketer(o);
   if (b->buckets().size() != chosen.buckets)
     throw Error(ErrorCode::mismatch,

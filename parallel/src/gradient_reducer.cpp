@@ -234,9 +234,9 @@ void GradientReducer::State::build() {
   for (const ParameterSpec& p : parameters)
     specs.push_back({p.name, p.count, p.dtype, Device::cpu(), {}});
   BucketerOptions options;
-  options.cap_bytes = plan.bucket_cap_bytes;
+  options.bucket_cap_bytes = plan.bucket_cap_bytes;
   options.first_bucket_bytes = plan.first_bucket_bytes;
-  options.split_large = plan.partition_large;
+  options.partition_large = plan.partition_large;
   options.compression = plan.compression;
   options.average = false;  // the 1 / world size is applied as each gradient is copied in
   bucketer = std::make_unique<Bucketer>(std::move(specs), options);

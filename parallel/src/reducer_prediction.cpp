@@ -47,9 +47,9 @@ std::unique_ptr<Bucketer> make_reducer_bucketer(const GradientReducer& reducer,
     invalid("predict_reducer_step: bucket_cap_bytes and first_bucket_bytes must be > 0 (" +
             describe(plan) + ")");
   BucketerOptions options;
-  options.cap_bytes = plan.bucket_cap_bytes;
+  options.bucket_cap_bytes = plan.bucket_cap_bytes;
   options.first_bucket_bytes = plan.first_bucket_bytes;
-  options.split_large = plan.partition_large;
+  options.partition_large = plan.partition_large;
   options.compression = plan.compression;
   options.average = false;
   auto bucketer = std::make_unique<Bucketer>(gradient_specs(reducer), options);

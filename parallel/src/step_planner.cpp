@@ -155,8 +155,9 @@ std::vector<TimedPlan> search_plans(const PlanSearch& search, const PlanInputs& 
     bool partition;
   };
   const BucketerOptions& running_options = bucketer.options();
-  std::vector<Candidate> candidates{
-      {running_options.cap_bytes, running_options.first_bucket_bytes, running_options.split_large}};
+  std::vector<Candidate> candidates{{running_options.bucket_cap_bytes,
+                                     running_options.first_bucket_bytes,
+                                     running_options.partition_large}};
   for (std::size_t cap : search.caps_bytes) {
     std::vector<std::size_t> firsts{cap};
     for (std::size_t f : search.first_bucket_bytes)
@@ -174,9 +175,9 @@ std::vector<TimedPlan> search_plans(const PlanSearch& search, const PlanInputs& 
   std::vector<TimedPlan> plans;
   for (const Candidate& c : candidates) {
     BucketerOptions options = running_options;
-    options.cap_bytes = c.cap;
+    options.bucket_cap_bytes = c.cap;
     options.first_bucket_bytes = c.first;
-    options.split_large = c.partition;
+    options.partition_large = c.partition;
     if (!options.pool) options.pool = &pool;
     const std::unique_ptr<Bucketer> candidate = make_bucketer(options);
     const PlanGraph g = build(*candidate, {});

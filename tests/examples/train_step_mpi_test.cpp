@@ -23,9 +23,9 @@ TrainConfig model() {
   TrainConfig c;
   c.shape = {.input = 16, .width = 48, .output = 6, .depth = 5, .batch = 9, .seed = 5};
   c.learning_rate = 0.1f;
-  c.bucketing.cap_bytes = 4096;
+  c.bucketing.bucket_cap_bytes = 4096;
   c.bucketing.first_bucket_bytes = 1024;
-  c.bucketing.split_large = true;
+  c.bucketing.partition_large = true;
   return c;
 }
 

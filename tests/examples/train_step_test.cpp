@@ -32,7 +32,7 @@ TrainConfig small_model() {
   c.shape = {.input = 12, .width = 40, .output = 5, .depth = 4, .batch = 7, .seed = 11};
   c.learning_rate = 0.1f;
   // Small caps so the step has several buckets (and split gradients when asked).
-  c.bucketing.cap_bytes = 2048;
+  c.bucketing.bucket_cap_bytes = 2048;
   c.bucketing.first_bucket_bytes = 512;
   return c;
 }
@@ -110,7 +110,7 @@ TEST_P(TrainStepRanks, IdenticalOnEveryRankAndLikeOneProcess) {
   TrainConfig config = small_model();
   config.mode = c.mode;
   config.gradient_views = c.views;
-  config.bucketing.split_large = c.split;
+  config.bucketing.partition_large = c.split;
   config.registration = c.registration;
   const Result r = train(c.ranks, config);
   EXPECT_GT(r.buckets, 2u);
@@ -332,7 +332,7 @@ TEST(TrainStepPlan, AutomaticPlanIsTheFastestTimedAndTheSameOnEveryRank) {
     issued[backend.rank()] = step.executor().issue_order();
     parameters[backend.rank()] = step.parameters();
     EXPECT_EQ(step.bucketer().buckets().size(), step.plan()->buckets);
-    EXPECT_EQ(step.bucketer().options().cap_bytes, step.plan()->plan.bucket_cap_bytes);
+    EXPECT_EQ(step.bucketer().options().bucket_cap_bytes, step.plan()->plan.bucket_cap_bytes);
     // Profiling was only for the search: the decided plan runs as the user configured it.
     EXPECT_TRUE(step.executor().last_run().empty()) << "the decided plan still profiles";
   });
@@ -574,7 +574,7 @@ TEST_P(TrainStepGraph, KeepsItsNodesPrioritiesAndEdges) {
   const GraphCase& c = GetParam();
   TrainConfig config;
   config.shape = {.input = 6, .width = 16, .output = 2, .depth = 3, .batch = 5, .seed = 3};
-  config.bucketing.cap_bytes = 256;
+  config.bucketing.bucket_cap_bytes = 256;
   config.bucketing.first_bucket_bytes = 512;
   config.bucketing.compression = c.compression;
   config.mode = c.mode;

@@ -49,7 +49,7 @@ std::vector<Piece> pieces_of(const Bucket& b) {
 // does); g3 48 + g2 32 + g1 120 = 200 >= 160 closes bucket 1; g0 is left open: bucket 2.
 TEST(Bucketer, AssignsLikeDdp) {
   const auto grads = float_gradients({10, 30, 8, 12, 50, 4});
-  BucketerOptions options{.cap_bytes = 160, .first_bucket_bytes = 64};
+  BucketerOptions options{.bucket_cap_bytes = 160, .first_bucket_bytes = 64};
   const auto buckets = Bucketer::assign(grads, reverse_order(6), options);
   ASSERT_EQ(buckets.size(), 3u);
   EXPECT_EQ(pieces_of(buckets[0]), (std::vector<Piece>{{5, 0, 4, 0}, {4, 0, 50, 4}}));
@@ -65,7 +65,7 @@ TEST(Bucketer, AssignsLikeDdp) {
 
 TEST(Bucketer, DefaultCapsAre25MiBAnd1MiB) {
   const BucketerOptions defaults;
-  EXPECT_EQ(defaults.cap_bytes, 25u << 20);
+  EXPECT_EQ(defaults.bucket_cap_bytes, 25u << 20);
   EXPECT_EQ(defaults.first_bucket_bytes, 1u << 20);
   // Ten 4 MiB gradients: the first bucket closes at one (4 >= 1 MiB), the next at seven
   // (28 >= 25 MiB), two are left.
@@ -84,7 +84,8 @@ TEST(Bucketer, DefaultCapsAre25MiBAnd1MiB) {
 // exactly), its other 38 and 2 floats of g3 fill bucket 1 (160 B), and so on.
 TEST(Bucketer, SplitsLargeGradientsAtTheCap) {
   const auto grads = float_gradients({10, 30, 8, 12, 50, 4});
-  BucketerOptions options{.cap_bytes = 160, .first_bucket_bytes = 64, .split_large = true};
+  BucketerOptions options{
+      .bucket_cap_bytes = 160, .first_bucket_bytes = 64, .partition_large = true};
   const auto buckets = Bucketer::assign(grads, reverse_order(6), options);
   ASSERT_EQ(buckets.size(), 4u);
   EXPECT_EQ(pieces_of(buckets[0]), (std::vector<Piece>{{5, 0, 4, 0}, {4, 0, 12, 4}}));
@@ -100,11 +101,11 @@ TEST(Bucketer, SplitsLargeGradientsAtTheCap) {
 TEST(Bucketer, SplitKeepsTheLastBucketSmall) {
   // One 1000-float gradient after a small one: without splitting it is one 4000 B bucket.
   const auto grads = float_gradients({1000, 3});
-  BucketerOptions options{.cap_bytes = 400, .first_bucket_bytes = 100};
+  BucketerOptions options{.bucket_cap_bytes = 400, .first_bucket_bytes = 100};
   const auto whole = Bucketer::assign(grads, reverse_order(2), options);
   ASSERT_EQ(whole.size(), 1u);
   EXPECT_EQ(whole[0].bytes(), 4012u);
-  options.split_large = true;
+  options.partition_large = true;
   const auto split = Bucketer::assign(grads, reverse_order(2), options);
   // 100 B first (3 + 22 floats), then 400 B buckets: 978 floats left = 9 x 100 + 78.
   ASSERT_EQ(split.size(), 11u);
@@ -123,7 +124,7 @@ TEST(Bucketer, GroupsByDtypeEachWithItsFirstBucket) {
                                   {"b", 10, DType::float64},
                                   {"c", 20, DType::float32},
                                   {"d", 10, DType::float64}};
-  BucketerOptions options{.cap_bytes = 1000, .first_bucket_bytes = 64};
+  BucketerOptions options{.bucket_cap_bytes = 1000, .first_bucket_bytes = 64};
   // d (80 B) closes float64's first bucket, c (80 B) float32's; b and a stay open, float64
   // first because it was seen first.
   const auto buckets = Bucketer::assign(grads, reverse_order(4), options);
@@ -138,7 +139,8 @@ TEST(Bucketer, GroupsByDtypeEachWithItsFirstBucket) {
 }
 
 TEST(Bucketer, ViewsAreContiguousAcrossSplitBuckets) {
-  BucketerOptions options{.cap_bytes = 160, .first_bucket_bytes = 64, .split_large = true};
+  BucketerOptions options{
+      .bucket_cap_bytes = 160, .first_bucket_bytes = 64, .partition_large = true};
   Bucketer bucketer(float_gradients({10, 30, 8, 12, 50, 4}), options);
   ASSERT_TRUE(bucketer.gradients_are_views());
   EXPECT_EQ(bucketer.buckets_of(4), (std::vector<std::size_t>{0, 1}));
@@ -155,7 +157,7 @@ TEST(Bucketer, ViewsAreContiguousAcrossSplitBuckets) {
 }
 
 TEST(Bucketer, RebuildsFromTheReadyOrder) {
-  BucketerOptions options{.cap_bytes = 160, .first_bucket_bytes = 64};
+  BucketerOptions options{.bucket_cap_bytes = 160, .first_bucket_bytes = 64};
   Bucketer bucketer(float_gradients({10, 30, 8, 12, 50, 4}), options);
   bucketer.gradient(0).as<float>()[0] = 7;
   EXPECT_FALSE(bucketer.rebuilt());
@@ -229,7 +231,7 @@ TEST(Bucketer, DifferentGradientCountsAreAMismatchOnEveryRank) {
 // to first: bucket order issues bucket 0 first (it waits for all of backward); ready order
 // issues bucket 2 first.
 TEST(Bucketer, IssueOrderByBucketOrByReadiness) {
-  BucketerOptions options{.cap_bytes = 160, .first_bucket_bytes = 64};
+  BucketerOptions options{.bucket_cap_bytes = 160, .first_bucket_bytes = 64};
   Bucketer bucketer(float_gradients({10, 30, 8, 12, 50, 4}), options);
   auto backend = make_local_backend();
   for (BucketOrder order : {BucketOrder::bucket, BucketOrder::ready}) {
@@ -257,7 +259,7 @@ TEST(Bucketer, IssueOrderByBucketOrByReadiness) {
 // An explicit issue order (a plan) replaces both: the executor issues the buckets as named,
 // whenever they become ready; a list that is not a permutation of the buckets is refused.
 TEST(Bucketer, ExplicitIssueOrder) {
-  BucketerOptions options{.cap_bytes = 160, .first_bucket_bytes = 64};
+  BucketerOptions options{.bucket_cap_bytes = 160, .first_bucket_bytes = 64};
   Bucketer bucketer(float_gradients({10, 30, 8, 12, 50, 4}), options);
   auto backend = make_local_backend();
   auto graph_with = [&](Graph& g) {
@@ -326,9 +328,9 @@ TEST_P(BucketerRoundTrip, AveragesEveryGradient) {
         specs[i].storage = Buffer::of(std::span(own[i]));
       }
     PinnedPool pool;
-    Bucketer bucketer(std::move(specs), {.cap_bytes = 256,
+    Bucketer bucketer(std::move(specs), {.bucket_cap_bytes = 256,
                                          .first_bucket_bytes = 64,
-                                         .split_large = mode.split,
+                                         .partition_large = mode.split,
                                          .compression = mode.compression,
                                          .pool = &pool});
     Graph g;
@@ -477,9 +479,9 @@ TEST_P(BucketerExact, EveryModeComputesWhatItDefines) {
       }
     }
     PinnedPool pool;
-    Bucketer bucketer(std::move(specs), {.cap_bytes = 256,
+    Bucketer bucketer(std::move(specs), {.bucket_cap_bytes = 256,
                                          .first_bucket_bytes = 64,
-                                         .split_large = c.split,
+                                         .partition_large = c.split,
                                          .compression = c.compression,
                                          .average = c.average,
                                          .pool = &pool});
@@ -539,8 +541,8 @@ TEST(Bucketer, BadInputNamesWhatIsWrong) {
   expect_error(ErrorCode::invalid_argument, "#0 and #1 are both named 'v'", [] {
     Bucketer({{"v", 3}, {"v", 4}});
   });
-  expect_error(ErrorCode::invalid_argument, "cap_bytes must be > 0", [] {
-    Bucketer({{"v", 3}}, {.cap_bytes = 0});
+  expect_error(ErrorCode::invalid_argument, "bucket_cap_bytes must be > 0", [] {
+    Bucketer({{"v", 3}}, {.bucket_cap_bytes = 0});
   });
   expect_error(ErrorCode::unsupported, "'v' (#0) is on cuda:0", [] {
     Bucketer({{"v", 3, DType::float32, Device::cuda(0)}});

@@ -203,11 +203,11 @@ ExecutorOptions executor_options(bool profile = false) {
   return o;
 }
 
-DataParallelOptions step_options(OverlapMode mode, std::size_t cap_bytes = 64) {
+DataParallelOptions step_options(OverlapMode mode, std::size_t bucket_cap_bytes = 64) {
   DataParallelOptions o;
   o.mode = mode;
-  o.bucketing.cap_bytes = cap_bytes;
-  o.bucketing.first_bucket_bytes = cap_bytes;
+  o.bucketing.bucket_cap_bytes = bucket_cap_bytes;
+  o.bucketing.first_bucket_bytes = bucket_cap_bytes;
   o.executor = executor_options();
   return o;
 }

@@ -87,7 +87,7 @@ TEST(StepPlanner, RanksEveryCandidateAndPrefersBucketsThatOverlapBackward) {
   // Running: one bucket for everything (cap 25 MiB): its 20 ms allreduce waits for the whole
   // 20 ms backward. Buckets of one gradient each hide three quarters of it.
   BucketerOptions running_options;
-  running_options.cap_bytes = std::size_t{25} << 20;
+  running_options.bucket_cap_bytes = std::size_t{25} << 20;
   running_options.first_bucket_bytes = std::size_t{25} << 20;
   const auto running_bucketer = make_bucketer(running_options);
   ASSERT_EQ(running_bucketer->buckets().size(), 1u);

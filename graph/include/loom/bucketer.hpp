@@ -46,13 +46,13 @@ Compression parse_compression(std::string_view name);
 /// @brief How a Bucketer assigns and reduces.
 struct BucketerOptions {
   /// @brief A bucket is closed once it holds at least this many bytes (DDP's bucket_cap_mb).
-  std::size_t cap_bytes = std::size_t{25} << 20;
+  std::size_t bucket_cap_bytes = std::size_t{25} << 20;
   /// @brief The same for the first bucket of each dtype and device, kept small so that
   /// communication starts early (DDP's first bucket).
   std::size_t first_bucket_bytes = std::size_t{1} << 20;
   /// @brief Cut gradients at the cap so that no bucket exceeds it (DDP instead lets one large
   /// gradient make a giant bucket). A split gradient stays contiguous in memory.
-  bool split_large = false;
+  bool partition_large = false;
   Compression compression = Compression::none;
   /// @brief Divide by the world size (gradients of a mean loss). Folded into the reduction
   /// (ReduceOp::avg) or, when there is a pack or unpack, into that copy: never an extra pass.
@@ -120,7 +120,7 @@ struct BucketTasks {
 ///
 /// Assignment follows PyTorch DDP: gradients are taken in reverse registration order (the order
 /// backward usually produces them) and grouped per dtype and device; a group's bucket is closed
-/// once it holds at least first_bucket_bytes (the first one) or cap_bytes (the others).
+/// once it holds at least first_bucket_bytes (the first one) or bucket_cap_bytes (the others).
 /// Buckets are numbered in the order they are closed, the ones left open at the end last.
 /// After a first run, rebuild() reassigns in the order the gradients actually became ready,
 /// as DDP does after its first iteration; use agreed_ready_order() so every rank rebuilds the

@@ -106,7 +106,7 @@ struct StepModel {
 /// @brief How the step runs.
 struct DataParallelOptions {
   OverlapMode mode = OverlapMode::loom;
-  /// @brief Cap, first bucket, partition (BucketerOptions::split_large), compression, pool;
+  /// @brief Cap, first bucket, partition (BucketerOptions::partition_large), compression, pool;
   /// average is always on (gradients of a mean loss).
   BucketerOptions bucketing;
   ExecutorOptions executor;
