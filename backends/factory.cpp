@@ -63,7 +63,10 @@ std::shared_ptr<Backend> create_backend(std::string_view name) {
     throw Error(
         ErrorCode::unavailable,
         "backend '" + chosen + "' is not available in this build (available: " + list + ")");
-  throw Error(ErrorCode::unavailable, "unknown backend '" + chosen + "' (available: " + list + ")");
+  throw Error(ErrorCode::invalid_argument,
+              "unknown backend '" + chosen + "'" +
+                  (name.empty() ? std::string(" (from LOOM_BACKEND)") : std::string()) +
+                  " (known: local, mpi, nccl; available in this build: " + list + ")");
 }
 
 }  // namespace loom

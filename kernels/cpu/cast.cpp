@@ -87,7 +87,12 @@ bool check(const void* in, DType from, void* out, DType to, std::size_t count) {
   if (count == 0) return false;
   if (in == nullptr || out == nullptr)
     throw Error(ErrorCode::invalid_argument,
-                "cast of " + std::to_string(count) + " elements: null buffer");
+                "cast of " + std::to_string(count) + " elements from " +
+                    std::string(to_string(from)) + " to " + std::string(to_string(to)) + ": the " +
+                    (in == nullptr && out == nullptr ? "input and output buffers are"
+                     : in == nullptr                 ? "input buffer is"
+                                                     : "output buffer is") +
+                    " null");
   return true;
 }
 

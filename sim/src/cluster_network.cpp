@@ -34,8 +34,14 @@ ClusterNetwork ClusterNetwork::uniform(int nodes, int ranks_per_node, double lin
                 "a cluster needs a link rate > 0 and an intra-node rate > 0 (got link " +
                     std::to_string(link_bits_per_s) + " bit/s, intra " +
                     std::to_string(intra_bytes_per_s) + " B/s)");
-  if (link_latency_s < 0 || intra_latency_s < 0 || gamma_s_per_byte < 0)
-    throw Error(ErrorCode::invalid_argument, "a cluster's latencies and gamma must be >= 0");
+  const std::pair<const char*, double> non_negative[] = {{"link_latency_s", link_latency_s},
+                                                         {"intra_latency_s", intra_latency_s},
+                                                         {"gamma_s_per_byte", gamma_s_per_byte}};
+  for (const auto& [what, value] : non_negative)
+    if (!(value >= 0))
+      throw Error(
+          ErrorCode::invalid_argument,
+          std::string("a cluster's ") + what + " must be >= 0 (got " + std::to_string(value) + ")");
   return c;
 }
 

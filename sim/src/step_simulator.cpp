@@ -87,11 +87,19 @@ Prediction simulate(const StepProfile& profile, const NetworkModel& network,
   const std::vector<std::size_t> order =
       options.issue_order.empty() ? default_issue_order(profile) : options.issue_order;
   std::vector<char> listed(n, 0);
-  for (std::size_t id : order) {
-    if (id >= n || !communicates(profile.nodes[id].kind) || listed[id])
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    const std::size_t id = order[i];
+    const std::string entry = "simulate: issue order entry " + std::to_string(i) + " (node ";
+    if (id >= n)
+      throw Error(ErrorCode::invalid_argument, entry + std::to_string(id) +
+                                                   ") is out of range: the step has " +
+                                                   std::to_string(n) + " nodes");
+    if (!communicates(profile.nodes[id].kind))
       throw Error(ErrorCode::invalid_argument,
-                  "simulate: issue order entry " + std::to_string(id) +
-                      " is not a communication node of the step, or repeats");
+                  entry + "'" + profile.nodes[id].name + "') is not a communication node");
+    if (listed[id])
+      throw Error(ErrorCode::invalid_argument,
+                  entry + "'" + profile.nodes[id].name + "') repeats an earlier entry");
     listed[id] = 1;
   }
   for (std::size_t id = 0; id < n; ++id)

@@ -1,5 +1,6 @@
 // Fuzzes LOOM_BACKEND through create_backend(): "local" (or empty: the default outside mpirun)
-// gives the one-rank local backend; anything unknown is unavailable, naming the value.
+// gives the one-rank local backend; a known backend this build lacks (nccl) is unavailable and
+// anything else an invalid argument, each naming the value and the choices.
 #include <memory>
 
 #include "fuzz/fuzz_env.hpp"
@@ -19,9 +20,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (backend->name() != "local" || backend->world_size() != 1 || backend->rank() != 0)
       contract_broken("not a one-rank local backend", text);
   } catch (const loom::Error& e) {
-    if (e.code() != loom::ErrorCode::unavailable)
+    const auto expected =
+        text == "nccl" ? loom::ErrorCode::unavailable : loom::ErrorCode::invalid_argument;
+    if (e.code() != expected)
       contract_broken("wrong code " + std::string(loom::to_string(e.code())), text);
-    if (!contains(e.message(), "'" + text + "'") || !contains(e.message(), "available: local"))
+    if (!contains(e.message(), "'" + text + "'") ||
+        !contains(e.message(), "available in this build: local"))
       contract_broken("the message does not name the value and the choices: " + e.message(), text);
   }
   return 0;

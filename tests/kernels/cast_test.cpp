@@ -108,9 +108,13 @@ TEST(Cast, RefusesOtherTypesAndNullBuffers) {
   }
   EXPECT_FALSE(can_cast(DType::int32, DType::float32));
   EXPECT_TRUE(can_cast(DType::bfloat16, DType::float16));
-  // The message does not say which buffer (here the input) is null.
-  expect_error(ErrorCode::invalid_argument, "cast of 2 elements: null buffer",
+  expect_error(ErrorCode::invalid_argument,
+               "cast of 2 elements from float32 to float16: the input buffer is null",
                [&] { cast(nullptr, DType::float32, f.data(), DType::float16, 2); });
+  expect_error(ErrorCode::invalid_argument, "the output buffer is null",
+               [&] { cast(f.data(), DType::float32, nullptr, DType::float16, 2); });
+  expect_error(ErrorCode::invalid_argument, "the input and output buffers are null",
+               [&] { cast(nullptr, DType::float32, nullptr, DType::float16, 2); });
   EXPECT_NO_THROW(cast(nullptr, DType::float32, nullptr, DType::float16, 0));
 }
 

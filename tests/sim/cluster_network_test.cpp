@@ -173,9 +173,12 @@ TEST(ClusterNetwork, BadInputIsNamed) {
   expect_error(ErrorCode::invalid_argument,
                "(got link 0.000000 bit/s, intra 1000000000.000000 B/s)",
                [] { ClusterNetwork::uniform(2, 8, 0, 1e9); });
-  // The message names neither the parameter (link_latency_s) nor its value.
-  expect_error(ErrorCode::invalid_argument, "a cluster's latencies and gamma must be >= 0",
+  expect_error(ErrorCode::invalid_argument, "a cluster's link_latency_s must be >= 0 (got -1.0",
                [] { ClusterNetwork::uniform(2, 8, gbit, 1e9, -1); });
+  expect_error(ErrorCode::invalid_argument, "a cluster's intra_latency_s must be >= 0 (got -2.0",
+               [] { ClusterNetwork::uniform(2, 8, gbit, 1e9, 0, -2); });
+  expect_error(ErrorCode::invalid_argument, "a cluster's gamma_s_per_byte must be >= 0 (got nan",
+               [] { ClusterNetwork::uniform(2, 8, gbit, 1e9, 0, 0, std::nan("")); });
   try {
     cluster_cost(link_only(2, 2), Algorithm::bruck, Collective::allreduce, 8);
     FAIL() << "bruck allreduce accepted";

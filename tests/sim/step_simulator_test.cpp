@@ -160,10 +160,17 @@ TEST(StepSimulator, IssueOrderAgainstTheEdgesIsRefused) {
                });
   expect_error(ErrorCode::invalid_argument, "simulate: the issue order lacks 'c2'",
                [&] { simulate(p, model(0, 1e-9), {.ranks = 2, .issue_order = {c1}}); });
-  // x is node 1, a compute node; the message gives its index, not its name.
   expect_error(ErrorCode::invalid_argument,
-               "simulate: issue order entry 1 is not a communication node of the step", [&] {
+               "simulate: issue order entry 1 (node 'x') is not a communication node", [&] {
                  simulate(p, model(0, 1e-9), {.ranks = 2, .issue_order = {c1, x, c2}});
+               });
+  expect_error(ErrorCode::invalid_argument,
+               "simulate: issue order entry 2 (node 'c1') repeats an earlier entry", [&] {
+                 simulate(p, model(0, 1e-9), {.ranks = 2, .issue_order = {c1, c2, c1}});
+               });
+  expect_error(ErrorCode::invalid_argument,
+               "simulate: issue order entry 1 (node 7) is out of range: the step has 3 nodes", [&] {
+                 simulate(p, model(0, 1e-9), {.ranks = 2, .issue_order = {c1, 7}});
                });
   EXPECT_EQ(default_issue_order(p), (std::vector<std::size_t>{c1, c2}));
 }
