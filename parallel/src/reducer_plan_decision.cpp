@@ -70,8 +70,8 @@ std::chrono::nanoseconds agreement_limit(const GradientReducer& reducer) {
 std::vector<std::int64_t> predicted_on_rank_zero(
     GradientReducer& reducer, std::span<const ReducerStepRecord> steps, const PlanSearch& search,
     std::string_view name, std::string_view who,
-    const std::function<void(const ReducerMeasurements&, const std::vector<ReducerPrediction>&,
-                             const ReducerPrediction&, std::vector<std::int64_t>&)>& encode,
+    const std::function<void(const ReducerMeasurements&, const std::vector<PlanPrediction>&,
+                             const PlanPrediction&, std::vector<std::int64_t>&)>& encode,
     const std::function<bool(const std::vector<std::int64_t>&)>& valid) {
   Backend& backend = reducer.backend();
   const std::string who_here = std::string(who) + " on rank " + std::to_string(backend.rank());
@@ -80,8 +80,8 @@ std::vector<std::int64_t> predicted_on_rank_zero(
   if (backend.rank() == 0) {
     try {
       const ReducerMeasurements measured = measure_reducer_steps(reducer, steps, search.latency_s);
-      const std::vector<ReducerPrediction> ranked = rank_plans(reducer, measured, search);
-      const ReducerPrediction current = predict_reducer_step(reducer, measured, reducer.plan());
+      const std::vector<PlanPrediction> ranked = rank_plans(reducer, measured, search);
+      const PlanPrediction current = predict_reducer_step(reducer, measured, reducer.plan());
       encode(measured, ranked, current, mine);
     } catch (const Error& e) {
       failure = e;
@@ -100,15 +100,14 @@ std::vector<std::int64_t> predicted_on_rank_zero(
 
 }  // namespace
 
-AutomaticPlan choose_reducer_plan(GradientReducer& reducer,
-                                  std::span<const ReducerStepRecord> steps,
-                                  const PlanSearch& search) {
+PlanDecision choose_reducer_plan(GradientReducer& reducer, std::span<const ReducerStepRecord> steps,
+                                 const PlanSearch& search) {
   if (reducer.in_step()) invalid("choose_reducer_plan: a step is in progress (finish() it first)");
   // The plan, the candidates' count, three predictions and whether the plan changes.
   const std::vector<std::int64_t> zero = predicted_on_rank_zero(
       reducer, steps, search, "GradientReducer::choose_plan", "choose_reducer_plan",
-      [](const ReducerMeasurements& measured, const std::vector<ReducerPrediction>& ranked,
-         const ReducerPrediction& running, std::vector<std::int64_t>& out) {
+      [](const ReducerMeasurements& measured, const std::vector<PlanPrediction>& ranked,
+         const PlanPrediction& running, std::vector<std::int64_t>& out) {
         const double current = running.step_s;
         // A plan replaces the running one only if it is predicted faster by more than the
         // prediction misses the running plan's measured step.
@@ -124,7 +123,7 @@ AutomaticPlan choose_reducer_plan(GradientReducer& reducer,
       [](const std::vector<std::int64_t>& zero) { return zero.size() == plan_fields + 5; });
   const ReducerPlan plan = decode_plan(reducer, zero.data());
   const std::int64_t* tail = zero.data() + plan_fields;
-  AutomaticPlan chosen;
+  PlanDecision chosen;
   chosen.candidates = static_cast<std::size_t>(tail[0]);
   chosen.predicted_step_s = std::bit_cast<double>(tail[1]);
   chosen.current_predicted_step_s = std::bit_cast<double>(tail[2]);
@@ -135,9 +134,9 @@ AutomaticPlan choose_reducer_plan(GradientReducer& reducer,
   return chosen;
 }
 
-ReducerShortlist shortlist_reducer_plans(GradientReducer& reducer,
-                                         std::span<const ReducerStepRecord> steps,
-                                         const PlanSearch& search, std::size_t keep) {
+PlanShortlist shortlist_reducer_plans(GradientReducer& reducer,
+                                      std::span<const ReducerStepRecord> steps,
+                                      const PlanSearch& search, std::size_t keep) {
   if (keep == 0) invalid("shortlist_reducer_plans: keep must be at least 1 (the running plan)");
   if (!(search.shortlist_margin >= 1.0) || !std::isfinite(search.shortlist_margin))
     invalid("shortlist_reducer_plans: shortlist_margin must be a finite factor >= 1, not " +
@@ -150,11 +149,10 @@ ReducerShortlist shortlist_reducer_plans(GradientReducer& reducer,
   // prediction and its bucket count.
   const std::vector<std::int64_t> zero = predicted_on_rank_zero(
       reducer, steps, search, "GradientReducer::shortlist_plans", "shortlist_reducer_plans",
-      [keep, margin](const ReducerMeasurements& measured,
-                     const std::vector<ReducerPrediction>& ranked, const ReducerPrediction& current,
-                     std::vector<std::int64_t>& out) {
-        std::vector<const ReducerPrediction*> picked{&current};
-        for (const ReducerPrediction& p : ranked) {
+      [keep, margin](const ReducerMeasurements& measured, const std::vector<PlanPrediction>& ranked,
+                     const PlanPrediction& current, std::vector<std::int64_t>& out) {
+        std::vector<const PlanPrediction*> picked{&current};
+        for (const PlanPrediction& p : ranked) {
           if (picked.size() >= keep || !(p.step_s < current.step_s * margin)) break;
           const bool twin = std::any_of(picked.begin(), picked.end(), [&](const auto* q) {
             return same_plan(q->plan, p.plan) ||
@@ -164,7 +162,7 @@ ReducerShortlist shortlist_reducer_plans(GradientReducer& reducer,
         }
         out.push_back(static_cast<std::int64_t>(ranked.size()));
         out.push_back(std::bit_cast<std::int64_t>(measured.step_s));
-        for (const ReducerPrediction* p : picked) {
+        for (const PlanPrediction* p : picked) {
           encode_plan(p->plan, out);
           out.push_back(std::bit_cast<std::int64_t>(p->step_s));
           out.push_back(static_cast<std::int64_t>(p->buckets));
@@ -173,7 +171,7 @@ ReducerShortlist shortlist_reducer_plans(GradientReducer& reducer,
       [](const std::vector<std::int64_t>& zero) {
         return zero.size() >= 2 + per_plan && (zero.size() - 2) % per_plan == 0;
       });
-  ReducerShortlist out;
+  PlanShortlist out;
   out.candidates = static_cast<std::size_t>(zero[0]);
   out.measured_step_s = std::bit_cast<double>(zero[1]);
   for (std::size_t at = 2; at < zero.size(); at += per_plan) {
@@ -188,8 +186,8 @@ ReducerShortlist shortlist_reducer_plans(GradientReducer& reducer,
   return out;
 }
 
-AutomaticPlan decide_reducer_plan(GradientReducer& reducer, const ReducerShortlist& shortlist,
-                                  std::span<const double> measured_s) {
+PlanDecision decide_reducer_plan(GradientReducer& reducer, const PlanShortlist& shortlist,
+                                 std::span<const double> measured_s) {
   constexpr double kMinGain = 0.03;
   Backend& backend = reducer.backend();
   const std::string who = "decide_reducer_plan on rank " + std::to_string(backend.rank());
@@ -208,7 +206,7 @@ AutomaticPlan decide_reducer_plan(GradientReducer& reducer, const ReducerShortli
       "GradientReducer::decide_plan", mine, agreement_limit(reducer),
       [&] { return "decide_reducer_plan on rank " + std::to_string(backend.rank()); },
       /*same_length=*/true);
-  AutomaticPlan chosen;
+  PlanDecision chosen;
   chosen.candidates = shortlist.candidates;
   chosen.measured_step_s = shortlist.measured_step_s;
   chosen.current_predicted_step_s = shortlist.plans.front().predicted_step_s;

@@ -187,15 +187,15 @@ NetworkModel network_of(const ReducerMeasurements& m) {
   return NetworkModel(default_tuning());
 }
 
-ReducerPrediction simulate_step(const ReducerMeasurements& m, const ReducerPlan& plan,
-                                BuiltStep step) {
+PlanPrediction simulate_step(const ReducerMeasurements& m, const ReducerPlan& plan,
+                             BuiltStep step) {
   const NetworkModel network = network_of(m);
   SimulationOptions options;
   options.ranks = std::max(1, m.ranks);
   options.workers = 1;
   options.collectives_in_flight = plan.collectives_in_flight;
   options.issue_order = step.issue;
-  ReducerPrediction out;
+  PlanPrediction out;
   out.simulated = simulate(step.profile, network, options);
   out.plan = plan;
   out.buckets = step.buckets;
@@ -219,19 +219,18 @@ ReducerPrediction simulate_step(const ReducerMeasurements& m, const ReducerPlan&
 
 }  // namespace
 
-ReducerPrediction predict_reducer_step(const GradientReducer& reducer,
-                                       const ReducerMeasurements& measured,
-                                       const ReducerPlan& plan) {
+PlanPrediction predict_reducer_step(const GradientReducer& reducer,
+                                    const ReducerMeasurements& measured, const ReducerPlan& plan) {
   const std::unique_ptr<Bucketer> bucketer = detail::make_reducer_bucketer(reducer, plan);
   return simulate_step(measured, plan,
                        detail::build_reducer_step(reducer, measured, plan, *bucketer));
 }
 
-std::vector<ReducerPrediction> rank_plans(const GradientReducer& reducer,
-                                          const ReducerMeasurements& measured,
-                                          const PlanSearch& search) {
+std::vector<PlanPrediction> rank_plans(const GradientReducer& reducer,
+                                       const ReducerMeasurements& measured,
+                                       const PlanSearch& search) {
   const ReducerPlan& base = reducer.plan();
-  std::vector<ReducerPrediction> out;
+  std::vector<PlanPrediction> out;
   out.push_back(predict_reducer_step(reducer, measured, base));
   out.front().measured_step_s = measured.step_s;
 
@@ -278,10 +277,9 @@ std::vector<ReducerPrediction> rank_plans(const GradientReducer& reducer,
           }
       }
   }
-  std::stable_sort(out.begin(), out.end(),
-                   [](const ReducerPrediction& a, const ReducerPrediction& b) {
-                     return a.step_s < b.step_s * (1 - 1e-9);
-                   });
+  std::stable_sort(out.begin(), out.end(), [](const PlanPrediction& a, const PlanPrediction& b) {
+    return a.step_s < b.step_s * (1 - 1e-9);
+  });
   return out;
 }
 

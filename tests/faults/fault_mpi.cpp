@@ -162,7 +162,7 @@ int main(int argc, char** argv) {
         }
         loom::shortlist_reducer_plans(reducer, {}, loom::PlanSearch::for_gradient_reducer(), 3);
       } else {
-        loom::ReducerShortlist shortlist;
+        loom::PlanShortlist shortlist;
         shortlist.plans.push_back({.plan = reducer.plan()});
         if (victim) {
           announce(rank, 0, "SIGSTOP to myself before decide_reducer_plan");

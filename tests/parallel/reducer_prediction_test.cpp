@@ -70,7 +70,7 @@ ReducerStepRecord one_bucket_step() {
   return r;
 }
 
-TEST(ReducerPrediction, MeasuresOnTheClientsComputeClock) {
+TEST(PlanPrediction, MeasuresOnTheClientsComputeClock) {
   std::mutex mutex;
   ReducerMeasurements m;
   double modelled_wire = 0;
@@ -108,7 +108,7 @@ TEST(ReducerPrediction, MeasuresOnTheClientsComputeClock) {
   EXPECT_NEAR(modelled_wire, 0.030, 0.030 * 1e-4);
 }
 
-TEST(ReducerPrediction, FitsTheUpdateCostPerTensorAndElement) {
+TEST(PlanPrediction, FitsTheUpdateCostPerTensorAndElement) {
   std::mutex mutex;
   LinearCost cost;
   LocalWorld::run(2, [&](Backend& backend) {
@@ -163,15 +163,15 @@ ReducerMeasurements hand_measurements(double link_bits_per_s) {
   return m;
 }
 
-TEST(ReducerPrediction, SimulatesAWireBoundAndAComputeBoundStep) {
+TEST(PlanPrediction, SimulatesAWireBoundAndAComputeBoundStep) {
   std::mutex mutex;
-  std::vector<ReducerPrediction> got;
+  std::vector<PlanPrediction> got;
   std::vector<double> wire;
   LocalWorld::run(2, [&](Backend& backend) {
     GradientReducer reducer(two_parameters(), backend, one_bucket(), options());
     for (double link : {2e6, 200e6}) {
       const ReducerMeasurements m = hand_measurements(link);
-      const ReducerPrediction p = predict_reducer_step(reducer, m, reducer.plan());
+      const PlanPrediction p = predict_reducer_step(reducer, m, reducer.plan());
       if (backend.rank() != 0) continue;
       std::lock_guard lock(mutex);
       got.push_back(p);
@@ -201,12 +201,12 @@ TEST(ReducerPrediction, SimulatesAWireBoundAndAComputeBoundStep) {
   EXPECT_NEAR(got[1].exposed_s, 0, 1e-9);
 }
 
-TEST(ReducerPrediction, PredictsTheMeasuredStepOfItsOwnRecords) {
+TEST(PlanPrediction, PredictsTheMeasuredStepOfItsOwnRecords) {
   // The records' own step replayed: backward to 20 ms, the allreduce on the fitted wire to 50,
   // the 6 ms after backward and the model's 3 ms meanwhile, the update to 54, the part of the
   // forward that needs it to 60 and the rest to 63: as measured.
   std::mutex mutex;
-  ReducerPrediction p;
+  PlanPrediction p;
   LocalWorld::run(2, [&](Backend& backend) {
     GradientReducer reducer(two_parameters(), backend, one_bucket(), options());
     // The second step's period is 10x: something else ran before the next step; left out.
@@ -215,7 +215,7 @@ TEST(ReducerPrediction, PredictsTheMeasuredStepOfItsOwnRecords) {
     const std::vector<ReducerStepRecord> steps{one_bucket_step(), interrupted, one_bucket_step()};
     const ReducerMeasurements m = measure_reducer_steps(reducer, steps, 0);
     EXPECT_EQ(m.steps, 2u);
-    const ReducerPrediction mine = predict_reducer_step(reducer, m, reducer.plan());
+    const PlanPrediction mine = predict_reducer_step(reducer, m, reducer.plan());
     if (backend.rank() != 0) return;
     std::lock_guard lock(mutex);
     p = mine;
@@ -262,10 +262,10 @@ ReducerStepRecord twelve_layer_step(const std::vector<ParameterSpec>& params) {
   return r;
 }
 
-TEST(ReducerPrediction, RanksPlansAndAgreesOnRankZerosChoice) {
+TEST(PlanPrediction, RanksPlansAndAgreesOnRankZerosChoice) {
   std::mutex mutex;
   std::vector<ReducerPlan> plans;
-  std::vector<AutomaticPlan> decided;
+  std::vector<PlanDecision> decided;
   std::vector<double> ranked_first;
   std::vector<double> ranked_current;
   std::vector<std::size_t> ranked_count;
@@ -280,17 +280,17 @@ TEST(ReducerPrediction, RanksPlansAndAgreesOnRankZerosChoice) {
     PlanSearch search = PlanSearch::for_gradient_reducer();
     search.caps_bytes = {std::size_t{128} << 10, std::size_t{256} << 10, std::size_t{1} << 20};
     search.first_bucket_bytes = {std::size_t{64} << 10};
-    std::vector<ReducerPrediction> ranked;
+    std::vector<PlanPrediction> ranked;
     if (backend.rank() == 0)
       ranked = rank_plans(reducer, measure_reducer_steps(reducer, steps), search);
-    const AutomaticPlan chosen = choose_reducer_plan(reducer, steps, search);
+    const PlanDecision chosen = choose_reducer_plan(reducer, steps, search);
     std::lock_guard lock(mutex);
     plans.push_back(reducer.plan());
     decided.push_back(chosen);
     if (backend.rank() == 0) {
       ranked_first.push_back(ranked.front().step_s);
       ranked_count.push_back(ranked.size());
-      for (const ReducerPrediction& p : ranked)
+      for (const PlanPrediction& p : ranked)
         if (p.plan.bucket_cap_bytes == (std::size_t{64} << 20) &&
             p.plan.collectives_in_flight == 0 && !p.plan.partition_large &&
             p.plan.first_bucket_bytes == p.plan.bucket_cap_bytes)
@@ -303,7 +303,7 @@ TEST(ReducerPrediction, RanksPlansAndAgreesOnRankZerosChoice) {
   EXPECT_EQ(plans[0].priority, plans[1].priority);
   EXPECT_EQ(plans[0].wire_ratio, plans[1].wire_ratio);
   EXPECT_NE(plans[0].bucket_cap_bytes, std::size_t{64} << 20);  // a smaller cap won
-  for (const AutomaticPlan& a : decided) {
+  for (const PlanDecision& a : decided) {
     EXPECT_EQ(a.candidates, ranked_count[0]);
     EXPECT_DOUBLE_EQ(a.predicted_step_s, ranked_first[0]);
     EXPECT_NEAR(a.measured_step_s, 0.190, 1e-9);
@@ -314,13 +314,13 @@ TEST(ReducerPrediction, RanksPlansAndAgreesOnRankZerosChoice) {
   EXPECT_DOUBLE_EQ(decided[0].current_predicted_step_s, ranked_current[0]);
 }
 
-TEST(ReducerPrediction, ShortlistIsTimedAndRankZerosStepsDecide) {
+TEST(PlanPrediction, ShortlistIsTimedAndRankZerosStepsDecide) {
   // 3 ranks: rank 0 shortlists; each plan then "runs" (replanned to) in turn for 3 rounds, and
   // each rank records its own times: rank 0's say plan 1 is fastest, the others' that plan 0
   // is. Every rank must end on plan 1, with rank 0's steps.
   std::mutex mutex;
   std::vector<std::string> described, running, firsts;
-  std::vector<AutomaticPlan> decided;
+  std::vector<PlanDecision> decided;
   std::vector<std::size_t> lengths;
   std::vector<ErrorCode> mismatches;
   std::string refused;
@@ -332,7 +332,7 @@ TEST(ReducerPrediction, ShortlistIsTimedAndRankZerosStepsDecide) {
     PlanSearch search = PlanSearch::for_gradient_reducer();
     search.caps_bytes = {std::size_t{128} << 10, std::size_t{256} << 10, std::size_t{1} << 20};
     search.first_bucket_bytes = {std::size_t{64} << 10};
-    const ReducerShortlist list = shortlist_reducer_plans(reducer, steps, search, 3);
+    const PlanShortlist list = shortlist_reducer_plans(reducer, steps, search, 3);
     const std::string first = describe(list.plans.front().plan);
     const std::string before = describe(reducer.plan());
     PlanTrials trials(list.plans.size(), 3);
@@ -346,9 +346,9 @@ TEST(ReducerPrediction, ShortlistIsTimedAndRankZerosStepsDecide) {
       const std::size_t next = trials.record(t);
       if (!trials.done()) reducer.replan(list.plans[next].plan);
     }
-    const AutomaticPlan chosen = decide_reducer_plan(reducer, list, trials.steps_s());
+    const PlanDecision chosen = decide_reducer_plan(reducer, list, trials.steps_s());
     // A rank holding a shorter shortlist than rank 0's: mismatch, named on every rank.
-    ReducerShortlist shorter = list;
+    PlanShortlist shorter = list;
     if (backend.rank() == 2) shorter.plans.pop_back();
     std::vector<double> times(shorter.plans.size(), 0.1);
     ErrorCode code = ErrorCode::internal;
@@ -377,7 +377,7 @@ TEST(ReducerPrediction, ShortlistIsTimedAndRankZerosStepsDecide) {
   for (std::size_t r = 0; r < 3; ++r) {
     EXPECT_EQ(lengths[r], lengths[0]);
     EXPECT_EQ(firsts[r], running[r]) << "the running plan is shortlisted first";
-    const AutomaticPlan& a = decided[r];
+    const PlanDecision& a = decided[r];
     ASSERT_EQ(a.timed.size(), 3u);
     EXPECT_DOUBLE_EQ(a.timed[0].measured_step_s, 0.2);
     EXPECT_DOUBLE_EQ(a.timed[1].measured_step_s, 0.1);
@@ -395,11 +395,11 @@ TEST(ReducerPrediction, ShortlistIsTimedAndRankZerosStepsDecide) {
   EXPECT_NE(refused.find("keep must be at least 1"), std::string::npos) << refused;
 }
 
-TEST(ReducerPrediction, APlanReplacesTheRunningOneOnlyForAGainAboveNoise) {
+TEST(PlanPrediction, APlanReplacesTheRunningOneOnlyForAGainAboveNoise) {
   // Two ranks, rank 0's times decide: 1% faster keeps the running plan (the trials cannot tell
   // it apart); 10% faster replaces it.
   std::mutex mutex;
-  std::vector<AutomaticPlan> close, clear;
+  std::vector<PlanDecision> close, clear;
   std::vector<std::string> before, after;
   LocalWorld::run(2, [&](Backend& backend) {
     const std::vector<ParameterSpec> params = twelve_layers();
@@ -408,11 +408,11 @@ TEST(ReducerPrediction, APlanReplacesTheRunningOneOnlyForAGainAboveNoise) {
     PlanSearch space = PlanSearch::for_gradient_reducer();
     space.caps_bytes = {std::size_t{128} << 10, std::size_t{256} << 10, std::size_t{1} << 20};
     space.first_bucket_bytes = {std::size_t{64} << 10};
-    const ReducerShortlist list = shortlist_reducer_plans(reducer, steps, space, 2);
+    const PlanShortlist list = shortlist_reducer_plans(reducer, steps, space, 2);
     const std::string running = describe(reducer.plan());
-    const AutomaticPlan a = decide_reducer_plan(reducer, list, std::vector<double>{0.100, 0.099});
+    const PlanDecision a = decide_reducer_plan(reducer, list, std::vector<double>{0.100, 0.099});
     const std::string kept = describe(reducer.plan());
-    const AutomaticPlan b = decide_reducer_plan(reducer, list, std::vector<double>{0.100, 0.090});
+    const PlanDecision b = decide_reducer_plan(reducer, list, std::vector<double>{0.100, 0.090});
     std::lock_guard lock(mutex);
     close.push_back(a);
     clear.push_back(b);
@@ -429,7 +429,7 @@ TEST(ReducerPrediction, APlanReplacesTheRunningOneOnlyForAGainAboveNoise) {
   }
 }
 
-TEST(ReducerPrediction, NothingPredictedFasterShortlistsOnlyTheRunningPlan) {
+TEST(PlanPrediction, NothingPredictedFasterShortlistsOnlyTheRunningPlan) {
   std::mutex mutex;
   std::vector<std::size_t> lengths;
   LocalWorld::run(2, [&](Backend& backend) {
@@ -442,19 +442,19 @@ TEST(ReducerPrediction, NothingPredictedFasterShortlistsOnlyTheRunningPlan) {
     search.first_bucket_bytes = {};
     search.max_in_flight = 0;
     search.shortlist_margin = 1.0;  // only plans predicted faster
-    const ReducerShortlist list = shortlist_reducer_plans(reducer, steps, search, 3);
+    const PlanShortlist list = shortlist_reducer_plans(reducer, steps, search, 3);
     std::lock_guard lock(mutex);
     lengths.push_back(list.plans.size());
   });
   EXPECT_EQ(lengths, (std::vector<std::size_t>{1, 1}));
 }
 
-TEST(ReducerPrediction, TheMarginShortlistsPlansPredictedSlightlySlowerAndNoFurther) {
+TEST(PlanPrediction, TheMarginShortlistsPlansPredictedSlightlySlowerAndNoFurther) {
   // With margin 1 only plans predicted faster than the running one (one 64 MiB bucket) are
   // timed; with a wide margin also those predicted slower, each within it. A margin below 1 is
   // refused.
   std::mutex mutex;
-  std::vector<ReducerShortlist> strict, loose;
+  std::vector<PlanShortlist> strict, loose;
   std::vector<std::string> refused;
   LocalWorld::run(2, [&](Backend& backend) {
     const std::vector<ParameterSpec> params = twelve_layers();
@@ -469,9 +469,9 @@ TEST(ReducerPrediction, TheMarginShortlistsPlansPredictedSlightlySlowerAndNoFurt
     search.first_bucket_bytes = {};
     search.max_in_flight = 0;
     search.shortlist_margin = 1.0;
-    ReducerShortlist a = shortlist_reducer_plans(reducer, steps, search, 50);
+    PlanShortlist a = shortlist_reducer_plans(reducer, steps, search, 50);
     search.shortlist_margin = 100.0;
-    ReducerShortlist b = shortlist_reducer_plans(reducer, steps, search, 50);
+    PlanShortlist b = shortlist_reducer_plans(reducer, steps, search, 50);
     search.shortlist_margin = 0.9;
     std::string message;
     try {
@@ -510,7 +510,7 @@ TEST(ReducerPrediction, TheMarginShortlistsPlansPredictedSlightlySlowerAndNoFurt
   }
 }
 
-TEST(ReducerPrediction, BadRecordsAreNamedErrors) {
+TEST(PlanPrediction, BadRecordsAreNamedErrors) {
   std::mutex mutex;
   std::vector<std::string> messages;
   LocalWorld::run(2, [&](Backend& backend) {
@@ -570,12 +570,12 @@ TEST(ReducerPrediction, BadRecordsAreNamedErrors) {
   EXPECT_NE(messages[6].find("no profiled step"), std::string::npos) << messages[6];
 }
 
-TEST(ReducerPrediction, MeasuresARealProfiledRun) {
+TEST(PlanPrediction, MeasuresARealProfiledRun) {
   // A real run: gradients handed over in a fixed order by another thread, every update waited
   // for and applied; the measured ready order is the hand-over order, the step's parts add up.
   std::mutex mutex;
   ReducerMeasurements m;
-  ReducerPrediction p;
+  PlanPrediction p;
   LocalWorld::run(2, [&](Backend& backend) {
     ReducerPlan plan;
     plan.bucket_cap_bytes = 4096;
@@ -616,7 +616,7 @@ TEST(ReducerPrediction, MeasuresARealProfiledRun) {
       steps.push_back(std::move(r));
     }
     const ReducerMeasurements mine = measure_reducer_steps(reducer, steps);
-    const ReducerPrediction predicted = predict_reducer_step(reducer, mine, reducer.plan());
+    const PlanPrediction predicted = predict_reducer_step(reducer, mine, reducer.plan());
     if (backend.rank() != 0) return;
     std::lock_guard lock(mutex);
     m = mine;

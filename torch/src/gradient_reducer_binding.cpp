@@ -141,9 +141,9 @@ class TorchReducer {
   /// bucket_cap_mb="auto", timed: the shortlist (collective), then one trial step per plan in
   /// turn (PlanTrials), then rank 0's trial steps decide (collective).
   /// Returns the decision when there is nothing to time (only the running plan shortlisted).
-  std::optional<AutomaticPlan> shortlist_plans(std::size_t keep, int rounds) {
+  std::optional<PlanDecision> shortlist_plans(std::size_t keep, int rounds) {
     const std::vector<ReducerStepRecord> steps = records();
-    ReducerShortlist list =
+    PlanShortlist list =
         shortlist_reducer_plans(*_reducer, steps, PlanSearch::for_gradient_reducer(), keep);
     _records.clear();
     if (list.plans.size() == 1) {
@@ -157,7 +157,7 @@ class TorchReducer {
 
   /// Records the step just run under the current trial plan; replans to the next one, or (the
   /// trials done) decides. Returns the decision once made.
-  std::optional<AutomaticPlan> trial_step(double period_s) {
+  std::optional<PlanDecision> trial_step(double period_s) {
     if (!_trials) throw Error(ErrorCode::invalid_argument, "trial_step: no plans are being timed");
     const std::size_t next = _trials->record(period_s);
     if (!_trials->done()) {
@@ -166,9 +166,9 @@ class TorchReducer {
     }
     const std::vector<double> steps = _trials->steps_s();
     _trials.reset();
-    const ReducerShortlist list = std::move(*_shortlist);
+    const PlanShortlist list = std::move(*_shortlist);
     _shortlist.reset();
-    AutomaticPlan chosen = decide_reducer_plan(*_reducer, list, steps);
+    PlanDecision chosen = decide_reducer_plan(*_reducer, list, steps);
     _records.clear();
     return chosen;
   }
@@ -183,11 +183,11 @@ class TorchReducer {
   std::vector<std::vector<std::int64_t>> _shapes;
   bool _profiling = false;
   std::deque<ReducerStepRecord> _records;
-  std::optional<ReducerShortlist> _shortlist;
+  std::optional<PlanShortlist> _shortlist;
   std::optional<PlanTrials> _trials;
 };
 
-py::dict automatic_plan_dict(const AutomaticPlan& chosen) {
+py::dict automatic_plan_dict(const PlanDecision& chosen) {
   py::dict d;
   d["plan"] = describe(chosen.plan);
   d["predicted_ms"] = chosen.predicted_step_s * 1e3;
@@ -213,7 +213,7 @@ py::dict automatic_plan_dict(const AutomaticPlan& chosen) {
   return d;
 }
 
-py::dict prediction_dict(const ReducerPrediction& p, std::size_t steps) {
+py::dict prediction_dict(const PlanPrediction& p, std::size_t steps) {
   py::dict d;
   d["plan"] = describe(p.plan);
   d["buckets"] = p.buckets;
@@ -422,7 +422,7 @@ void bind_gradient_reducer(py::module_& m) {
           [](TorchReducer& r) {
             const std::vector<ReducerStepRecord> records = r.records();
             ReducerMeasurements m;
-            ReducerPrediction p;
+            PlanPrediction p;
             {
               py::gil_scoped_release no_gil;
               m = measure_reducer_steps(r.reducer(), records);
@@ -442,7 +442,7 @@ void bind_gradient_reducer(py::module_& m) {
           "plan_automatically",
           [](TorchReducer& r) {
             const std::vector<ReducerStepRecord> records = r.records();
-            AutomaticPlan chosen;
+            PlanDecision chosen;
             {
               py::gil_scoped_release no_gil;
               chosen = choose_reducer_plan(r.reducer(), records);
@@ -455,7 +455,7 @@ void bind_gradient_reducer(py::module_& m) {
       .def(
           "shortlist_plans",
           [](TorchReducer& r, std::size_t keep, int rounds) -> py::object {
-            std::optional<AutomaticPlan> chosen;
+            std::optional<PlanDecision> chosen;
             {
               py::gil_scoped_release no_gil;
               chosen = r.shortlist_plans(keep, rounds);
@@ -471,7 +471,7 @@ void bind_gradient_reducer(py::module_& m) {
       .def(
           "trial_step",
           [](TorchReducer& r, double period_s) -> py::object {
-            std::optional<AutomaticPlan> chosen;
+            std::optional<PlanDecision> chosen;
             {
               py::gil_scoped_release no_gil;
               chosen = r.trial_step(period_s);

@@ -107,7 +107,7 @@ ReducerMeasurements measure_reducer_steps(const GradientReducer& reducer,
                                           double latency_s = 50e-6);
 
 /// @brief A plan's predicted step.
-struct ReducerPrediction {
+struct PlanPrediction {
   ReducerPlan plan;
   std::size_t buckets = 0;
   double step_s = 0;           ///< predicted period
@@ -134,19 +134,18 @@ struct ReducerPrediction {
 /// the client's thread does the updates between its own work (in backward as buckets land,
 /// in the forward only where a module needs them), as loom_torch.parallelize does.
 /// `plan` keeps the reducer's parameters; ErrorCode::invalid_argument for a bad plan.
-ReducerPrediction predict_reducer_step(const GradientReducer& reducer,
-                                       const ReducerMeasurements& measured,
-                                       const ReducerPlan& plan);
+PlanPrediction predict_reducer_step(const GradientReducer& reducer,
+                                    const ReducerMeasurements& measured, const ReducerPlan& plan);
 
 /// @brief Every plan `search` tries (compression, usage counting and orders as the reducer's
 /// plan; IssuePriority::forward with the measured wire-to-backward ratio) predicted from
 /// `measured`, fastest first; the reducer's own plan first among equals.
-std::vector<ReducerPrediction> rank_plans(
+std::vector<PlanPrediction> rank_plans(
     const GradientReducer& reducer, const ReducerMeasurements& measured,
     const PlanSearch& search = PlanSearch::for_gradient_reducer());
 
 /// @brief What choose_reducer_plan() or decide_reducer_plan() decided.
-struct AutomaticPlan {
+struct PlanDecision {
   ReducerPlan plan;  ///< now in force on every rank
   double predicted_step_s = 0;
   double current_predicted_step_s = 0;  ///< the plan it replaced, predicted alike
@@ -160,7 +159,7 @@ struct AutomaticPlan {
 };
 
 /// @brief The automatic plan's shortlist, to be timed (PlanTrials) before it decides.
-struct ReducerShortlist {
+struct PlanShortlist {
   /// @brief The running plan first, then the fastest predicted plans that the simulator
   /// predicts under PlanSearch::shortlist_margin times its step, at most `keep` in all.
   /// Only the running plan: nothing to time.
@@ -174,28 +173,28 @@ struct ReducerShortlist {
 /// one. The plan is not changed. Plans the simulator cannot tell apart (the same predicted step
 /// and bucket count) are shortlisted once. ErrorCode::invalid_argument for `keep` 0, a step in
 /// progress, or rank 0's failure to predict (thrown on every rank).
-ReducerShortlist shortlist_reducer_plans(
-    GradientReducer& reducer, std::span<const ReducerStepRecord> steps,
-    const PlanSearch& search = PlanSearch::for_gradient_reducer(), std::size_t keep = 3);
+PlanShortlist shortlist_reducer_plans(GradientReducer& reducer,
+                                      std::span<const ReducerStepRecord> steps,
+                                      const PlanSearch& search = PlanSearch::for_gradient_reducer(),
+                                      std::size_t keep = 3);
 
 /// @brief Collective (every rank, between steps, at the same step): rank 0's `measured_s`
 /// (each shortlisted plan's period, PlanTrials::steps_s) decide; every rank replans
 /// to the fastest measured unless it is the plan in force or beats the running plan (the
-/// shortlist's first) by less than 3% (the trials' noise), and gets the same AutomaticPlan
+/// shortlist's first) by less than 3% (the trials' noise), and gets the same PlanDecision
 /// (with `timed` set). ErrorCode::invalid_argument for a step in progress or a measurement per
 /// plan missing, ErrorCode::mismatch when rank 0 timed another number of plans.
-AutomaticPlan decide_reducer_plan(GradientReducer& reducer, const ReducerShortlist& shortlist,
-                                  std::span<const double> measured_s);
+PlanDecision decide_reducer_plan(GradientReducer& reducer, const PlanShortlist& shortlist,
+                                 std::span<const double> measured_s);
 
 /// @brief Collective (every rank, between steps, at the same step): rank 0 measures `steps`
 /// (its own), ranks the plans of `search` and sends its fastest, untimed; every rank replans to it
-/// (GradientReducer::replan) and gets the same AutomaticPlan. The running plan stays unless
+/// (GradientReducer::replan) and gets the same PlanDecision. The running plan stays unless
 /// the fastest is predicted faster by more than the prediction of the running plan misses
 /// its measured step (on a loaded host the model's error can exceed a candidate's gain). Rank 0's
 /// failure to predict (ErrorCode::invalid_argument naming why) is thrown on every rank, the plan
 /// left as it was.
-AutomaticPlan choose_reducer_plan(GradientReducer& reducer,
-                                  std::span<const ReducerStepRecord> steps,
-                                  const PlanSearch& search = PlanSearch::for_gradient_reducer());
+PlanDecision choose_reducer_plan(GradientReducer& reducer, std::span<const ReducerStepRecord> steps,
+                                 const PlanSearch& search = PlanSearch::for_gradient_reducer());
 
 }  // namespace loom
