@@ -61,7 +61,7 @@ void Executor::Impl::compile() {
   measure_clock_offset();
   build_flow_graph();
   if (profile.enabled) profile.records.assign(graph.nodes.size(), detail::NodeRecord{});
-  progress.finished = std::make_unique<std::atomic<bool>[]>(graph.nodes.size());
+  progress.finished_in = std::make_unique<std::atomic<std::uint64_t>[]>(graph.nodes.size());
   progress.signal_of.assign(graph.nodes.size(), detail::RunProgress::Signal::waiting);
   std::vector<char> has_predecessor(graph.nodes.size(), 0);
   for (const auto& edge : graph.edges) has_predecessor[edge.second] = 1;
@@ -245,7 +245,7 @@ void Executor::Impl::start() {
     std::lock_guard progress_lock(progress.mutex);
     for (std::uint32_t i : progress.external_nodes)
       progress.signal_of[i] = detail::RunProgress::Signal::waiting;
-    for (std::size_t i = 0; i < graph.nodes.size(); ++i) progress.finished[i].store(false);
+    progress.run.fetch_add(1);
     progress.finished_count.store(0);
     progress.running.store(true);
   }
@@ -352,7 +352,7 @@ void Executor::wait(Task task) {
 }
 
 bool Executor::done(Task task) const {
-  return _impl->progress.finished[_impl->node_of(task, "done")].load();
+  return _impl->progress.finished(_impl->node_of(task, "done"));
 }
 
 bool Executor::running() const noexcept {

@@ -151,8 +151,14 @@ struct RunProgress {
   std::vector<Signal> signal_of;                  ///< per node (meaningful for external nodes)
   std::vector<std::uint32_t> external_nodes;      ///< in node order
   std::vector<std::uint32_t> external_sources;    ///< those without predecessors
-  std::unique_ptr<std::atomic<bool>[]> finished;  ///< per node: completed in this run
-  std::atomic<std::size_t> finished_count{0};     ///< how many have
+  /// Per node: the run it last completed in. A run's start moves `run` on instead of clearing
+  /// every node (on a 10,000-node chain that clearing was a tenth of the run).
+  std::unique_ptr<std::atomic<std::uint64_t>[]> finished_in;
+  std::atomic<std::uint64_t> run{1};  ///< the current (or last) run; 1 before the first
+  std::atomic<std::size_t> finished_count{0};  ///< how many have
+  bool finished(std::uint32_t i) const noexcept {
+    return finished_in[i].load() == run.load(std::memory_order_relaxed);
+  }
   std::atomic<int> waiters{0};
   std::atomic<bool> running{false};  ///< started and not yet waited for
 };

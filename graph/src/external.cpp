@@ -22,7 +22,7 @@ std::uint32_t Executor::Impl::node_of(const Task& task, std::string_view call) c
 }
 
 void Executor::Impl::finished(std::uint32_t i) {
-  progress.finished[i].store(true);
+  progress.finished_in[i].store(progress.run.load(std::memory_order_relaxed));
   // Only wait_for_everything() reads the count, and only for a graph with external nodes: every
   // other graph's nodes skip this read-modify-write of one counter all workers share.
   if (!progress.external_nodes.empty()) progress.finished_count.fetch_add(1);
@@ -133,25 +133,25 @@ bool Executor::Impl::expire(std::uint32_t waited) {
 }
 
 void Executor::Impl::wait_for(std::uint32_t i) {
-  if (progress.finished[i].load()) return;
+  if (progress.finished(i)) return;
   const bool bounded = timeout.count() > 0;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   bool expired = false;
   {
     progress.waiters.fetch_add(1);
     std::unique_lock lock(progress.mutex);
-    while (!progress.finished[i].load() && !failure.failed.load()) {
+    while (!progress.finished(i) && !failure.failed.load()) {
       if (!progress.running.load()) break;
       if (!bounded) {
         progress.changed.wait(lock);
       } else if (progress.changed.wait_until(lock, deadline) == std::cv_status::timeout) {
-        expired = !progress.finished[i].load() && !failure.failed.load();
+        expired = !progress.finished(i) && !failure.failed.load();
         break;
       }
     }
     progress.waiters.fetch_sub(1);
   }
-  if (progress.finished[i].load()) return;
+  if (progress.finished(i)) return;
   if (!progress.running.load() && !failure.failed.load())
     throw Error(ErrorCode::invalid_argument,
                 "Executor::wait: " + where(i) + ": no run in progress (Executor::start)");
