@@ -113,17 +113,7 @@ void Executor::Impl::plan_issue_order() {
   }
 }
 
-void Executor::Impl::execute(std::uint32_t i, const std::function<void()>& body) {
-  if (failure.failed.load(std::memory_order_relaxed)) return;
-  if (!profile.enabled) {
-    try {
-      body();
-      finished(i);
-    } catch (...) {
-      fail(i, std::current_exception());
-    }
-    return;
-  }
+void Executor::Impl::execute_profiled(std::uint32_t i, const std::function<void()>& body) {
   detail::NodeRecord& record = profile.records[i];
   record.lane = tbb::this_task_arena::current_thread_index();
   record.start_ns = profile.now_ns();

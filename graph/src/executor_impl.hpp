@@ -148,13 +148,13 @@ struct RunProgress {
   };
   std::mutex mutex;  ///< guards signal_of and running; with `changed`, wakes the waiters
   std::condition_variable changed;
-  std::vector<Signal> signal_of;                  ///< per node (meaningful for external nodes)
-  std::vector<std::uint32_t> external_nodes;      ///< in node order
-  std::vector<std::uint32_t> external_sources;    ///< those without predecessors
+  std::vector<Signal> signal_of;                ///< per node (meaningful for external nodes)
+  std::vector<std::uint32_t> external_nodes;    ///< in node order
+  std::vector<std::uint32_t> external_sources;  ///< those without predecessors
   /// Per node: the run it last completed in. A run's start moves `run` on instead of clearing
   /// every node (on a 10,000-node chain that clearing was a tenth of the run).
   std::unique_ptr<std::atomic<std::uint64_t>[]> finished_in;
-  std::atomic<std::uint64_t> run{1};  ///< the current (or last) run; 1 before the first
+  std::atomic<std::uint64_t> run{1};           ///< the current (or last) run; 1 before the first
   std::atomic<std::size_t> finished_count{0};  ///< how many have
   bool finished(std::uint32_t i) const noexcept {
     return finished_in[i].load() == run.load(std::memory_order_relaxed);
@@ -208,7 +208,20 @@ struct Executor::Impl {
   void issue(std::uint32_t i);
   std::unique_ptr<Work> start_operation(std::uint32_t i);
   void complete(std::uint32_t i, std::exception_ptr error);
-  void execute(std::uint32_t i, const std::function<void()>& body);
+  // A compute node's body, inline in its TBB node: on a chain of empty nodes every call and
+  // store here is measured against a raw continue_node.
+  void execute(std::uint32_t i, const std::function<void()>& body) {
+    if (failure.failed.load(std::memory_order_relaxed)) return;
+    if (profile.enabled) return execute_profiled(i, body);
+    try {
+      body();
+    } catch (...) {
+      fail(i, std::current_exception());
+      return;
+    }
+    finished(i);
+  }
+  void execute_profiled(std::uint32_t i, const std::function<void()>& body);
 
   // agreement.cpp
   void check_ranks_agree();
@@ -226,7 +239,16 @@ struct Executor::Impl {
   // external.cpp
   void arrive_external(std::uint32_t i, AsyncNode::gateway_type& gateway);
   void signal(std::uint32_t i);
-  void finished(std::uint32_t i);
+  void finished(std::uint32_t i) {
+    // Sequentially consistent, as the waiters' count it is read before: a waiter counts itself,
+    // then reads the node's run (wait_for), so one of the two sees the other.
+    progress.finished_in[i].store(progress.run.load(std::memory_order_relaxed));
+    // Only wait_for_everything() reads the count, and only for a graph with external nodes:
+    // every other graph's nodes skip this read-modify-write of one counter all workers share.
+    if (!progress.external_nodes.empty()) progress.finished_count.fetch_add(1);
+    if (progress.waiters.load() > 0) notify_waiters();
+  }
+  void notify_waiters();
   void wait_for(std::uint32_t i);
   void wait_for_everything();
   bool expire(std::uint32_t waited);

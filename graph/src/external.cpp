@@ -21,15 +21,9 @@ std::uint32_t Executor::Impl::node_of(const Task& task, std::string_view call) c
   return static_cast<std::uint32_t>(task.id());
 }
 
-void Executor::Impl::finished(std::uint32_t i) {
-  progress.finished_in[i].store(progress.run.load(std::memory_order_relaxed));
-  // Only wait_for_everything() reads the count, and only for a graph with external nodes: every
-  // other graph's nodes skip this read-modify-write of one counter all workers share.
-  if (!progress.external_nodes.empty()) progress.finished_count.fetch_add(1);
-  if (progress.waiters.load() > 0) {
-    std::lock_guard lock(progress.mutex);
-    progress.changed.notify_all();
-  }
+void Executor::Impl::notify_waiters() {
+  std::lock_guard lock(progress.mutex);
+  progress.changed.notify_all();
 }
 
 // The async_node body of an external node: its predecessors are done.
