@@ -60,9 +60,9 @@ std::shared_ptr<Backend> create_backend(std::string_view name) {
   std::string list;
   for (const auto& b : built) list += (list.empty() ? "" : ", ") + b;
   if (chosen == "mpi" || chosen == "nccl")
-    throw Error(
-        ErrorCode::unavailable,
-        "backend '" + chosen + "' is not available in this build (available: " + list + ")");
+    throw Error(ErrorCode::unavailable,
+                "backend '" + chosen +
+                    "' was not built into this loom (available in this build: " + list + ")");
   throw Error(ErrorCode::invalid_argument,
               "unknown backend '" + chosen + "'" +
                   (name.empty() ? std::string(" (from LOOM_BACKEND)") : std::string()) +
