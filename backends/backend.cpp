@@ -114,36 +114,9 @@ void Backend::reduce(Buffer send, Buffer recv, ReduceOp op, int root) {
   collective({Collective::reduce, send, recv, op, root});
 }
 
-namespace {
-
-// What validate() accepts for an allreduce, decided in a few inline compares for the common
-// call (host buffers of one dtype and count, in place or disjoint, an op the dtype has). false
-// sends the call to validate(), which accepts what this does not cover or names what is wrong:
-// at 8 B a blocking allreduce takes about half a microsecond, and the general validation was a
-// tenth of it.
-bool plainly_valid_host_allreduce(const Backend& backend, Buffer send, Buffer recv,
-                                  ReduceOp op) noexcept {
-  if (send.device().kind != DeviceKind::cpu || recv.device().kind != DeviceKind::cpu) return false;
-  if (send.dtype() != recv.dtype() || send.count() != recv.count()) return false;
-  if (send.count() == 0) return false;
-  if (send.data() == nullptr || recv.data() == nullptr) return false;
-  if (op == ReduceOp::avg && send.dtype() != DType::float32 && send.dtype() != DType::float64)
-    return false;
-  if (send.data() != recv.data()) {
-    const auto* s = static_cast<const std::byte*>(send.data());
-    const auto* r = static_cast<const std::byte*>(recv.data());
-    const std::size_t bytes = send.bytes();
-    if (s < r + bytes && r < s + bytes) return false;
-  }
-  return backend.supports(Device::cpu());
-}
-
-}  // namespace
-
 void Backend::allreduce(Buffer send, Buffer recv, ReduceOp op) {
   const CollectiveArgs args{Collective::allreduce, send, recv, op, 0};
-  if (!plainly_valid_host_allreduce(*this, send, recv, op)) [[unlikely]]
-    validate_or_publish(args);
+  validate_or_publish(args);
   BlockingCall call(*this, args);
   run_allreduce(send, recv, op);
   call.completed();

@@ -138,6 +138,16 @@ class Check {
       fail_overlap(send, recv);
   }
 
+  // An allreduce: usable buffers of one dtype and count, an op the dtype has, in place or
+  // disjoint. Inline (Backend::allreduce checks each blocking call with it before validate()'s
+  // general switch: at 8 B a call takes about half a microsecond).
+  void allreduce(Buffer send, Buffer recv, ReduceOp reduce_op) const {
+    buffers(send, recv);
+    op(reduce_op, send.dtype());
+    same_count(send, recv);
+    if (send.data() != recv.data()) disjoint(send, recv);
+  }
+
  private:
   [[noreturn, gnu::cold, gnu::noinline]] void fail_null(const char* role, Buffer b) const;
   [[noreturn, gnu::cold, gnu::noinline]] void fail_unreachable(const char* role, Buffer b) const;
@@ -161,4 +171,20 @@ inline std::string tag_text(int tag) {
 }
 
 }  // namespace detail
+// Inline where the blocking calls are (backend.cpp): an allreduce, the call made at every step,
+// takes its checks inline (Check::allreduce, what validate() applies to an allreduce) rather
+// than through validate()'s general switch, a tenth of a 0.5 us call at 8 B.
+inline void Backend::validate_or_publish(const CollectiveArgs& args) {
+  try {
+    if (args.op == Collective::allreduce)
+      detail::Check(*this, "allreduce").allreduce(args.send, args.recv, args.reduce_op);
+    else
+      validate(args);
+  } catch (const Error& e) {
+    // The other ranks may be waiting in this collective: tell them why this rank is not.
+    publish_failure(e.what(), false);
+    throw;
+  }
+}
+
 }  // namespace loom

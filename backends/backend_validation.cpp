@@ -9,16 +9,6 @@
 
 namespace loom {
 
-void Backend::validate_or_publish(const CollectiveArgs& args) {
-  try {
-    validate(args);
-  } catch (const Error& e) {
-    // The other ranks may be waiting in this collective: tell them why this rank is not.
-    publish_failure(e.what(), false);
-    throw;
-  }
-}
-
 std::string Backend::where(std::string_view operation) const {
   return std::string(operation) + " on rank " + std::to_string(rank()) + " of " +
          std::to_string(world_size()) + " (" + std::string(name()) + ")";
@@ -95,10 +85,7 @@ void Backend::validate(const CollectiveArgs& args) const {
       }
       return;
     case Collective::allreduce:
-      check.buffers(send, recv);
-      check.op(args.reduce_op, send.dtype());
-      check.same_count(send, recv);
-      if (send.data() != recv.data()) check.disjoint(send, recv);
+      check.allreduce(send, recv, args.reduce_op);
       return;
     case Collective::allgather: {
       check.buffers(send, recv);

@@ -64,15 +64,6 @@ ReduceOp parse_reduce_op(std::string_view name) {
                                                "' (expected sum, prod, min, max or avg)");
 }
 
-bool is_floating(DType dtype) noexcept {
-  return dtype == DType::float32 || dtype == DType::float64 || dtype == DType::float16 ||
-         dtype == DType::bfloat16;
-}
-
-bool supports(ReduceOp op, DType dtype) noexcept {
-  return op != ReduceOp::avg || is_floating(dtype);
-}
-
 float to_float(float16_t value) noexcept {
   return half_bits::float16_to_float(value.bits);
 }

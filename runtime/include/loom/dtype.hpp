@@ -48,10 +48,16 @@ DType parse_dtype(std::string_view name);
 /// @brief Parses "sum|prod|min|max|avg"; throws loom::Error naming the token otherwise.
 ReduceOp parse_reduce_op(std::string_view name);
 
-bool is_floating(DType dtype) noexcept;
+constexpr bool is_floating(DType dtype) noexcept {
+  return dtype == DType::float32 || dtype == DType::float64 || dtype == DType::float16 ||
+         dtype == DType::bfloat16;
+}
 
 /// @brief Whether `op` is defined on `dtype`: avg on integers is not (it would truncate).
-bool supports(ReduceOp op, DType dtype) noexcept;
+/// Inline: every collective's validation asks.
+constexpr bool supports(ReduceOp op, DType dtype) noexcept {
+  return op != ReduceOp::avg || is_floating(dtype);
+}
 
 /// @brief IEEE 754 binary16 storage; arithmetic goes through float.
 struct float16_t {
