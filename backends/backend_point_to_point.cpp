@@ -17,26 +17,22 @@ using detail::peer_text;
 using detail::tag_text;
 
 void Backend::send(Buffer buffer, int peer, int tag) {
-  auto work = start_checked_send(buffer, peer, tag);
-  BlockingCall call(*this, "send", buffer, peer);
-  wait_or_abandon(
-      *work,
-      [&] {
-        return where("send") + ": " + buffer.describe() + " to rank " + std::to_string(peer) +
-               " tag " + std::to_string(tag);
-      },
-      -1);
-  call.completed();
+  finish_blocking_message(*start_checked_send(buffer, peer, tag), "send", "to", buffer, peer, tag);
 }
 
 void Backend::recv(Buffer buffer, int peer, int tag) {
-  auto work = start_checked_recv(buffer, peer, tag);
-  BlockingCall call(*this, "recv", buffer, peer);
+  finish_blocking_message(*start_checked_recv(buffer, peer, tag), "recv", "from", buffer, peer,
+                          tag);
+}
+
+void Backend::finish_blocking_message(Work& work, const char* op, const char* preposition,
+                                      Buffer buffer, int peer, int tag) {
+  BlockingCall call(*this, op, buffer, peer);
   wait_or_abandon(
-      *work,
+      work,
       [&] {
-        return where("recv") + ": " + buffer.describe() + " from rank " + std::to_string(peer) +
-               " tag " + std::to_string(tag);
+        return where(op) + ": " + buffer.describe() + " " + preposition + " rank " +
+               std::to_string(peer) + " tag " + std::to_string(tag);
       },
       -1);
   call.completed();

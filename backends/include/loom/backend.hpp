@@ -304,6 +304,9 @@ class Backend {
   std::unique_ptr<Work> start_checked(const CollectiveArgs& args);
   std::unique_ptr<Work> start_checked_send(Buffer buffer, int peer, int tag);
   std::unique_ptr<Work> start_checked_recv(Buffer buffer, int peer, int tag);
+  // send() and recv(): `work` recorded as a blocking call and waited for at most timeout().
+  void finish_blocking_message(Work& work, const char* op, const char* preposition, Buffer buffer,
+                               int peer, int tag);
   void validate_or_publish(const CollectiveArgs& args);
   /// @brief Runs on the watchdog's thread when a watched call is overdue: reports and exits.
   [[noreturn]] void expire_blocking_call(std::uint64_t record) noexcept;
