@@ -342,7 +342,7 @@ void Executor::wait(Task task) {
 }
 
 bool Executor::done(Task task) const {
-  return _impl->progress.finished(_impl->node_of(task, "done"));
+  return _impl->progress.done(_impl->node_of(task, "done"));
 }
 
 bool Executor::running() const noexcept {

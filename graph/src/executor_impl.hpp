@@ -156,7 +156,7 @@ struct RunProgress {
   std::unique_ptr<std::atomic<std::uint64_t>[]> finished_in;
   std::atomic<std::uint64_t> run{1};           ///< the current (or last) run; 1 before the first
   std::atomic<std::size_t> finished_count{0};  ///< how many have
-  bool finished(std::uint32_t i) const noexcept {
+  bool done(std::uint32_t i) const noexcept {
     return finished_in[i].load() == run.load(std::memory_order_relaxed);
   }
   std::atomic<int> waiters{0};

@@ -127,25 +127,25 @@ bool Executor::Impl::expire(std::uint32_t waited) {
 }
 
 void Executor::Impl::wait_for(std::uint32_t i) {
-  if (progress.finished(i)) return;
+  if (progress.done(i)) return;
   const bool bounded = timeout.count() > 0;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   bool expired = false;
   {
     progress.waiters.fetch_add(1);
     std::unique_lock lock(progress.mutex);
-    while (!progress.finished(i) && !failure.failed.load()) {
+    while (!progress.done(i) && !failure.failed.load()) {
       if (!progress.running.load()) break;
       if (!bounded) {
         progress.changed.wait(lock);
       } else if (progress.changed.wait_until(lock, deadline) == std::cv_status::timeout) {
-        expired = !progress.finished(i) && !failure.failed.load();
+        expired = !progress.done(i) && !failure.failed.load();
         break;
       }
     }
     progress.waiters.fetch_sub(1);
   }
-  if (progress.finished(i)) return;
+  if (progress.done(i)) return;
   if (!progress.running.load() && !failure.failed.load())
     throw Error(ErrorCode::invalid_argument,
                 "Executor::wait: " + where(i) + ": no run in progress (Executor::start)");
