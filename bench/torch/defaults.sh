@@ -18,6 +18,7 @@ cases=${CASES:-transformer:sgd gpt:adamw resnet18:sgd convnet:sgd mlp:sgd gpt:ad
 python=${PYTHON:-$root/.venv/bin/python}
 build=${BUILD:-}
 out=${OUT:-$(mktemp -d)}
+mkdir -p "$out"
 series=${SERIES:-30}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export LOOM_CALIBRATION=${LOOM_CALIBRATION:-0}
@@ -34,6 +35,7 @@ for launch in $(seq "$launches"); do
     [[ ${clip:-} == clip ]] && flags+=(--clip 1.0)
     "$root/bench/netem.sh" "$rate" -- mpirun -np 2 --oversubscribe --bind-to none \
       -x PYTHONPATH -x LOOM_CALIBRATION -x MALLOC_TRIM_THRESHOLD_ -x MALLOC_MMAP_THRESHOLD_ \
+      ${LOOM_PROGRESS_PRIORITY:+-x LOOM_PROGRESS_PRIORITY} \
       "$python" "$root/bench/torch/real_models.py" "${flags[@]}" >"$out/$c.$launch.txt" 2>&1 ||
       { cat "$out/$c.$launch.txt" >&2; exit 1; }
   done

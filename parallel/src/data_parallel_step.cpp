@@ -120,6 +120,7 @@ struct DataParallelStep::State {
   void compile();
   void swap_compiled(Compiled& other);
   std::vector<TimedPlan> predict_plans(const PlanSearch& search, std::size_t keep);
+  TimedPlan best_predicted_plan(const PlanSearch& search);
   void apply_plan(TimedPlan chosen);
   void advance_automatic_plan(double run_s);
 };
@@ -415,6 +416,7 @@ std::vector<TimedPlan> DataParallelStep::State::predict_plans(const PlanSearch& 
       inputs.ranks = backend.world_size();
       inputs.workers = executor->workers();
       inputs.collectives_in_flight = executor_options().collectives_in_flight;
+      inputs.issue_order = issue_order;
       mine = shortlist_plans(
           search_plans(
               search, inputs, [this](const BucketerOptions& o) { return make_bucketer(o); },
@@ -434,6 +436,16 @@ std::vector<TimedPlan> DataParallelStep::State::predict_plans(const PlanSearch& 
                                             std::to_string(backend.rank()) +
                                             ": rank 0 could not make a plan");
   return plans;
+}
+
+// The running plan and the best predicted other: the faster predicted (the running one on a
+// tie).
+TimedPlan DataParallelStep::State::best_predicted_plan(const PlanSearch& search) {
+  std::vector<TimedPlan> plans = predict_plans(search, 2);
+  return std::move(
+      *std::min_element(plans.begin(), plans.end(), [](const TimedPlan& a, const TimedPlan& b) {
+        return a.predicted_step_s < b.predicted_step_s;
+      }));
 }
 
 void DataParallelStep::State::apply_plan(TimedPlan chosen) {
@@ -461,7 +473,9 @@ void DataParallelStep::State::advance_automatic_plan(double run_s) {
     // Profiling the configured buckets.
     a.runs.push_back(executor->last_run());
     if (a.runs.size() < static_cast<std::size_t>(std::max(1, search.profile_runs))) return;
-    std::vector<TimedPlan> shortlist = predict_plans(search, search.shortlist);
+    std::vector<TimedPlan> shortlist = search.shortlist <= 1
+                                           ? std::vector<TimedPlan>{best_predicted_plan(search)}
+                                           : predict_plans(search, search.shortlist);
     a.runs.clear();
     if (shortlist.size() == 1) {  // nothing to time
       a.tried = shortlist;
@@ -499,7 +513,9 @@ void DataParallelStep::State::advance_automatic_plan(double run_s) {
                                          std::to_string(a.compiled.size()));
   std::vector<double> agreed;
   for (const TimedPlan& p : a.tried) agreed.push_back(p.measured_step_s);
-  const std::size_t fastest = PlanTrials::fastest(agreed);
+  // The shortlist's first is the running plan: it stays unless a plan beat it by more than
+  // the trials' noise (plan_switch_gain), as GradientReducer's automatic plan decides.
+  const std::size_t fastest = PlanTrials::keep_or_switch(agreed);
   if (fastest != current) {
     swap_compiled(a.compiled[current]);
     swap_compiled(a.compiled[fastest]);
@@ -618,7 +634,7 @@ const std::vector<std::size_t>& DataParallelStep::issue_order() const noexcept {
 
 const TimedPlan& DataParallelStep::plan_automatically(const PlanSearch& search) {
   State& s = *_state;
-  s.apply_plan(s.predict_plans(search, 1).front());
+  s.apply_plan(s.best_predicted_plan(search));
   return *s.plan;
 }
 

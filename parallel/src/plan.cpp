@@ -121,4 +121,18 @@ std::size_t PlanTrials::fastest(std::span<const double> seconds) {
                                   seconds.begin());
 }
 
+std::size_t PlanTrials::keep_or_switch(std::span<const double> seconds) {
+  if (seconds.empty()) invalid("PlanTrials::keep_or_switch of no plans");
+  const std::size_t best = fastest(seconds);
+  return best != 0 && seconds[best] < seconds[0] * (1.0 - plan_switch_gain) ? best : 0;
+}
+
+bool same_plan(const ReducerPlan& a, const ReducerPlan& b) {
+  return a.bucket_cap_bytes == b.bucket_cap_bytes && a.first_bucket_bytes == b.first_bucket_bytes &&
+         a.partition_large == b.partition_large &&
+         a.collectives_in_flight == b.collectives_in_flight && a.priority == b.priority &&
+         (a.priority != IssuePriority::forward || a.wire_ratio == b.wire_ratio) &&
+         a.issue_order == b.issue_order;
+}
+
 }  // namespace loom

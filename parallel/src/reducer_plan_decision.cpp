@@ -50,14 +50,6 @@ ReducerPlan decode_plan(const GradientReducer& reducer, const std::int64_t* at) 
   return plan;
 }
 
-bool same_plan(const ReducerPlan& a, const ReducerPlan& b) {
-  return a.bucket_cap_bytes == b.bucket_cap_bytes && a.first_bucket_bytes == b.first_bucket_bytes &&
-         a.partition_large == b.partition_large &&
-         a.collectives_in_flight == b.collectives_in_flight && a.priority == b.priority &&
-         (a.priority != IssuePriority::forward || a.wire_ratio == b.wire_ratio) &&
-         a.issue_order == b.issue_order;
-}
-
 std::chrono::nanoseconds agreement_limit(const GradientReducer& reducer) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(*reducer.executor_options().timeout);
 }
@@ -188,7 +180,6 @@ PlanShortlist shortlist_reducer_plans(GradientReducer& reducer,
 
 PlanDecision decide_reducer_plan(GradientReducer& reducer, const PlanShortlist& shortlist,
                                  std::span<const double> measured_s) {
-  constexpr double kMinGain = 0.03;
   Backend& backend = reducer.backend();
   const std::string who = "decide_reducer_plan on rank " + std::to_string(backend.rank());
   if (reducer.in_step()) invalid(who + ": a step is in progress (finish() it first)");
@@ -217,11 +208,9 @@ PlanDecision decide_reducer_plan(GradientReducer& reducer, const PlanShortlist& 
     agreed.push_back(t.measured_step_s);
     chosen.timed.push_back(std::move(t));
   }
-  std::size_t fastest = PlanTrials::fastest(agreed);
-  // A plan replaces the running one only for a gain above the trials' noise: plans within
-  // kMinGain of it are what a few noisy rounds cannot tell apart, and the running plan (DDP's
-  // cap at first) stays (the GPT-like model switched for 0.2-2% and then ran slower).
-  if (fastest != 0 && !(agreed[fastest] < agreed[0] * (1.0 - kMinGain))) fastest = 0;
+  // A plan replaces the running one (DDP's cap at first) only for a gain above the trials'
+  // noise (plan_switch_gain).
+  const std::size_t fastest = PlanTrials::keep_or_switch(agreed);
   const TimedPlan& best = chosen.timed[fastest];
   chosen.predicted_step_s = best.predicted_step_s;
   chosen.changed = fastest != 0;  // the replaced plan is the shortlist's first

@@ -171,8 +171,14 @@ std::vector<TimedPlan> search_plans(const PlanSearch& search, const PlanInputs& 
           candidates.push_back({cap, first, partition});
   }
 
+  for (std::size_t b : inputs.issue_order)
+    if (b >= bucketer.buckets().size())
+      invalid("search_plans: the running issue order names bucket " + std::to_string(b) + " of " +
+              std::to_string(bucketer.buckets().size()));
+
   PinnedPool pool;  // the candidates' bucket memory, one after another
   std::vector<TimedPlan> plans;
+  TimedPlan as_running;  // the running plan as it runs, predicted like the candidates
   for (const Candidate& c : candidates) {
     BucketerOptions options = running_options;
     options.bucket_cap_bytes = c.cap;
@@ -198,6 +204,18 @@ std::vector<TimedPlan> search_plans(const PlanSearch& search, const PlanInputs& 
         node.duration_s = cost[part->second].at(candidate->buckets()[part->first].bytes());
       }
       // Everything else (forward, backward, loss) was measured under the same names.
+    }
+    if (&c == &candidates.front()) {  // the running bucketing: first as it runs
+      SimulationOptions own = sim;
+      own.collectives_in_flight = inputs.collectives_in_flight;
+      for (std::size_t b : inputs.issue_order) own.issue_order.push_back(g.buckets[b].reduce.id());
+      as_running.plan.bucket_cap_bytes = c.cap;
+      as_running.plan.first_bucket_bytes = c.first;
+      as_running.plan.partition_large = c.partition;
+      as_running.plan.collectives_in_flight = inputs.collectives_in_flight;
+      as_running.plan.issue_order.assign(inputs.issue_order.begin(), inputs.issue_order.end());
+      as_running.buckets = candidate->buckets().size();
+      as_running.predicted_step_s = simulate(profile, network, own).step_s;
     }
     // The best issue order for each in-flight limit, so the shortlist can hold every limit.
     for (std::size_t in_flight = 0; in_flight <= search.max_in_flight; ++in_flight) {
@@ -225,20 +243,26 @@ std::vector<TimedPlan> search_plans(const PlanSearch& search, const PlanInputs& 
   std::stable_sort(plans.begin(), plans.end(), [](const TimedPlan& a, const TimedPlan& b) {
     return a.predicted_step_s < b.predicted_step_s;
   });
+  plans.insert(plans.begin(), std::move(as_running));
   return plans;
 }
 
 std::vector<TimedPlan> shortlist_plans(const std::vector<TimedPlan>& ranked, std::size_t keep) {
   std::vector<TimedPlan> out;
+  if (ranked.empty() || keep == 0) return out;
+  const ReducerPlan& running = ranked.front().plan;
+  out.push_back(ranked.front());
   std::vector<bool> taken(ranked.size(), false);
-  for (std::size_t i = 0; i < ranked.size() && out.size() < keep; ++i)
-    if (std::none_of(out.begin(), out.end(), [&](const TimedPlan& p) {
+  for (std::size_t i = 1; i < ranked.size(); ++i) taken[i] = same_plan(ranked[i].plan, running);
+  // The best of each in-flight limit the running plan does not already stand for.
+  for (std::size_t i = 1; i < ranked.size() && out.size() < keep; ++i)
+    if (!taken[i] && std::none_of(out.begin() + 1, out.end(), [&](const TimedPlan& p) {
           return p.plan.collectives_in_flight == ranked[i].plan.collectives_in_flight;
         })) {
       out.push_back(ranked[i]);
       taken[i] = true;
     }
-  for (std::size_t i = 0; i < ranked.size() && out.size() < keep; ++i)
+  for (std::size_t i = 1; i < ranked.size() && out.size() < keep; ++i)
     if (!taken[i]) out.push_back(ranked[i]);
   return out;
 }

@@ -115,15 +115,23 @@ TEST(StepPlanner, RanksEveryCandidateAndPrefersBucketsThatOverlapBackward) {
     std::sort(order.begin(), order.end());
     std::vector<std::size_t> all(p.buckets);
     std::iota(all.begin(), all.end(), std::size_t{0});
-    EXPECT_EQ(order, all) << describe(p) << ": not a permutation of its buckets";
+    if (&p == &plans.front())  // the running plan runs in ready order, as configured
+      EXPECT_TRUE(order.empty()) << describe(p);
+    else
+      EXPECT_EQ(order, all) << describe(p) << ": not a permutation of its buckets";
     EXPECT_LE(p.plan.collectives_in_flight, 1u);
     EXPECT_GT(p.predicted_step_s, 0);
   }
   // cap x first (<= cap) x partition: 256K {256K} x2, 512K {512K, 256K} x2, 25M {25M, 256K} x2.
   EXPECT_EQ(bucketings.size(), 10u);
-  EXPECT_EQ(plans.size(), bucketings.size() * 2);  // in flight 0 and 1 each
+  // The running plan as it runs first, then every bucketing at in flight 0 and 1.
+  EXPECT_EQ(plans.size(), 1 + bucketings.size() * 2);
+  EXPECT_EQ(plans.front().buckets, 1u);
+  EXPECT_EQ(plans.front().plan.bucket_cap_bytes, running_options.bucket_cap_bytes);
+  EXPECT_EQ(plans.front().plan.collectives_in_flight, 0u);
+  EXPECT_NEAR(plans.front().predicted_step_s, 0.040, 0.004) << describe(plans.front());
   EXPECT_TRUE(
-      std::is_sorted(plans.begin(), plans.end(), [](const TimedPlan& a, const TimedPlan& b) {
+      std::is_sorted(plans.begin() + 1, plans.end(), [](const TimedPlan& a, const TimedPlan& b) {
         return a.predicted_step_s < b.predicted_step_s;
       }));
   // The running plan is predicted as measured (~20 ms backward + 20 ms wire); the best hides
@@ -133,14 +141,22 @@ TEST(StepPlanner, RanksEveryCandidateAndPrefersBucketsThatOverlapBackward) {
   });
   ASSERT_NE(one_bucket, plans.end());
   EXPECT_NEAR(one_bucket->predicted_step_s, 0.040, 0.004) << describe(*one_bucket);
-  EXPECT_GE(plans.front().buckets, 4u) << describe(plans.front());
-  EXPECT_NEAR(plans.front().predicted_step_s, 0.025, 0.004) << describe(plans.front());
+  EXPECT_GE(plans[1].buckets, 4u) << describe(plans[1]);
+  EXPECT_NEAR(plans[1].predicted_step_s, 0.025, 0.004) << describe(plans[1]);
 
-  // The shortlist: the best of each in-flight limit first.
+  // The shortlist: the running plan, then the best of each in-flight limit.
   const std::vector<TimedPlan> shortlist = shortlist_plans(plans, 3);
   ASSERT_EQ(shortlist.size(), 3u);
-  EXPECT_NE(shortlist[0].plan.collectives_in_flight, shortlist[1].plan.collectives_in_flight);
   EXPECT_EQ(describe(shortlist[0]), describe(plans[0]));
+  EXPECT_EQ(describe(shortlist[1]), describe(plans[1]));
+  EXPECT_NE(shortlist[1].plan.collectives_in_flight, shortlist[2].plan.collectives_in_flight);
+
+  // A running issue order naming a bucket the running step lacks is a named error.
+  const std::vector<std::size_t> bad_order{0, 3};
+  PlanInputs bad_inputs = inputs;
+  bad_inputs.issue_order = bad_order;
+  expect_error(ErrorCode::invalid_argument, "running issue order names bucket 3 of 1",
+               [&] { search_plans(search, bad_inputs, make_bucketer, build); });
 
   // A search without a profiled run, or with a bad field, is a named error.
   PlanInputs no_runs = inputs;
@@ -159,6 +175,32 @@ TimedPlan plan_with(std::size_t cap, std::size_t in_flight) {
   p.plan.first_bucket_bytes = cap;
   p.plan.collectives_in_flight = in_flight;
   return p;
+}
+
+TEST(StepPlanner, TheRunningPlanStaysUnlessAnotherBeatsItByMoreThanTheSwitchGain) {
+  // The first time is the running plan's.
+  const std::vector<double> close{0.100, 0.098, 0.099};  // 2% faster: noise
+  EXPECT_EQ(PlanTrials::keep_or_switch(close), 0u);
+  const std::vector<double> faster{0.100, 0.099, 0.095};  // 5% faster
+  EXPECT_EQ(PlanTrials::keep_or_switch(faster), 2u);
+  const std::vector<double> slower{0.100, 0.120};
+  EXPECT_EQ(PlanTrials::keep_or_switch(slower), 0u);
+  const std::vector<double> just{0.100, 0.100 * (1.0 - plan_switch_gain)};  // not more than
+  EXPECT_EQ(PlanTrials::keep_or_switch(just), 0u);
+  expect_error(ErrorCode::invalid_argument, "keep_or_switch of no plans",
+               [] { PlanTrials::keep_or_switch({}); });
+
+  // shortlist_plans keeps the running plan first and does not time it twice.
+  std::vector<TimedPlan> ranked{plan_with(1 << 20, 0), plan_with(1 << 20, 0),
+                                plan_with(256 << 10, 0), plan_with(256 << 10, 1)};
+  const std::vector<TimedPlan> shortlist = shortlist_plans(ranked, 3);
+  ASSERT_EQ(shortlist.size(), 3u);
+  EXPECT_EQ(shortlist[0].plan.bucket_cap_bytes, std::size_t{1} << 20);
+  EXPECT_EQ(shortlist[1].plan.bucket_cap_bytes, std::size_t{256} << 10);
+  EXPECT_EQ(shortlist[1].plan.collectives_in_flight, 0u);
+  EXPECT_EQ(shortlist[2].plan.collectives_in_flight, 1u);
+  EXPECT_EQ(shortlist_plans(ranked, 1).size(), 1u);
+  EXPECT_TRUE(shortlist_plans({}, 3).empty());
 }
 
 TEST(StepPlanner, TrialsRunRoundRobinAndDecideOnSameRoundRatiosAfterTheFirstRound) {

@@ -71,6 +71,17 @@ struct ReducerPlan {
 /// @brief "cap 25 MiB, first 1 MiB, partition, float16, in flight 1, planned order".
 std::string describe(const ReducerPlan& plan);
 
+/// @brief Whether two plans run the same: bucketing, collectives in flight, priority (and
+/// wire_ratio where it is used) and issue order.
+bool same_plan(const ReducerPlan& a, const ReducerPlan& b);
+
+/// @brief How much faster (a fraction of the running plan's measured step) a timed plan must be
+/// to replace the running plan: plans closer than this are what a few noisy trial rounds cannot
+/// tell apart, and the running plan stays (the GPT-like model of bench/torch/real_models.py
+/// switched for 0.2-2% and then ran slower; loom-overlap's MLP switched to 25 buckets for a
+/// trial's 1% and ran 3-5% slower).
+inline constexpr double plan_switch_gain = 0.03;
+
 /// @brief What an automatic plan searches, and how it decides: candidate bucketings (cap x
 /// first bucket x partition), each with its issue orders and collectives in flight, predicted
 /// by the step simulator; the best predicted are shortlisted, timed round-robin (PlanTrials)
@@ -170,6 +181,10 @@ class PlanTrials {
   /// @brief The index of the lowest time (the first among equals); ErrorCode::invalid_argument
   /// for none.
   static std::size_t fastest(std::span<const double> seconds);
+  /// @brief The plan to run from times whose first is the running plan's: the fastest when it
+  /// beats the first by more than plan_switch_gain, else 0 (the running plan stays);
+  /// ErrorCode::invalid_argument for none.
+  static std::size_t keep_or_switch(std::span<const double> seconds);
 
  private:
   std::vector<std::vector<double>> _runs_s;

@@ -4,9 +4,10 @@
 // bucket's pack, unpack and update from a per-byte fit of the measured ones) and simulated
 // (loom::best_order: issue orders and collectives in flight 0..max_in_flight) on a wire fitted
 // to the runs' measured communication. The simulator ranks; the step then times the shortlist
-// (the best predicted plan for each in-flight limit, then the next best) round-robin and keeps
-// the fastest measured, decided on rank 0's figures: a fitted wire misjudges what few cores and
-// TCP do to small messages (bench/results/2026-11-22_to_2026-11-24.md, "Automatic plan").
+// (the running plan, then the best predicted plan for each in-flight limit, then the next best)
+// round-robin and keeps the running plan unless a plan measured faster by more than
+// plan_switch_gain, decided on rank 0's figures: a fitted wire misjudges what few cores and TCP
+// do to small messages (bench/results/2026-11-22_to_2026-11-24.md, "Automatic plan").
 #pragma once
 
 #include <chrono>
@@ -50,9 +51,13 @@ struct PlanInputs {
   int ranks = 1;
   int workers = 1;                        ///< compute workers per rank
   std::size_t collectives_in_flight = 0;  ///< the running executor's limit
+  /// @brief The running step's issue order, bucket indices (empty: the order the graph makes
+  /// them ready in).
+  std::span<const std::size_t> issue_order;
 };
 
-/// @brief Every candidate plan (the running bucketing, then caps x firsts x partition, each with
+/// @brief The running plan as it runs (its bucketing, in-flight limit and issue order) first,
+/// then every candidate plan (the running bucketing, then caps x firsts x partition, each with
 /// its best issue order for every in-flight limit 0..max_in_flight), fastest predicted first.
 /// Local: no communication (rank 0 calls it and agree_on_plans() shares the result).
 /// ErrorCode::invalid_argument for a bad search or inputs, ErrorCode::internal when a
@@ -61,8 +66,10 @@ std::vector<TimedPlan> search_plans(const PlanSearch& search, const PlanInputs& 
                                     const BucketerFactory& make_bucketer,
                                     const PlanGraphBuilder& build);
 
-/// @brief The best predicted plan of each in-flight limit, then the next best overall, at most
-/// `keep` (from a list ranked fastest first).
+/// @brief search_plans()' first plan (the running one), then the best predicted plan of each
+/// in-flight limit, then the next best overall, at most `keep` (from search_plans()' list: the
+/// running plan, then the rest ranked fastest first); a plan the same as the running one is not
+/// repeated.
 std::vector<TimedPlan> shortlist_plans(const std::vector<TimedPlan>& ranked, std::size_t keep);
 
 /// @brief Rank 0's `mine` on every rank (Backend::agree_on_root, waited for at most `limit`);
