@@ -10,7 +10,8 @@
 #   bench/overlap/vs_pytorch.sh [RATE] [BUILD_DIR]        e.g. bench/overlap/vs_pytorch.sh 2gbit
 #   ROUNDS=3 NP=2 HOOK=fp16 bench/overlap/vs_pytorch.sh 2gbit   (DDP's fp16_compress_hook vs
 #                                                         loom-overlap --compression float16)
-# Needs Debian's python3-torch (scripts/setup.sh installs it) and, for a RATE, root.
+# Needs the project's .venv (scripts/setup.sh makes it, with pip's torch 2.x; PYTHON= another
+# interpreter with torch) and, for a RATE, root.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -25,7 +26,7 @@ rounds=${ROUNDS:-3}
 np=${NP:-2}
 hook=${HOOK:-none}
 steps=${STEPS:-20}
-python=${PYTHON:-/usr/bin/python3}  # Debian's torch; not the Python first on PATH
+python=${PYTHON:-$root/.venv/bin/python}  # the project's torch; not the Python first on PATH
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 if [[ ${1:-} == --inner ]]; then

@@ -40,7 +40,13 @@ void Executor::Impl::compile() {
   const bool needs_engine = std::any_of(graph.nodes.begin(), graph.nodes.end(), [](const auto& n) {
     return communicates(n.kind) || n.placement == Placement::gpu;
   });
-  if (needs_engine) engine = std::make_unique<ProgressEngine>(*options.progress_priority);
+  // External nodes: the step's compute runs outside loom (an autograd engine hands over).
+  const bool external = std::any_of(graph.nodes.begin(), graph.nodes.end(),
+                                    [](const auto& n) { return n.kind == NodeKind::external; });
+  if (needs_engine)
+    engine = std::make_unique<ProgressEngine>(
+        *options.progress_priority,
+        external ? ComputeBeside::outside : ComputeBeside::loom_workers);
   try {
     algorithms.selector = AlgorithmSelector::for_backend(backend, std::nullopt, timeout);
   } catch (const Error& e) {

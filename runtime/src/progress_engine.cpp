@@ -109,7 +109,7 @@ struct ProgressEngine::State {
   std::thread thread;
 
   void loop();
-  void schedule(ProgressPriority wanted);
+  void schedule(ProgressPriority wanted, ComputeBeside compute);
   void stop() noexcept;
   static void report(Watched& w, std::exception_ptr error) noexcept;
 };
@@ -199,7 +199,7 @@ void ProgressEngine::State::loop() {
   }
 }
 
-void ProgressEngine::State::schedule(ProgressPriority wanted) {
+void ProgressEngine::State::schedule(ProgressPriority wanted, ComputeBeside compute) {
   if (wanted == ProgressPriority::normal) return;
   const long allowed = cpus_allowed();
   std::string refused;
@@ -207,13 +207,16 @@ void ProgressEngine::State::schedule(ProgressPriority wanted) {
     // The CPUs this process may use (a container's cpuset); a process bound to one CPU says
     // nothing of the host, so then the online count.
     const long cpus = allowed > 1 ? allowed : sysconf(_SC_NPROCESSORS_ONLN);
-    // As many ranks as CPUs: each rank's compute fills a core, and a realtime thread that wakes
-    // to poll preempts it every time (parallelize's transformer: 0.95-0.99x DDP's step with it,
-    // 0.84-0.87x at normal priority). Only a host with a CPU to spare beside the ranks gets more.
+    // More ranks than CPUs: every core already runs several ranks. As many: each rank's
+    // compute fills a core, and a realtime thread that wakes to poll preempts it every time;
+    // that pays where loom's workers compute (ComputeBeside::loom_workers), not beside an
+    // autograd engine (ComputeBeside::outside; the figures are at ComputeBeside).
     if (const auto ranks = environment::launcher_local_size();
-        ranks && cpus > 0 && *ranks >= cpus) {
+        ranks && cpus > 0 &&
+        (*ranks > cpus || (*ranks == cpus && compute == ComputeBeside::outside))) {
       priority_note = "normal (automatic: " + std::to_string(*ranks) + " ranks on this host's " +
-                      std::to_string(cpus) + " CPUs)";
+                      std::to_string(cpus) + " CPUs" +
+                      (*ranks == cpus ? ", the compute outside loom's workers)" : ")");
       return;
     }
     // Bound to one CPU (mpirun's default --bind-to core at 2 ranks), the compute threads cannot
@@ -286,7 +289,8 @@ ProgressPriority progress_priority_from_environment() {
               : ProgressPriority::automatic;
 }
 
-ProgressEngine::ProgressEngine(ProgressPriority wanted) : _state(std::make_unique<State>()) {
+ProgressEngine::ProgressEngine(ProgressPriority wanted, ComputeBeside compute)
+    : _state(std::make_unique<State>()) {
   std::promise<long> started;
   std::future<long> tid = started.get_future();
   _state->thread = std::thread([state = _state.get(), &started] {
@@ -297,7 +301,7 @@ ProgressEngine::ProgressEngine(ProgressPriority wanted) : _state(std::make_uniqu
   });
   _state->tid = tid.get();
   try {
-    _state->schedule(wanted);
+    _state->schedule(wanted, compute);
   } catch (...) {
     _state->stop();
     throw;

@@ -284,7 +284,8 @@ TEST(ProgressPriority, AutomaticTakesWhatTheProcessMayAndTheKernelShowsIt) {
   completes_one(engine);
 }
 
-// As many ranks on the host as CPUs or more (as the launcher says): automatic stays normal.
+// More ranks on the host than CPUs (as the launcher says): automatic stays normal; as many, it
+// stays normal beside compute outside loom's workers and asks for more beside loom's workers.
 TEST(ProgressPriority, AutomaticStaysNormalOnAnOversubscribedHost) {
   SKIP_UNLESS_RUNNER_IS_SCHED_OTHER();
   NoLauncher no_launcher;
@@ -302,14 +303,28 @@ TEST(ProgressPriority, AutomaticStaysNormalOnAnOversubscribedHost) {
     EXPECT_EQ(policy_of(engine.thread_id()), SCHED_OTHER);
     completes_one(engine);
   }
-  // As many ranks as CPUs: every core has a rank's compute, so normal too.
+  // As many ranks as CPUs, the compute outside loom (the default: an autograd engine): normal.
   {
     ScopedEnv ranks("OMPI_COMM_WORLD_LOCAL_SIZE", std::to_string(cpus).c_str());
     ProgressEngine engine;
     EXPECT_EQ(engine.priority(), ProgressPriority::normal);
     EXPECT_EQ(engine.priority_note(), "normal (automatic: " + std::to_string(cpus) +
                                           " ranks on this host's " + std::to_string(cpus) +
-                                          " CPUs)");
+                                          " CPUs, the compute outside loom's workers)");
+  }
+  // As many ranks as CPUs with loom's workers computing: more than normal.
+  {
+    ScopedEnv ranks("OMPI_COMM_WORLD_LOCAL_SIZE", std::to_string(cpus).c_str());
+    ProgressEngine engine(ProgressPriority::automatic, ComputeBeside::loom_workers);
+    EXPECT_EQ(engine.priority_note().find("automatic:"), std::string::npos)
+        << engine.priority_note();
+    completes_one(engine);
+  }
+  // More ranks than CPUs stays normal whatever computes.
+  {
+    ScopedEnv ranks("OMPI_COMM_WORLD_LOCAL_SIZE", std::to_string(cpus + 1).c_str());
+    ProgressEngine engine(ProgressPriority::automatic, ComputeBeside::loom_workers);
+    EXPECT_EQ(engine.priority(), ProgressPriority::normal);
   }
   // A CPU to spare beside the ranks: automatic asks for more than normal.
   if (cpus > 1) {

@@ -28,8 +28,11 @@ class ProgressEngine {
   /// @brief Starts the thread and schedules it as `wanted` asks. An explicit request the process
   /// may not have (realtime without the privilege, short_slice on a kernel without custom
   /// slices) is ErrorCode::invalid_argument naming the request and the system's answer;
-  /// automatic falls back and says why in priority_note().
-  explicit ProgressEngine(ProgressPriority wanted = ProgressPriority::automatic);
+  /// automatic falls back and says why in priority_note(); `compute` is where the compute
+  /// beside the thread runs, which automatic weighs when the ranks fill every CPU
+  /// (ComputeBeside).
+  explicit ProgressEngine(ProgressPriority wanted = ProgressPriority::automatic,
+                          ComputeBeside compute = ComputeBeside::outside);
   /// @brief Stops the thread. Work still in flight is abandoned (Work::abandon) and dropped
   /// without calling its callback: the destructor never waits for a peer. Failed work is
   /// abandoned before it is destroyed, so its destruction never blocks the engine's thread.

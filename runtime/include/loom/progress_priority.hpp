@@ -14,12 +14,14 @@ namespace loom {
 /// (bench/results/2026-11-22_to_2026-11-24.md, "The progress thread's priority").
 enum class ProgressPriority {
   /// realtime where the process may (root, CAP_SYS_NICE or RLIMIT_RTPRIO >= 1), else
-  /// short_slice where the kernel has it, else normal; never an error. Two exceptions:
+  /// short_slice where the kernel has it, else normal; never an error. Three exceptions:
   /// normal when the host is oversubscribed (the launcher puts more ranks on it than the
   /// process may use CPUs, or than are online when it is bound to one): every core then already
   /// runs several ranks, and a progress thread that preempts them makes each step slower
   /// (shared memory, 3-4 ranks on 2 cores: 8-15%, bench/results/2026-11-22_to_2026-11-24.md);
-  /// and no realtime when the process is bound to one CPU (see realtime)
+  /// normal when there are as many ranks as CPUs and the compute runs outside loom
+  /// (ComputeBeside::outside); and no realtime when the process is bound to one CPU (see
+  /// realtime)
   automatic,
   /// the default policy and slice of the process
   normal,
@@ -33,6 +35,22 @@ enum class ProgressPriority {
   /// that waits on a spin lock held by a preempted thread of its own CPU waits until the
   /// scheduler moves that thread, which a thread bound to that one CPU cannot be
   realtime,
+};
+
+/// @brief Where the compute that shares the cores with the progress thread runs: what
+/// ProgressPriority::automatic weighs when the launcher puts as many ranks on the host as it has
+/// CPUs (each rank's compute then fills a core, and a thread above it preempts it).
+enum class ComputeBeside {
+  /// loom's own workers run the step's compute (an Executor whose graph has no external node:
+  /// DataParallelStep, a C++ user's step): automatic takes realtime, which completes each
+  /// collective as soon as the transport can move it (loom-overlap's MLP on 2 ranks on 2 cores,
+  /// 2 Gbit/s: 0.85x DDP's step with it, 0.90x at normal, bench/results/2026-11-27_mlp_lead.md)
+  loom_workers,
+  /// the compute runs outside loom (an autograd engine hands gradients over: an Executor with
+  /// external nodes, the torch process group): automatic stays normal there (parallelize's
+  /// transformer on 2 ranks on 2 cores, 6 launches each: 0.83x DDP's step at normal, 0.88x
+  /// with realtime, by the medians; same file)
+  outside,
 };
 
 /// @brief "automatic", "normal", "short_slice", "realtime".
