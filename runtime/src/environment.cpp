@@ -32,7 +32,8 @@ constexpr std::array<Variable, 17> all_variables{{
      "(Linux 6.12+, no privilege); an explicit choice the process may not have is an "
      "invalid_argument error",
      "automatic: realtime where permitted, else short_slice, else normal; normal when the "
-     "launcher puts as many ranks on the host as it has CPUs or more",
+     "launcher puts more ranks on the host than it has CPUs, and when as many beside compute "
+     "outside loom's workers (an autograd engine: docs/backends.md)",
      "automatic, normal, short_slice, realtime"},
     {"LOOM_TUNING_FILE", "loom-tune's measurements for the algorithm selector",
      "unset: built-in alpha 5 us, beta 0.2 ns/B, gamma 0.25 ns/B", "a tuning file path"},
