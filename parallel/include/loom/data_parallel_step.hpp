@@ -111,10 +111,12 @@ struct DataParallelOptions {
   BucketerOptions bucketing;
   ExecutorOptions executor;
   /// @brief loom mode: plan buckets, issue order and collectives in flight automatically
-  /// (PlanSearch): run() predicts after the first profile_runs runs, times the shortlist over
-  /// the next runs and then runs the fastest (collective; rank 0 decides, every rank runs the
-  /// same plans). bucketing's caps are only the first runs'. Profiles the runs until the plan
-  /// is decided (ExecutorOptions::profile decides after). Other modes:
+  /// (PlanSearch): run() predicts after the first profile_runs runs, times the shortlist (the
+  /// configured plan as it runs first, then the best predicted others) over the next runs and
+  /// then runs the configured plan unless another was faster by more than plan_switch_gain, in
+  /// which case the fastest (collective; rank 0 decides, every rank runs the same plans).
+  /// Profiles the runs until the plan is decided (ExecutorOptions::profile decides after).
+  /// Other modes:
   /// ErrorCode::invalid_argument at construction.
   std::optional<PlanSearch> automatic_plan;
 };
