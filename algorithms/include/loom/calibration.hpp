@@ -17,7 +17,7 @@ namespace loom {
 struct CalibrationOptions {
   std::vector<Collective> collectives{Collective::allreduce};
   /// @brief Benchmark sizes in bytes (as loom-collectives counts them); default every power of
-  /// two from 16 B to 1 MiB, then 4 and 16 MiB.
+  /// two from 16 B to 16 MiB.
   std::vector<std::size_t> sizes = default_sizes();
   int rounds = 7;
   double seconds_per_point = 0.02;
