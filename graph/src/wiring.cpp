@@ -10,6 +10,47 @@ namespace loom {
 namespace flow = tbb::flow;
 using detail::NodeData;
 
+// A run of CPU compute (or copy) nodes in which each node is the only successor of the one
+// before it and that one its only predecessor: TBB would run each next node at once on the
+// same thread (a continue_node's single successor is its bypassed task), so one continue_node
+// runs them in turn with the same order and parallelism, without a TBB node per node. Only
+// priority 0: a prioritised node goes through TBB's priority queue, so it keeps its own node.
+// Returns the runs of two or more nodes, in order.
+std::vector<std::vector<std::uint32_t>> Executor::Impl::chains_of_compute() const {
+  const std::size_t n = graph.nodes.size();
+  auto runs_in_continue_node = [&](std::uint32_t i) {
+    const NodeData& node = graph.nodes[i];
+    return !plan.communicates(i) && node.kind != NodeKind::external && node.priority == 0 &&
+           !(wiring.gpu && wiring.gpu->on_gpu(i));
+  };
+  std::vector<std::uint32_t> successors(n, 0), predecessors(n, 0);
+  std::vector<std::uint32_t> next(n, 0);
+  for (const auto& [from, to] : graph.edges) {
+    ++successors[from];
+    ++predecessors[to];
+    next[from] = to;
+  }
+  // `joined[v]`: v runs right after its only predecessor, in that predecessor's chain.
+  std::vector<char> joined(n, 0);
+  for (const auto& [from, to] : graph.edges)
+    if (successors[from] == 1 && predecessors[to] == 1 && runs_in_continue_node(from) &&
+        runs_in_continue_node(to))
+      joined[to] = 1;
+  std::vector<std::vector<std::uint32_t>> chains;
+  for (std::uint32_t i = 0; i < n; ++i) {
+    if (joined[i] || !runs_in_continue_node(i)) continue;
+    std::vector<std::uint32_t> chain{i};
+    // Each step follows a node's only out-edge into a node whose only in-edge it is: the walk
+    // ends (an acyclic graph), and no node joins two chains.
+    for (std::uint32_t at = i; successors[at] == 1 && joined[next[at]];) {
+      at = next[at];
+      chain.push_back(at);
+    }
+    if (chain.size() > 1) chains.push_back(std::move(chain));
+  }
+  return chains;
+}
+
 void Executor::Impl::build_flow_graph() {
   using ComputeNode = detail::Wiring::ComputeNode;
   auto& w = wiring;
@@ -20,6 +61,33 @@ void Executor::Impl::build_flow_graph() {
   if (w.gpu) w.launched.assign(n, nullptr);  // only graphs with GPU nodes launch any
   std::vector<std::uint32_t> predecessors(n, 0);
   for (const auto& edge : graph.edges) ++predecessors[edge.second];
+  // The body moves into the TBB node, so running a node touches only that node's memory (the
+  // executor's copy of the graph keeps names and buffers for DOT and errors).
+  auto take_body = [&](std::uint32_t i) {
+    const NodeData& node = graph.nodes[i];
+    if (node.kind == NodeKind::copy)
+      return std::function<void()>([src = node.collective.send, dst = node.collective.recv] {
+        if (src.bytes() != 0) std::memmove(dst.data(), src.data(), src.bytes());
+      });
+    return std::move(graph.nodes[i].body);
+  };
+  std::vector<char> in_chain(n, 0);
+  for (auto& chain : chains_of_compute()) {
+    for (std::uint32_t i : chain) in_chain[i] = 1;
+    std::vector<std::pair<std::uint32_t, std::function<void()>>> bodies;
+    bodies.reserve(chain.size());
+    for (std::uint32_t i : chain) bodies.emplace_back(i, take_body(i));
+    // After a body throws, execute() returns at once for the rest (the run has failed).
+    auto& c = w.compute_nodes.emplace_back(std::make_unique<ComputeNode>(
+        w.flow_graph,
+        [this, bodies = std::move(bodies)](const flow::continue_msg&) {
+          for (const auto& [i, body] : bodies) execute(i, body);
+          return flow::continue_msg();
+        },
+        flow::no_priority));
+    w.inputs[chain.front()] = c.get();
+    w.outputs[chain.back()] = c.get();
+  }
   for (std::uint32_t i = 0; i < n; ++i) {
     const NodeData& node = graph.nodes[i];
     const auto priority = static_cast<flow::node_priority_t>(node.priority);
@@ -28,17 +96,10 @@ void Executor::Impl::build_flow_graph() {
       continue;
     }
     if (!plan.communicates(i) && node.kind != NodeKind::external) {
-      // The body moves into the TBB node, so running a node touches only that node's memory
-      // (the executor's copy of the graph keeps names and buffers for DOT and errors).
-      std::function<void()> body = std::move(graph.nodes[i].body);
-      if (node.kind == NodeKind::copy) {
-        body = [src = node.collective.send, dst = node.collective.recv] {
-          if (src.bytes() != 0) std::memmove(dst.data(), src.data(), src.bytes());
-        };
-      }
+      if (in_chain[i]) continue;  // built above
       auto& c = w.compute_nodes.emplace_back(std::make_unique<ComputeNode>(
           w.flow_graph,
-          [this, i, body = std::move(body)](const flow::continue_msg&) {
+          [this, i, body = take_body(i)](const flow::continue_msg&) {
             execute(i, body);
             return flow::continue_msg();
           },
@@ -71,6 +132,7 @@ void Executor::Impl::build_flow_graph() {
   for (std::uint32_t i = 0; i < n; ++i)
     if (predecessors[i] == 0) flow::make_edge(w.start, *w.inputs[i]);
   for (const auto& [from, to] : graph.edges) {
+    if (w.outputs[from] == nullptr) continue;  // inside a chain: its continue_node runs both
     const bool device_side =
         !w.launched.empty() && w.launched[from] != nullptr && w.launched[to] != nullptr;
     flow::make_edge(device_side ? *w.launched[from] : *w.outputs[from], *w.inputs[to]);

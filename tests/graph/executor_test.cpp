@@ -51,6 +51,123 @@ TEST(Executor, ChainRunsInOrderEveryTime) {
   for (std::size_t i = 0; i < seen.size(); ++i) EXPECT_EQ(seen[i], static_cast<int>(i % 10));
 }
 
+// A run of compute nodes each the only successor of the one before runs in one TBB node
+// (wiring.cpp, chains_of_compute): each node is still its own node to the profiler, to wait(),
+// and to failure; a chain that a second edge joins or a prioritised node splits keeps every
+// edge's order.
+TEST(Executor, FusedChainKeepsEveryNodesTimingInOrderOnOneLane) {
+  auto backend = make_local_backend();
+  Graph g;
+  Task previous;
+  for (int k = 0; k < 6; ++k) {
+    auto t = g.compute("c" + std::to_string(k), [] {
+      const auto until = std::chrono::steady_clock::now() + 200us;
+      while (std::chrono::steady_clock::now() < until) {
+      }
+    });
+    if (previous.valid()) previous.precede(t);
+    previous = t;
+  }
+  ExecutorOptions options;
+  options.profile = true;
+  Executor ex(g, *backend, options);
+  ex.run();
+  const auto timings = ex.last_run();
+  ASSERT_EQ(timings.size(), 6u);
+  for (std::size_t k = 0; k < timings.size(); ++k) {
+    EXPECT_EQ(timings[k].name, "c" + std::to_string(k));
+    EXPECT_GE(timings[k].end_ns - timings[k].start_ns, 200'000) << timings[k].name;
+    EXPECT_EQ(timings[k].lane, timings[0].lane) << timings[k].name;
+    if (k > 0) EXPECT_GE(timings[k].start_ns, timings[k - 1].end_ns) << timings[k].name;
+  }
+}
+
+TEST(Executor, WaitForANodeInsideAChainReturnsBeforeTheChainEnds) {
+  auto backend = make_local_backend();
+  Graph g;
+  std::atomic<bool> middle_waited{false};
+  auto a = g.compute("a", [] {});
+  auto b = g.compute("b", [] {});
+  // c ends only once the caller's wait(b) has returned: a chain that marked b done only at its
+  // end would leave both waiting until the executor's timeout.
+  auto c = g.compute("c", [&] {
+    const auto until = std::chrono::steady_clock::now() + 10s;
+    while (!middle_waited.load() && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(100us);
+    if (!middle_waited.load()) throw std::runtime_error("wait(b) did not return while c ran");
+  });
+  a.precede(b);
+  b.precede(c);
+  Executor ex(g, *backend, quick_timeout(20));
+  ex.start();
+  ex.wait(b);
+  EXPECT_TRUE(ex.done(b));
+  middle_waited = true;
+  ex.wait();
+  EXPECT_TRUE(ex.done(c));
+}
+
+// Random DAGs with many single-successor runs, joins into them, prioritised and copy nodes:
+// every edge's order holds and every node runs once per run.
+TEST(Executor, ChainsInRandomGraphsKeepEveryEdgesOrder) {
+  auto backend = make_local_backend();
+  std::mt19937 random(7);
+  for (int graph_index = 0; graph_index < 20; ++graph_index) {
+    const int n = 40 + static_cast<int>(random() % 60);
+    Graph g;
+    std::atomic<int> clock{0};
+    std::vector<std::atomic<int>> stamp(n);
+    std::vector<int> runs(n, 0);
+    std::vector<double> src(3, 1.0), dst(3, 0.0);
+    std::vector<Task> tasks;
+    for (int i = 0; i < n; ++i) {
+      if (random() % 10 == 0) {
+        tasks.push_back(g.copy("copy" + std::to_string(i), Buffer::of(std::span(src)),
+                               Buffer::of(std::span(dst))));
+        continue;
+      }
+      ComputeOptions options;
+      if (random() % 8 == 0) options.priority = 1 + static_cast<int>(random() % 3);
+      tasks.push_back(g.compute(
+          "n" + std::to_string(i),
+          [&, i] {
+            stamp[i] = ++clock;
+            ++runs[i];
+          },
+          options));
+    }
+    std::vector<std::pair<int, int>> edges;
+    for (int v = 1; v < n; ++v) {
+      // Mostly the node before (long chains), sometimes a second, earlier predecessor too.
+      edges.emplace_back(v - 1, v);
+      if (random() % 5 == 0 && v >= 2) edges.emplace_back(static_cast<int>(random() % (v - 1)), v);
+    }
+    // Copy nodes write the same buffer: order them all one after another.
+    int last_copy = -1;
+    for (int i = 0; i < n; ++i)
+      if (tasks[i].name().rfind("copy", 0) == 0) {
+        if (last_copy >= 0) edges.emplace_back(last_copy, i);
+        last_copy = i;
+      }
+    std::sort(edges.begin(), edges.end());
+    edges.erase(std::unique(edges.begin(), edges.end()), edges.end());
+    for (const auto& [from, to] : edges) tasks[from].precede(tasks[to]);
+    Executor ex(g, *backend);
+    for (int run = 1; run <= 3; ++run) {
+      ex.run();
+      for (int i = 0; i < n; ++i)
+        if (tasks[i].name().rfind("copy", 0) != 0) ASSERT_EQ(runs[i], run) << tasks[i].name();
+      for (const auto& [from, to] : edges) {
+        if (tasks[from].name().rfind("copy", 0) == 0 || tasks[to].name().rfind("copy", 0) == 0)
+          continue;
+        EXPECT_LT(stamp[from].load(), stamp[to].load())
+            << "graph " << graph_index << ": " << tasks[from].name() << " -> " << tasks[to].name();
+      }
+    }
+    EXPECT_EQ(dst, src);
+  }
+}
+
 TEST(Executor, CopyNodeCopies) {
   auto backend = make_local_backend();
   Graph g;
