@@ -1,6 +1,7 @@
 // Wiring: the compiled graph's nodes as tbb::flow nodes. Compute and copy nodes are
 // continue_nodes; communication and GPU completion are async_nodes whose body hands the
 // operation on and returns at once, so no TBB worker ever waits on communication.
+#include <algorithm>
 #include <cstring>
 
 #include "executor_impl.hpp"
@@ -13,14 +14,18 @@ using detail::NodeData;
 // A run of CPU compute (or copy) nodes in which each node is the only successor of the one
 // before it and that one its only predecessor: TBB would run each next node at once on the
 // same thread (a continue_node's single successor is its bypassed task), so one continue_node
-// runs them in turn with the same order and parallelism, without a TBB node per node. Only
-// priority 0: a prioritised node goes through TBB's priority queue, so it keeps its own node.
+// runs them in turn with the same order and parallelism, without a TBB node per node. Only in
+// a graph without prioritised nodes: TBB runs a ready prioritised node (a critical task)
+// before the bypassed next one and leaves that one to be stolen, which a fused run would not.
 // Returns the runs of two or more nodes, in order.
 std::vector<std::vector<std::uint32_t>> Executor::Impl::chains_of_compute() const {
   const std::size_t n = graph.nodes.size();
+  if (std::any_of(graph.nodes.begin(), graph.nodes.end(),
+                  [](const NodeData& node) { return node.priority != 0; }))
+    return {};
   auto runs_in_continue_node = [&](std::uint32_t i) {
     const NodeData& node = graph.nodes[i];
-    return !plan.communicates(i) && node.kind != NodeKind::external && node.priority == 0 &&
+    return !plan.communicates(i) && node.kind != NodeKind::external &&
            !(wiring.gpu && wiring.gpu->on_gpu(i));
   };
   std::vector<std::uint32_t> successors(n, 0), predecessors(n, 0);

@@ -86,6 +86,9 @@ TEST(Executor, WaitForANodeInsideAChainReturnsBeforeTheChainEnds) {
   auto backend = make_local_backend();
   Graph g;
   std::atomic<bool> middle_waited{false};
+  // The external source gives the executor an arena with a worker of its own, so the chain runs
+  // while this thread waits even where the process may use one CPU.
+  auto go = g.external("go");
   auto a = g.compute("a", [] {});
   auto b = g.compute("b", [] {});
   // c ends only once the caller's wait(b) has returned: a chain that marked b done only at its
@@ -96,10 +99,12 @@ TEST(Executor, WaitForANodeInsideAChainReturnsBeforeTheChainEnds) {
       std::this_thread::sleep_for(100us);
     if (!middle_waited.load()) throw std::runtime_error("wait(b) did not return while c ran");
   });
+  go.precede(a);
   a.precede(b);
   b.precede(c);
   Executor ex(g, *backend, quick_timeout(20));
   ex.start();
+  ex.signal(go);
   ex.wait(b);
   EXPECT_TRUE(ex.done(b));
   middle_waited = true;
@@ -107,8 +112,9 @@ TEST(Executor, WaitForANodeInsideAChainReturnsBeforeTheChainEnds) {
   EXPECT_TRUE(ex.done(c));
 }
 
-// Random DAGs with many single-successor runs, joins into them, prioritised and copy nodes:
-// every edge's order holds and every node runs once per run.
+// Random DAGs with many single-successor runs, joins into them and copy nodes, half of them
+// with some prioritised nodes (then nothing is fused): every edge's order holds and every node
+// runs once per run.
 TEST(Executor, ChainsInRandomGraphsKeepEveryEdgesOrder) {
   auto backend = make_local_backend();
   std::mt19937 random(7);
@@ -127,7 +133,8 @@ TEST(Executor, ChainsInRandomGraphsKeepEveryEdgesOrder) {
         continue;
       }
       ComputeOptions options;
-      if (random() % 8 == 0) options.priority = 1 + static_cast<int>(random() % 3);
+      if (graph_index % 2 == 1 && random() % 8 == 0)
+        options.priority = 1 + static_cast<int>(random() % 3);
       tasks.push_back(g.compute(
           "n" + std::to_string(i),
           [&, i] {
@@ -152,6 +159,7 @@ TEST(Executor, ChainsInRandomGraphsKeepEveryEdgesOrder) {
     std::sort(edges.begin(), edges.end());
     edges.erase(std::unique(edges.begin(), edges.end()), edges.end());
     for (const auto& [from, to] : edges) tasks[from].precede(tasks[to]);
+    const bool copies = last_copy >= 0;
     Executor ex(g, *backend);
     for (int run = 1; run <= 3; ++run) {
       ex.run();
@@ -164,7 +172,7 @@ TEST(Executor, ChainsInRandomGraphsKeepEveryEdgesOrder) {
             << "graph " << graph_index << ": " << tasks[from].name() << " -> " << tasks[to].name();
       }
     }
-    EXPECT_EQ(dst, src);
+    if (copies) EXPECT_EQ(dst, src);
   }
 }
 
