@@ -228,6 +228,7 @@ struct Executor::Impl {
   // clock_sync.cpp
   void measure_clock_offset();
   // wiring.cpp
+  bool runs_in_continue_node(std::uint32_t i) const;
   std::vector<std::vector<std::uint32_t>> chains_of_compute() const;
   void build_flow_graph();
   void build_gpu_node(std::uint32_t i, tbb::flow::node_priority_t priority);

@@ -11,6 +11,13 @@ namespace loom {
 namespace flow = tbb::flow;
 using detail::NodeData;
 
+// A CPU compute or copy node: one continue_node runs its body (not a GPU node, a communication
+// node or an external one, which have async_nodes).
+bool Executor::Impl::runs_in_continue_node(std::uint32_t i) const {
+  return !plan.communicates(i) && graph.nodes[i].kind != NodeKind::external &&
+         !(wiring.gpu && wiring.gpu->on_gpu(i));
+}
+
 // A run of CPU compute (or copy) nodes in which each node is the only successor of the one
 // before it and that one its only predecessor: TBB would run each next node at once on the
 // same thread (a continue_node's single successor is its bypassed task), so one continue_node
@@ -23,11 +30,6 @@ std::vector<std::vector<std::uint32_t>> Executor::Impl::chains_of_compute() cons
   if (std::any_of(graph.nodes.begin(), graph.nodes.end(),
                   [](const NodeData& node) { return node.priority != 0; }))
     return {};
-  auto runs_in_continue_node = [&](std::uint32_t i) {
-    const NodeData& node = graph.nodes[i];
-    return !plan.communicates(i) && node.kind != NodeKind::external &&
-           !(wiring.gpu && wiring.gpu->on_gpu(i));
-  };
   std::vector<std::uint32_t> successors(n, 0), predecessors(n, 0);
   std::vector<std::uint32_t> next(n, 0);
   for (const auto& [from, to] : graph.edges) {
@@ -100,7 +102,7 @@ void Executor::Impl::build_flow_graph() {
       build_gpu_node(i, priority);
       continue;
     }
-    if (!plan.communicates(i) && node.kind != NodeKind::external) {
+    if (runs_in_continue_node(i)) {
       if (in_chain[i]) continue;  // built above
       auto& c = w.compute_nodes.emplace_back(std::make_unique<ComputeNode>(
           w.flow_graph,

@@ -53,8 +53,8 @@ TEST(Executor, ChainRunsInOrderEveryTime) {
 
 // A run of compute nodes each the only successor of the one before runs in one TBB node
 // (wiring.cpp, chains_of_compute): each node is still its own node to the profiler, to wait(),
-// and to failure; a chain that a second edge joins or a prioritised node splits keeps every
-// edge's order.
+// and to failure; a chain that a second edge joins keeps every edge's order, and so does a graph
+// with prioritised nodes (where nothing is fused).
 TEST(Executor, FusedChainKeepsEveryNodesTimingInOrderOnOneLane) {
   auto backend = make_local_backend();
   Graph g;
