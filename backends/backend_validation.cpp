@@ -126,4 +126,14 @@ void Backend::validate(const CollectiveArgs& args) const {
   throw Error(ErrorCode::invalid_argument, where("collective") + ": unknown collective");
 }
 
+void Backend::validate_or_publish_checked(const CollectiveArgs& args) {
+  try {
+    validate(args);
+  } catch (const Error& e) {
+    // The other ranks may be waiting in this collective: tell them why this rank is not.
+    publish_failure(e.what(), false);
+    throw;
+  }
+}
+
 }  // namespace loom

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "loom/environment.hpp"
 
@@ -99,6 +100,11 @@ struct alignas(64) FlightRecorder::Slot {
   std::atomic<std::int32_t> peer{-1};
   std::atomic<std::uint8_t> dtype{0};
   std::atomic<std::uint8_t> state{0};
+  std::atomic<std::uint8_t> blocking{0};  // written by record_blocking: it may count repeats
+  std::atomic<std::uint64_t> repeats{0};
+  // Odd while record_blocking counts a repeat in place (the id stays the same then, so readers
+  // check this too: a seqlock).
+  std::atomic<std::uint64_t> version{0};
   std::atomic<std::uint64_t> name[name_words]{};
 };
 
@@ -129,7 +135,65 @@ std::uint64_t FlightRecorder::record(const OperationInfo& info, OperationState s
   if (seq_out) *seq_out = collective_seq;
   const std::int64_t p2p_seq =
       info.collective ? -1 : _next_p2p.fetch_add(1, std::memory_order_relaxed);
-  if (_capacity == 0) return id;
+  if (_capacity != 0) write(id, info, state, collective_seq, p2p_seq, false);
+  return id;
+}
+
+std::uint64_t FlightRecorder::record_blocking(const OperationInfo& info,
+                                              std::int64_t& seq_out) noexcept {
+  if (_capacity < 2 || !info.collective || !info.name.empty())
+    return record(info, OperationState::started, &seq_out);
+  const std::uint64_t end = _next_record.load(std::memory_order_relaxed);
+  if (end != 0) {
+    const std::uint64_t id = end - 1;
+    Slot& s = _slots[slot_of(id)];
+    const bool same =
+        s.id.load(std::memory_order_relaxed) == id &&
+        s.blocking.load(std::memory_order_relaxed) != 0 &&
+        s.state.load(std::memory_order_relaxed) ==
+            static_cast<std::uint8_t>(OperationState::completed) &&
+        s.op.load(std::memory_order_relaxed) == info.op.data() &&
+        s.op_length.load(std::memory_order_relaxed) == info.op.size() &&
+        s.algorithm.load(std::memory_order_relaxed) == info.algorithm.data() &&
+        s.algorithm_length.load(std::memory_order_relaxed) == info.algorithm.size() &&
+        s.count.load(std::memory_order_relaxed) == info.count &&
+        s.dtype.load(std::memory_order_relaxed) == static_cast<std::uint8_t>(info.dtype);
+    if (same) {
+      const std::int64_t seq = _next_collective.fetch_add(1, std::memory_order_acq_rel);
+      seq_out = seq;
+      // Only the very next collective, with no record in between, joins the entry (an
+      // asynchronous one may have been recorded meanwhile by another thread).
+      if (seq == s.collective_seq.load(std::memory_order_relaxed) + 1 &&
+          _next_record.load(std::memory_order_relaxed) == end) {
+        const std::uint64_t version = s.version.load(std::memory_order_relaxed);
+        s.version.store(version + 1, std::memory_order_relaxed);  // readers retry the slot
+        std::atomic_thread_fence(std::memory_order_release);
+        s.repeats.store(s.repeats.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+        s.collective_seq.store(seq, std::memory_order_relaxed);
+        const std::int64_t now = ticks();
+        s.created.store(now, std::memory_order_relaxed);
+        s.started.store(now, std::memory_order_relaxed);
+        s.completed.store(0, std::memory_order_relaxed);
+        s.state.store(static_cast<std::uint8_t>(OperationState::started),
+                      std::memory_order_relaxed);
+        s.version.store(version + 2, std::memory_order_release);
+        return id;
+      }
+      const std::uint64_t fresh = _next_record.fetch_add(1, std::memory_order_relaxed);
+      write(fresh, info, OperationState::started, seq, -1, true);
+      return fresh;
+    }
+  }
+  const std::uint64_t id = _next_record.fetch_add(1, std::memory_order_relaxed);
+  const std::int64_t seq = _next_collective.fetch_add(1, std::memory_order_acq_rel);
+  seq_out = seq;
+  write(id, info, OperationState::started, seq, -1, true);
+  return id;
+}
+
+void FlightRecorder::write(std::uint64_t id, const OperationInfo& info, OperationState state,
+                           std::int64_t collective_seq, std::int64_t p2p_seq,
+                           bool blocking) noexcept {
   Slot& s = _slots[slot_of(id)];
   s.id.store(writing, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
@@ -152,12 +216,13 @@ std::uint64_t FlightRecorder::record(const OperationInfo& info, OperationState s
   s.peer.store(info.peer, std::memory_order_relaxed);
   s.dtype.store(static_cast<std::uint8_t>(info.dtype), std::memory_order_relaxed);
   s.state.store(static_cast<std::uint8_t>(state), std::memory_order_relaxed);
+  s.blocking.store(blocking ? 1 : 0, std::memory_order_relaxed);
+  s.repeats.store(0, std::memory_order_relaxed);
   const std::int64_t now = ticks();
   s.created.store(now, std::memory_order_relaxed);
   s.started.store(state == OperationState::scheduled ? 0 : now, std::memory_order_relaxed);
   s.completed.store(0, std::memory_order_relaxed);
   s.id.store(id, std::memory_order_release);
-  return id;
 }
 
 void FlightRecorder::update(std::uint64_t id, OperationState state, bool stamp) noexcept {
@@ -199,10 +264,14 @@ std::vector<FlightRecord> FlightRecorder::entries() const {
     if (t == 0) return 0;
     return _wall0_ns + static_cast<std::int64_t>(static_cast<double>(t - _ticks0) * ns_per_tick);
   };
-  for (std::uint64_t id = begin; id < end; ++id) {
+  // A copy of slot `id` taken while its id and version stayed the same; false when the slot was
+  // being written (`*busy`) or holds another record.
+  auto copy = [&](std::uint64_t id, FlightRecord& r, bool* busy) {
     const Slot& s = _slots[slot_of(id)];
-    if (s.id.load(std::memory_order_acquire) != id) continue;
-    FlightRecord r;
+    const std::uint64_t before = s.id.load(std::memory_order_acquire);
+    const std::uint64_t version = s.version.load(std::memory_order_acquire);
+    *busy = before == writing || (before == id && (version & 1) != 0);
+    if (before != id || *busy) return false;
     r.record_id = id;
     r.collective_seq_id = s.collective_seq.load(std::memory_order_relaxed);
     r.p2p_seq_id = s.p2p_seq.load(std::memory_order_relaxed);
@@ -211,9 +280,11 @@ std::vector<FlightRecord> FlightRecorder::entries() const {
       const std::uint64_t word = s.name[w].load(std::memory_order_relaxed);
       std::memcpy(name + 8 * w, &word, 8);
     }
+    r.op.clear();
     if (const char* op = s.op.load(std::memory_order_relaxed))
       r.op.assign(op, s.op_length.load(std::memory_order_relaxed));
     r.profiling_name = name[0] != '\0' ? std::string(name) : r.op;
+    r.algorithm.clear();
     if (const char* a = s.algorithm.load(std::memory_order_relaxed))
       r.algorithm.assign(a, s.algorithm_length.load(std::memory_order_relaxed));
     r.count = s.count.load(std::memory_order_relaxed);
@@ -223,9 +294,25 @@ std::vector<FlightRecord> FlightRecorder::entries() const {
     r.time_created_ns = to_wall(s.created.load(std::memory_order_relaxed));
     r.time_discovered_started_ns = to_wall(s.started.load(std::memory_order_relaxed));
     r.time_discovered_completed_ns = to_wall(s.completed.load(std::memory_order_relaxed));
+    r.repeats = s.repeats.load(std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_acquire);
-    if (s.id.load(std::memory_order_relaxed) != id) continue;  // rewritten while copied
-    out.push_back(std::move(r));
+    const std::uint64_t after = s.id.load(std::memory_order_relaxed);
+    const bool same_version = s.version.load(std::memory_order_relaxed) == version;
+    *busy = after == writing || (after == id && !same_version);
+    return after == id && same_version;  // else rewritten while copied
+  };
+  for (std::uint64_t id = begin; id < end; ++id) {
+    FlightRecord r;
+    bool busy = false;
+    // A blocking call counting a repeat holds its slot for a few stores: try again then.
+    for (int attempt = 0; attempt < 1000; ++attempt) {
+      if (copy(id, r, &busy)) {
+        out.push_back(std::move(r));
+        break;
+      }
+      if (!busy) break;  // overwritten by a newer record
+      std::this_thread::yield();
+    }
   }
   return out;
 }
@@ -235,7 +322,9 @@ std::string FlightRecorder::name_of_collective(std::int64_t seq) const {
   // Collectives are most of the traffic; scan back from the newest.
   const auto all = entries();
   for (auto it = all.rbegin(); it != all.rend(); ++it)
-    if (it->collective_seq_id == seq) return it->profiling_name;
+    if (seq <= it->collective_seq_id &&
+        seq >= it->collective_seq_id - static_cast<std::int64_t>(it->repeats))
+      return it->profiling_name;
   return {};
 }
 
@@ -284,7 +373,7 @@ std::string FlightRecorder::to_json(int rank, int world, std::string_view backen
            "\", \"time_created_ns\": " + std::to_string(r.time_created_ns) +
            ", \"time_discovered_started_ns\": " + std::to_string(r.time_discovered_started_ns) +
            ", \"time_discovered_completed_ns\": " + std::to_string(r.time_discovered_completed_ns) +
-           "}";
+           ", \"repeats\": " + std::to_string(r.repeats) + "}";
   }
   out += all.empty() ? "]\n}\n" : "\n  ]\n}\n";
   return out;

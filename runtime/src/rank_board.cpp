@@ -28,14 +28,6 @@ RankBoard::RankBoard(int rank, std::vector<RankSlot*> slots)
     if (_slots[r]) _seen[r] = _slots[r]->failures.load(std::memory_order_acquire);
 }
 
-void RankBoard::completed(std::int64_t seq) noexcept {
-  if (!_mine) return;
-  // Completions may come out of issue order (several collectives in flight): keep the highest.
-  const auto value = static_cast<std::uint64_t>(seq + 1);
-  if (_mine->completed.load(std::memory_order_relaxed) < value)
-    _mine->completed.store(value, std::memory_order_release);
-}
-
 void RankBoard::beat(RankSlot& slot) noexcept {
   // max(1, ...): 0 means "never beats"
   slot.alive_ns.store(std::max<std::int64_t>(1, steady_ns()), std::memory_order_relaxed);

@@ -8,6 +8,8 @@
 #include <pthread.h>
 #include <sys/resource.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -100,6 +102,143 @@ TEST(FlightRecorder, LongNamesAreCutAndZeroCapacityStillCounts) {
   FlightRecorder one(1);
   one.record(collective(std::string(100, 'x')));
   EXPECT_EQ(one.entries().at(0).profiling_name, std::string(63, 'x'));
+}
+
+OperationInfo blocking(std::string_view op, std::size_t count, DType dtype = DType::float32) {
+  return {{}, op, dtype, count, "native", -1, true};
+}
+
+// Repeated identical blocking calls share one entry; anything that differs, a record in between
+// or an unfinished call starts a new one; the sequence numbers still count every call.
+TEST(FlightRecorder, RepeatedBlockingCallsCountInOneEntry) {
+  FlightRecorder recorder(8);
+  std::int64_t seq = -1;
+  std::vector<std::uint64_t> ids;
+  for (int k = 0; k < 5; ++k) {
+    ids.push_back(recorder.record_blocking(blocking("allreduce", 2), seq));
+    EXPECT_EQ(seq, k);
+    recorder.update(ids.back(), OperationState::completed, false);
+  }
+  EXPECT_EQ(ids, std::vector<std::uint64_t>(5, ids[0]));
+  // Another count, another dtype, another op: each a new entry.
+  const auto other_count = recorder.record_blocking(blocking("allreduce", 3), seq);
+  EXPECT_EQ(seq, 5);
+  recorder.update(other_count, OperationState::completed, false);
+  const auto other_dtype = recorder.record_blocking(blocking("allreduce", 3, DType::int32), seq);
+  recorder.update(other_dtype, OperationState::completed, false);
+  const auto other_op = recorder.record_blocking(blocking("broadcast", 3, DType::int32), seq);
+  recorder.update(other_op, OperationState::completed, false);
+  EXPECT_EQ(seq, 7);
+  // An asynchronous collective in between: the next blocking call gets a new entry.
+  std::int64_t async_seq = -1;
+  recorder.record(collective("bucket0.allreduce"), OperationState::scheduled, &async_seq);
+  EXPECT_EQ(async_seq, 8);
+  const auto after_async = recorder.record_blocking(blocking("broadcast", 3, DType::int32), seq);
+  EXPECT_EQ(seq, 9);
+  EXPECT_NE(after_async, other_op);
+  // Not completed (still running or failed): the next call is a new entry.
+  const auto again = recorder.record_blocking(blocking("broadcast", 3, DType::int32), seq);
+  EXPECT_NE(again, after_async);
+  recorder.update(again, OperationState::failed, false);
+  const auto after_failure = recorder.record_blocking(blocking("broadcast", 3, DType::int32), seq);
+  EXPECT_NE(after_failure, again);
+  EXPECT_EQ(seq, 11);
+  EXPECT_EQ(recorder.next_collective_seq(), 12);
+
+  const auto entries = recorder.entries();
+  ASSERT_EQ(entries.size(), 8u);
+  EXPECT_EQ(entries[0].record_id, ids[0]);
+  EXPECT_EQ(entries[0].repeats, 4u);
+  EXPECT_EQ(entries[0].collective_seq_id, 4);  // the newest call's
+  EXPECT_EQ(entries[0].state, OperationState::completed);
+  EXPECT_EQ(entries[0].count, 2u);
+  EXPECT_EQ(entries[1].repeats, 0u);
+  EXPECT_EQ(entries[1].collective_seq_id, 5);
+  EXPECT_EQ(entries[7].state, OperationState::started);
+  EXPECT_EQ(entries[7].collective_seq_id, 11);
+  // Every collective the coalesced entry stands for is found by its number.
+  for (std::int64_t s = 0; s <= 4; ++s) EXPECT_EQ(recorder.name_of_collective(s), "allreduce");
+  EXPECT_EQ(recorder.name_of_collective(5), "allreduce");
+  EXPECT_EQ(recorder.name_of_collective(7), "broadcast");
+  EXPECT_EQ(recorder.name_of_collective(8), "bucket0.allreduce");
+  // In the dump: the count of repeats, and the newest call's number.
+  const std::string json = recorder.to_json(0, 2, "mpi", "test");
+  EXPECT_NE(json.find("\"collective_seq_id\": 4, \"p2p_seq_id\": -1"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"repeats\": 4}"), std::string::npos) << json;
+  // A named blocking call is never folded (its name is not compared).
+  const auto named = recorder.record_blocking(collective("x"), seq);
+  recorder.update(named, OperationState::completed, false);
+  EXPECT_NE(recorder.record_blocking(collective("x"), seq), named);
+}
+
+// The ring keeps `capacity` distinct entries however many repeats one holds, and rings of one
+// entry keep every call apart.
+TEST(FlightRecorder, RepeatsDoNotPushOtherEntriesOut) {
+  FlightRecorder recorder(4);
+  std::int64_t seq = -1;
+  for (int k = 0; k < 3; ++k)
+    recorder.update(recorder.record_blocking(blocking("allreduce", 100 + k), seq),
+                    OperationState::completed, false);
+  for (int k = 0; k < 1000; ++k)
+    recorder.update(recorder.record_blocking(blocking("allreduce", 1), seq),
+                    OperationState::completed, false);
+  const auto entries = recorder.entries();
+  ASSERT_EQ(entries.size(), 4u);
+  EXPECT_EQ(entries[0].count, 100u);
+  EXPECT_EQ(entries[3].repeats, 999u);
+  EXPECT_EQ(entries[3].collective_seq_id, 1002);
+  EXPECT_EQ(recorder.name_of_collective(3), "allreduce");
+
+  FlightRecorder one(1);
+  for (int k = 0; k < 3; ++k)
+    one.update(one.record_blocking(blocking("allreduce", 1), seq), OperationState::completed,
+               false);
+  EXPECT_EQ(one.entries().at(0).repeats, 0u);
+  EXPECT_EQ(one.entries().at(0).record_id, 2u);
+}
+
+// A reader copying the ring while a blocking loop counts repeats and another thread records
+// asynchronous operations sees whole entries only: each one's numbers consistent with its
+// repeats, sequence numbers never reused.
+TEST(FlightRecorder, ReadersSeeWholeEntriesWhileRepeatsAreCounted) {
+  FlightRecorder recorder(64);
+  std::atomic<bool> stop{false};
+  std::thread blocking_loop([&] {
+    std::int64_t seq = -1;
+    while (!stop.load()) {
+      const auto id = recorder.record_blocking(blocking("allreduce", 8), seq);
+      recorder.update(id, OperationState::completed, false);
+    }
+  });
+  std::thread async_loop([&] {
+    for (int k = 0; k < 2000; ++k) {
+      const auto id = recorder.record(collective("bucket"));
+      recorder.update(id, OperationState::completed);
+      std::this_thread::yield();
+    }
+  });
+  for (int read = 0; read < 300; ++read) {
+    std::vector<std::pair<std::int64_t, std::int64_t>> spans;  // each entry's first and last
+    for (const FlightRecord& r : recorder.entries()) {
+      ASSERT_GE(r.collective_seq_id, static_cast<std::int64_t>(r.repeats));
+      if (r.profiling_name == "bucket") {
+        EXPECT_EQ(r.repeats, 0u);
+        EXPECT_EQ(r.count, 8u);
+      } else {
+        EXPECT_EQ(r.op, "allreduce");
+        EXPECT_EQ(r.algorithm, "native");
+      }
+      spans.emplace_back(r.collective_seq_id - static_cast<std::int64_t>(r.repeats),
+                         r.collective_seq_id);
+    }
+    std::sort(spans.begin(), spans.end());
+    for (std::size_t k = 1; k < spans.size(); ++k)
+      EXPECT_GT(spans[k].first, spans[k - 1].second)
+          << "collective #" << spans[k].first << " in two entries";
+  }
+  async_loop.join();
+  stop = true;
+  blocking_loop.join();
 }
 
 TEST(FlightRecorder, DumpsJsonWithPyTorchLikeFields) {

@@ -36,6 +36,10 @@ struct FlightRecord {
   std::int64_t time_created_ns = 0;  ///< wall clock (ns since the epoch)
   std::int64_t time_discovered_started_ns = 0;
   std::int64_t time_discovered_completed_ns = 0;  ///< completed or failed; 0 while running
+  /// Blocking collectives only: how many identical calls before this one the entry also stands
+  /// for (FlightRecorder::record_blocking). They are collectives collective_seq_id - repeats to
+  /// collective_seq_id - 1, all completed; state and times are the newest call's.
+  std::uint64_t repeats = 0;
 };
 
 /// @brief What an operation is, for FlightRecorder::record. `op` and `algorithm` must be
@@ -76,11 +80,21 @@ class FlightRecorder {
   /// collective_seq_id in `*collective_seq` when given (-1 for point-to-point).
   std::uint64_t record(const OperationInfo& info, OperationState state = OperationState::scheduled,
                        std::int64_t* collective_seq = nullptr) noexcept;
+  /// @brief A blocking collective, started now: record(info, started, collective_seq), except
+  /// that a call identical to the newest record (an unnamed blocking collective of the same op,
+  /// algorithm, dtype and count that completed, with nothing recorded since) is counted in that
+  /// entry (FlightRecord::repeats) rather than written into a new one: a loop of small blocking
+  /// calls keeps one warm slot instead of sweeping the ring, and the ring keeps the last
+  /// `capacity` different operations. Returns the entry's record id. A rank's blocking calls are
+  /// sequential (as its watchdog assumes); calls from several threads at once are counted in
+  /// whichever entry each finds.
+  std::uint64_t record_blocking(const OperationInfo& info, std::int64_t& collective_seq) noexcept;
   /// @brief Moves record `id` to `state` (ignored once its slot was reused); `stamp` false
   /// leaves its times alone (a blocking call's completion: the time-stamp read is most of the
   /// cost of recording a sub-microsecond call).
   void update(std::uint64_t id, OperationState state, bool stamp = true) noexcept;
-  /// @brief The collective_seq_id of record `id`, or -1 (not a collective, or overwritten).
+  /// @brief The collective_seq_id of record `id` (its newest call's), or -1 (not a collective,
+  /// or overwritten).
   std::int64_t collective_seq_of(std::uint64_t id) const noexcept;
 
   /// @brief collective_seq_id the next collective will get (= collectives recorded so far).
@@ -103,6 +117,9 @@ class FlightRecorder {
 
  private:
   struct Slot;
+  // Fills slot `id` (taken from _next_record) with a new entry.
+  void write(std::uint64_t id, const OperationInfo& info, OperationState state,
+             std::int64_t collective_seq, std::int64_t p2p_seq, bool blocking) noexcept;
   // The slot of record `id`: a mask for the power-of-two capacities (the default's), since a
   // 64-bit division would be a tenth of recording a sub-microsecond call.
   std::size_t slot_of(std::uint64_t id) const noexcept {

@@ -45,7 +45,13 @@ class RankBoard {
   void started(std::int64_t seq) noexcept {
     if (_mine) _mine->started.store(static_cast<std::uint64_t>(seq + 1), std::memory_order_release);
   }
-  void completed(std::int64_t seq) noexcept;
+  void completed(std::int64_t seq) noexcept {
+    if (!_mine) return;
+    // Completions may come out of issue order (several collectives in flight): keep the highest.
+    const auto value = static_cast<std::uint64_t>(seq + 1);
+    if (_mine->completed.load(std::memory_order_relaxed) < value)
+      _mine->completed.store(value, std::memory_order_release);
+  }
 
   /// @brief This rank's process is alive now: a heartbeat (one clock read and one store), from
   /// a thread that runs whatever the rank's other threads do (the MPI backend's board beats
