@@ -180,7 +180,7 @@ namespace detail {
 inline bool plain_host_allreduce(const CollectiveArgs& args) noexcept {
   const Buffer& send = args.send;
   const Buffer& recv = args.recv;
-  if (send.device().kind != DeviceKind::cpu || recv.device().kind != DeviceKind::cpu) return false;
+  if (send.device() != Device::cpu() || recv.device() != Device::cpu()) return false;
   if (send.dtype() != recv.dtype() || send.count() != recv.count()) return false;
   if (send.count() == 0) return supports(args.reduce_op, send.dtype());
   if (send.data() == nullptr || recv.data() == nullptr) return false;

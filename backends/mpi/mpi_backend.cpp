@@ -480,7 +480,7 @@ class MpiBackend final : public Backend {
   }
 
   // A blocking MPI call cannot be abandoned: the call watchdog ends the process if it has not
-  // returned within the timeout (two relaxed stores around the call on the fast path).
+  // returned within the timeout (a few relaxed stores around the call on the fast path).
   template <class Call>
   void succeed(const char* operation, const char* name, Call call) {
     int rc;

@@ -54,7 +54,7 @@ void CallWatchdog::monitor() {
     if (!reported && now - since >= _timeout) {
       reported = true;
       lock.unlock();
-      _expiry(inside - 1);
+      _expiry(_token.load(std::memory_order_relaxed));
       lock.lock();
     }
   }

@@ -67,8 +67,8 @@ constexpr std::array<Variable, 17> all_variables{{
      "pass device buffers to MPI when it is CUDA-aware; 0 stages them through pinned memory", "1",
      "0, 1"},
     {"LOOM_FLIGHT_RECORDER_SIZE",
-     "operations each rank's flight recorder keeps (a fixed-size ring, dumped on a timeout, "
-     "mismatch or failure)",
+     "entries each rank's flight recorder keeps (a fixed-size ring, an operation each or a run "
+     "of repeated blocking collectives; dumped on a timeout, mismatch or failure)",
      "2048", "0 to 1048576; 0 keeps none"},
     {"LOOM_FLIGHT_RECORDER_DIR",
      "directory where each rank writes loom_flight_recorder_rank<r>.json on a timeout, mismatch "

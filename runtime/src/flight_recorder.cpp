@@ -102,8 +102,8 @@ struct alignas(64) FlightRecorder::Slot {
   std::atomic<std::uint8_t> state{0};
   std::atomic<std::uint8_t> blocking{0};  // written by record_blocking: it may count repeats
   std::atomic<std::uint64_t> repeats{0};
-  // Odd while record_blocking counts a repeat in place (the id stays the same then, so readers
-  // check this too: a seqlock).
+  // Odd while a writer fills the slot or counts a repeat in it (the id stays the same then, so
+  // readers check this too: a seqlock); see take().
   std::atomic<std::uint64_t> version{0};
   std::atomic<std::uint64_t> name[name_words]{};
 };
@@ -162,12 +162,17 @@ std::uint64_t FlightRecorder::record_blocking(const OperationInfo& info,
       const std::int64_t seq = _next_collective.fetch_add(1, std::memory_order_acq_rel);
       seq_out = seq;
       // Only the very next collective, with no record in between, joins the entry (an
-      // asynchronous one may have been recorded meanwhile by another thread).
-      if (seq == s.collective_seq.load(std::memory_order_relaxed) + 1 &&
-          _next_record.load(std::memory_order_relaxed) == end) {
-        const std::uint64_t version = s.version.load(std::memory_order_relaxed);
-        s.version.store(version + 1, std::memory_order_relaxed);  // readers retry the slot
-        std::atomic_thread_fence(std::memory_order_release);
+      // asynchronous one may have been recorded meanwhile by another thread), and only while
+      // the slot still holds it (taken, so that a writer of a wrapped ring waits).
+      if (_next_record.load(std::memory_order_relaxed) == end) {
+        const std::uint64_t version = take(s);
+        if (s.id.load(std::memory_order_relaxed) != id ||
+            seq != s.collective_seq.load(std::memory_order_relaxed) + 1) {
+          s.version.store(version + 2, std::memory_order_release);
+          const std::uint64_t fresh = _next_record.fetch_add(1, std::memory_order_relaxed);
+          write(fresh, info, OperationState::started, seq, -1, true);
+          return fresh;
+        }
         s.repeats.store(s.repeats.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
         s.collective_seq.store(seq, std::memory_order_relaxed);
         const std::int64_t now = ticks();
@@ -191,12 +196,28 @@ std::uint64_t FlightRecorder::record_blocking(const OperationInfo& info,
   return id;
 }
 
+// Every writer takes the slot (its version from even to odd) before filling it, so that two
+// never fill one slot at once (a ring that wrapped while a writer was descheduled, or two
+// threads counting a repeat), and readers retry a slot whose version is odd or moved.
+std::uint64_t FlightRecorder::take(Slot& s) noexcept {
+  for (;;) {
+    std::uint64_t version = s.version.load(std::memory_order_relaxed);
+    if ((version & 1) == 0 &&
+        s.version.compare_exchange_weak(version, version + 1, std::memory_order_acquire,
+                                        std::memory_order_relaxed)) {
+      std::atomic_thread_fence(std::memory_order_release);  // odd before any field moves
+      return version;
+    }
+    std::this_thread::yield();
+  }
+}
+
 void FlightRecorder::write(std::uint64_t id, const OperationInfo& info, OperationState state,
                            std::int64_t collective_seq, std::int64_t p2p_seq,
                            bool blocking) noexcept {
   Slot& s = _slots[slot_of(id)];
+  const std::uint64_t version = take(s);
   s.id.store(writing, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_release);
   s.collective_seq.store(collective_seq, std::memory_order_relaxed);
   s.p2p_seq.store(p2p_seq, std::memory_order_relaxed);
   if (info.name.empty()) {
@@ -223,6 +244,7 @@ void FlightRecorder::write(std::uint64_t id, const OperationInfo& info, Operatio
   s.started.store(state == OperationState::scheduled ? 0 : now, std::memory_order_relaxed);
   s.completed.store(0, std::memory_order_relaxed);
   s.id.store(id, std::memory_order_release);
+  s.version.store(version + 2, std::memory_order_release);
 }
 
 void FlightRecorder::update(std::uint64_t id, OperationState state, bool stamp) noexcept {
@@ -338,6 +360,8 @@ std::string FlightRecorder::to_json(int rank, int world, std::string_view backen
       last_started = std::max(last_started, r.collective_seq_id);
     if (r.state == OperationState::completed)
       last_completed = std::max(last_completed, r.collective_seq_id);
+    else if (r.repeats > 0)  // the calls it repeated all completed
+      last_completed = std::max(last_completed, r.collective_seq_id - 1);
   }
   char host[256] = "unknown";
   ::gethostname(host, sizeof host - 1);

@@ -200,19 +200,25 @@ TEST(FlightRecorder, RepeatsDoNotPushOtherEntriesOut) {
 // A reader copying the ring while a blocking loop counts repeats and another thread records
 // asynchronous operations sees whole entries only: each one's numbers consistent with its
 // repeats, sequence numbers never reused.
-TEST(FlightRecorder, ReadersSeeWholeEntriesWhileRepeatsAreCounted) {
-  FlightRecorder recorder(64);
+// Also at capacity 2, where the asynchronous records wrap the ring under the blocking loop's
+// slot all the time (every writer takes its slot first, so none fills another's).
+class FlightRecorderRace : public testing::TestWithParam<std::size_t> {};
+
+INSTANTIATE_TEST_SUITE_P(Capacities, FlightRecorderRace, testing::Values(2u, 64u));
+
+TEST_P(FlightRecorderRace, ReadersSeeWholeEntriesWhileRepeatsAreCounted) {
+  FlightRecorder recorder(GetParam());
   std::atomic<bool> stop{false};
   std::thread blocking_loop([&] {
     std::int64_t seq = -1;
     while (!stop.load()) {
-      const auto id = recorder.record_blocking(blocking("allreduce", 8), seq);
+      const auto id = recorder.record_blocking(blocking("allreduce", 16), seq);
       recorder.update(id, OperationState::completed, false);
     }
   });
   std::thread async_loop([&] {
     for (int k = 0; k < 2000; ++k) {
-      const auto id = recorder.record(collective("bucket"));
+      const auto id = recorder.record(collective("bucket", 8));
       recorder.update(id, OperationState::completed);
       std::this_thread::yield();
     }
@@ -224,8 +230,10 @@ TEST(FlightRecorder, ReadersSeeWholeEntriesWhileRepeatsAreCounted) {
       if (r.profiling_name == "bucket") {
         EXPECT_EQ(r.repeats, 0u);
         EXPECT_EQ(r.count, 8u);
+        EXPECT_EQ(r.algorithm, "ring");
       } else {
-        EXPECT_EQ(r.op, "allreduce");
+        EXPECT_EQ(r.profiling_name, "allreduce");
+        EXPECT_EQ(r.count, 16u);
         EXPECT_EQ(r.algorithm, "native");
       }
       spans.emplace_back(r.collective_seq_id - static_cast<std::int64_t>(r.repeats),
@@ -426,6 +434,24 @@ TEST(CallWatchdog, FiresOnceForACallInsideTooLongAndNeverForShortOnes) {
   }
   EXPECT_EQ(fired.load(), 1);
   EXPECT_EQ(token.load(), 77u);
+}
+
+// Back-to-back calls with one token (a loop of repeated blocking calls shares its flight-record
+// entry, hence its token) lasting far longer than the timeout in all: each call is short, so the
+// monitor never fires, although it almost never samples a moment between two calls.
+TEST(CallWatchdog, BackToBackCallsWithOneTokenAreSeparateCalls) {
+  std::atomic<int> fired{0};
+  {
+    CallWatchdog watchdog;
+    watchdog.set_timeout(std::chrono::milliseconds(50));
+    watchdog.on_expiry([&](std::uint64_t) { ++fired; });
+    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(400);
+    while (std::chrono::steady_clock::now() < end) {
+      WatchedCall call(watchdog, 5);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+  EXPECT_EQ(fired.load(), 0);
 }
 
 // The system refuses the monitor thread (a real refusal: the address space is capped just above

@@ -78,7 +78,7 @@ def main():
     expect(text, "rank 1: last started #60 'allreduce' allreduce float32[4] native (started), "
                  "after 59 identical calls; first not completed #60")
     expect(text, "<- behind: never started #100")
-    expect(text, "rank 1 wait in #60 'allreduce' allreduce float32[4] native (started), "
+    expect(text, "rank 1 waits in #60 'allreduce' allreduce float32[4] native (started), "
                  "after 59 identical calls; every recorded rank started it")
     write(repeated, 1, [entry(0, "allreduce", 8, "completed"),
                         entry(100, "allreduce", 4, "started", repeats=99)], "timeout")

@@ -19,10 +19,10 @@ inline constexpr int fatal_exit_status = 124;
 
 /// @brief One watched call at a time (a rank's blocking calls are sequential).
 ///
-/// enter()/leave() are two relaxed stores (and one relaxed load), so they cost nothing next
+/// enter()/leave() are four relaxed stores (and two relaxed loads), so they cost nothing next
 /// to the call they bracket; the monitor thread starts on the first enter() with a timeout and
-/// samples every timeout / 20 (at most 100 ms): a call is overdue once the same token has been
-/// inside for the timeout.
+/// samples every timeout / 20 (at most 100 ms): a call is overdue once the same call (each
+/// enter() is a new one, whatever its token) has been inside for the timeout.
 class CallWatchdog {
  public:
   /// @brief Called on the monitor thread with the overdue call's token; expected not to
@@ -44,7 +44,12 @@ class CallWatchdog {
   /// next enter().
   void enter(std::uint64_t token) {
     if (!_started.load(std::memory_order_relaxed)) start();
-    _inside.store(token + 1, std::memory_order_relaxed);
+    // Each call its own number, so that a loop of calls with one token (repeated blocking
+    // calls share a flight-record entry) is never one long call to the monitor.
+    const std::uint64_t call = _calls.load(std::memory_order_relaxed) + 1;
+    _calls.store(call, std::memory_order_relaxed);
+    _token.store(token, std::memory_order_relaxed);
+    _inside.store(call, std::memory_order_relaxed);
   }
   void leave() noexcept { _inside.store(0, std::memory_order_relaxed); }
 
@@ -54,7 +59,9 @@ class CallWatchdog {
 
   std::chrono::nanoseconds _timeout{0};
   Expiry _expiry;
-  std::atomic<std::uint64_t> _inside{0};  // token + 1 of the call inside, or 0
+  std::atomic<std::uint64_t> _inside{0};  // the number of the call inside (from 1), or 0
+  std::atomic<std::uint64_t> _calls{0};   // calls entered so far
+  std::atomic<std::uint64_t> _token{0};   // the token of the call inside
   std::atomic<bool> _started{false};
   std::mutex _mutex;
   std::condition_variable _wake;

@@ -54,11 +54,14 @@ struct OperationInfo {
   bool collective = true;
 };
 
-/// @brief The last `capacity` operations of one rank, lock-free.
+/// @brief The last `capacity` entries of one rank (an operation each, or a run of repeated
+/// blocking collectives: record_blocking), without locks.
 ///
-/// record() and the state updates are a handful of relaxed atomic stores and a time-stamp
-/// counter read, so that every collective can afford them; readers (entries(), dump()) copy
-/// each slot under its record id and skip a slot that was rewritten meanwhile. The collective
+/// record() and the state updates are a handful of relaxed atomic stores, one compare-exchange
+/// that takes the slot (a writer waits only for another writing the same slot, i.e. when the
+/// ring wrapped under a descheduled writer) and a time-stamp counter read, so that every
+/// collective can afford them; readers (entries(), dump()) copy each slot under its record id
+/// and version, retry one being written and skip one rewritten meanwhile. The collective
 /// sequence it hands out (collective_seq_id) counts every collective of this rank's
 /// communicator in issue order, so the n-th collective has the same number on every rank.
 class FlightRecorder {
@@ -85,9 +88,10 @@ class FlightRecorder {
   /// algorithm, dtype and count that completed, with nothing recorded since) is counted in that
   /// entry (FlightRecord::repeats) rather than written into a new one: a loop of small blocking
   /// calls keeps one warm slot instead of sweeping the ring, and the ring keeps the last
-  /// `capacity` different operations. Returns the entry's record id. A rank's blocking calls are
-  /// sequential (as its watchdog assumes); calls from several threads at once are counted in
-  /// whichever entry each finds.
+  /// `capacity` different operations. Returns the entry's record id (the same for every call an
+  /// entry counts). A rank's blocking calls are sequential; calls from several threads at once
+  /// each get their own sequence number and are each counted once, but the entry's state and
+  /// times are whichever call wrote last.
   std::uint64_t record_blocking(const OperationInfo& info, std::int64_t& collective_seq) noexcept;
   /// @brief Moves record `id` to `state` (ignored once its slot was reused); `stamp` false
   /// leaves its times alone (a blocking call's completion: the time-stamp read is most of the
@@ -117,6 +121,9 @@ class FlightRecorder {
 
  private:
   struct Slot;
+  // Takes slot `s` for writing (its version even to odd; waits while another writer has it);
+  // returns the even version it found.
+  static std::uint64_t take(Slot& s) noexcept;
   // Fills slot `id` (taken from _next_record) with a new entry.
   void write(std::uint64_t id, const OperationInfo& info, OperationState state,
              std::int64_t collective_seq, std::int64_t p2p_seq, bool blocking) noexcept;
