@@ -188,6 +188,12 @@ TEST(FlightRecorder, RepeatsDoNotPushOtherEntriesOut) {
   EXPECT_EQ(entries[3].repeats, 999u);
   EXPECT_EQ(entries[3].collective_seq_id, 1002);
   EXPECT_EQ(recorder.name_of_collective(3), "allreduce");
+  // One more call of the loop, still running: the dump counts the calls before it completed.
+  recorder.record_blocking(blocking("allreduce", 1), seq);
+  EXPECT_EQ(seq, 1003);
+  const std::string json = recorder.to_json(0, 2, "mpi", "test");
+  EXPECT_NE(json.find("\"last_started_collective_seq_id\": 1003"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"last_completed_collective_seq_id\": 1002"), std::string::npos) << json;
 
   FlightRecorder one(1);
   for (int k = 0; k < 3; ++k)
