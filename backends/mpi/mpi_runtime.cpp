@@ -49,41 +49,6 @@ bool finalized() noexcept {
   return flag != 0;
 }
 
-MPI_Datatype datatype(DType dtype) noexcept {
-  switch (dtype) {
-    case DType::float32:
-      return MPI_FLOAT;
-    case DType::float64:
-      return MPI_DOUBLE;
-    case DType::float16:
-    case DType::bfloat16:
-      return MPI_UINT16_T;
-    case DType::int32:
-      return MPI_INT32_T;
-    case DType::int64:
-      return MPI_INT64_T;
-    case DType::uint8:
-      return MPI_UINT8_T;
-  }
-  return MPI_DATATYPE_NULL;
-}
-
-MPI_Op predefined_op(ReduceOp op) noexcept {
-  switch (op) {
-    case ReduceOp::sum:
-      return MPI_SUM;
-    case ReduceOp::prod:
-      return MPI_PROD;
-    case ReduceOp::min:
-      return MPI_MIN;
-    case ReduceOp::max:
-      return MPI_MAX;
-    case ReduceOp::avg:
-      break;
-  }
-  return MPI_OP_NULL;
-}
-
 namespace {
 
 // MPI calls user ops from C code, so nothing may propagate out: noexcept turns a (never
@@ -238,13 +203,6 @@ void MpiRuntime::free_at_finalize(MPI_Win window, MPI_Comm comm,
                                   std::function<void()> before_free) const {
   std::lock_guard lock(_deferred_mutex);
   _deferred.push_back({window, comm, std::move(before_free)});
-}
-
-MPI_Op MpiRuntime::op(ReduceOp op, DType dtype) const noexcept {
-  const ReduceOp combine = op == ReduceOp::avg ? ReduceOp::sum : op;
-  const MPI_Op user = _user_ops[static_cast<std::size_t>(dtype)][static_cast<std::size_t>(combine)];
-  if (user != MPI_OP_NULL) return user;
-  return predefined_op(combine);
 }
 
 }  // namespace loom::mpi
