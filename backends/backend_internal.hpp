@@ -52,6 +52,15 @@ class Backend::BlockingCall {
 
 namespace detail {
 
+// Whether two buffers share a byte (empty buffers share none): an out-of-place operation must
+// not read memory it is writing.
+inline bool overlap(Buffer send, Buffer recv) noexcept {
+  if (send.bytes() == 0 || recv.bytes() == 0) return false;
+  auto* s = static_cast<const std::byte*>(send.data());
+  auto* r = static_cast<const std::byte*>(recv.data());
+  return s < r + recv.bytes() && r < s + send.bytes();
+}
+
 // Checks shared by every buffer argument.
 class Check {
  public:
@@ -131,10 +140,7 @@ class Check {
 
   // Out-of-place operations must not read memory they are writing.
   void disjoint(Buffer send, Buffer recv) const {
-    if (send.bytes() == 0 || recv.bytes() == 0) return;
-    auto* s = static_cast<const std::byte*>(send.data());
-    auto* r = static_cast<const std::byte*>(recv.data());
-    if (s < r + recv.bytes() && r < s + send.bytes()) [[unlikely]]
+    if (overlap(send, recv)) [[unlikely]]
       fail_overlap(send, recv);
   }
 
@@ -182,13 +188,10 @@ inline bool plain_host_allreduce(const CollectiveArgs& args) noexcept {
   const Buffer& recv = args.recv;
   if (send.device() != Device::cpu() || recv.device() != Device::cpu()) return false;
   if (send.dtype() != recv.dtype() || send.count() != recv.count()) return false;
-  if (send.count() == 0) return supports(args.reduce_op, send.dtype());
-  if (send.data() == nullptr || recv.data() == nullptr) return false;
   if (!supports(args.reduce_op, send.dtype())) return false;
-  if (send.data() == recv.data()) return true;
-  auto* s = static_cast<const std::byte*>(send.data());
-  auto* r = static_cast<const std::byte*>(recv.data());
-  return s >= r + recv.bytes() || r >= s + send.bytes();
+  if (send.count() == 0) return true;
+  if (send.data() == nullptr || recv.data() == nullptr) return false;
+  return send.data() == recv.data() || !overlap(send, recv);
 }
 
 }  // namespace detail

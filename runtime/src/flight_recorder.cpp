@@ -159,41 +159,37 @@ std::uint64_t FlightRecorder::record_blocking(const OperationInfo& info,
         s.count.load(std::memory_order_relaxed) == info.count &&
         s.dtype.load(std::memory_order_relaxed) == static_cast<std::uint8_t>(info.dtype);
     if (same) {
-      const std::int64_t seq = _next_collective.fetch_add(1, std::memory_order_acq_rel);
-      seq_out = seq;
+      seq_out = _next_collective.fetch_add(1, std::memory_order_acq_rel);
       // Only the very next collective, with no record in between, joins the entry (an
-      // asynchronous one may have been recorded meanwhile by another thread), and only while
-      // the slot still holds it (taken, so that a writer of a wrapped ring waits).
-      if (_next_record.load(std::memory_order_relaxed) == end) {
-        const std::uint64_t version = take(s);
-        if (s.id.load(std::memory_order_relaxed) != id ||
-            seq != s.collective_seq.load(std::memory_order_relaxed) + 1) {
-          s.version.store(version + 2, std::memory_order_release);
-          const std::uint64_t fresh = _next_record.fetch_add(1, std::memory_order_relaxed);
-          write(fresh, info, OperationState::started, seq, -1, true);
-          return fresh;
-        }
-        s.repeats.store(s.repeats.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-        s.collective_seq.store(seq, std::memory_order_relaxed);
-        const std::int64_t now = ticks();
-        s.created.store(now, std::memory_order_relaxed);
-        s.started.store(now, std::memory_order_relaxed);
-        s.completed.store(0, std::memory_order_relaxed);
-        s.state.store(static_cast<std::uint8_t>(OperationState::started),
-                      std::memory_order_relaxed);
-        s.version.store(version + 2, std::memory_order_release);
+      // asynchronous one may have been recorded meanwhile by another thread).
+      if (_next_record.load(std::memory_order_relaxed) == end && count_repeat(s, id, seq_out))
         return id;
-      }
       const std::uint64_t fresh = _next_record.fetch_add(1, std::memory_order_relaxed);
-      write(fresh, info, OperationState::started, seq, -1, true);
+      write(fresh, info, OperationState::started, seq_out, -1, true);
       return fresh;
     }
   }
   const std::uint64_t id = _next_record.fetch_add(1, std::memory_order_relaxed);
-  const std::int64_t seq = _next_collective.fetch_add(1, std::memory_order_acq_rel);
-  seq_out = seq;
-  write(id, info, OperationState::started, seq, -1, true);
+  seq_out = _next_collective.fetch_add(1, std::memory_order_acq_rel);
+  write(id, info, OperationState::started, seq_out, -1, true);
   return id;
+}
+
+bool FlightRecorder::count_repeat(Slot& s, std::uint64_t id, std::int64_t seq) noexcept {
+  const std::uint64_t version = take(s);  // a writer of a wrapped ring waits meanwhile
+  const bool still_there = s.id.load(std::memory_order_relaxed) == id &&
+                           seq == s.collective_seq.load(std::memory_order_relaxed) + 1;
+  if (still_there) {
+    s.repeats.store(s.repeats.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    s.collective_seq.store(seq, std::memory_order_relaxed);
+    const std::int64_t now = ticks();
+    s.created.store(now, std::memory_order_relaxed);
+    s.started.store(now, std::memory_order_relaxed);
+    s.completed.store(0, std::memory_order_relaxed);
+    s.state.store(static_cast<std::uint8_t>(OperationState::started), std::memory_order_relaxed);
+  }
+  s.version.store(version + 2, std::memory_order_release);
+  return still_there;
 }
 
 // Every writer takes the slot (its version from even to odd) before filling it, so that two

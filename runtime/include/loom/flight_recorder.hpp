@@ -124,6 +124,9 @@ class FlightRecorder {
   // Takes slot `s` for writing (its version even to odd; waits while another writer has it);
   // returns the even version it found.
   static std::uint64_t take(Slot& s) noexcept;
+  // Counts collective `seq` as a repeat in slot `s` if it still holds record `id` and `seq`
+  // follows its newest call; false (the slot untouched) otherwise.
+  static bool count_repeat(Slot& s, std::uint64_t id, std::int64_t seq) noexcept;
   // Fills slot `id` (taken from _next_record) with a new entry.
   void write(std::uint64_t id, const OperationInfo& info, OperationState state,
              std::int64_t collective_seq, std::int64_t p2p_seq, bool blocking) noexcept;
