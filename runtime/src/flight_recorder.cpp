@@ -243,20 +243,23 @@ void FlightRecorder::write(std::uint64_t id, const OperationInfo& info, Operatio
   s.version.store(version + 2, std::memory_order_release);
 }
 
+// Under the slot, like every writer: an update of an entry whose slot was reused meanwhile (a
+// late completion after the ring wrapped) finds another id there and changes nothing, instead
+// of marking the entry that now holds the slot.
 void FlightRecorder::update(std::uint64_t id, OperationState state, bool stamp) noexcept {
   if (_capacity == 0) return;
   Slot& s = _slots[slot_of(id)];
-  if (s.id.load(std::memory_order_relaxed) != id) return;
-  if (!stamp) {
-    s.state.store(static_cast<std::uint8_t>(state), std::memory_order_release);
-    return;
+  if (s.id.load(std::memory_order_relaxed) != id) return;  // long gone: no need to take it
+  const std::int64_t now = stamp ? ticks() : 0;
+  const std::uint64_t version = take(s);
+  if (s.id.load(std::memory_order_relaxed) == id) {
+    if (stamp && state == OperationState::started)
+      s.started.store(now, std::memory_order_relaxed);
+    else if (stamp && (state == OperationState::completed || state == OperationState::failed))
+      s.completed.store(now, std::memory_order_relaxed);
+    s.state.store(static_cast<std::uint8_t>(state), std::memory_order_relaxed);
   }
-  const std::int64_t now = ticks();
-  if (state == OperationState::started)
-    s.started.store(now, std::memory_order_relaxed);
-  else if (state == OperationState::completed || state == OperationState::failed)
-    s.completed.store(now, std::memory_order_relaxed);
-  s.state.store(static_cast<std::uint8_t>(state), std::memory_order_release);
+  s.version.store(version + 2, std::memory_order_release);
 }
 
 std::int64_t FlightRecorder::collective_seq_of(std::uint64_t id) const noexcept {

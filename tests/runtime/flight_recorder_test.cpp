@@ -255,6 +255,34 @@ TEST_P(FlightRecorderRace, ReadersSeeWholeEntriesWhileRepeatsAreCounted) {
   blocking_loop.join();
 }
 
+// An update that arrives after its entry's slot was reused (the ring wrapped: a late
+// completion of an old operation) changes nothing: it must not mark the entry that now holds
+// the slot. The writer checks each entry it records, which nobody else may complete, while
+// another thread keeps completing the entry whose slot the writer's next record takes.
+TEST_P(FlightRecorderRace, LateUpdatesNeverMarkTheEntryThatReusedTheSlot) {
+  FlightRecorder recorder(GetParam());
+  std::atomic<std::uint64_t> newest{0};
+  std::atomic<bool> stop{false};
+  std::thread completer([&] {
+    while (!stop.load(std::memory_order_relaxed)) {
+      // The entry whose slot the writer's next record takes.
+      const std::uint64_t next = newest.load(std::memory_order_acquire) + 1;
+      if (next >= GetParam()) recorder.update(next - GetParam(), OperationState::completed);
+    }
+  });
+  int marked = 0;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
+  while (std::chrono::steady_clock::now() < end && marked == 0) {
+    const std::uint64_t id = recorder.record(collective("fresh"), OperationState::started);
+    for (const FlightRecord& r : recorder.entries())
+      if (r.record_id == id && r.state != OperationState::started) ++marked;
+    newest.store(id, std::memory_order_release);
+  }
+  stop = true;
+  completer.join();
+  EXPECT_EQ(marked, 0) << "an update of an older entry marked the entry that reused its slot";
+}
+
 TEST(FlightRecorder, DumpsJsonWithPyTorchLikeFields) {
   FlightRecorder recorder(8);
   const auto id = recorder.record(collective("grad \"quoted\""), OperationState::started);

@@ -93,7 +93,8 @@ class FlightRecorder {
   /// each get their own sequence number and are each counted once, but the entry's state and
   /// times are whichever call wrote last.
   std::uint64_t record_blocking(const OperationInfo& info, std::int64_t& collective_seq) noexcept;
-  /// @brief Moves record `id` to `state` (ignored once its slot was reused); `stamp` false
+  /// @brief Moves record `id` to `state` under its slot, like every writer (ignored once the
+  /// slot was reused: a late completion never marks the entry that took it); `stamp` false
   /// leaves its times alone (a blocking call's completion: the time-stamp read is most of the
   /// cost of recording a sub-microsecond call).
   void update(std::uint64_t id, OperationState state, bool stamp = true) noexcept;
