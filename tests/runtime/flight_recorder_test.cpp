@@ -333,6 +333,39 @@ TEST(RankBoard, SaysWhoDidNotArriveAndWhoFailed) {
   EXPECT_NE(text.find("rank 1 started it but has not completed it"), std::string::npos) << text;
 }
 
+// Starts and completions from several threads (a blocking call beside the progress thread's
+// completions) never move a rank's published numbers back: a peer reads them to name who is
+// missing. Two threads take sequence numbers from one counter and publish each at once, as the
+// backend does; a third reads the slot the way a peer does and sees each number only grow.
+TEST(RankBoard, PublishedNumbersNeverGoBackUnderConcurrentThreads) {
+  std::vector<RankSlot> slots(2);
+  std::vector<RankSlot*> pointers{&slots[0], &slots[1]};
+  RankBoard board(0, pointers), peer(1, pointers);
+  constexpr std::int64_t calls = 4000000;
+  std::atomic<std::int64_t> next{0};
+  auto publish = [&] {
+    for (std::int64_t seq = next.fetch_add(1); seq < calls; seq = next.fetch_add(1)) {
+      board.started(seq);
+      board.completed(seq);
+    }
+  };
+  std::thread a(publish), b(publish);
+  std::int64_t started = -1, completed = -1;
+  int went_back = 0;
+  while (completed < calls - 1 && went_back == 0) {
+    const RankBoard::Peer p = peer.read(0);
+    if (p.last_started < started || p.last_completed < completed) ++went_back;
+    started = p.last_started;
+    completed = p.last_completed;
+  }
+  a.join();
+  b.join();
+  EXPECT_EQ(went_back, 0) << "rank 0's published numbers went back (last seen #" << started
+                          << " started, #" << completed << " completed)";
+  EXPECT_EQ(peer.read(0).last_started, calls - 1);
+  EXPECT_EQ(peer.read(0).last_completed, calls - 1);
+}
+
 TEST(RankBoard, NamesTheRanksOfOtherHostsAsTheirHostsAnswered) {
   // Ranks 0-1 on host a (visible), 2-3 on host b (answered: 2 started #57, 3 is at #56 and
   // failed), 4-5 on host c (no answer).

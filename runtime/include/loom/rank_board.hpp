@@ -41,16 +41,16 @@ class RankBoard {
   int rank() const noexcept { return _rank; }
   int world_size() const noexcept { return static_cast<int>(_slots.size()); }
 
-  /// @brief This rank started / completed collective `seq` (two relaxed-cost stores).
+  /// @brief This rank started / completed collective `seq`: each entry only ever grows (one
+  /// compare-exchange), since starts and completions may come from several threads out of
+  /// issue order (a blocking call beside the progress thread's completions, several
+  /// collectives in flight), and a peer reading a number that went back would name the wrong
+  /// collective as missing.
   void started(std::int64_t seq) noexcept {
-    if (_mine) _mine->started.store(static_cast<std::uint64_t>(seq + 1), std::memory_order_release);
+    if (_mine) raise(_mine->started, static_cast<std::uint64_t>(seq + 1));
   }
   void completed(std::int64_t seq) noexcept {
-    if (!_mine) return;
-    // Completions may come out of issue order (several collectives in flight): keep the highest.
-    const auto value = static_cast<std::uint64_t>(seq + 1);
-    if (_mine->completed.load(std::memory_order_relaxed) < value)
-      _mine->completed.store(value, std::memory_order_release);
+    if (_mine) raise(_mine->completed, static_cast<std::uint64_t>(seq + 1));
   }
 
   /// @brief This rank's process is alive now: a heartbeat (one clock read and one store), from
@@ -119,6 +119,13 @@ class RankBoard {
                              int* failed_rank = nullptr) const;
 
  private:
+  static void raise(std::atomic<std::uint64_t>& entry, std::uint64_t value) noexcept {
+    std::uint64_t now = entry.load(std::memory_order_relaxed);
+    while (now < value && !entry.compare_exchange_weak(now, value, std::memory_order_release,
+                                                       std::memory_order_relaxed)) {
+    }
+  }
+
   int _rank;
   std::vector<RankSlot*> _slots;
   RankSlot* _mine;
