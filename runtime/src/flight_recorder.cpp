@@ -195,8 +195,11 @@ bool FlightRecorder::count_repeat(Slot& s, std::uint64_t id, std::int64_t seq) n
 // Every writer takes the slot (its version from even to odd) before filling it, so that two
 // never fill one slot at once (a ring that wrapped while a writer was descheduled, or two
 // threads counting a repeat), and readers retry a slot whose version is odd or moved.
+// A writer holds a slot for a few stores; one that waits longer (the holder was preempted)
+// sleeps rather than yields: the progress thread may run at SCHED_FIFO, whose yield gives its
+// core only to other realtime threads, never to the holder.
 std::uint64_t FlightRecorder::take(Slot& s) noexcept {
-  for (;;) {
+  for (int tries = 0;; ++tries) {
     std::uint64_t version = s.version.load(std::memory_order_relaxed);
     if ((version & 1) == 0 &&
         s.version.compare_exchange_weak(version, version + 1, std::memory_order_acquire,
@@ -204,7 +207,10 @@ std::uint64_t FlightRecorder::take(Slot& s) noexcept {
       std::atomic_thread_fence(std::memory_order_release);  // odd before any field moves
       return version;
     }
-    std::this_thread::yield();
+    if (tries < 64)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 }
 
