@@ -335,24 +335,30 @@ TEST(RankBoard, SaysWhoDidNotArriveAndWhoFailed) {
 
 // Starts and completions from several threads (a blocking call beside the progress thread's
 // completions) never move a rank's published numbers back: a peer reads them to name who is
-// missing. Two threads take sequence numbers from one counter and publish each at once, as the
-// backend does; a third reads the slot the way a peer does and sees each number only grow.
+// missing. Three threads take sequence numbers from one counter and publish each at once, as
+// the backend does; a third reads the slot the way a peer does and sees each number only grow.
 TEST(RankBoard, PublishedNumbersNeverGoBackUnderConcurrentThreads) {
   std::vector<RankSlot> slots(2);
   std::vector<RankSlot*> pointers{&slots[0], &slots[1]};
   RankBoard board(0, pointers), peer(1, pointers);
   constexpr std::int64_t calls = 4000000;
   std::atomic<std::int64_t> next{0};
+  std::atomic<int> finished{0};
   auto publish = [&] {
     for (std::int64_t seq = next.fetch_add(1); seq < calls; seq = next.fetch_add(1)) {
       board.started(seq);
       board.completed(seq);
     }
+    finished.fetch_add(1);
   };
-  std::thread a(publish), b(publish);
+  // Three publishers on this machine's cores: one is often preempted between reading an
+  // entry and writing it, which is when a plain store would move the entry back.
+  std::thread a(publish), b(publish), c(publish);
   std::int64_t started = -1, completed = -1;
   int went_back = 0;
-  while (completed < calls - 1 && went_back == 0) {
+  // Until every publisher is done (not until the last number shows: a board that lost it
+  // would keep this loop waiting forever instead of failing below).
+  while (finished.load() < 3 && went_back == 0) {
     const RankBoard::Peer p = peer.read(0);
     if (p.last_started < started || p.last_completed < completed) ++went_back;
     started = p.last_started;
@@ -360,6 +366,7 @@ TEST(RankBoard, PublishedNumbersNeverGoBackUnderConcurrentThreads) {
   }
   a.join();
   b.join();
+  c.join();
   EXPECT_EQ(went_back, 0) << "rank 0's published numbers went back (last seen #" << started
                           << " started, #" << completed << " completed)";
   EXPECT_EQ(peer.read(0).last_started, calls - 1);
