@@ -79,7 +79,7 @@ std::unique_ptr<Work> Backend::barrier_async() {
 
 void Backend::collective(const CollectiveArgs& args) {
   validate_or_publish(args);
-  BlockingCall call(*this, args);
+  BlockingCall call(*this, to_string(args.op), args.send);
   switch (args.op) {
     case Collective::broadcast:
       run_broadcast(args.send, args.root);
@@ -114,10 +114,13 @@ void Backend::reduce(Buffer send, Buffer recv, ReduceOp op, int root) {
   collective({Collective::reduce, send, recv, op, root});
 }
 
+// The call every step makes, at 8 B a few hundred ns: the plain case checked inline, its
+// name looked up once.
 void Backend::allreduce(Buffer send, Buffer recv, ReduceOp op) {
-  const CollectiveArgs args{Collective::allreduce, send, recv, op, 0};
-  validate_or_publish(args);
-  BlockingCall call(*this, args);
+  static const std::string_view name = to_string(Collective::allreduce);
+  if (!detail::plain_host_allreduce(send, recv, op) || !supports(Device::cpu())) [[unlikely]]
+    validate_or_publish_checked({Collective::allreduce, send, recv, op, 0});
+  BlockingCall call(*this, name, send);
   run_allreduce(send, recv, op);
   call.completed();
 }

@@ -17,16 +17,17 @@ namespace loom {
 // collective repeating the previous one counts in its entry (FlightRecorder::record_blocking).
 class Backend::BlockingCall {
  public:
-  BlockingCall(Backend& backend, const CollectiveArgs& args) : _backend(backend) {
-    _record = backend._recorder->record_blocking(
-        {{}, to_string(args.op), args.send.dtype(), args.send.count(), "native", -1, true}, _seq);
+  // `op`: to_string(args.op) (the same pointer every call: a repeat is matched by it).
+  BlockingCall(Backend& backend, std::string_view op, const Buffer& send) : _backend(backend) {
+    _record = backend._recorder->record_blocking(op, native_name, send.dtype(), send.count(), _seq);
     if (backend._board) backend._board->started(_seq);
     backend._blocking_record.store(_record, std::memory_order_relaxed);
     backend._blocking_seq.store(_seq, std::memory_order_relaxed);
   }
   BlockingCall(Backend& backend, std::string_view op, Buffer buffer, int peer) : _backend(backend) {
     _record = backend._recorder->record(
-        {op, op, buffer.dtype(), buffer.count(), "native", peer, false}, OperationState::started);
+        {op, op, buffer.dtype(), buffer.count(), native_name, peer, false},
+        OperationState::started);
     backend._blocking_record.store(_record, std::memory_order_relaxed);
     backend._blocking_seq.store(-1, std::memory_order_relaxed);
   }
@@ -44,6 +45,7 @@ class Backend::BlockingCall {
   std::int64_t seq() const noexcept { return _seq; }
 
  private:
+  static constexpr std::string_view native_name = "native";
   Backend& _backend;
   std::uint64_t _record = 0;
   std::int64_t _seq = -1;
@@ -183,12 +185,10 @@ namespace detail {
 // count, each non-null or empty, an op the dtype has, in place or disjoint. Pure compares, so
 // the blocking allreduce (the call made at every step, 0.5 us at 8 B) pays a few nanoseconds;
 // anything else goes through validate(), which names what is wrong.
-inline bool plain_host_allreduce(const CollectiveArgs& args) noexcept {
-  const Buffer& send = args.send;
-  const Buffer& recv = args.recv;
+inline bool plain_host_allreduce(const Buffer& send, const Buffer& recv, ReduceOp op) noexcept {
   if (send.device() != Device::cpu() || recv.device() != Device::cpu()) return false;
   if (send.dtype() != recv.dtype() || send.count() != recv.count()) return false;
-  if (!supports(args.reduce_op, send.dtype())) return false;
+  if (!supports(op, send.dtype())) return false;
   if (send.count() == 0) return true;
   if (send.data() == nullptr || recv.data() == nullptr) return false;
   return send.data() == recv.data() || !overlap(send, recv);
@@ -200,8 +200,9 @@ inline bool plain_host_allreduce(const CollectiveArgs& args) noexcept {
 // reaches host memory is accepted by detail::plain_host_allreduce; everything else, and every
 // failure, goes through validate() out of line.
 inline void Backend::validate_or_publish(const CollectiveArgs& args) {
-  if (args.op == Collective::allreduce && detail::plain_host_allreduce(args) &&
-      supports(Device::cpu())) [[likely]]
+  if (args.op == Collective::allreduce &&
+      detail::plain_host_allreduce(args.send, args.recv, args.reduce_op) && supports(Device::cpu()))
+      [[likely]]
     return;
   validate_or_publish_checked(args);
 }

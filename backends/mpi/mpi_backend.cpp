@@ -267,7 +267,7 @@ class MpiBackend final : public Backend {
     const int count = count_of("allreduce", "count", send.count());
     const void* sendbuf = send.data() == recv.data() ? MPI_IN_PLACE : send.data();
     succeed("allreduce", "MPI_Allreduce", [&] {
-      return MPI_Allreduce(sendbuf, recv.data(), count, mpi::datatype(send.dtype()),
+      return MPI_Allreduce(sendbuf, recv.data(), count, _runtime.datatype(send.dtype()),
                            _runtime.op(op, send.dtype()), comm());
     });
     if (op == ReduceOp::avg) average(recv);

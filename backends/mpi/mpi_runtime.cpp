@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <optional>
 
 #include "loom/call_watchdog.hpp"
@@ -99,6 +100,17 @@ MpiRuntime::MpiRuntime() {
   create_ops<DType::bfloat16, ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max>();
   create_ops<DType::float32, ReduceOp::min, ReduceOp::max>();
   create_ops<DType::float64, ReduceOp::min, ReduceOp::max>();
+  static_assert(std::size(all_dtypes) == std::tuple_size_v<decltype(_ops)>);
+  for (DType dtype : all_dtypes) {
+    const auto d = static_cast<std::size_t>(dtype);
+    _datatypes[d] = mpi::datatype(dtype);
+    for (ReduceOp requested : all_reduce_ops) {
+      const ReduceOp combine = requested == ReduceOp::avg ? ReduceOp::sum : requested;
+      const MPI_Op user = _user_ops[d][static_cast<std::size_t>(combine)];
+      _ops[d][static_cast<std::size_t>(requested)] =
+          user != MPI_OP_NULL ? user : predefined_op(combine);
+    }
+  }
 
   // MPI_TAG_UB is attached to MPI_COMM_WORLD (duplicates need not carry it).
   int* tag_ub = nullptr;

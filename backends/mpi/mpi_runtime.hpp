@@ -110,12 +110,14 @@ class MpiRuntime {
   int tag_ub() const noexcept { return _tag_ub; }
 
   /// @brief The MPI_Op computing `op` on `dtype`; avg maps to sum (the caller divides).
+  /// One load: the table is filled when MPI starts (the blocking allreduce looks it up at every
+  /// call).
   MPI_Op op(ReduceOp op, DType dtype) const noexcept {
-    const ReduceOp combine = op == ReduceOp::avg ? ReduceOp::sum : op;
-    const MPI_Op user =
-        _user_ops[static_cast<std::size_t>(dtype)][static_cast<std::size_t>(combine)];
-    if (user != MPI_OP_NULL) return user;
-    return predefined_op(combine);
+    return _ops[static_cast<std::size_t>(dtype)][static_cast<std::size_t>(op)];
+  }
+  /// @brief mpi::datatype(dtype), from a table.
+  MPI_Datatype datatype(DType dtype) const noexcept {
+    return _datatypes[static_cast<std::size_t>(dtype)];
   }
 
   /// @brief Frees `window` and `comm` just before MPI_Finalize, in the order of the calls:
@@ -146,6 +148,9 @@ class MpiRuntime {
   mutable std::vector<Deferred> _deferred;  // freed before MPI_Finalize
   // Indexed [dtype][op]; MPI_OP_NULL where a predefined MPI op is used.
   std::array<std::array<MPI_Op, 5>, 7> _user_ops{};
+  // Indexed [dtype][op]: what op() returns (loom's op, else MPI's; avg as sum).
+  std::array<std::array<MPI_Op, 5>, 7> _ops{};
+  std::array<MPI_Datatype, 7> _datatypes{};
 };
 
 }  // namespace loom::mpi

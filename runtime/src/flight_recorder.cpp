@@ -12,28 +12,9 @@
 
 #include "loom/environment.hpp"
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <x86intrin.h>
-#endif
-
 namespace loom {
 
 namespace {
-
-constexpr std::uint64_t writing = ~std::uint64_t{0};
-constexpr std::size_t name_words = 8;  // 63 characters and a terminator
-
-// A time stamp cheap enough for every collective: the TSC where there is one (a few ns, no
-// system call, never trapped by a hypervisor on the machines loom targets), else steady_clock.
-std::int64_t ticks() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  return static_cast<std::int64_t>(__rdtsc());
-#else
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-#endif
-}
 
 std::int64_t steady_ns() noexcept {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -80,33 +61,9 @@ std::string_view to_string(OperationState state) noexcept {
   return "unknown";
 }
 
-// Every field an atomic, so that a reader copying a slot while its writer fills it is a benign
-// (and detected) race rather than undefined behaviour; relaxed stores are plain moves on x86.
-// Cache-line aligned, the fields every record writes first: an unnamed operation (a blocking
-// call's) touches two lines, the name's third only when it has one.
-struct alignas(64) FlightRecorder::Slot {
-  std::atomic<std::uint64_t> id{writing};
-  std::atomic<std::int64_t> collective_seq{-1};
-  std::atomic<std::int64_t> p2p_seq{-1};
-  std::atomic<const char*> op{nullptr};
-  std::atomic<const char*> algorithm{nullptr};
-  std::atomic<std::uint64_t> count{0};
-  std::atomic<std::int64_t> created{0};
-  std::atomic<std::int64_t> started{0};
-  // Second line.
-  std::atomic<std::int64_t> completed{0};
-  std::atomic<std::uint32_t> op_length{0};
-  std::atomic<std::uint32_t> algorithm_length{0};
-  std::atomic<std::int32_t> peer{-1};
-  std::atomic<std::uint8_t> dtype{0};
-  std::atomic<std::uint8_t> state{0};
-  std::atomic<std::uint8_t> blocking{0};  // written by record_blocking: it may count repeats
-  std::atomic<std::uint64_t> repeats{0};
-  // Odd while a writer fills the slot or counts a repeat in it (the id stays the same then, so
-  // readers check this too: a seqlock); see take().
-  std::atomic<std::uint64_t> version{0};
-  std::atomic<std::uint64_t> name[name_words]{};
-};
+std::int64_t FlightRecorder::steady_ticks() noexcept {
+  return steady_ns();
+}
 
 FlightRecorder::FlightRecorder(std::size_t capacity)
     : _capacity(capacity),
@@ -133,79 +90,44 @@ std::uint64_t FlightRecorder::record(const OperationInfo& info, OperationState s
   const std::int64_t collective_seq =
       info.collective ? _next_collective.fetch_add(1, std::memory_order_acq_rel) : -1;
   if (seq_out) *seq_out = collective_seq;
-  const std::int64_t p2p_seq =
-      info.collective ? -1 : _next_p2p.fetch_add(1, std::memory_order_relaxed);
-  if (_capacity != 0) write(id, info, state, collective_seq, p2p_seq, false);
+  const std::int64_t number =
+      info.collective ? collective_seq : _next_p2p.fetch_add(1, std::memory_order_relaxed);
+  if (_capacity != 0) write(id, info, state, number, !info.collective, false);
   return id;
 }
 
-std::uint64_t FlightRecorder::record_blocking(const OperationInfo& info,
-                                              std::int64_t& seq_out) noexcept {
+std::uint64_t FlightRecorder::record_new_blocking(const OperationInfo& info, std::int64_t& seq_out,
+                                                  std::int64_t seq) noexcept {
   if (_capacity < 2 || !info.collective || !info.name.empty())
     return record(info, OperationState::started, &seq_out);
-  const std::uint64_t end = _next_record.load(std::memory_order_relaxed);
-  if (end != 0) {
-    const std::uint64_t id = end - 1;
-    Slot& s = _slots[slot_of(id)];
-    const bool same =
-        s.id.load(std::memory_order_relaxed) == id &&
-        s.blocking.load(std::memory_order_relaxed) != 0 &&
-        s.state.load(std::memory_order_relaxed) ==
-            static_cast<std::uint8_t>(OperationState::completed) &&
-        s.op.load(std::memory_order_relaxed) == info.op.data() &&
-        s.op_length.load(std::memory_order_relaxed) == info.op.size() &&
-        s.algorithm.load(std::memory_order_relaxed) == info.algorithm.data() &&
-        s.algorithm_length.load(std::memory_order_relaxed) == info.algorithm.size() &&
-        s.count.load(std::memory_order_relaxed) == info.count &&
-        s.dtype.load(std::memory_order_relaxed) == static_cast<std::uint8_t>(info.dtype);
-    if (same) {
-      seq_out = _next_collective.fetch_add(1, std::memory_order_acq_rel);
-      // Only the very next collective, with no record in between, joins the entry (an
-      // asynchronous one may have been recorded meanwhile by another thread).
-      if (_next_record.load(std::memory_order_relaxed) == end && count_repeat(s, id, seq_out))
-        return id;
-      const std::uint64_t fresh = _next_record.fetch_add(1, std::memory_order_relaxed);
-      write(fresh, info, OperationState::started, seq_out, -1, true);
-      return fresh;
-    }
-  }
   const std::uint64_t id = _next_record.fetch_add(1, std::memory_order_relaxed);
-  seq_out = _next_collective.fetch_add(1, std::memory_order_acq_rel);
-  write(id, info, OperationState::started, seq_out, -1, true);
+  if (seq < 0) seq = _next_collective.fetch_add(1, std::memory_order_acq_rel);
+  seq_out = seq;
+  write(id, info, OperationState::started, seq, false, true);
   return id;
 }
 
-bool FlightRecorder::count_repeat(Slot& s, std::uint64_t id, std::int64_t seq) noexcept {
-  const std::uint64_t version = take(s);  // a writer of a wrapped ring waits meanwhile
-  const bool still_there = s.id.load(std::memory_order_relaxed) == id &&
-                           seq == s.collective_seq.load(std::memory_order_relaxed) + 1;
-  if (still_there) {
-    s.repeats.store(s.repeats.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-    s.collective_seq.store(seq, std::memory_order_relaxed);
-    const std::int64_t now = ticks();
-    s.created.store(now, std::memory_order_relaxed);
-    s.started.store(now, std::memory_order_relaxed);
-    s.completed.store(0, std::memory_order_relaxed);
-    s.state.store(static_cast<std::uint8_t>(OperationState::started), std::memory_order_relaxed);
-  }
-  s.version.store(version + 2, std::memory_order_release);
-  return still_there;
+std::uint64_t FlightRecorder::record_new_blocking(std::string_view op, std::string_view algorithm,
+                                                  DType dtype, std::size_t count,
+                                                  std::int64_t& seq_out,
+                                                  std::int64_t seq) noexcept {
+  return record_new_blocking({{}, op, dtype, count, algorithm, -1, true}, seq_out, seq);
 }
 
-// Every writer takes the slot (its version from even to odd) before filling it, so that two
-// never fill one slot at once (a ring that wrapped while a writer was descheduled, or two
-// threads counting a repeat), and readers retry a slot whose version is odd or moved.
+// Every writer takes the slot (the word's writing bit) before filling it, so that two never
+// fill one slot at once (a ring that wrapped while a writer was descheduled, or two threads
+// counting a repeat), and readers retry a slot whose word is being written or moved.
 // A writer holds a slot for a few stores; one that waits longer (the holder was preempted)
 // sleeps rather than yields: the progress thread may run at SCHED_FIFO, whose yield gives its
 // core only to other realtime threads, never to the holder.
 std::uint64_t FlightRecorder::take(Slot& s) noexcept {
   for (int tries = 0;; ++tries) {
-    std::uint64_t version = s.version.load(std::memory_order_relaxed);
-    if ((version & 1) == 0 &&
-        s.version.compare_exchange_weak(version, version + 1, std::memory_order_acquire,
-                                        std::memory_order_relaxed)) {
-      std::atomic_thread_fence(std::memory_order_release);  // odd before any field moves
-      return version;
+    std::uint64_t word = s.word.load(std::memory_order_relaxed);
+    if ((word & writing_bit) == 0 &&
+        s.word.compare_exchange_weak(word, word | writing_bit, std::memory_order_acquire,
+                                     std::memory_order_relaxed)) {
+      std::atomic_thread_fence(std::memory_order_release);  // the bit before any field moves
+      return word;
     }
     if (tries < 64)
       std::this_thread::yield();
@@ -215,13 +137,11 @@ std::uint64_t FlightRecorder::take(Slot& s) noexcept {
 }
 
 void FlightRecorder::write(std::uint64_t id, const OperationInfo& info, OperationState state,
-                           std::int64_t collective_seq, std::int64_t p2p_seq,
-                           bool blocking) noexcept {
-  Slot& s = _slots[slot_of(id)];
-  const std::uint64_t version = take(s);
-  s.id.store(writing, std::memory_order_relaxed);
-  s.collective_seq.store(collective_seq, std::memory_order_relaxed);
-  s.p2p_seq.store(p2p_seq, std::memory_order_relaxed);
+                           std::int64_t number, bool p2p, bool blocking) noexcept {
+  Slot& s = slot_of(id);
+  take(s);
+  s.id.store(no_record, std::memory_order_relaxed);
+  s.first.store(number, std::memory_order_relaxed);
   if (info.name.empty()) {
     s.name[0].store(0, std::memory_order_relaxed);
   } else {
@@ -238,43 +158,42 @@ void FlightRecorder::write(std::uint64_t id, const OperationInfo& info, Operatio
   s.count.store(info.count, std::memory_order_relaxed);
   s.peer.store(info.peer, std::memory_order_relaxed);
   s.dtype.store(static_cast<std::uint8_t>(info.dtype), std::memory_order_relaxed);
-  s.state.store(static_cast<std::uint8_t>(state), std::memory_order_relaxed);
-  s.blocking.store(blocking ? 1 : 0, std::memory_order_relaxed);
-  s.repeats.store(0, std::memory_order_relaxed);
   const std::int64_t now = ticks();
   s.created.store(now, std::memory_order_relaxed);
   s.started.store(state == OperationState::scheduled ? 0 : now, std::memory_order_relaxed);
   s.completed.store(0, std::memory_order_relaxed);
   s.id.store(id, std::memory_order_release);
-  s.version.store(version + 2, std::memory_order_release);
+  s.word.store((static_cast<std::uint64_t>(number) << number_shift) | (p2p ? p2p_bit : 0) |
+                   (blocking ? blocking_bit : 0) | state_bits(state),
+               std::memory_order_release);
 }
 
 // Under the slot, like every writer: an update of an entry whose slot was reused meanwhile (a
 // late completion after the ring wrapped) finds another id there and changes nothing, instead
 // of marking the entry that now holds the slot.
-void FlightRecorder::update(std::uint64_t id, OperationState state, bool stamp) noexcept {
-  if (_capacity == 0) return;
-  Slot& s = _slots[slot_of(id)];
+void FlightRecorder::update_taken(std::uint64_t id, OperationState state, bool stamp) noexcept {
+  Slot& s = slot_of(id);
   if (s.id.load(std::memory_order_relaxed) != id) return;  // long gone: no need to take it
   const std::int64_t now = stamp ? ticks() : 0;
-  const std::uint64_t version = take(s);
+  std::uint64_t word = take(s);
   if (s.id.load(std::memory_order_relaxed) == id) {
     if (stamp && state == OperationState::started)
       s.started.store(now, std::memory_order_relaxed);
     else if (stamp && (state == OperationState::completed || state == OperationState::failed))
       s.completed.store(now, std::memory_order_relaxed);
-    s.state.store(static_cast<std::uint8_t>(state), std::memory_order_relaxed);
+    word = (word & ~state_mask) | state_bits(state);
   }
-  s.version.store(version + 2, std::memory_order_release);
+  s.word.store(word, std::memory_order_release);
 }
 
 std::int64_t FlightRecorder::collective_seq_of(std::uint64_t id) const noexcept {
   if (_capacity == 0) return -1;
-  const Slot& s = _slots[slot_of(id)];
+  const Slot& s = slot_of(id);
   if (s.id.load(std::memory_order_acquire) != id) return -1;
-  const std::int64_t seq = s.collective_seq.load(std::memory_order_relaxed);
+  const std::uint64_t word = s.word.load(std::memory_order_acquire);
   std::atomic_thread_fence(std::memory_order_acquire);
-  return s.id.load(std::memory_order_relaxed) == id ? seq : -1;
+  if (s.id.load(std::memory_order_relaxed) != id || (word & p2p_bit) != 0) return -1;
+  return static_cast<std::int64_t>(word >> number_shift);
 }
 
 std::vector<FlightRecord> FlightRecorder::entries() const {
@@ -294,18 +213,22 @@ std::vector<FlightRecord> FlightRecorder::entries() const {
   // A copy of slot `id` taken while its id and version stayed the same; false when the slot was
   // being written (`*busy`) or holds another record.
   auto copy = [&](std::uint64_t id, FlightRecord& r, bool* busy) {
-    const Slot& s = _slots[slot_of(id)];
+    const Slot& s = slot_of(id);
     const std::uint64_t before = s.id.load(std::memory_order_acquire);
-    const std::uint64_t version = s.version.load(std::memory_order_acquire);
-    *busy = before == writing || (before == id && (version & 1) != 0);
+    const std::uint64_t word = s.word.load(std::memory_order_acquire);
+    *busy = before == no_record || (before == id && (word & writing_bit) != 0);
     if (before != id || *busy) return false;
     r.record_id = id;
-    r.collective_seq_id = s.collective_seq.load(std::memory_order_relaxed);
-    r.p2p_seq_id = s.p2p_seq.load(std::memory_order_relaxed);
+    const auto number = static_cast<std::int64_t>(word >> number_shift);
+    const bool p2p = (word & p2p_bit) != 0;
+    r.collective_seq_id = p2p ? -1 : number;
+    r.p2p_seq_id = p2p ? number : -1;
+    r.repeats =
+        p2p ? 0 : static_cast<std::uint64_t>(number - s.first.load(std::memory_order_relaxed));
     char name[name_words * 8 + 1]{};
     for (std::size_t w = 0; w < name_words; ++w) {
-      const std::uint64_t word = s.name[w].load(std::memory_order_relaxed);
-      std::memcpy(name + 8 * w, &word, 8);
+      const std::uint64_t name_word = s.name[w].load(std::memory_order_relaxed);
+      std::memcpy(name + 8 * w, &name_word, 8);
     }
     r.op.clear();
     if (const char* op = s.op.load(std::memory_order_relaxed))
@@ -317,16 +240,24 @@ std::vector<FlightRecord> FlightRecorder::entries() const {
     r.count = s.count.load(std::memory_order_relaxed);
     r.peer = s.peer.load(std::memory_order_relaxed);
     r.dtype = static_cast<DType>(s.dtype.load(std::memory_order_relaxed));
-    r.state = static_cast<OperationState>(s.state.load(std::memory_order_acquire));
-    r.time_created_ns = to_wall(s.created.load(std::memory_order_relaxed));
-    r.time_discovered_started_ns = to_wall(s.started.load(std::memory_order_relaxed));
-    r.time_discovered_completed_ns = to_wall(s.completed.load(std::memory_order_relaxed));
-    r.repeats = s.repeats.load(std::memory_order_relaxed);
+    r.state = static_cast<OperationState>((word & state_mask) >> state_shift);
+    // A repeat stamps only when its call started (a blocking call is created started); a
+    // completion time belongs to the entry only once it completed or failed.
+    const std::int64_t started = s.started.load(std::memory_order_relaxed);
+    r.time_created_ns =
+        to_wall(r.repeats > 0 ? started : s.created.load(std::memory_order_relaxed));
+    r.time_discovered_started_ns = to_wall(started);
+    const std::int64_t completed = s.completed.load(std::memory_order_relaxed);
+    r.time_discovered_completed_ns =
+        (r.state == OperationState::completed || r.state == OperationState::failed) &&
+                completed >= started
+            ? to_wall(completed)
+            : 0;
     std::atomic_thread_fence(std::memory_order_acquire);
     const std::uint64_t after = s.id.load(std::memory_order_relaxed);
-    const bool same_version = s.version.load(std::memory_order_relaxed) == version;
-    *busy = after == writing || (after == id && !same_version);
-    return after == id && same_version;  // else rewritten while copied
+    const bool same_word = s.word.load(std::memory_order_relaxed) == word;
+    *busy = after == no_record || (after == id && !same_word);
+    return after == id && same_word;  // else rewritten while copied
   };
   for (std::uint64_t id = begin; id < end; ++id) {
     FlightRecord r;

@@ -203,6 +203,29 @@ TEST(FlightRecorder, RepeatsDoNotPushOtherEntriesOut) {
   EXPECT_EQ(one.entries().at(0).record_id, 2u);
 }
 
+// A repeat's entry shows the newest call: started when it started, and no completion time
+// (left by an earlier call) until it completes.
+TEST(FlightRecorder, ARepeatShowsItsNewestCallsTimes) {
+  FlightRecorder recorder(8);
+  std::int64_t seq = -1;
+  const auto id = recorder.record_blocking(blocking("allreduce", 4), seq);
+  recorder.update(id, OperationState::completed);  // stamped
+  const auto first = recorder.entries().at(0);
+  EXPECT_GT(first.time_discovered_completed_ns, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  ASSERT_EQ(recorder.record_blocking(blocking("allreduce", 4), seq), id);
+  const auto repeat = recorder.entries().at(0);
+  EXPECT_EQ(repeat.repeats, 1u);
+  EXPECT_EQ(repeat.collective_seq_id, 1);
+  EXPECT_EQ(repeat.state, OperationState::started);
+  EXPECT_EQ(repeat.time_discovered_completed_ns, 0);
+  EXPECT_GE(repeat.time_discovered_started_ns, first.time_discovered_completed_ns + 1'000'000);
+  EXPECT_EQ(repeat.time_created_ns, repeat.time_discovered_started_ns);
+  recorder.update(id, OperationState::completed, false);
+  EXPECT_EQ(recorder.entries().at(0).state, OperationState::completed);
+  EXPECT_EQ(recorder.collective_seq_of(id), 1);
+}
+
 // A reader copying the ring while a blocking loop counts repeats and another thread records
 // asynchronous operations sees whole entries only: each one's numbers consistent with its
 // repeats, sequence numbers never reused.
@@ -264,10 +287,12 @@ TEST_P(FlightRecorderRace, LateUpdatesNeverMarkTheEntryThatReusedTheSlot) {
   std::atomic<std::uint64_t> newest{0};
   std::atomic<bool> stop{false};
   std::thread completer([&] {
-    while (!stop.load(std::memory_order_relaxed)) {
+    // Stamped updates (under the slot) and unstamped ones (a compare-exchange of its word) in
+    // turn.
+    for (bool stamp = true; !stop.load(std::memory_order_relaxed); stamp = !stamp) {
       // The entry whose slot the writer's next record takes.
       const std::uint64_t next = newest.load(std::memory_order_acquire) + 1;
-      if (next >= GetParam()) recorder.update(next - GetParam(), OperationState::completed);
+      if (next >= GetParam()) recorder.update(next - GetParam(), OperationState::completed, stamp);
     }
   });
   int marked = 0;
