@@ -96,14 +96,17 @@ std::uint64_t FlightRecorder::record(const OperationInfo& info, OperationState s
   return id;
 }
 
+// A number already taken (`seq` >= 0, by a repeat that could not join its entry) is this
+// call's: it goes into the new entry, never dropped for another.
 std::uint64_t FlightRecorder::record_new_blocking(const OperationInfo& info, std::int64_t& seq_out,
                                                   std::int64_t seq) noexcept {
-  if (_capacity < 2 || !info.collective || !info.name.empty())
-    return record(info, OperationState::started, &seq_out);
+  if (!info.collective) return record(info, OperationState::started, &seq_out);
   const std::uint64_t id = _next_record.fetch_add(1, std::memory_order_relaxed);
   if (seq < 0) seq = _next_collective.fetch_add(1, std::memory_order_acq_rel);
   seq_out = seq;
-  write(id, info, OperationState::started, seq, false, true);
+  // Rings of one keep no runs (each call its own entry), nor do named calls.
+  if (_capacity != 0)
+    write(id, info, OperationState::started, seq, false, _capacity >= 2 && info.name.empty());
   return id;
 }
 
@@ -162,10 +165,14 @@ void FlightRecorder::write(std::uint64_t id, const OperationInfo& info, Operatio
   s.created.store(now, std::memory_order_relaxed);
   s.started.store(state == OperationState::scheduled ? 0 : now, std::memory_order_relaxed);
   s.completed.store(0, std::memory_order_relaxed);
+  // The new word first, still marked as written: whoever sees the new id then reads this
+  // entry's number, never the previous entry's (collective_seq_of does not wait for the bit).
+  const std::uint64_t word = (static_cast<std::uint64_t>(number) << number_shift) |
+                             (p2p ? p2p_bit : 0) | (blocking ? blocking_bit : 0) |
+                             state_bits(state);
+  s.word.store(word | writing_bit, std::memory_order_relaxed);
   s.id.store(id, std::memory_order_release);
-  s.word.store((static_cast<std::uint64_t>(number) << number_shift) | (p2p ? p2p_bit : 0) |
-                   (blocking ? blocking_bit : 0) | state_bits(state),
-               std::memory_order_release);
+  s.word.store(word, std::memory_order_release);
 }
 
 // Under the slot, like every writer: an update of an entry whose slot was reused meanwhile (a

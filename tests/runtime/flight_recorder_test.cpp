@@ -308,6 +308,37 @@ TEST_P(FlightRecorderRace, LateUpdatesNeverMarkTheEntryThatReusedTheSlot) {
   EXPECT_EQ(marked, 0) << "an update of an older entry marked the entry that reused its slot";
 }
 
+// collective_seq_of(id) while record `id` is being written into a reused slot: its own number,
+// or -1 (not there yet, or gone), never the number of the entry the slot held before.
+TEST_P(FlightRecorderRace, CollectiveSeqOfNeverAnswersWithThePreviousEntrysNumber) {
+  FlightRecorder recorder(GetParam());
+  std::atomic<bool> stop{false};
+  std::thread writer([&] {
+    while (!stop.load(std::memory_order_relaxed))
+      recorder.record(collective("c", 8), OperationState::started);
+  });
+  long wrong = 0, checked = 0;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(1000);
+  while (std::chrono::steady_clock::now() < end && wrong == 0) {
+    for (int k = 0; k < 1000; ++k) {
+      // One writer of collectives only: record k is collective k.
+      const std::int64_t newest = recorder.next_collective_seq() - 1;
+      if (newest < 0) continue;
+      const std::int64_t seq = recorder.collective_seq_of(static_cast<std::uint64_t>(newest));
+      if (seq != newest && seq != -1) {
+        ADD_FAILURE() << "collective_seq_of(" << newest << ") = " << seq;
+        ++wrong;
+        break;
+      }
+      ++checked;
+    }
+  }
+  stop = true;
+  writer.join();
+  EXPECT_EQ(wrong, 0);
+  EXPECT_GT(checked, 0);
+}
+
 TEST(FlightRecorder, DumpsJsonWithPyTorchLikeFields) {
   FlightRecorder recorder(8);
   const auto id = recorder.record(collective("grad \"quoted\""), OperationState::started);

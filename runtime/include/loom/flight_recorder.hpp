@@ -133,9 +133,11 @@ class FlightRecorder {
   // and the seqlock version readers check. Bit 0 is set while a writer holds the slot; bits 1-2
   // the state; bit 3 marks a blocking collective's entry (it may count repeats), bit 4 a
   // point-to-point one; the rest is the newest call's collective_seq_id (p2p_seq_id for
-  // point-to-point). Sequence numbers are never reused and states only move forward (a repeat
-  // also moves the number on), so a slot's word never takes a value twice: a compare-exchange
-  // that expects a word finds it only while the slot still holds that entry and call.
+  // point-to-point). Each call's number is in one entry only and loom's callers only move a
+  // state forward (a repeat moves the number on), so a word that a compare-exchange expects is
+  // found only while the slot still holds that entry and call. (A word can come back unchanged
+  // after a writer held the slot and changed nothing a compare-exchange relies on: an update
+  // of a reused slot, or to the state the entry had.)
   static constexpr std::uint64_t writing_bit = 1;
   static constexpr unsigned state_shift = 1;
   static constexpr std::uint64_t state_mask = std::uint64_t{3} << state_shift;
