@@ -392,7 +392,8 @@ TEST(RankBoard, SaysWhoDidNotArriveAndWhoFailed) {
 // Starts and completions from several threads (a blocking call beside the progress thread's
 // completions) never move a rank's published numbers back: a peer reads them to name who is
 // missing. Three threads take sequence numbers from one counter and publish each at once, as
-// the backend does; a third reads the slot the way a peer does and sees each number only grow.
+// the backend does; the test's own thread reads the slot the way a peer does and sees each
+// number only grow.
 TEST(RankBoard, PublishedNumbersNeverGoBackUnderConcurrentThreads) {
   std::vector<RankSlot> slots(2);
   std::vector<RankSlot*> pointers{&slots[0], &slots[1]};

@@ -230,8 +230,7 @@ inline std::uint64_t FlightRecorder::record_blocking(std::string_view op,
     return record_new_blocking(op, algorithm, dtype, count, seq_out, -1);
   Slot& s = slot_of(end - 1);
   const std::uint64_t word = s.word.load(std::memory_order_acquire);
-  constexpr std::uint64_t repeatable = blocking_bit | (std::uint64_t{2} << state_shift);
-  static_assert(static_cast<int>(OperationState::completed) == 2);
+  constexpr std::uint64_t repeatable = blocking_bit | state_bits(OperationState::completed);
   const bool same = (word & (writing_bit | state_mask | blocking_bit | p2p_bit)) == repeatable &&
                     s.id.load(std::memory_order_relaxed) == end - 1 &&
                     s.op.load(std::memory_order_relaxed) == op.data() &&
