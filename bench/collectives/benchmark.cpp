@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <new>
 #include <optional>
@@ -51,6 +53,20 @@ double time_iterations(Implementation& algorithm, const CollectiveArgs& call, in
   for (int i = 0; i < iterations; ++i) algorithm.run(call);
   const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
   return elapsed.count() / iterations;
+}
+
+// -n, or with --min_time as many iterations as the fastest algorithm's warm call needs to
+// last that long in one round, whichever is more: the same on every rank (their largest), so
+// that the ranks' timed loops stay matched call for call.
+int iterations_for(const Options& options, double fastest_call_s, Harness& harness) {
+  if (options.min_time_ms <= 0) return options.iterations;
+  double wanted = options.iterations;
+  if (fastest_call_s > 0 && std::isfinite(fastest_call_s))
+    wanted = std::max(wanted, std::ceil(options.min_time_ms * 1e-3 / fastest_call_s));
+  else if (!std::isfinite(fastest_call_s))
+    wanted = 0;  // nothing ran here (every algorithm skipped): the other ranks decide
+  wanted = harness.max(wanted);
+  return static_cast<int>(std::min(wanted, static_cast<double>(max_iterations)));
 }
 
 }  // namespace
@@ -103,6 +119,7 @@ std::int64_t run_benchmark(const Options& options, Backend& backend, Harness& ha
           // Check and warm up each algorithm, then time them in rounds, taking turns.
           std::vector<Implementation*> timed;
           std::vector<std::optional<std::int64_t>> wrongs;
+          double fastest_call_s = std::numeric_limits<double>::infinity();
           for (Implementation* algorithm : runnable) {
             if (const std::string why = algorithm->cannot_run(call); !why.empty()) {
               note(std::string(algorithm->name()) + " skipped for " + combination + " at " +
@@ -119,10 +136,20 @@ std::int64_t run_benchmark(const Options& options, Backend& backend, Harness& ha
               wrong = harness.sum(static_cast<std::int64_t>(pattern.count_wrong(rank, call.recv)));
               total_wrong += *wrong;
             }
-            for (int i = 0; i < options.warmups; ++i) algorithm->run(call);
+            // Each warm-up call timed alone when --min_time asks: the fastest is what a call
+            // costs once warm (the first may have set the algorithm up).
+            const int warmups =
+                options.min_time_ms > 0 ? std::max(options.warmups, 1) : options.warmups;
+            for (int i = 0; i < warmups; ++i) {
+              const auto start = std::chrono::steady_clock::now();
+              algorithm->run(call);
+              const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+              fastest_call_s = std::min(fastest_call_s, took.count());
+            }
             timed.push_back(algorithm);
             wrongs.push_back(wrong);
           }
+          const int iterations = iterations_for(options, fastest_call_s, harness);
           // Each round starts at a different algorithm, so that none always runs right after
           // the same neighbour (whose leftover cache state or progress work it would inherit).
           std::vector<std::vector<double>> rounds(timed.size());
@@ -130,8 +157,7 @@ std::int64_t run_benchmark(const Options& options, Backend& backend, Harness& ha
             for (std::size_t turn = 0; turn < timed.size(); ++turn) {
               const std::size_t a = (turn + static_cast<std::size_t>(round)) % timed.size();
               harness.barrier();
-              rounds[a].push_back(
-                  harness.max(time_iterations(*timed[a], call, options.iterations)));
+              rounds[a].push_back(harness.max(time_iterations(*timed[a], call, iterations)));
             }
           for (std::size_t a = 0; a < timed.size(); ++a) {
             std::sort(rounds[a].begin(), rounds[a].end());
@@ -148,6 +174,7 @@ std::int64_t run_benchmark(const Options& options, Backend& backend, Harness& ha
             row.algbw_gbps = static_cast<double>(layout.bytes) / seconds / 1e9;
             row.busbw_gbps = row.algbw_gbps * bus_factor(collective, ranks);
             row.wrong = wrongs[a];
+            row.iterations = iterations;
             if (report) report->add(row);
           }
         }

@@ -33,6 +33,9 @@ po::options_description describe_options() {
                                             "(default sum)")
       ("iters,n", po::value<std::string>(), "timed iterations per size (default 20)")
       ("warmup_iters,w", po::value<std::string>(), "untimed iterations before them (default 5)")
+      ("min_time", po::value<std::string>(),
+       "milliseconds each timing round of a size lasts at least: -n is raised where calls are "
+       "short, from the fastest warm-up call, the same on every rank (default 0: -n as given)")
       ("repeat", po::value<std::string>(),
        "timing rounds per size; algorithms take turns each round and rows report the median "
        "round (default 1)")
@@ -184,9 +187,11 @@ Options parse_options(int argc, const char* const* argv) {
                    std::vector<ReduceOp>(std::begin(all_reduce_ops), std::end(all_reduce_ops)),
                    [](const std::string& s) { return parse_reduce_op(s); });
   if (auto v = text("iters"))
-    options.iterations = static_cast<int>(parse_integer(*v, "-n/--iters", 1, 1 << 30));
+    options.iterations = static_cast<int>(parse_integer(*v, "-n/--iters", 1, max_iterations));
   if (auto v = text("repeat"))
     options.repeats = static_cast<int>(parse_integer(*v, "--repeat", 1, 1000));
+  if (auto v = text("min_time"))
+    options.min_time_ms = static_cast<int>(parse_integer(*v, "--min_time", 0, 3'600'000));
   if (auto v = text("warmup_iters"))
     options.warmups = static_cast<int>(parse_integer(*v, "-w/--warmup_iters", 0, 1 << 30));
   if (auto v = text("check")) {

@@ -29,6 +29,9 @@ struct Options {
   std::vector<ReduceOp> reduce_ops{ReduceOp::sum};
   int iterations = 20;
   int warmups = 5;
+  /// @brief --min_time: each round of a size lasts at least this long (0: -n as given); the
+  /// iterations are raised from the fastest warm-up call, the same on every rank.
+  int min_time_ms = 0;
   /// @brief Timing rounds per size: the algorithms take turns round by round and each row
   /// reports its median round, so all algorithms see the same background load.
   int repeats = 1;
@@ -41,6 +44,9 @@ struct Options {
   bool info = false;
   bool help = false;
 };
+
+/// @brief The most timed iterations per round (-n, or what --min_time asks for).
+inline constexpr int max_iterations = 1 << 30;
 
 /// @brief Parses argv; throws UsageError naming the flag and the value it could not use.
 Options parse_options(int argc, const char* const* argv);

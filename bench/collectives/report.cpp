@@ -181,7 +181,7 @@ std::string to_json(const std::vector<Row>& rows) {
     json += format("\"time_us\": %.9g, \"algbw_gbps\": %.9g, \"busbw_gbps\": %.9g, \"wrong\": ",
                    row.time_us, row.algbw_gbps, row.busbw_gbps);
     json += row.wrong ? std::to_string(*row.wrong) : "null";
-    json += "}";
+    json += ", \"iters\": " + std::to_string(row.iterations) + "}";
   }
   json += rows.empty() ? "]\n" : "\n]\n";
   return json;

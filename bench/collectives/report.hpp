@@ -25,6 +25,7 @@ struct Row {
   double algbw_gbps = 0;
   double busbw_gbps = 0;
   std::optional<std::int64_t> wrong;  ///< wrong elements over all ranks; none without -c 1
+  int iterations = 0;                 ///< timed calls per round (-n, or raised by --min_time)
 };
 
 /// @brief Prints to `out` (rank 0's stdout) as rows arrive, and keeps them for the footer

@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """Runs loom-collectives with --json and checks the file: one object per printed row, the
-documented keys and types, busbw = algbw x the nccl-tests factor, and no wrong values.
+documented keys and types, busbw = algbw x the nccl-tests factor, no wrong values, and the
+timed iterations: -n's at every size, or with --min_time MS at least -n's, one count per size
+(every algorithm timed alike) and more than -n at the smallest size (its calls are far shorter
+than MS / -n).
 
 usage: check_collectives_json.py JSON_PATH COMMAND... (the command gets --json JSON_PATH added)
 """
@@ -11,7 +14,7 @@ import sys
 
 KEYS = {"op": str, "dtype": str, "redop": str, "bytes": int, "count": int, "algo": str,
         "ranks": int, "time_us": (int, float), "algbw_gbps": (int, float),
-        "busbw_gbps": (int, float), "wrong": int}
+        "busbw_gbps": (int, float), "wrong": int, "iters": int}
 DTYPE_BYTES = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int32": 4, "int64": 8,
                "uint8": 1}
 
@@ -24,6 +27,16 @@ def bus_factor(op, n):
     if op in ("broadcast", "reduce"):
         return 1.0
     raise AssertionError(f"unexpected op {op!r}")
+
+
+def flag(command, short, long, default):
+    """The value of the last -x V / --long V in the command (mpirun's own -n comes first), or
+    the default."""
+    value = default
+    for i, arg in enumerate(command[:-1]):
+        if arg in (short, long):
+            value = command[i + 1]
+    return value
 
 
 def main():
@@ -60,6 +73,25 @@ def main():
         if not math.isclose(row["busbw_gbps"], expected_busbw, rel_tol=1e-6, abs_tol=1e-12):
             problems.append(f"{where}: busbw/algbw is not the {row['op']} factor for "
                             f"{row['ranks']} ranks")
+    iters = int(flag(command, "-n", "--iters", "20"))
+    min_time = int(flag(command, None, "--min_time", "0"))
+    by_size = {}
+    for row in rows:
+        if isinstance(row.get("iters"), int):
+            by_size.setdefault((row["op"], row["dtype"], row["redop"], row["bytes"]),
+                               set()).add(row["iters"])
+    for key, counts in by_size.items():
+        if len(counts) != 1:
+            problems.append(f"{key}: the algorithms were timed with {sorted(counts)} iterations")
+        if min_time == 0 and counts != {iters}:
+            problems.append(f"{key}: {sorted(counts)} iterations without --min_time, not {iters}")
+        if min(counts) < iters:
+            problems.append(f"{key}: {sorted(counts)} iterations, fewer than -n {iters}")
+    if min_time and by_size:
+        smallest = min(by_size, key=lambda key: key[3])
+        if max(by_size[smallest]) <= iters:
+            problems.append(f"{smallest}: --min_time {min_time} left -n {iters} at the "
+                            f"smallest size")
     if problems:
         sys.exit(f"{path}:\n  " + "\n  ".join(problems[:20]))
     print(f"{path}: {len(rows)} rows OK")
