@@ -9,6 +9,7 @@
 #include <memory>
 #include <new>
 #include <optional>
+#include <random>
 #include <string>
 
 #include "layout.hpp"
@@ -53,6 +54,20 @@ double time_iterations(Implementation& algorithm, const CollectiveArgs& call, in
   for (int i = 0; i < iterations; ++i) algorithm.run(call);
   const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
   return elapsed.count() / iterations;
+}
+
+// The order the algorithms take turns in during round `round`: each round starts at a
+// different one and shuffles the rest, so that none always runs right after the same
+// neighbour (whose leftover cache state or progress work it would inherit; a rotation alone
+// keeps every neighbour). A fixed generator seeded by the round: the same order on every rank.
+std::vector<std::size_t> round_order(std::size_t algorithms, int round) {
+  std::vector<std::size_t> order(algorithms);
+  if (algorithms == 0) return order;
+  const std::size_t first = static_cast<std::size_t>(round) % algorithms;
+  for (std::size_t k = 0; k < algorithms; ++k) order[k] = (first + k) % algorithms;
+  std::mt19937 generator(static_cast<std::uint32_t>(round) + 1);
+  for (std::size_t k = algorithms - 1; k > 1; --k) std::swap(order[k], order[1 + generator() % k]);
+  return order;
 }
 
 // -n, or with --min_time as many iterations as the fastest algorithm's warm call needs to
@@ -150,12 +165,9 @@ std::int64_t run_benchmark(const Options& options, Backend& backend, Harness& ha
             wrongs.push_back(wrong);
           }
           const int iterations = iterations_for(options, fastest_call_s, harness);
-          // Each round starts at a different algorithm, so that none always runs right after
-          // the same neighbour (whose leftover cache state or progress work it would inherit).
           std::vector<std::vector<double>> rounds(timed.size());
           for (int round = 0; round < options.repeats; ++round)
-            for (std::size_t turn = 0; turn < timed.size(); ++turn) {
-              const std::size_t a = (turn + static_cast<std::size_t>(round)) % timed.size();
+            for (std::size_t a : round_order(timed.size(), round)) {
               harness.barrier();
               rounds[a].push_back(harness.max(time_iterations(*timed[a], call, iterations)));
             }
