@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <random>
+#include <utility>
 
 #include "loom/algorithm.hpp"
 #include "loom/algorithm_selector.hpp"
@@ -138,6 +140,14 @@ std::vector<Measurement> time_candidates(Backend& b, const CandidateTimingOption
       }
     }
 
+  // The (collective, size) groups' point counts, in list order (candidate_visit_order).
+  std::vector<std::size_t> groups;
+  for (std::size_t i = 0; i < points.size(); ++i)
+    if (i == 0 || points[i].collective != points[i - 1].collective ||
+        points[i].bytes != points[i - 1].bytes)
+      groups.push_back(1);
+    else
+      ++groups.back();
   const double per_round = o.seconds_per_point / o.rounds;
   for (Point& p : points) {
     perform(b, p.form, p.algorithm, p.args);  // warm-up (and first touch of scratch)
@@ -161,8 +171,8 @@ std::vector<Measurement> time_candidates(Backend& b, const CandidateTimingOption
     p.iterations = static_cast<int>(std::clamp(per_round / std::max(each, 1e-8), 1.0, 1e6));
   }
   for (int round = 0; round < o.rounds; ++round) {
-    for (std::size_t turn = 0; turn < points.size(); ++turn) {
-      Point& p = points[(turn + static_cast<std::size_t>(round)) % points.size()];
+    for (std::size_t index : candidate_visit_order(groups, round)) {
+      Point& p = points[index];
       b.barrier();
       const auto start = Clock::now();
       for (int i = 0; i < p.iterations; ++i) perform(b, p.form, p.algorithm, p.args);
@@ -179,6 +189,32 @@ std::vector<Measurement> time_candidates(Backend& b, const CandidateTimingOption
         measured.push_back({p.collective, b.world_size(), p.bytes, p.algorithm,
                             quartiles(p.times).median, spread(p, form, points), form});
   return measured;
+}
+
+// A fixed order would give every candidate the same neighbour in every round, whose leftover
+// cache state or progress work it inherits (loom-collectives measured auto at 0.92-0.95 of its
+// own algorithm, run right after native every round); a size's candidates stay together, so
+// that each is timed moments from its native (the spread pairs them by round).
+std::vector<std::size_t> candidate_visit_order(const std::vector<std::size_t>& group_sizes,
+                                               int round) {
+  std::vector<std::size_t> starts;  // each group's first index
+  std::size_t total = 0;
+  for (std::size_t n : group_sizes) {
+    starts.push_back(total);
+    total += n;
+  }
+  std::vector<std::size_t> order;
+  order.reserve(total);
+  for (std::size_t turn = 0; turn < group_sizes.size(); ++turn) {
+    const std::size_t g = (turn + static_cast<std::size_t>(round)) % group_sizes.size();
+    const std::size_t first = order.size();
+    for (std::size_t i = 0; i < group_sizes[g]; ++i) order.push_back(starts[g] + i);
+    std::mt19937 generator(static_cast<std::uint32_t>(round) * 7919u +
+                           static_cast<std::uint32_t>(g) + 1u);
+    for (std::size_t k = order.size(); k > first + 1; --k)
+      std::swap(order[k - 1], order[first + generator() % (k - first)]);
+  }
+  return order;
 }
 
 }  // namespace loom

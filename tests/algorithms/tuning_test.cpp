@@ -4,6 +4,8 @@
 
 #include <atomic>
 #include <mutex>
+#include <set>
+#include <vector>
 
 #include "loom/candidate_timing.hpp"
 #include "loom/error.hpp"
@@ -151,6 +153,38 @@ TEST(TuningFile, MalformedLinesAreNamed) {
   expect_error([&] { parse_tuning_file(head + "inter_beta_ns_per_byte slow\n"); },
                {"line 5", "'slow'"});
   expect_error([] { load_tuning_file("/nonexistent/loom.tuning"); }, {"/nonexistent/loom.tuning"});
+}
+
+// Each round visits every point once, a size's candidates together, the groups from group
+// `round` on, the same order for the same round (every rank computes it alone), and no point
+// has the same neighbour before it in every round (a rotation alone kept every neighbour).
+TEST(CandidateTiming, VisitsEveryPointOnceARoundAndChangesItsNeighbours) {
+  const std::vector<std::size_t> groups{6, 6, 6};  // 3 sizes x native's forms and candidates
+  const int rounds = 7;
+  std::vector<std::set<std::size_t>> before(18);  // the points each was timed right after
+  for (int round = 0; round < rounds; ++round) {
+    const std::vector<std::size_t> order = candidate_visit_order(groups, round);
+    EXPECT_EQ(order, candidate_visit_order(groups, round)) << "round " << round;
+    ASSERT_EQ(order.size(), 18u);
+    EXPECT_EQ(std::set<std::size_t>(order.begin(), order.end()).size(), 18u) << "round " << round;
+    for (std::size_t turn = 0; turn < 3; ++turn) {
+      const std::size_t group = (turn + static_cast<std::size_t>(round)) % 3;
+      for (std::size_t k = 0; k < 6; ++k)
+        EXPECT_EQ(order[turn * 6 + k] / 6, group) << "round " << round << ", position " << k;
+    }
+    for (std::size_t k = 1; k < order.size(); ++k)
+      if (order[k] / 6 == order[k - 1] / 6) before[order[k]].insert(order[k - 1]);
+  }
+  for (std::size_t point = 0; point < before.size(); ++point)
+    EXPECT_GE(before[point].size(), 2u) << "point " << point << " always ran after the same one";
+  EXPECT_NE(candidate_visit_order(groups, 0), candidate_visit_order(groups, 3))
+      << "rounds 0 and 3 start at the same group but shuffle it differently";
+  EXPECT_TRUE(candidate_visit_order({}, 2).empty());
+  const std::vector<std::size_t> uneven = candidate_visit_order({1, 2}, 1);  // group 1 first
+  ASSERT_EQ(uneven.size(), 3u);
+  EXPECT_EQ(std::set<std::size_t>(uneven.begin(), uneven.begin() + 2),
+            (std::set<std::size_t>{1, 2}));
+  EXPECT_EQ(uneven[2], 0u);
 }
 
 // Native is timed in each form asked for, loom's algorithms once, and the result holds a table

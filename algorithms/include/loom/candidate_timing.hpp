@@ -40,14 +40,23 @@ CollectiveArgs benchmark_args(Collective collective, std::size_t bytes, int worl
                               std::vector<float>& send, std::vector<float>& recv);
 
 /// @brief Times every candidate that can run (cannot_run) of every collective at every size.
-/// Collective: every rank calls it with the same options. Each round visits every point in
-/// turn, starting one point later each round, so that a burst of load on a shared machine lands
-/// in some rounds of every candidate rather than deciding one candidate's figure; a point's
+/// Collective: every rank calls it with the same options. Each round visits every point: the
+/// (collective, size) groups in turn, starting one group later each round, each group's
+/// candidates in an order shuffled per round (the same on every rank), so that a burst of load
+/// on a shared machine lands in some rounds of every candidate rather than deciding one
+/// candidate's figure, and no candidate always runs after the same neighbour; a point's
 /// time per round is the slowest rank's average per call, so every rank returns the same
 /// figures. Returns per form, per point the median over rounds and its spread against that
 /// form's native (see Measurement::spread_seconds), tagged with the form. `on_round(k)` is called
 /// after round k (1-based).
 std::vector<Measurement> time_candidates(Backend& backend, const CandidateTimingOptions& options,
                                          const std::function<void(int)>& on_round = {});
+
+/// @brief The order time_candidates visits its points in round `round`, given each (collective,
+/// size) group's point count in list order: indices into that list, the groups in turn from
+/// group `round` on, each group's points shuffled by a generator seeded by the round and the
+/// group (the same on every rank, every run).
+std::vector<std::size_t> candidate_visit_order(const std::vector<std::size_t>& group_sizes,
+                                               int round);
 
 }  // namespace loom
