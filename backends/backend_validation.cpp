@@ -10,8 +10,13 @@
 namespace loom {
 
 std::string Backend::where(std::string_view operation) const {
-  return std::string(operation) + " on rank " + std::to_string(rank()) + " of " +
-         std::to_string(world_size()) + " (" + std::string(name()) + ")";
+  return where(operation, rank(), world_size(), name());
+}
+
+std::string Backend::where(std::string_view operation, int rank, int world,
+                           std::string_view backend) {
+  return std::string(operation) + " on rank " + std::to_string(rank) + " of " +
+         std::to_string(world) + " (" + std::string(backend) + ")";
 }
 
 namespace {

@@ -38,18 +38,15 @@ using mpi::check;
 using mpi::Communicator;
 using mpi::ConstructionWatch;
 using mpi::failure;
+using mpi::message_bytes;
+using mpi::MessageLabel;
+using mpi::MessageWork;
 using mpi::RequestWork;
 using mpi::SharedBoard;
 using mpi::to_int;
 
 bool on_device(Buffer buffer) {
   return buffer.device().kind != DeviceKind::cpu;
-}
-
-std::size_t message_bytes(const MPI_Status& status) {
-  MPI_Count count = 0;
-  MPI_Get_elements_x(&status, MPI_BYTE, &count);
-  return count == MPI_UNDEFINED ? 0 : static_cast<std::size_t>(count);
 }
 
 class MpiBackend final : public Backend {
@@ -341,61 +338,38 @@ class MpiBackend final : public Backend {
 
  protected:
   // Point-to-point messages travel as MPI_BYTE so that recv_message can take any of them.
+  // Posting one builds no string: its MessageWork describes itself when asked (an error, a
+  // timeout), since loom's algorithms post several per collective.
   std::unique_ptr<Work> send_on(const std::shared_ptr<const Communicator>& communicator,
                                 const char* operation, Buffer buffer, int peer, int tag) {
-    const std::string at = where(operation);
-    const int bytes = to_int(at, "message size in bytes", buffer.bytes());
+    const int bytes = count_of(operation, "message size in bytes", buffer.bytes());
     MPI_Request request = MPI_REQUEST_NULL;
-    check(at, "MPI_Isend",
-          MPI_Isend(buffer.data(), bytes, MPI_BYTE, peer, tag, communicator->get(), &request));
-    // Algorithm transfers are many and short-lived: their own description is the prefix
-    // alone (the algorithm's Work names the collective).
-    const bool user = communicator == _communicator;
-    return std::make_unique<RequestWork>(
-        user ? at + ": " + buffer.describe() + " to rank " + std::to_string(peer) + " tag " +
-                   std::to_string(tag)
-             : at,
-        communicator, request,
-        [at](int rc, const MPI_Status&) {
-          if (rc != MPI_SUCCESS) throw failure(at, "MPI_Isend", rc);
-        },
-        false);
+    if (const int rc =
+            MPI_Isend(buffer.data(), bytes, MPI_BYTE, peer, tag, communicator->get(), &request);
+        rc != MPI_SUCCESS) [[unlikely]]
+      throw failure(where(operation), "MPI_Isend", rc);
+    return std::make_unique<MessageWork>(label(communicator, operation, buffer, peer, tag),
+                                         communicator, request, false);
   }
 
   std::unique_ptr<Work> recv_on(const std::shared_ptr<const Communicator>& communicator,
                                 const char* operation, Buffer buffer, int peer, int tag) {
-    const std::string at = where(operation);
-    const int bytes = to_int(at, "message size in bytes", buffer.bytes());
+    const int bytes = count_of(operation, "message size in bytes", buffer.bytes());
     MPI_Request request = MPI_REQUEST_NULL;
-    check(at, "MPI_Irecv",
-          MPI_Irecv(buffer.data(), bytes, MPI_BYTE, source(peer), mpi_tag(tag), communicator->get(),
-                    &request));
-    const bool user = communicator == _communicator;
-    return std::make_unique<RequestWork>(
-        user ? at + ": " + buffer.describe() + " from " +
-                   (peer == any_source ? std::string("any rank") : "rank " + std::to_string(peer)) +
-                   " tag " + (tag == any_tag ? std::string("any") : std::to_string(tag))
-             : at,
-        communicator, request,
-        [at, expected = buffer.bytes()](int rc, const MPI_Status& status) {
-          const std::string from = "the message from rank " + std::to_string(status.MPI_SOURCE) +
-                                   " with tag " + std::to_string(status.MPI_TAG);
-          int error_class = MPI_SUCCESS;
-          if (rc != MPI_SUCCESS) MPI_Error_class(rc, &error_class);
-          // MPI reports a longer message only as truncated, without its length.
-          if (error_class == MPI_ERR_TRUNCATE)
-            throw Error(ErrorCode::mismatch, at + ": expected " + std::to_string(expected) +
-                                                 " bytes but " + from + " has more than " +
-                                                 std::to_string(expected) +
-                                                 " bytes (MPI_ERR_TRUNCATE)");
-          if (rc != MPI_SUCCESS) throw failure(at, "MPI_Irecv", rc);
-          const std::size_t received = message_bytes(status);
-          if (received != expected)
-            throw Error(ErrorCode::mismatch, at + ": expected " + std::to_string(expected) +
-                                                 " bytes but " + from + " has " +
-                                                 std::to_string(received) + " bytes");
-        },
+    if (const int rc = MPI_Irecv(buffer.data(), bytes, MPI_BYTE, source(peer), mpi_tag(tag),
+                                 communicator->get(), &request);
+        rc != MPI_SUCCESS) [[unlikely]]
+      throw failure(where(operation), "MPI_Irecv", rc);
+    return std::make_unique<MessageWork>(
+        label(communicator, operation, buffer, source(peer), mpi_tag(tag)), communicator, request,
         true);
+  }
+
+  // Algorithm transfers are many and short-lived: their own description is the prefix alone
+  // (the algorithm's Work names the collective).
+  MessageLabel label(const std::shared_ptr<const Communicator>& communicator, const char* operation,
+                     Buffer buffer, int peer, int tag) const {
+    return {operation, rank(), world_size(), peer, tag, buffer, communicator == _communicator};
   }
 
   std::optional<Status> poll_probe(int peer, int tag) override {

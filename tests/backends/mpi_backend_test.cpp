@@ -218,6 +218,33 @@ TEST(MpiBackend, LongerMessageThanBufferIsMismatch) {
   all_ranks_agree(ok && x == world().world_size());
 }
 
+// Posting a message builds no string (loom's algorithms post several per collective): its
+// description is made when asked, and names the rank, buffer, peer and tag as before.
+TEST(MpiBackend, MessagesDescribeThemselvesWhenAsked) {
+  Backend& b = world();
+  const int to = next_rank(b), from = previous_rank(b);
+  std::vector<std::int32_t> out(4, b.rank()), out2(3, b.rank()), in(4, -1), any(3, -1);
+  auto recv = b.recv_async(Buffer::of(std::span(in)), from, 7);
+  auto recv_any = b.recv_async(Buffer::of(std::span(any)), any_source, any_tag);
+  auto send = b.send_async(Buffer::of(std::span(out)), to, 7);
+  auto send2 = b.send_async(Buffer::of(std::span(out2)), to, 8);
+  const std::string at = " on rank " + std::to_string(b.rank()) + " of " +
+                         std::to_string(b.world_size()) + " (mpi): int32[";
+  EXPECT_EQ(recv->description(),
+            "recv" + at + "4]@cpu from rank " + std::to_string(from) + " tag 7");
+  EXPECT_EQ(recv_any->description(), "recv" + at + "3]@cpu from any rank tag any");
+  EXPECT_EQ(send->description(), "send" + at + "4]@cpu to rank " + std::to_string(to) + " tag 7");
+  EXPECT_EQ(send2->description(), "send" + at + "3]@cpu to rank " + std::to_string(to) + " tag 8");
+  recv->wait();
+  recv_any->wait();
+  send->wait();
+  send2->wait();
+  EXPECT_EQ(in, std::vector<std::int32_t>(4, from));
+  EXPECT_EQ(any, std::vector<std::int32_t>(3, from));
+  all_ranks_agree(in == std::vector<std::int32_t>(4, from) &&
+                  any == std::vector<std::int32_t>(3, from));
+}
+
 TEST(MpiBackend, RecvMessageOfUnknownSizeFromAnySource) {
   Backend& b = world();
   const int n = b.world_size(), me = b.rank();

@@ -138,6 +138,10 @@ class Backend {
 
   /// @brief "allreduce on rank 1 of 4 (mpi)": the prefix of every error message.
   std::string where(std::string_view operation) const;
+  /// @brief The same prefix from values (for a handle that describes itself only when asked,
+  /// possibly after its backend is gone).
+  static std::string where(std::string_view operation, int rank, int world,
+                           std::string_view backend);
 
   /// @brief Whether this backend has the private point-to-point channel that loom's own
   /// collective algorithms (algorithms/) run on; without it only `native` runs.
