@@ -166,14 +166,12 @@ bool run_trivially(Backend& backend, const CollectiveArgs& a) {
 std::unique_ptr<Work> start_algorithm(Backend& backend, Algorithm algorithm,
                                       const CollectiveArgs& args) {
   backend.validate(args);
-  const std::string where = backend.where(to_string(args.op));
+  const algorithms::WorkLabel what(backend, algorithm, args);
   if (const std::string why = cannot_run(algorithm, args, backend); !why.empty())
-    throw Error(ErrorCode::unsupported,
-                where + ": algorithm " + std::string(to_string(algorithm)) + " cannot run: " + why);
-  std::string what = where + ": " + std::string(to_string(algorithm)) + " " + args.send.describe();
-  if (args.op != Collective::broadcast && args.op != Collective::allgather)
-    what += " " + std::string(to_string(args.reduce_op));
-  if (run_trivially(backend, args)) return std::make_unique<CompletedWork>(std::move(what));
+    throw Error(
+        ErrorCode::unsupported,
+        what.where() + ": algorithm " + std::string(to_string(algorithm)) + " cannot run: " + why);
+  if (run_trivially(backend, args)) return std::make_unique<CompletedWork>(what.describe());
 
   namespace alg = algorithms;
   std::unique_ptr<alg::ChannelWork> work;
@@ -218,7 +216,7 @@ std::unique_ptr<Work> start_algorithm(Backend& backend, Algorithm algorithm,
   }
   if (!work)
     throw Error(ErrorCode::internal,
-                where + ": no implementation of " + std::string(to_string(algorithm)));
+                what.where() + ": no implementation of " + std::string(to_string(algorithm)));
   work->start();
   return work;
 }

@@ -24,34 +24,40 @@ class RingAllgatherSteps {
 
 // Each takes arguments that Backend::validate accepted, a world of at least two ranks and a
 // non-empty buffer (start_collective handles the trivial cases itself).
-std::unique_ptr<ChannelWork> ring_allreduce(Backend& b, const CollectiveArgs& a, std::string what);
+std::unique_ptr<ChannelWork> ring_allreduce(Backend& b, const CollectiveArgs& a,
+                                            const WorkLabel& what);
 std::unique_ptr<ChannelWork> recursive_doubling_allreduce(Backend& b, const CollectiveArgs& a,
-                                                          std::string what);
+                                                          const WorkLabel& what);
 std::unique_ptr<ChannelWork> rabenseifner_allreduce(Backend& b, const CollectiveArgs& a,
-                                                    std::string what);
+                                                    const WorkLabel& what);
 std::unique_ptr<ChannelWork> hierarchical_allreduce(Backend& b, const CollectiveArgs& a,
-                                                    std::string what);
+                                                    const WorkLabel& what);
 std::unique_ptr<ChannelWork> hierarchical_allgather(Backend& b, const CollectiveArgs& a,
-                                                    std::string what);
+                                                    const WorkLabel& what);
 std::unique_ptr<ChannelWork> hierarchical_reduce_scatter(Backend& b, const CollectiveArgs& a,
-                                                         std::string what);
+                                                         const WorkLabel& what);
 std::unique_ptr<ChannelWork> hierarchical_broadcast(Backend& b, const CollectiveArgs& a,
-                                                    std::string what);
+                                                    const WorkLabel& what);
 /// @brief How many shards hierarchical allreduce cuts the vector into: the fewest ranks any
 /// node of `topology` holds.
 int hierarchical_shards(const Topology& topology);
-std::unique_ptr<ChannelWork> tree_allreduce(Backend& b, const CollectiveArgs& a, std::string what);
-std::unique_ptr<ChannelWork> tree_reduce(Backend& b, const CollectiveArgs& a, std::string what);
-std::unique_ptr<ChannelWork> tree_broadcast(Backend& b, const CollectiveArgs& a, std::string what);
+std::unique_ptr<ChannelWork> tree_allreduce(Backend& b, const CollectiveArgs& a,
+                                            const WorkLabel& what);
+std::unique_ptr<ChannelWork> tree_reduce(Backend& b, const CollectiveArgs& a,
+                                         const WorkLabel& what);
+std::unique_ptr<ChannelWork> tree_broadcast(Backend& b, const CollectiveArgs& a,
+                                            const WorkLabel& what);
 std::unique_ptr<ChannelWork> scatter_allgather_broadcast(Backend& b, const CollectiveArgs& a,
-                                                         std::string what);
-std::unique_ptr<ChannelWork> ring_allgather(Backend& b, const CollectiveArgs& a, std::string what);
+                                                         const WorkLabel& what);
+std::unique_ptr<ChannelWork> ring_allgather(Backend& b, const CollectiveArgs& a,
+                                            const WorkLabel& what);
 std::unique_ptr<ChannelWork> recursive_doubling_allgather(Backend& b, const CollectiveArgs& a,
-                                                          std::string what);
-std::unique_ptr<ChannelWork> bruck_allgather(Backend& b, const CollectiveArgs& a, std::string what);
+                                                          const WorkLabel& what);
+std::unique_ptr<ChannelWork> bruck_allgather(Backend& b, const CollectiveArgs& a,
+                                             const WorkLabel& what);
 std::unique_ptr<ChannelWork> ring_reduce_scatter(Backend& b, const CollectiveArgs& a,
-                                                 std::string what);
+                                                 const WorkLabel& what);
 std::unique_ptr<ChannelWork> recursive_halving_reduce_scatter(Backend& b, const CollectiveArgs& a,
-                                                              std::string what);
+                                                              const WorkLabel& what);
 
 }  // namespace loom::algorithms

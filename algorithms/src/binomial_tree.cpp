@@ -36,8 +36,8 @@ class TreeBroadcastSteps {
 
 class TreeCollective final : public StepWork {
  public:
-  TreeCollective(Backend& backend, const CollectiveArgs& args, std::string what)
-      : StepWork(backend, std::move(what)),
+  TreeCollective(Backend& backend, const CollectiveArgs& args, const WorkLabel& what)
+      : StepWork(backend, what),
         _kind(args.op),
         _op(args.reduce_op),
         _root(args.op == Collective::allreduce ? 0 : args.root),
@@ -96,16 +96,19 @@ class TreeCollective final : public StepWork {
 
 }  // namespace
 
-std::unique_ptr<ChannelWork> tree_allreduce(Backend& b, const CollectiveArgs& a, std::string what) {
-  return std::make_unique<TreeCollective>(b, a, std::move(what));
+std::unique_ptr<ChannelWork> tree_allreduce(Backend& b, const CollectiveArgs& a,
+                                            const WorkLabel& what) {
+  return std::make_unique<TreeCollective>(b, a, what);
 }
 
-std::unique_ptr<ChannelWork> tree_reduce(Backend& b, const CollectiveArgs& a, std::string what) {
-  return std::make_unique<TreeCollective>(b, a, std::move(what));
+std::unique_ptr<ChannelWork> tree_reduce(Backend& b, const CollectiveArgs& a,
+                                         const WorkLabel& what) {
+  return std::make_unique<TreeCollective>(b, a, what);
 }
 
-std::unique_ptr<ChannelWork> tree_broadcast(Backend& b, const CollectiveArgs& a, std::string what) {
-  return std::make_unique<TreeCollective>(b, a, std::move(what));
+std::unique_ptr<ChannelWork> tree_broadcast(Backend& b, const CollectiveArgs& a,
+                                            const WorkLabel& what) {
+  return std::make_unique<TreeCollective>(b, a, what);
 }
 
 }  // namespace loom::algorithms

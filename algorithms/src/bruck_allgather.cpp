@@ -8,8 +8,8 @@ namespace {
 
 class BruckAllgather final : public StepWork {
  public:
-  BruckAllgather(Backend& backend, const CollectiveArgs& args, std::string what)
-      : StepWork(backend, std::move(what)),
+  BruckAllgather(Backend& backend, const CollectiveArgs& args, const WorkLabel& what)
+      : StepWork(backend, what),
         _out(args.recv),
         _block(args.send.count()),
         _gathered(scratch(args.recv.count(), args.recv.dtype())) {
@@ -47,8 +47,8 @@ class BruckAllgather final : public StepWork {
 }  // namespace
 
 std::unique_ptr<ChannelWork> bruck_allgather(Backend& b, const CollectiveArgs& a,
-                                             std::string what) {
-  return std::make_unique<BruckAllgather>(b, a, std::move(what));
+                                             const WorkLabel& what) {
+  return std::make_unique<BruckAllgather>(b, a, what);
 }
 
 }  // namespace loom::algorithms

@@ -11,8 +11,8 @@ namespace {
 // (v - s + 1)'s blocks to the next leader); step N: the leader's result to its node.
 class HierarchicalAllgather final : public StepWork {
  public:
-  HierarchicalAllgather(Backend& backend, const CollectiveArgs& args, std::string what)
-      : StepWork(backend, std::move(what)),
+  HierarchicalAllgather(Backend& backend, const CollectiveArgs& args, const WorkLabel& what)
+      : StepWork(backend, what),
         _in(args.send),
         _out(args.recv),
         _topology(backend.topology()),
@@ -70,8 +70,8 @@ class HierarchicalAllgather final : public StepWork {
 }  // namespace
 
 std::unique_ptr<ChannelWork> hierarchical_allgather(Backend& b, const CollectiveArgs& a,
-                                                    std::string what) {
-  return std::make_unique<HierarchicalAllgather>(b, a, std::move(what));
+                                                    const WorkLabel& what) {
+  return std::make_unique<HierarchicalAllgather>(b, a, what);
 }
 
 }  // namespace loom::algorithms

@@ -38,8 +38,8 @@ namespace {
 // stages is one slot per stage.
 class HierarchicalAllreduce final : public StepWork {
  public:
-  HierarchicalAllreduce(Backend& backend, const CollectiveArgs& args, std::string what)
-      : StepWork(backend, std::move(what)),
+  HierarchicalAllreduce(Backend& backend, const CollectiveArgs& args, const WorkLabel& what)
+      : StepWork(backend, what),
         _in(args.send),
         _out(args.recv),
         _op(args.reduce_op),
@@ -229,8 +229,8 @@ int hierarchical_shards(const Topology& topology) {
 }
 
 std::unique_ptr<ChannelWork> hierarchical_allreduce(Backend& b, const CollectiveArgs& a,
-                                                    std::string what) {
-  return std::make_unique<HierarchicalAllreduce>(b, a, std::move(what));
+                                                    const WorkLabel& what) {
+  return std::make_unique<HierarchicalAllreduce>(b, a, what);
 }
 
 }  // namespace loom::algorithms

@@ -11,8 +11,8 @@ namespace {
 // the root's node is 0); step K: each head to the rest of its node.
 class HierarchicalBroadcast final : public StepWork {
  public:
-  HierarchicalBroadcast(Backend& backend, const CollectiveArgs& args, std::string what)
-      : StepWork(backend, std::move(what)),
+  HierarchicalBroadcast(Backend& backend, const CollectiveArgs& args, const WorkLabel& what)
+      : StepWork(backend, what),
         _data(args.send),
         _root(args.root),
         _topology(backend.topology()),
@@ -62,8 +62,8 @@ class HierarchicalBroadcast final : public StepWork {
 }  // namespace
 
 std::unique_ptr<ChannelWork> hierarchical_broadcast(Backend& b, const CollectiveArgs& a,
-                                                    std::string what) {
-  return std::make_unique<HierarchicalBroadcast>(b, a, std::move(what));
+                                                    const WorkLabel& what) {
+  return std::make_unique<HierarchicalBroadcast>(b, a, what);
 }
 
 }  // namespace loom::algorithms

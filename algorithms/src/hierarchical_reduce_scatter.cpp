@@ -15,8 +15,8 @@ namespace {
 // step N: each rank's block from its leader.
 class HierarchicalReduceScatter final : public StepWork {
  public:
-  HierarchicalReduceScatter(Backend& backend, const CollectiveArgs& args, std::string what)
-      : StepWork(backend, std::move(what)),
+  HierarchicalReduceScatter(Backend& backend, const CollectiveArgs& args, const WorkLabel& what)
+      : StepWork(backend, what),
         _in(args.send),
         _out(args.recv),
         _op(args.reduce_op),
@@ -118,8 +118,8 @@ class HierarchicalReduceScatter final : public StepWork {
 }  // namespace
 
 std::unique_ptr<ChannelWork> hierarchical_reduce_scatter(Backend& b, const CollectiveArgs& a,
-                                                         std::string what) {
-  return std::make_unique<HierarchicalReduceScatter>(b, a, std::move(what));
+                                                         const WorkLabel& what) {
+  return std::make_unique<HierarchicalReduceScatter>(b, a, what);
 }
 
 }  // namespace loom::algorithms

@@ -13,8 +13,8 @@ namespace {
 // unfold. Participant v owns, after the halving, block v of the vector cut into p2 blocks.
 class RabenseifnerAllreduce final : public StepWork {
  public:
-  RabenseifnerAllreduce(Backend& backend, const CollectiveArgs& args, std::string what)
-      : StepWork(backend, std::move(what)),
+  RabenseifnerAllreduce(Backend& backend, const CollectiveArgs& args, const WorkLabel& what)
+      : StepWork(backend, what),
         _in(args.send),
         _out(args.recv),
         _source(args.send),
@@ -93,8 +93,8 @@ class RabenseifnerAllreduce final : public StepWork {
 }  // namespace
 
 std::unique_ptr<ChannelWork> rabenseifner_allreduce(Backend& b, const CollectiveArgs& a,
-                                                    std::string what) {
-  return std::make_unique<RabenseifnerAllreduce>(b, a, std::move(what));
+                                                    const WorkLabel& what) {
+  return std::make_unique<RabenseifnerAllreduce>(b, a, what);
 }
 
 }  // namespace loom::algorithms

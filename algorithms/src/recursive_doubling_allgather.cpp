@@ -7,8 +7,8 @@ namespace {
 
 class RecursiveDoublingAllgather final : public StepWork {
  public:
-  RecursiveDoublingAllgather(Backend& backend, const CollectiveArgs& args, std::string what)
-      : StepWork(backend, std::move(what)), _out(args.recv), _block(args.send.count()) {
+  RecursiveDoublingAllgather(Backend& backend, const CollectiveArgs& args, const WorkLabel& what)
+      : StepWork(backend, what), _out(args.recv), _block(args.send.count()) {
     copy(blocks(rank(), 1), args.send);
   }
 
@@ -35,8 +35,8 @@ class RecursiveDoublingAllgather final : public StepWork {
 }  // namespace
 
 std::unique_ptr<ChannelWork> recursive_doubling_allgather(Backend& b, const CollectiveArgs& a,
-                                                          std::string what) {
-  return std::make_unique<RecursiveDoublingAllgather>(b, a, std::move(what));
+                                                          const WorkLabel& what) {
+  return std::make_unique<RecursiveDoublingAllgather>(b, a, what);
 }
 
 }  // namespace loom::algorithms

@@ -11,8 +11,8 @@ namespace {
 // Steps: 0 the fold, 1..L the exchanges (partner = newrank ^ 2^(k-1)), L+1 the unfold.
 class RecursiveDoublingAllreduce final : public StepWork {
  public:
-  RecursiveDoublingAllreduce(Backend& backend, const CollectiveArgs& args, std::string what)
-      : StepWork(backend, std::move(what)),
+  RecursiveDoublingAllreduce(Backend& backend, const CollectiveArgs& args, const WorkLabel& what)
+      : StepWork(backend, what),
         _out(args.recv),
         _op(args.reduce_op),
         _fold(rank(), world()),
@@ -65,8 +65,8 @@ class RecursiveDoublingAllreduce final : public StepWork {
 }  // namespace
 
 std::unique_ptr<ChannelWork> recursive_doubling_allreduce(Backend& b, const CollectiveArgs& a,
-                                                          std::string what) {
-  return std::make_unique<RecursiveDoublingAllreduce>(b, a, std::move(what));
+                                                          const WorkLabel& what) {
+  return std::make_unique<RecursiveDoublingAllreduce>(b, a, what);
 }
 
 }  // namespace loom::algorithms

@@ -11,8 +11,8 @@ namespace {
 // Steps: 0 fold (whole input), 1..L halving, L+1 hand the sitting-out rank its block.
 class RecursiveHalvingReduceScatter final : public StepWork {
  public:
-  RecursiveHalvingReduceScatter(Backend& backend, const CollectiveArgs& args, std::string what)
-      : StepWork(backend, std::move(what)),
+  RecursiveHalvingReduceScatter(Backend& backend, const CollectiveArgs& args, const WorkLabel& what)
+      : StepWork(backend, what),
         _out(args.recv),
         _op(args.reduce_op),
         _fold(rank(), world()),
@@ -84,8 +84,8 @@ class RecursiveHalvingReduceScatter final : public StepWork {
 }  // namespace
 
 std::unique_ptr<ChannelWork> recursive_halving_reduce_scatter(Backend& b, const CollectiveArgs& a,
-                                                              std::string what) {
-  return std::make_unique<RecursiveHalvingReduceScatter>(b, a, std::move(what));
+                                                              const WorkLabel& what) {
+  return std::make_unique<RecursiveHalvingReduceScatter>(b, a, what);
 }
 
 }  // namespace loom::algorithms

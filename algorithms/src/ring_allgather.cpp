@@ -17,8 +17,8 @@ namespace {
 
 class RingAllgather final : public StepWork {
  public:
-  RingAllgather(Backend& backend, const CollectiveArgs& args, std::string what)
-      : StepWork(backend, std::move(what)), _blocks(args.recv, args.send.count(), true) {
+  RingAllgather(Backend& backend, const CollectiveArgs& args, const WorkLabel& what)
+      : StepWork(backend, what), _blocks(args.recv, args.send.count(), true) {
     copy(_blocks.block(rank(), world()), args.send);
   }
 
@@ -37,8 +37,9 @@ class RingAllgather final : public StepWork {
 
 }  // namespace
 
-std::unique_ptr<ChannelWork> ring_allgather(Backend& b, const CollectiveArgs& a, std::string what) {
-  return std::make_unique<RingAllgather>(b, a, std::move(what));
+std::unique_ptr<ChannelWork> ring_allgather(Backend& b, const CollectiveArgs& a,
+                                            const WorkLabel& what) {
+  return std::make_unique<RingAllgather>(b, a, what);
 }
 
 }  // namespace loom::algorithms

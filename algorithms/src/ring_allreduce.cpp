@@ -15,11 +15,8 @@ namespace {
 // the allgather. Rank r sends unit u to r+1 and receives unit u from r-1, all in unit order.
 class RingAllreduce final : public ChannelWork {
  public:
-  RingAllreduce(Backend& backend, const CollectiveArgs& args, std::string what)
-      : ChannelWork(backend, std::move(what)),
-        _in(args.send),
-        _out(args.recv),
-        _op(args.reduce_op) {
+  RingAllreduce(Backend& backend, const CollectiveArgs& args, const WorkLabel& what)
+      : ChannelWork(backend, what), _in(args.send), _out(args.recv), _op(args.reduce_op) {
     const int p = world();
     const std::size_t block_max = block_of(_out.count(), p, 0).count;
     const std::size_t element = dtype_size(_out.dtype());
@@ -140,8 +137,9 @@ class RingAllreduce final : public ChannelWork {
 
 }  // namespace
 
-std::unique_ptr<ChannelWork> ring_allreduce(Backend& b, const CollectiveArgs& a, std::string what) {
-  return std::make_unique<RingAllreduce>(b, a, std::move(what));
+std::unique_ptr<ChannelWork> ring_allreduce(Backend& b, const CollectiveArgs& a,
+                                            const WorkLabel& what) {
+  return std::make_unique<RingAllreduce>(b, a, what);
 }
 
 }  // namespace loom::algorithms

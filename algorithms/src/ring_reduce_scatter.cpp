@@ -9,8 +9,8 @@ namespace {
 
 class RingReduceScatter final : public StepWork {
  public:
-  RingReduceScatter(Backend& backend, const CollectiveArgs& args, std::string what)
-      : StepWork(backend, std::move(what)),
+  RingReduceScatter(Backend& backend, const CollectiveArgs& args, const WorkLabel& what)
+      : StepWork(backend, what),
         _send(args.send),
         _out(args.recv),
         _op(args.reduce_op),
@@ -56,8 +56,8 @@ class RingReduceScatter final : public StepWork {
 }  // namespace
 
 std::unique_ptr<ChannelWork> ring_reduce_scatter(Backend& b, const CollectiveArgs& a,
-                                                 std::string what) {
-  return std::make_unique<RingReduceScatter>(b, a, std::move(what));
+                                                 const WorkLabel& what) {
+  return std::make_unique<RingReduceScatter>(b, a, what);
 }
 
 }  // namespace loom::algorithms

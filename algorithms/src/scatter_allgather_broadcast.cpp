@@ -9,8 +9,8 @@ namespace {
 // p-1 ring steps over uneven blocks.
 class ScatterAllgatherBroadcast final : public StepWork {
  public:
-  ScatterAllgatherBroadcast(Backend& backend, const CollectiveArgs& args, std::string what)
-      : StepWork(backend, std::move(what)), _root(args.root), _blocks(args.send, 0, false) {}
+  ScatterAllgatherBroadcast(Backend& backend, const CollectiveArgs& args, const WorkLabel& what)
+      : StepWork(backend, what), _root(args.root), _blocks(args.send, 0, false) {}
 
  protected:
   bool begin_step(int step) override {
@@ -39,8 +39,8 @@ class ScatterAllgatherBroadcast final : public StepWork {
 }  // namespace
 
 std::unique_ptr<ChannelWork> scatter_allgather_broadcast(Backend& b, const CollectiveArgs& a,
-                                                         std::string what) {
-  return std::make_unique<ScatterAllgatherBroadcast>(b, a, std::move(what));
+                                                         const WorkLabel& what) {
+  return std::make_unique<ScatterAllgatherBroadcast>(b, a, what);
 }
 
 }  // namespace loom::algorithms

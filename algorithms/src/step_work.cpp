@@ -38,8 +38,19 @@ PinnedPool& scratch_pool() {
 }
 }  // namespace
 
-ChannelWork::ChannelWork(Backend& backend, std::string description)
-    : Work(std::move(description)),
+std::string WorkLabel::where() const {
+  return Backend::where(to_string(op), rank, world, backend);
+}
+
+std::string WorkLabel::describe() const {
+  std::string text = where() + ": " + std::string(to_string(algorithm)) + " " + send.describe();
+  if (op != Collective::broadcast && op != Collective::allgather)
+    text += " " + std::string(to_string(reduce_op));
+  return text;
+}
+
+ChannelWork::ChannelWork(Backend& backend, const WorkLabel& label)
+    : _label(label),
       _backend(backend),
       _rank(backend.rank()),
       _world(backend.world_size()),

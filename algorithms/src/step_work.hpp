@@ -6,8 +6,10 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "loom/algorithm.hpp"
 #include "loom/backend.hpp"
 #include "loom/pinned_pool.hpp"
 #include "loom/work.hpp"
@@ -30,6 +32,32 @@ int power_of_two_below(int n) noexcept;
 /// @brief Copies src into dst unless they are the same memory.
 void copy(Buffer dst, Buffer src);
 
+/// @brief What an algorithm instance's description names, as values: starting a collective
+/// builds no string; ChannelWork::describe() makes "allreduce on rank 0 of 4 (mpi): ring
+/// float32[1024]@cpu sum" when it is first asked for (an error, a timeout, a flight record).
+struct WorkLabel {
+  Algorithm algorithm = Algorithm::native;
+  Collective op = Collective::allreduce;
+  Buffer send;
+  ReduceOp reduce_op = ReduceOp::sum;
+  int rank = 0;
+  int world = 0;
+  std::string_view backend;  ///< Backend::name(): static storage
+
+  WorkLabel(const Backend& b, Algorithm a, const CollectiveArgs& args)
+      : algorithm(a),
+        op(args.op),
+        send(args.send),
+        reduce_op(args.reduce_op),
+        rank(b.rank()),
+        world(b.world_size()),
+        backend(b.name()) {}
+  /// @brief "allreduce on rank 0 of 4 (mpi)".
+  std::string where() const;
+  /// @brief where(), then the algorithm, the buffer and (reductions) the reduce op.
+  std::string describe() const;
+};
+
 /// @brief The work of one algorithm instance on one rank.
 ///
 /// Transfers go through the backend's algorithm channel with the instance's own tag; messages
@@ -38,7 +66,7 @@ void copy(Buffer dst, Buffer src);
 /// comes from a process-wide pool, so repeated collectives do not page-fault fresh memory.
 class ChannelWork : public Work {
  public:
-  ChannelWork(Backend& backend, std::string description);
+  ChannelWork(Backend& backend, const WorkLabel& label);
   /// @brief When abandoned, the scratch memory is never handed back (the transport may still
   /// write into it): it is kept, unused, until the process ends.
   ~ChannelWork() override;
@@ -72,8 +100,10 @@ class ChannelWork : public Work {
   /// @brief Abandoning the algorithm abandons its transfers still alive (they check the
   /// shared flag when destroyed), so that destroying it never waits for a peer.
   void on_abandon() noexcept override;
+  std::string describe() const override { return _label.describe(); }
 
  private:
+  WorkLabel _label;
   Backend& _backend;
   int _rank;
   int _world;

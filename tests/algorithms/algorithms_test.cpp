@@ -258,6 +258,26 @@ TEST(Algorithms, RunCollectiveBlocksUntilDoneForNativeAndLoomAlgorithms) {
   });
 }
 
+// Starting an algorithm builds no string: its description is made when asked (an error, a
+// timeout, a dump) and names the collective, rank, algorithm, buffer and reduce op.
+TEST(Algorithms, AnAlgorithmsWorkDescribesItselfWhenAsked) {
+  LocalWorld::run(3, [](Backend& b) {
+    std::vector<float> v(7, 1.0f), all(21, 0.0f);
+    auto reduce = start_collective(b, Algorithm::ring,
+                                   {Collective::allreduce, Buffer::of(std::span(v)),
+                                    Buffer::of(std::span(v)), ReduceOp::max, 0});
+    const std::string at = " on rank " + std::to_string(b.rank()) + " of 3 (local): ";
+    EXPECT_EQ(reduce->description(), "allreduce" + at + "ring float32[7]@cpu max");
+    reduce->wait();
+    auto gather = start_collective(b, Algorithm::bruck,
+                                   {Collective::allgather, Buffer::of(std::span(v)),
+                                    Buffer::of(std::span(all)), ReduceOp::sum, 0});
+    EXPECT_EQ(gather->description(), "allgather" + at + "bruck float32[7]@cpu");
+    gather->wait();
+    EXPECT_EQ(all, std::vector<float>(21, 1.0f));
+  });
+}
+
 // Algorithm messages travel on their own channel: a user receive posted for any source and
 // any tag before an algorithm runs still gets the user's message, not the algorithm's.
 TEST(Algorithms, TrafficNeverMatchesAUsersReceive) {
