@@ -35,13 +35,14 @@ namespace loom {
 namespace {
 
 using mpi::check;
+using mpi::CollectiveLabel;
+using mpi::CollectiveWork;
 using mpi::Communicator;
 using mpi::ConstructionWatch;
 using mpi::failure;
 using mpi::message_bytes;
 using mpi::MessageLabel;
 using mpi::MessageWork;
-using mpi::RequestWork;
 using mpi::SharedBoard;
 using mpi::to_int;
 
@@ -112,11 +113,11 @@ class MpiBackend final : public Backend {
                     is_root ? buffer : Buffer(), is_root ? Buffer() : buffer, true, true,
                     [this, root](Buffer, Buffer host) { return start_broadcast(host, root); }});
     }
-    const std::string at = where("broadcast");
-    const int count = to_int(at, "count", buffer.count());
+    const int count = count_of("broadcast", "count", buffer.count());
     const MPI_Datatype type = mpi::datatype(buffer.dtype());
     return launch(
-        at, buffer.describe() + " root " + std::to_string(root), on_device(buffer), "MPI_Ibcast",
+        label("broadcast", CollectiveLabel::Details::buffer_root, buffer, {}, ReduceOp::sum, root),
+        on_device(buffer), "MPI_Ibcast",
         [&](MPI_Request* r) { return MPI_Ibcast(buffer.data(), count, type, root, comm(), r); },
         [&] { return MPI_Bcast(buffer.data(), count, type, root, comm()); });
   }
@@ -130,22 +131,22 @@ class MpiBackend final : public Backend {
                       return start_reduce(in, out.empty() ? in : out, op, root);
                     }});
     }
-    const std::string at = where("reduce");
-    const int count = to_int(at, "count", send.count());
+    const int count = count_of("reduce", "count", send.count());
     const bool is_root = rank() == root;
     const bool device = on_device(send) || (is_root && on_device(recv));
-    refuse_avg_on_device(at, op, device);
+    refuse_avg_on_device("reduce", op, device);
     const void* sendbuf = is_root && send.data() == recv.data() ? MPI_IN_PLACE : send.data();
     void* recvbuf = is_root ? recv.data() : nullptr;
     const MPI_Datatype type = mpi::datatype(send.dtype());
     const MPI_Op mpi_op = _runtime.op(op, send.dtype());
     return launch(
-        at, describe(send, op) + " root " + std::to_string(root), device, "MPI_Ireduce",
+        label("reduce", CollectiveLabel::Details::reduction_root, send, recv, op, root), device,
+        "MPI_Ireduce",
         [&](MPI_Request* r) {
           return MPI_Ireduce(sendbuf, recvbuf, count, type, mpi_op, root, comm(), r);
         },
         [&] { return MPI_Reduce(sendbuf, recvbuf, count, type, mpi_op, root, comm()); },
-        is_root ? average_if(op, recv) : nullptr);
+        is_root ? average_of(op, recv) : Buffer());
   }
 
   std::unique_ptr<Work> start_allreduce(Buffer send, Buffer recv, ReduceOp op) override {
@@ -153,36 +154,35 @@ class MpiBackend final : public Backend {
       return stage({where("allreduce") + ": " + describe(send, op) + " staged", send, recv, true,
                     send.data() == recv.data(),
                     [this, op](Buffer in, Buffer out) { return start_allreduce(in, out, op); }});
-    const std::string at = where("allreduce");
-    const int count = to_int(at, "count", send.count());
+    const int count = count_of("allreduce", "count", send.count());
     const bool device = on_device(send) || on_device(recv);
-    refuse_avg_on_device(at, op, device);
+    refuse_avg_on_device("allreduce", op, device);
     const void* sendbuf = send.data() == recv.data() ? MPI_IN_PLACE : send.data();
     const MPI_Datatype type = mpi::datatype(send.dtype());
     const MPI_Op mpi_op = _runtime.op(op, send.dtype());
     return launch(
-        at, describe(send, op), device, "MPI_Iallreduce",
+        label("allreduce", CollectiveLabel::Details::reduction, send, recv, op), device,
+        "MPI_Iallreduce",
         [&](MPI_Request* r) {
           return MPI_Iallreduce(sendbuf, recv.data(), count, type, mpi_op, comm(), r);
         },
         [&] { return MPI_Allreduce(sendbuf, recv.data(), count, type, mpi_op, comm()); },
-        average_if(op, recv));
+        average_of(op, recv));
   }
 
   std::unique_ptr<Work> start_allgather(Buffer send, Buffer recv) override {
     if (must_stage(send) || must_stage(recv))
       return stage({where("allgather") + ": " + send.describe() + " staged", send, recv, false,
                     false, [this](Buffer in, Buffer out) { return start_allgather(in, out); }});
-    const std::string at = where("allgather");
-    const int count = to_int(at, "count", send.count());
-    to_int(at, "recv count", recv.count());
+    const int count = count_of("allgather", "count", send.count());
+    count_of("allgather", "recv count", recv.count());
     const bool in_place =
         send.count() != 0 && send.data() == recv.slice(rank() * send.count(), send.count()).data();
     const void* sendbuf = in_place ? MPI_IN_PLACE : send.data();
     const MPI_Datatype type = mpi::datatype(send.dtype());
     return launch(
-        at, send.describe() + " -> " + recv.describe(), on_device(send) || on_device(recv),
-        "MPI_Iallgather",
+        label("allgather", CollectiveLabel::Details::gather, send, recv),
+        on_device(send) || on_device(recv), "MPI_Iallgather",
         [&](MPI_Request* r) {
           return MPI_Iallgather(sendbuf, count, type, recv.data(), count, type, comm(), r);
         },
@@ -194,15 +194,15 @@ class MpiBackend final : public Backend {
       return stage(
           {where("reduce_scatter") + ": " + describe(send, op) + " staged", send, recv, false,
            false, [this, op](Buffer in, Buffer out) { return start_reduce_scatter(in, out, op); }});
-    const std::string at = where("reduce_scatter");
-    to_int(at, "send count", send.count());
-    const int count = to_int(at, "recv count", recv.count());
+    count_of("reduce_scatter", "send count", send.count());
+    const int count = count_of("reduce_scatter", "recv count", recv.count());
     const bool device = on_device(send) || on_device(recv);
-    refuse_avg_on_device(at, op, device);
+    refuse_avg_on_device("reduce_scatter", op, device);
     const MPI_Datatype type = mpi::datatype(send.dtype());
     const MPI_Op mpi_op = _runtime.op(op, send.dtype());
     return launch(
-        at, describe(send, op), device, "MPI_Ireduce_scatter_block",
+        label("reduce_scatter", CollectiveLabel::Details::reduction, send, recv, op), device,
+        "MPI_Ireduce_scatter_block",
         [&](MPI_Request* r) {
           return MPI_Ireduce_scatter_block(send.data(), recv.data(), count, type, mpi_op, comm(),
                                            r);
@@ -210,19 +210,19 @@ class MpiBackend final : public Backend {
         [&] {
           return MPI_Reduce_scatter_block(send.data(), recv.data(), count, type, mpi_op, comm());
         },
-        average_if(op, recv));
+        average_of(op, recv));
   }
 
   std::unique_ptr<Work> start_alltoall(Buffer send, Buffer recv) override {
     if (must_stage(send) || must_stage(recv))
       return stage({where("alltoall") + ": " + send.describe() + " staged", send, recv, false,
                     false, [this](Buffer in, Buffer out) { return start_alltoall(in, out); }});
-    const std::string at = where("alltoall");
-    to_int(at, "count", send.count());
+    count_of("alltoall", "count", send.count());
     const int block = static_cast<int>(send.count() / static_cast<std::size_t>(world_size()));
     const MPI_Datatype type = mpi::datatype(send.dtype());
     return launch(
-        at, send.describe(), on_device(send) || on_device(recv), "MPI_Ialltoall",
+        label("alltoall", CollectiveLabel::Details::buffer, send, recv),
+        on_device(send) || on_device(recv), "MPI_Ialltoall",
         [&](MPI_Request* r) {
           return MPI_Ialltoall(send.data(), block, type, recv.data(), block, type, comm(), r);
         },
@@ -231,7 +231,7 @@ class MpiBackend final : public Backend {
 
   std::unique_ptr<Work> start_barrier() override {
     return launch(
-        where("barrier"), "", false, "MPI_Ibarrier",
+        label("barrier", CollectiveLabel::Details::none, Buffer()), false, "MPI_Ibarrier",
         [&](MPI_Request* r) { return MPI_Ibarrier(comm(), r); },
         [&] { return MPI_Barrier(comm()); });
   }
@@ -473,47 +473,46 @@ class MpiBackend final : public Backend {
     return buffer.describe() + " " + std::string(to_string(op));
   }
 
-  // avg is sum on the wire; the division happens where the result lands, once it is complete.
-  std::function<void()> average_if(ReduceOp op, Buffer result) const {
-    if (op != ReduceOp::avg) return nullptr;
-    return [result, n = world_size()] {
-      kernels::average(result.data(), result.count(), result.dtype(), n);
-    };
+  // avg is sum on the wire; the division happens where the result lands, once it is complete:
+  // the buffer to divide, or none.
+  static Buffer average_of(ReduceOp op, Buffer result) {
+    return op == ReduceOp::avg ? result : Buffer();
   }
 
   // The avg division runs on the host, so it cannot touch device memory.
-  static void refuse_avg_on_device(const std::string& at, ReduceOp op, bool device) {
-    if (op == ReduceOp::avg && device)
+  void refuse_avg_on_device(const char* operation, ReduceOp op, bool device) const {
+    if (op == ReduceOp::avg && device) [[unlikely]]
       throw Error(ErrorCode::unsupported,
-                  at + ": avg on device buffers is not supported by the mpi backend (use sum "
-                       "and scale on the device)");
+                  where(operation) +
+                      ": avg on device buffers is not supported by the mpi backend (use sum "
+                      "and scale on the device)");
+  }
+
+  CollectiveLabel label(const char* operation, CollectiveLabel::Details details, Buffer send,
+                        Buffer recv = {}, ReduceOp op = ReduceOp::sum, int root = 0) const {
+    return {operation, rank(), world_size(), details, send, recv, op, root};
   }
 
   // Starts a collective. Host buffers use the nonblocking call; device buffers use the
   // blocking one, because CUDA-aware Open MPI supports device pointers in blocking
   // collectives only (its FAQ: not in nonblocking collectives), so that work is complete on
-  // return.
+  // return. Starting one on host buffers builds no string (the handle describes itself when
+  // asked): the executor and the torch process group start every collective here.
   template <class Start, class Run>
-  std::unique_ptr<Work> launch(const std::string& at, const std::string& details, bool device,
-                               const char* call, Start start, Run run,
-                               std::function<void()> on_success = nullptr) {
-    std::string description = details.empty() ? at : at + ": " + details;
+  std::unique_ptr<Work> launch(const CollectiveLabel& label, bool device, const char* call,
+                               Start start, Run run, Buffer average = {}) {
     if (device) {
       std::string blocking(call);
       blocking.erase(4, 1);  // MPI_Iallreduce -> MPI_Allreduce
-      check(at, blocking.c_str(), run());
-      if (on_success) on_success();
-      return std::make_unique<CompletedWork>(std::move(description));
+      check(label.where(), blocking.c_str(), run());
+      if (!average.empty())
+        kernels::average(average.data(), average.count(), average.dtype(), world_size());
+      return std::make_unique<CompletedWork>(label.describe());
     }
     MPI_Request request = MPI_REQUEST_NULL;
-    check(at, call, start(&request));
-    return std::make_unique<RequestWork>(
-        std::move(description), _communicator, request,
-        [at, call, on_success = std::move(on_success)](int rc, const MPI_Status&) {
-          if (rc != MPI_SUCCESS) throw failure(at, call, rc);
-          if (on_success) on_success();
-        },
-        false);
+    if (const int rc = start(&request); rc != MPI_SUCCESS) [[unlikely]]
+      throw failure(label.where(), call, rc);
+    return std::make_unique<CollectiveWork>(label, call, _communicator, request, average);
   }
 
   std::unique_ptr<ConstructionWatch> _construction;  // while the constructor runs

@@ -1,4 +1,4 @@
-// RequestWork and MessageWork: MPI_Test until the request ends; on destruction the request is
+// CollectiveWork and MessageWork: MPI_Test until the request ends; on destruction the request is
 // cancelled, waited for, or (abandoned) left to MPI and counted.
 #include "request_work.hpp"
 
@@ -6,6 +6,7 @@
 
 #include "loom/backend.hpp"
 #include "loom/error.hpp"
+#include "loom/kernels/reduce.hpp"
 #include "mpi_errors.hpp"
 
 namespace loom::mpi {
@@ -46,25 +47,43 @@ void end_request(MPI_Request& request, bool abandoned, bool cancellable) noexcep
 
 }  // namespace
 
-RequestWork::RequestWork(std::string description, std::shared_ptr<const Communicator> communicator,
-                         MPI_Request request, Finish finish, bool cancellable)
-    : Work(std::move(description)),
-      _communicator(std::move(communicator)),
-      _request(request),
-      _finish(std::move(finish)),
-      _cancellable(cancellable) {}
-
-RequestWork::~RequestWork() {
-  end_request(_request, abandoned(), _cancellable);
+std::string CollectiveLabel::where() const {
+  return Backend::where(operation, rank, world, "mpi");
 }
 
-bool RequestWork::poll() {
-  MPI_Status status{};
+std::string CollectiveLabel::describe() const {
+  using enum Details;
+  if (details == none) return where();
+  std::string text = where() + ": " + send.describe();
+  if (details == reduction || details == reduction_root) text += " " + std::string(to_string(op));
+  if (details == buffer_root || details == reduction_root) text += " root " + std::to_string(root);
+  if (details == gather) text += " -> " + recv.describe();
+  return text;
+}
+
+CollectiveWork::CollectiveWork(const CollectiveLabel& label, const char* call,
+                               std::shared_ptr<const Communicator> communicator,
+                               MPI_Request request, Buffer average)
+    : _label(label),
+      _call(call),
+      _communicator(std::move(communicator)),
+      _request(request),
+      _average(average) {}
+
+CollectiveWork::~CollectiveWork() {
+  end_request(_request, abandoned(), false);
+}
+
+bool CollectiveWork::poll() {
   int done = 0;
-  const int rc = MPI_Test(&_request, &done, &status);
+  const int rc = MPI_Test(&_request, &done, MPI_STATUS_IGNORE);
   if (rc == MPI_SUCCESS && done == 0) return false;
-  if (rc != MPI_SUCCESS) release(_request);
-  _finish(rc, status);
+  if (rc != MPI_SUCCESS) {
+    release(_request);
+    throw failure(_label.where(), _call, rc);
+  }
+  if (!_average.empty())
+    kernels::average(_average.data(), _average.count(), _average.dtype(), _label.world);
   return true;
 }
 

@@ -245,6 +245,48 @@ TEST(MpiBackend, MessagesDescribeThemselvesWhenAsked) {
                   any == std::vector<std::int32_t>(3, from));
 }
 
+// Starting a collective builds no string either: the handle names it when asked, with the
+// details each collective's errors give.
+TEST(MpiBackend, CollectivesDescribeThemselvesWhenAsked) {
+  Backend& b = world();
+  const int n = b.world_size();
+  const std::string at =
+      " on rank " + std::to_string(b.rank()) + " of " + std::to_string(n) + " (mpi)";
+  std::vector<float> v(6, 2.0f), gathered(6 * static_cast<std::size_t>(n));
+  std::vector<float> scattered(6 * static_cast<std::size_t>(n), 1.0f), part(6);
+  auto reduce = b.collective_async({Collective::allreduce, Buffer::of(std::span(v)),
+                                    Buffer::of(std::span(v)), ReduceOp::avg, 0});
+  EXPECT_EQ(reduce->description(), "allreduce" + at + ": float32[6]@cpu avg");
+  reduce->wait();
+  EXPECT_EQ(v, std::vector<float>(6, 2.0f));  // the average of equal values, divided once
+  auto root = b.collective_async({Collective::reduce, Buffer::of(std::span(v)),
+                                  Buffer::of(std::span(v)), ReduceOp::max, n - 1});
+  EXPECT_EQ(root->description(),
+            "reduce" + at + ": float32[6]@cpu max root " + std::to_string(n - 1));
+  root->wait();
+  auto bcast = b.collective_async({Collective::broadcast, Buffer::of(std::span(v)),
+                                   Buffer::of(std::span(v)), ReduceOp::sum, 0});
+  EXPECT_EQ(bcast->description(), "broadcast" + at + ": float32[6]@cpu root 0");
+  bcast->wait();
+  auto gather = b.collective_async({Collective::allgather, Buffer::of(std::span(v)),
+                                    Buffer::of(std::span(gathered)), ReduceOp::sum, 0});
+  EXPECT_EQ(gather->description(),
+            "allgather" + at + ": float32[6]@cpu -> float32[" + std::to_string(6 * n) + "]@cpu");
+  gather->wait();
+  auto scatter = b.collective_async({Collective::reduce_scatter, Buffer::of(std::span(scattered)),
+                                     Buffer::of(std::span(part)), ReduceOp::sum, 0});
+  EXPECT_EQ(scatter->description(),
+            "reduce_scatter" + at + ": float32[" + std::to_string(6 * n) + "]@cpu sum");
+  scatter->wait();
+  auto barrier = b.collective_async({Collective::barrier, {}, {}, ReduceOp::sum, 0});
+  EXPECT_EQ(barrier->description(), "barrier" + at);
+  barrier->wait();
+  EXPECT_EQ(gathered, std::vector<float>(gathered.size(), 2.0f));
+  EXPECT_EQ(part, std::vector<float>(6, static_cast<float>(n)));
+  all_ranks_agree(gathered == std::vector<float>(gathered.size(), 2.0f) &&
+                  part == std::vector<float>(6, static_cast<float>(n)));
+}
+
 TEST(MpiBackend, RecvMessageOfUnknownSizeFromAnySource) {
   Backend& b = world();
   const int n = b.world_size(), me = b.rank();
