@@ -32,7 +32,10 @@ class RingAllreduce final : public ChannelWork {
     _sent.assign(total, false);
     _received.assign(total, false);
     _reduced.assign(_steps_units, false);
-    for (auto& slot : _slots) slot = scratch(_chunk, _out.dtype());
+    // The slots hold a chunk at most, and never more than a block: one pool block for all.
+    const std::size_t slot = std::min(_chunk, block_max);
+    const Buffer slots = scratch(slot * slot_count, _out.dtype());
+    for (int i = 0; i < slot_count; ++i) _slots[i] = slots.slice(i * slot, slot);
   }
 
  protected:

@@ -61,10 +61,12 @@ namespace {
 // the algorithm was abandoned (the algorithm owns its transfers through this handle).
 class Transfer final : public Work {
  public:
-  Transfer(std::unique_ptr<Work> inner, std::shared_ptr<std::atomic<bool>> abandon)
-      : _inner(std::move(inner)), _abandon(std::move(abandon)) {}
+  // `abandon` is the algorithm's flag: the algorithm's own members hold its transfers, so they
+  // are destroyed before it.
+  Transfer(std::unique_ptr<Work> inner, const std::atomic<bool>& abandon)
+      : _inner(std::move(inner)), _abandon(abandon) {}
   ~Transfer() override {
-    if (_abandon->load(std::memory_order_acquire)) _inner->abandon();
+    if (_abandon.load(std::memory_order_acquire)) _inner->abandon();
   }
 
  protected:
@@ -78,7 +80,7 @@ class Transfer final : public Work {
 
  private:
   std::unique_ptr<Work> _inner;
-  std::shared_ptr<std::atomic<bool>> _abandon;
+  const std::atomic<bool>& _abandon;
 };
 
 // Scratch of abandoned algorithms: reachable (not a leak to LeakSanitizer), never reused.
@@ -96,7 +98,7 @@ ChannelWork::~ChannelWork() {
 }
 
 void ChannelWork::on_abandon() noexcept {
-  _abandon->store(true, std::memory_order_release);
+  _abandon.store(true, std::memory_order_release);
 }
 
 std::unique_ptr<Work> ChannelWork::start_send(Buffer buffer, int peer) {

@@ -109,7 +109,7 @@ class ChannelWork : public Work {
   int _world;
   int _tag;
   std::vector<PinnedBlock> _scratch;
-  std::shared_ptr<std::atomic<bool>> _abandon = std::make_shared<std::atomic<bool>>(false);
+  std::atomic<bool> _abandon{false};  // read by the transfers, which the algorithm outlives
 };
 
 /// @brief An algorithm as a sequence of steps: each posts transfers, and runs its local work
