@@ -107,8 +107,13 @@ struct LocalWorld::State {
   std::unique_ptr<RankSlot[]> slots;  // the ranks' board (progress and failures)
 
   void check_alive(const std::string& what) const {
-    if (aborted.load(std::memory_order_acquire))
-      throw Error(ErrorCode::cancelled, what + " abandoned: " + abort_reason);
+    check_alive_as([&] { return what; });
+  }
+  // `describe` is called only when the world was aborted.
+  template <class Describe>
+  void check_alive_as(Describe&& describe) const {
+    if (aborted.load(std::memory_order_acquire)) [[unlikely]]
+      throw Error(ErrorCode::cancelled, describe() + " abandoned: " + abort_reason);
   }
 };
 
@@ -116,32 +121,51 @@ namespace {
 
 using State = LocalWorld::State;
 
+// What a point-to-point message's description and errors name, as values: posting one
+// builds no string (loom's algorithms post several per collective).
+struct MessageLabel {
+  const char* operation = "";  ///< "send" or "recv": static storage
+  int rank = 0;
+  int size = 0;
+  int peer = -1;  ///< a send's destination (named in its description); -1 for a receive
+
+  std::string describe() const {
+    std::string text = Backend::where(operation, rank, size, "local");
+    if (peer >= 0) text += " to rank " + std::to_string(peer);
+    return text;
+  }
+};
+
 // Copies a matched message into a posted buffer, or records why it cannot.
 void deliver(PostedRecv& recv, const std::byte* data, std::size_t bytes, int source, int tag,
-             const std::string& where) {
-  if (bytes != recv.buffer.bytes()) {
+             const MessageLabel& receiver) {
+  if (bytes != recv.buffer.bytes()) [[unlikely]] {
     recv.error = std::make_exception_ptr(
-        Error(ErrorCode::mismatch, where + ": expected " + std::to_string(recv.buffer.bytes()) +
-                                       " bytes but the message from rank " +
-                                       std::to_string(source) + " with tag " + std::to_string(tag) +
-                                       " has " + std::to_string(bytes) + " bytes"));
+        Error(ErrorCode::mismatch,
+              receiver.describe() + ": expected " + std::to_string(recv.buffer.bytes()) +
+                  " bytes but the message from rank " + std::to_string(source) + " with tag " +
+                  std::to_string(tag) + " has " + std::to_string(bytes) + " bytes"));
   } else if (bytes != 0) {
     std::memcpy(recv.buffer.data(), data, bytes);
   }
 }
 
+// A message that was complete when it was posted (a buffered send, a receive that found its
+// message waiting), with the receive's error if its size was wrong.
 class ReadyWork final : public Work {
  public:
-  ReadyWork(std::string description, std::exception_ptr error)
-      : Work(std::move(description)), _error(std::move(error)) {}
+  ReadyWork(const MessageLabel& label, std::exception_ptr error)
+      : _label(label), _error(std::move(error)) {}
 
  protected:
+  std::string describe() const override { return _label.describe(); }
   bool poll() override {
     if (_error) std::rethrow_exception(_error);
     return true;
   }
 
  private:
+  MessageLabel _label;
   std::exception_ptr _error;
 };
 
@@ -201,9 +225,9 @@ class CollectiveWork final : public Work {
 
 class RecvWork final : public Work {
  public:
-  RecvWork(std::string description, std::shared_ptr<State> state,
+  RecvWork(const MessageLabel& label, std::shared_ptr<State> state,
            std::shared_ptr<PostedRecv> posted)
-      : Work(std::move(description)), _state(std::move(state)), _posted(std::move(posted)) {}
+      : _label(label), _state(std::move(state)), _posted(std::move(posted)) {}
 
  protected:
   // An unmatched receive leaves the posted queue, so no later send writes into its buffer.
@@ -219,11 +243,13 @@ class RecvWork final : public Work {
       if (_posted->error) std::rethrow_exception(_posted->error);
       return true;
     }
-    _state->check_alive(description());
+    _state->check_alive_as([this] { return description(); });
     return false;
   }
+  std::string describe() const override { return _label.describe(); }
 
  private:
+  MessageLabel _label;
   std::shared_ptr<State> _state;
   std::shared_ptr<PostedRecv> _posted;
 };
@@ -342,43 +368,42 @@ class LocalBackend final : public Backend {
   }
 
   std::unique_ptr<Work> send_on(int channel, Buffer buffer, int peer, int tag) {
-    const std::string what = where("send") + " to rank " + std::to_string(peer);
+    const MessageLabel label{"send", _rank, _state->size, peer};
     std::lock_guard lock(_state->mutex);
-    _state->check_alive(what);
+    _state->check_alive_as([&] { return label.describe(); });
     auto& posted = _state->mailboxes[channel].posted[peer];
     for (auto it = posted.begin(); it != posted.end(); ++it) {
       PostedRecv& recv = **it;
       if (!matches(recv.source, recv.tag, _rank, tag)) continue;
       deliver(recv, bytes_of(buffer), buffer.bytes(), _rank, tag,
-              "recv on rank " + std::to_string(peer) + " of " + std::to_string(_state->size) +
-                  " (local)");
+              MessageLabel{"recv", peer, _state->size});
       recv.matched.store(true, std::memory_order_release);
       posted.erase(it);
-      return std::make_unique<CompletedWork>(what);
+      return std::make_unique<ReadyWork>(label, nullptr);
     }
     // Buffered (eager) send: the caller may reuse its buffer as soon as this returns.
     _state->mailboxes[channel].unexpected[peer].push_back(
         {_rank, tag, std::vector<std::byte>(bytes_of(buffer), bytes_of(buffer) + buffer.bytes())});
-    return std::make_unique<CompletedWork>(what);
+    return std::make_unique<ReadyWork>(label, nullptr);
   }
 
   std::unique_ptr<Work> recv_on(int channel, Buffer buffer, int peer, int tag) {
-    const std::string what = where("recv");
+    const MessageLabel label{"recv", _rank, _state->size};
     auto recv = std::make_shared<PostedRecv>();
     recv->source = peer;
     recv->tag = tag;
     recv->buffer = buffer;
     std::lock_guard lock(_state->mutex);
-    _state->check_alive(what);
+    _state->check_alive_as([&] { return label.describe(); });
     auto& queue = _state->mailboxes[channel].unexpected[_rank];
     for (auto it = queue.begin(); it != queue.end(); ++it) {
       if (!matches(peer, tag, it->source, it->tag)) continue;
-      deliver(*recv, it->data.data(), it->data.size(), it->source, it->tag, what);
+      deliver(*recv, it->data.data(), it->data.size(), it->source, it->tag, label);
       queue.erase(it);
-      return std::make_unique<ReadyWork>(what, recv->error);
+      return std::make_unique<ReadyWork>(label, recv->error);
     }
     _state->mailboxes[channel].posted[_rank].push_back(recv);
-    return std::make_unique<RecvWork>(what, _state, recv);
+    return std::make_unique<RecvWork>(label, _state, recv);
   }
 
   std::optional<Status> poll_probe(int peer, int tag) override {
