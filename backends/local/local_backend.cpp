@@ -169,11 +169,12 @@ class ReadyWork final : public Work {
   std::exception_ptr _error;
 };
 
+// A rank's part of collective #sequence, described only when asked.
 class CollectiveWork final : public Work {
  public:
-  CollectiveWork(std::string description, std::shared_ptr<State> state,
+  CollectiveWork(const Signature& signature, std::shared_ptr<State> state,
                  std::shared_ptr<Rendezvous> rendezvous, int rank)
-      : Work(std::move(description)),
+      : _signature(signature),
         _state(std::move(state)),
         _rendezvous(std::move(rendezvous)),
         _rank(rank) {}
@@ -201,7 +202,7 @@ class CollectiveWork final : public Work {
   bool poll() override {
     if (finished_rendezvous()) return true;
     try {
-      _state->check_alive(description());
+      _state->check_alive_as([this] { return description(); });
     } catch (const Error&) {
       // A peer that failed after completing this rendezvous (a mismatch it found as the last
       // to arrive) aborts the world after setting `done`: report the rendezvous' own outcome.
@@ -217,7 +218,13 @@ class CollectiveWork final : public Work {
     return true;
   }
 
+  std::string describe() const override {
+    return Backend::where(to_string(_signature.kind), _rank, _state->size, "local") +
+           ": collective #" + std::to_string(_rendezvous->sequence) + " " + _signature.describe();
+  }
+
  private:
+  Signature _signature;
   std::shared_ptr<State> _state;
   std::shared_ptr<Rendezvous> _rendezvous;
   int _rank;
@@ -438,13 +445,14 @@ class LocalBackend final : public Backend {
  private:
   std::unique_ptr<Work> arrive(const Signature& sig, Buffer send, Buffer recv) {
     const std::uint64_t sequence = _next_sequence++;
-    const std::string what = where(to_string(sig.kind)) + ": collective #" +
-                             std::to_string(sequence) + " " + sig.describe();
     std::shared_ptr<Rendezvous> rv;
     bool last = false;
     {
       std::lock_guard lock(_state->mutex);
-      _state->check_alive(what);
+      _state->check_alive_as([&] {
+        return where(to_string(sig.kind)) + ": collective #" + std::to_string(sequence) + " " +
+               sig.describe();
+      });
       auto& slot = _state->rendezvous[sequence];
       if (!slot) slot = std::make_shared<Rendezvous>(sequence, _state->size);
       rv = slot;
@@ -458,7 +466,7 @@ class LocalBackend final : public Backend {
       }
     }
     if (last) complete(*rv);
-    return std::make_unique<CollectiveWork>(what, _state, std::move(rv), _rank);
+    return std::make_unique<CollectiveWork>(sig, _state, std::move(rv), _rank);
   }
 
   void complete(Rendezvous& rv) {

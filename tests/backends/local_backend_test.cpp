@@ -73,6 +73,29 @@ INSTANTIATE_TEST_SUITE_P(AllCases, LocalPointToPoint,
                                   std::string(to_string(std::get<1>(info.param)));
                          });
 
+// Posting a message or starting a collective builds no string: each handle describes itself
+// when asked, as before.
+TEST(LocalBackend, HandlesDescribeThemselvesWhenAsked) {
+  LocalWorld::run(2, [](Backend& b) {
+    const int peer = 1 - b.rank();
+    std::vector<int> out(3, b.rank()), in(3, -1);
+    auto recv = b.recv_async(Buffer::of(std::span(in)), peer, 4);
+    auto send = b.send_async(Buffer::of(std::span(out)), peer, 4);
+    const std::string at = " on rank " + std::to_string(b.rank()) + " of 2 (local)";
+    EXPECT_EQ(recv->description(), "recv" + at);
+    EXPECT_EQ(send->description(), "send" + at + " to rank " + std::to_string(peer));
+    recv->wait();
+    send->wait();
+    EXPECT_EQ(in, std::vector<int>(3, peer));
+    std::vector<float> v(5, 1.0f);
+    auto reduce = b.collective_async({Collective::allreduce, Buffer::of(std::span(v)),
+                                      Buffer::of(std::span(v)), ReduceOp::sum, 0});
+    EXPECT_EQ(reduce->description(), "allreduce" + at + ": collective #0 allreduce float32[5] sum");
+    reduce->wait();
+    EXPECT_EQ(v, std::vector<float>(5, 2.0f));
+  });
+}
+
 TEST(LocalBackend, DifferentCollectivesAtTheSameStepAreAMismatchOnEveryRank) {
   std::atomic<int> mismatches{0};
   // run() rethrows rank 0's error (the first that is not a consequence of another).
