@@ -79,9 +79,12 @@ class ChannelWork : public Work {
   int rank() const noexcept { return _rank; }
   int world() const noexcept { return _world; }
 
-  /// @brief Starts sending `buffer` to `peer` on the algorithm channel.
+  /// @brief Starts sending `buffer` to `peer` on the algorithm channel. The handle refers to
+  /// this work's abandon flag: keep it in a member of the derived class (destroyed before
+  /// this base), never anywhere that outlives the algorithm.
   std::unique_ptr<Work> start_send(Buffer buffer, int peer);
-  /// @brief Starts receiving exactly buffer.bytes() from `peer` on the algorithm channel.
+  /// @brief Starts receiving exactly buffer.bytes() from `peer` on the algorithm channel (kept
+  /// as start_send's handle is).
   std::unique_ptr<Work> start_recv(Buffer buffer, int peer);
   /// @brief Scratch memory of `count` elements of `dtype`, kept until this work is destroyed.
   /// Derived classes hold their transfers in their own members, which are destroyed (so
@@ -97,8 +100,8 @@ class ChannelWork : public Work {
   /// @brief Divides by the world size when op is avg (the last step of avg: sum, then divide).
   void finish_average(Buffer result, ReduceOp op) const;
 
-  /// @brief Abandoning the algorithm abandons its transfers still alive (they check the
-  /// shared flag when destroyed), so that destroying it never waits for a peer.
+  /// @brief Abandoning the algorithm abandons its transfers still alive (they check this
+  /// work's flag when destroyed), so that destroying it never waits for a peer.
   void on_abandon() noexcept override;
   std::string describe() const override { return _label.describe(); }
 

@@ -10,12 +10,10 @@ namespace {
 class ProfiledWork final : public Work {
  public:
   ProfiledWork(std::unique_ptr<Work> inner, CommunicationProfiler& profiler, OperationRecord r)
-      : Work(inner->description()),
-        _inner(std::move(inner)),
-        _profiler(profiler),
-        _record(std::move(r)) {}
+      : _inner(std::move(inner)), _profiler(profiler), _record(std::move(r)) {}
 
  protected:
+  std::string describe() const override { return _inner->description(); }
   bool poll() override {
     if (!_inner->test()) return false;
     if (_inner->failed()) std::rethrow_exception(_inner->error());

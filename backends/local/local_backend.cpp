@@ -106,12 +106,9 @@ struct LocalWorld::State {
   std::string abort_reason;           // written once, before aborted is set
   std::unique_ptr<RankSlot[]> slots;  // the ranks' board (progress and failures)
 
-  void check_alive(const std::string& what) const {
-    check_alive_as([&] { return what; });
-  }
-  // `describe` is called only when the world was aborted.
+  // `describe` (the text of what was abandoned) is called only when the world was aborted.
   template <class Describe>
-  void check_alive_as(Describe&& describe) const {
+  void check_alive(Describe&& describe) const {
     if (aborted.load(std::memory_order_acquire)) [[unlikely]]
       throw Error(ErrorCode::cancelled, describe() + " abandoned: " + abort_reason);
   }
@@ -202,7 +199,7 @@ class CollectiveWork final : public Work {
   bool poll() override {
     if (finished_rendezvous()) return true;
     try {
-      _state->check_alive_as([this] { return description(); });
+      _state->check_alive([this] { return description(); });
     } catch (const Error&) {
       // A peer that failed after completing this rendezvous (a mismatch it found as the last
       // to arrive) aborts the world after setting `done`: report the rendezvous' own outcome.
@@ -250,7 +247,7 @@ class RecvWork final : public Work {
       if (_posted->error) std::rethrow_exception(_posted->error);
       return true;
     }
-    _state->check_alive_as([this] { return description(); });
+    _state->check_alive([this] { return description(); });
     return false;
   }
   std::string describe() const override { return _label.describe(); }
@@ -377,7 +374,7 @@ class LocalBackend final : public Backend {
   std::unique_ptr<Work> send_on(int channel, Buffer buffer, int peer, int tag) {
     const MessageLabel label{"send", _rank, _state->size, peer};
     std::lock_guard lock(_state->mutex);
-    _state->check_alive_as([&] { return label.describe(); });
+    _state->check_alive([&] { return label.describe(); });
     auto& posted = _state->mailboxes[channel].posted[peer];
     for (auto it = posted.begin(); it != posted.end(); ++it) {
       PostedRecv& recv = **it;
@@ -401,7 +398,7 @@ class LocalBackend final : public Backend {
     recv->tag = tag;
     recv->buffer = buffer;
     std::lock_guard lock(_state->mutex);
-    _state->check_alive_as([&] { return label.describe(); });
+    _state->check_alive([&] { return label.describe(); });
     auto& queue = _state->mailboxes[channel].unexpected[_rank];
     for (auto it = queue.begin(); it != queue.end(); ++it) {
       if (!matches(peer, tag, it->source, it->tag)) continue;
@@ -415,7 +412,7 @@ class LocalBackend final : public Backend {
 
   std::optional<Status> poll_probe(int peer, int tag) override {
     std::lock_guard lock(_state->mutex);
-    _state->check_alive(where("probe"));
+    _state->check_alive([this] { return where("probe"); });
     for (const Envelope& e : _state->mailboxes[user_channel].unexpected[_rank])
       if (matches(peer, tag, e.source, e.tag)) return Status{e.source, e.tag, e.data.size()};
     return std::nullopt;
@@ -429,7 +426,7 @@ class LocalBackend final : public Backend {
         receive_deadline_passed(peer, tag);
       {
         std::lock_guard lock(_state->mutex);
-        _state->check_alive(where("recv_message"));
+        _state->check_alive([this] { return where("recv_message"); });
         auto& queue = _state->mailboxes[user_channel].unexpected[_rank];
         for (auto it = queue.begin(); it != queue.end(); ++it) {
           if (!matches(peer, tag, it->source, it->tag)) continue;
@@ -449,7 +446,7 @@ class LocalBackend final : public Backend {
     bool last = false;
     {
       std::lock_guard lock(_state->mutex);
-      _state->check_alive_as([&] {
+      _state->check_alive([&] {
         return where(to_string(sig.kind)) + ": collective #" + std::to_string(sequence) + " " +
                sig.describe();
       });

@@ -83,9 +83,9 @@ struct MessageLabel {
 };
 
 /// @brief The handle of one MPI_Isend or MPI_Irecv, described only when asked (an error, a
-/// timeout, a flight record): RequestWork's behaviour without a string or a callback per
-/// message. A receive checks that exactly buffer.bytes() arrived and is cancelled when
-/// destroyed in flight; a send is waited for.
+/// timeout, a flight record): posting a message builds no string and no callback. A receive
+/// checks that exactly buffer.bytes() arrived and is cancelled when destroyed in flight; a
+/// send is waited for; an abandoned one is left to MPI and counted.
 class MessageWork final : public Work {
  public:
   MessageWork(const MessageLabel& label, std::shared_ptr<const Communicator> communicator,

@@ -78,7 +78,8 @@ class Backend {
 
   virtual int rank() const noexcept = 0;
   virtual int world_size() const noexcept = 0;
-  /// @brief "local", "mpi" or "nccl".
+  /// @brief "local", "mpi" or "nccl": a string of static storage (handles keep the view to
+  /// describe themselves when asked).
   virtual std::string_view name() const noexcept = 0;
   /// @brief Which ranks share a node (and its memory), the same on every rank; a backend
   /// that describes none (set_topology) has every rank on a node of its own.
