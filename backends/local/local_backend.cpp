@@ -166,6 +166,13 @@ class ReadyWork final : public Work {
   std::exception_ptr _error;
 };
 
+// "allreduce on rank 0 of 4 (local): collective #7 allreduce float32[5] sum".
+std::string collective_text(const Signature& signature, std::uint64_t sequence, int rank,
+                            int size) {
+  return Backend::where(to_string(signature.kind), rank, size, "local") + ": collective #" +
+         std::to_string(sequence) + " " + signature.describe();
+}
+
 // A rank's part of collective #sequence, described only when asked.
 class CollectiveWork final : public Work {
  public:
@@ -216,8 +223,7 @@ class CollectiveWork final : public Work {
   }
 
   std::string describe() const override {
-    return Backend::where(to_string(_signature.kind), _rank, _state->size, "local") +
-           ": collective #" + std::to_string(_rendezvous->sequence) + " " + _signature.describe();
+    return collective_text(_signature, _rendezvous->sequence, _rank, _state->size);
   }
 
  private:
@@ -446,10 +452,7 @@ class LocalBackend final : public Backend {
     bool last = false;
     {
       std::lock_guard lock(_state->mutex);
-      _state->check_alive([&] {
-        return where(to_string(sig.kind)) + ": collective #" + std::to_string(sequence) + " " +
-               sig.describe();
-      });
+      _state->check_alive([&] { return collective_text(sig, sequence, _rank, _state->size); });
       auto& slot = _state->rendezvous[sequence];
       if (!slot) slot = std::make_shared<Rendezvous>(sequence, _state->size);
       rv = slot;

@@ -500,19 +500,18 @@ class MpiBackend final : public Backend {
   // asked): the executor and the torch process group start every collective here.
   template <class Start, class Run>
   std::unique_ptr<Work> launch(const CollectiveLabel& label, bool device, const char* call,
-                               Start start, Run run, Buffer average = {}) {
+                               Start start, Run run, Buffer to_average = {}) {
     if (device) {
       std::string blocking(call);
       blocking.erase(4, 1);  // MPI_Iallreduce -> MPI_Allreduce
       check(label.where(), blocking.c_str(), run());
-      if (!average.empty())
-        kernels::average(average.data(), average.count(), average.dtype(), world_size());
+      if (!to_average.empty()) average(to_average);
       return std::make_unique<CompletedWork>(label.describe());
     }
     MPI_Request request = MPI_REQUEST_NULL;
     if (const int rc = start(&request); rc != MPI_SUCCESS) [[unlikely]]
       throw failure(label.where(), call, rc);
-    return std::make_unique<CollectiveWork>(label, call, _communicator, request, average);
+    return std::make_unique<CollectiveWork>(label, call, _communicator, request, to_average);
   }
 
   std::unique_ptr<ConstructionWatch> _construction;  // while the constructor runs
