@@ -55,8 +55,8 @@ void Check::fail_counts(Buffer send, Buffer recv) const {
 
 void Check::fail_op(ReduceOp op, DType dtype) const {
   fail(ErrorCode::unsupported, "reduce op " + std::string(to_string(op)) + " is not defined for " +
-                                   std::string(to_string(dtype)) +
-                                   " (avg on integers would truncate; use sum and divide)");
+                                   std::string(to_string(dtype)) + " (" +
+                                   std::string(unsupported_reason(op, dtype)) + ")");
 }
 
 void Check::fail_overlap(Buffer send, Buffer recv) const {

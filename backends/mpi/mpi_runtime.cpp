@@ -108,7 +108,7 @@ MpiRuntime::MpiRuntime() {
       const ReduceOp combine = requested == ReduceOp::avg ? ReduceOp::sum : requested;
       const MPI_Op user = _user_ops[d][static_cast<std::size_t>(combine)];
       _ops[d][static_cast<std::size_t>(requested)] =
-          user != MPI_OP_NULL ? user : predefined_op(combine);
+          user != MPI_OP_NULL ? user : predefined_op(combine, dtype);
     }
   }
 

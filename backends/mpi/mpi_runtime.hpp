@@ -36,7 +36,9 @@ bool finalized() noexcept;
 // one more cache line fetched per call (cachegrind, 2 ranks on shared memory).
 
 /// @brief The MPI datatype that carries `dtype`; 16-bit floats travel as MPI_UINT16_T, which is
-/// right for moving them but not for reducing them (MPI has no float16 arithmetic).
+/// right for moving them but not for reducing them (MPI has no float16 arithmetic); bool as
+/// MPI_UINT8_T (0 or 1, reduced with MPI_MAX and MPI_MIN: see predefined_op); complex as MPI's
+/// C complex types, which MPI_SUM adds component-wise.
 inline MPI_Datatype datatype(DType dtype) noexcept {
   switch (dtype) {
     case DType::float32:
@@ -51,14 +53,29 @@ inline MPI_Datatype datatype(DType dtype) noexcept {
     case DType::int64:
       return MPI_INT64_T;
     case DType::uint8:
+    case DType::boolean:
       return MPI_UINT8_T;
+    case DType::int8:
+      return MPI_INT8_T;
+    case DType::int16:
+      return MPI_INT16_T;
+    case DType::complex64:
+      return MPI_C_FLOAT_COMPLEX;
+    case DType::complex128:
+      return MPI_C_DOUBLE_COMPLEX;
   }
   return MPI_DATATYPE_NULL;
 }
 
-/// @brief MPI's predefined op for `op` (MPI_SUM, MPI_PROD, MPI_MIN, MPI_MAX); MPI_OP_NULL for
-/// avg, which MPI does not have. MpiRuntime::op is what the backend reduces with.
-inline MPI_Op predefined_op(ReduceOp op) noexcept {
+/// @brief MPI's predefined op for `op` on `dtype` (MPI_SUM, MPI_PROD, MPI_MIN, MPI_MAX); on bool,
+/// sum is logical or (MPI_MAX on 0/1 bytes, which cannot overflow) and prod logical and
+/// (MPI_MIN); MPI_OP_NULL for avg, which MPI does not have. MpiRuntime::op is what the backend
+/// reduces with.
+inline MPI_Op predefined_op(ReduceOp op, DType dtype) noexcept {
+  if (dtype == DType::boolean) {
+    if (op == ReduceOp::sum) return MPI_MAX;
+    if (op == ReduceOp::prod) return MPI_MIN;
+  }
   switch (op) {
     case ReduceOp::sum:
       return MPI_SUM;
@@ -147,10 +164,12 @@ class MpiRuntime {
   };
   mutable std::vector<Deferred> _deferred;  // freed before MPI_Finalize
   // Indexed [dtype][op]; MPI_OP_NULL where a predefined MPI op is used.
-  std::array<std::array<MPI_Op, 5>, 7> _user_ops{};
+  static constexpr std::size_t dtypes = std::size(all_dtypes);
+  static constexpr std::size_t ops = std::size(all_reduce_ops);
+  std::array<std::array<MPI_Op, ops>, dtypes> _user_ops{};
   // Indexed [dtype][op]: what op() returns (loom's op, else MPI's; avg as sum).
-  std::array<std::array<MPI_Op, 5>, 7> _ops{};
-  std::array<MPI_Datatype, 7> _datatypes{};
+  std::array<std::array<MPI_Op, ops>, dtypes> _ops{};
+  std::array<MPI_Datatype, dtypes> _datatypes{};
 };
 
 }  // namespace loom::mpi

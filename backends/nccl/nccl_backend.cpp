@@ -15,6 +15,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -39,11 +40,15 @@ std::string nccl_text(ncclResult_t result, ncclComm_t comm) {
   return text;
 }
 
+// NCCL has no complex or bool types: a complex number travels as its two real halves (sum and
+// avg are component-wise, the only ops supports() allows on it), a bool as a uint8 0 or 1.
 ncclDataType_t nccl_type(DType dtype) {
   switch (dtype) {
     case DType::float32:
+    case DType::complex64:
       return ncclFloat32;
     case DType::float64:
+    case DType::complex128:
       return ncclFloat64;
     case DType::float16:
       return ncclFloat16;
@@ -54,12 +59,42 @@ ncclDataType_t nccl_type(DType dtype) {
     case DType::int64:
       return ncclInt64;
     case DType::uint8:
+    case DType::boolean:
       return ncclUint8;
+    case DType::int8:
+      return ncclInt8;
+    case DType::int16:
+      break;  // NCCL has no 16-bit integer type; the backend refuses to reduce it (below)
   }
   return ncclUint8;
 }
 
-ncclRedOp_t nccl_op(ReduceOp op) {
+// Elements of nccl_type(dtype) in `count` elements of `dtype`. int16 is moved (not reduced) as
+// pairs of bytes.
+std::size_t nccl_count(std::size_t count, DType dtype) {
+  if (is_complex(dtype)) return 2 * count;
+  if (dtype == DType::int16) return 2 * count;
+  return count;
+}
+
+// On bool, sum is logical or and prod logical and: max and min on 0/1 bytes, which cannot
+// overflow as a uint8 sum would (torch's ProcessGroupNCCL maps them the same way). Integer avg
+// is ncclAvg's: the sum divided with truncation toward zero.
+// NCCL reduces no 16-bit integers (torch's ProcessGroupNCCL refuses torch.int16 too).
+void require_nccl_reduces(DType dtype, std::string_view collective) {
+  if (dtype == DType::int16)
+    throw Error(ErrorCode::unsupported,
+                std::string(collective) +
+                    " on the nccl backend: NCCL has no 16-bit integer type to reduce int16 with "
+                    "(widen to int32; broadcast, allgather, alltoall and point-to-point move "
+                    "int16)");
+}
+
+ncclRedOp_t nccl_op(ReduceOp op, DType dtype) {
+  if (dtype == DType::boolean) {
+    if (op == ReduceOp::sum) return ncclMax;
+    if (op == ReduceOp::prod) return ncclMin;
+  }
   switch (op) {
     case ReduceOp::sum:
       return ncclSum;
@@ -349,47 +384,58 @@ class NcclBackend final : public Backend {
   std::unique_ptr<Work> start_broadcast(Buffer buffer, int root) override {
     return enqueue({"broadcast", _rank, _world, buffer, std::nullopt, "root", root},
                    [&](ncclComm_t comm, cudaStream_t stream) {
-                     return ncclBroadcast(buffer.data(), buffer.data(), buffer.count(),
+                     return ncclBroadcast(buffer.data(), buffer.data(),
+                                          nccl_count(buffer.count(), buffer.dtype()),
                                           nccl_type(buffer.dtype()), root, comm, stream);
                    });
   }
 
   std::unique_ptr<Work> start_reduce(Buffer send, Buffer recv, ReduceOp op, int root) override {
+    require_nccl_reduces(send.dtype(), "reduce");
     // recv is read on the root only; elsewhere NCCL is given send, which it does not write.
     void* out = _rank == root ? recv.data() : send.data();
     return enqueue({"reduce", _rank, _world, send, op, "root", root},
                    [&](ncclComm_t comm, cudaStream_t stream) {
-                     return ncclReduce(send.data(), out, send.count(), nccl_type(send.dtype()),
-                                       nccl_op(op), root, comm, stream);
+                     return ncclReduce(send.data(), out, nccl_count(send.count(), send.dtype()),
+                                       nccl_type(send.dtype()),
+                                       nccl_op(op, send.dtype()), root, comm, stream);
                    });
   }
 
   std::unique_ptr<Work> start_allreduce(Buffer send, Buffer recv, ReduceOp op) override {
+    require_nccl_reduces(send.dtype(), "allreduce");
     return enqueue({"allreduce", _rank, _world, send, op},
                    [&](ncclComm_t comm, cudaStream_t stream) {
-                     return ncclAllReduce(send.data(), recv.data(), send.count(),
-                                          nccl_type(send.dtype()), nccl_op(op), comm, stream);
+                     return ncclAllReduce(send.data(), recv.data(),
+                                          nccl_count(send.count(), send.dtype()),
+                                          nccl_type(send.dtype()), nccl_op(op, send.dtype()),
+                                          comm, stream);
                    });
   }
 
   std::unique_ptr<Work> start_allgather(Buffer send, Buffer recv) override {
     return enqueue({"allgather", _rank, _world, send, std::nullopt, "->", -1, recv},
                    [&](ncclComm_t comm, cudaStream_t stream) {
-                     return ncclAllGather(send.data(), recv.data(), send.count(),
+                     return ncclAllGather(send.data(), recv.data(),
+                                          nccl_count(send.count(), send.dtype()),
                                           nccl_type(send.dtype()), comm, stream);
                    });
   }
 
   std::unique_ptr<Work> start_reduce_scatter(Buffer send, Buffer recv, ReduceOp op) override {
+    require_nccl_reduces(send.dtype(), "reduce_scatter");
     return enqueue({"reduce_scatter", _rank, _world, send, op},
                    [&](ncclComm_t comm, cudaStream_t stream) {
-                     return ncclReduceScatter(send.data(), recv.data(), recv.count(),
-                                              nccl_type(send.dtype()), nccl_op(op), comm, stream);
+                     return ncclReduceScatter(send.data(), recv.data(),
+                                              nccl_count(recv.count(), send.dtype()),
+                                              nccl_type(send.dtype()),
+                                              nccl_op(op, send.dtype()), comm, stream);
                    });
   }
 
   std::unique_ptr<Work> start_alltoall(Buffer send, Buffer recv) override {
-    const std::size_t block = send.count() / static_cast<std::size_t>(_world);
+    const std::size_t block =
+        nccl_count(send.count() / static_cast<std::size_t>(_world), send.dtype());
     return enqueue({"alltoall", _rank, _world, send}, [&](ncclComm_t comm, cudaStream_t stream) {
       return ncclAlltoAll(send.data(), recv.data(), block, nccl_type(send.dtype()), comm, stream);
     });

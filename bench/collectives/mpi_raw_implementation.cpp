@@ -33,7 +33,7 @@ class MpiRawImplementation final : public Implementation {
   void run(const CollectiveArgs& call) override {
     const MPI_Comm comm = _communicator.get();
     const MPI_Datatype type = mpi::datatype(call.send.dtype());
-    const MPI_Op op = mpi::predefined_op(call.reduce_op);
+    const MPI_Op op = mpi::predefined_op(call.reduce_op, call.send.dtype());
     const int send_count = mpi_count(call.send.count());
     const int recv_count = mpi_count(call.recv.count());
     void* send = call.send.data();

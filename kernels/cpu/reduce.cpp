@@ -40,6 +40,29 @@ struct Max {
   }
 };
 
+// torch.bool: one byte, 0 or 1. sum and max are logical or, prod and min logical and (as Gloo
+// computes them on bool and as NCCL does through max and min on uint8). Any non-zero byte
+// reads as true; the result is always 0 or 1.
+struct LogicalOr {
+  static std::uint8_t apply(std::uint8_t a, std::uint8_t b) { return (a | b) != 0; }
+};
+struct LogicalAnd {
+  static std::uint8_t apply(std::uint8_t a, std::uint8_t b) { return (a != 0) & (b != 0); }
+};
+
+template <class Op>
+void combine_bool(void* out, const void* a, const void* b, std::size_t n) {
+  auto* o = static_cast<std::uint8_t*>(out);
+  auto* x = static_cast<const std::uint8_t*>(a);
+  auto* y = static_cast<const std::uint8_t*>(b);
+  for (std::size_t i = 0; i < n; ++i) o[i] = Op::apply(x[i], y[i]);
+}
+
+void dispatch_bool(void* out, const void* a, const void* b, std::size_t n, ReduceOp op) {
+  if (op == ReduceOp::sum || op == ReduceOp::max) return combine_bool<LogicalOr>(out, a, b, n);
+  return combine_bool<LogicalAnd>(out, a, b, n);  // prod, min (avg is refused before)
+}
+
 // Integers are combined as unsigned so overflow wraps instead of being undefined.
 template <class T>
 using Arith = std::conditional_t<std::is_integral_v<T>, std::make_unsigned_t<T>, T>;
@@ -118,7 +141,7 @@ void dispatch_op(void* out, const void* a, const void* b, std::size_t n, ReduceO
 [[noreturn]] void not_floating(const char* what, DType dtype) {
   throw Error(ErrorCode::unsupported, std::string(what) + " is not defined for " +
                                           std::string(to_string(dtype)) +
-                                          " (integers would truncate)");
+                                          " (a scale factor is applied to floating types only)");
 }
 
 // 16-bit floats multiply in float by the factor rounded to float, as average() divides.
@@ -137,6 +160,19 @@ void scale_floats(const void* in, void* out, std::size_t n, double factor) {
   } else {
     const T f = static_cast<T>(factor);
     for (std::size_t i = 0; i < n; ++i) y[i] = x[i] * f;
+  }
+}
+
+// avg on integers as ncclAvg computes it: the wrapped sum divided with truncation toward zero
+// (C++'s integer division). int8 and int16 promote to int, whose division truncates the same.
+template <class T>
+void divide_integers(void* data, std::size_t n, int divisor) {
+  auto* p = static_cast<T*>(data);
+  const auto d = static_cast<T>(divisor);
+  if constexpr (sizeof(T) < sizeof(int)) {
+    for (std::size_t i = 0; i < n; ++i) p[i] = static_cast<T>(p[i] / divisor);
+  } else {
+    for (std::size_t i = 0; i < n; ++i) p[i] /= d;
   }
 }
 
@@ -162,7 +198,9 @@ void divide_floats(void* data, std::size_t n, int divisor) {
 void reduce(void* out, const void* a, const void* b, std::size_t count, DType dtype, ReduceOp op) {
   if (!supports(op, dtype))
     throw Error(ErrorCode::unsupported, "reduce op " + std::string(to_string(op)) +
-                                            " is not defined for " + std::string(to_string(dtype)));
+                                            " is not defined for " +
+                                            std::string(to_string(dtype)) + " (" +
+                                            std::string(unsupported_reason(op, dtype)) + ")");
   if (count == 0) return;
   switch (dtype) {
     case DType::float32:
@@ -179,6 +217,16 @@ void reduce(void* out, const void* a, const void* b, std::size_t count, DType dt
       return dispatch_op<std::int64_t>(out, a, b, count, op);
     case DType::uint8:
       return dispatch_op<std::uint8_t>(out, a, b, count, op);
+    case DType::int8:
+      return dispatch_op<std::int8_t>(out, a, b, count, op);
+    case DType::int16:
+      return dispatch_op<std::int16_t>(out, a, b, count, op);
+    case DType::boolean:
+      return dispatch_bool(out, a, b, count, op);
+    case DType::complex64:  // sum and avg only: component-wise on the float pairs
+      return dispatch_op<float>(out, a, b, 2 * count, op);
+    case DType::complex128:
+      return dispatch_op<double>(out, a, b, 2 * count, op);
   }
 }
 
@@ -196,9 +244,26 @@ void average(void* data, std::size_t count, DType dtype, int divisor) {
       return divide_floats<float16_t>(data, count, divisor);
     case DType::bfloat16:
       return divide_floats<bfloat16_t>(data, count, divisor);
-    default:
-      not_floating("avg", dtype);
+    case DType::complex64:
+      return divide_floats<float>(data, 2 * count, divisor);
+    case DType::complex128:
+      return divide_floats<double>(data, 2 * count, divisor);
+    case DType::int32:
+      return divide_integers<std::int32_t>(data, count, divisor);
+    case DType::int64:
+      return divide_integers<std::int64_t>(data, count, divisor);
+    case DType::uint8:
+      return divide_integers<std::uint8_t>(data, count, divisor);
+    case DType::int8:
+      return divide_integers<std::int8_t>(data, count, divisor);
+    case DType::int16:
+      return divide_integers<std::int16_t>(data, count, divisor);
+    case DType::boolean:
+      break;
   }
+  throw Error(ErrorCode::unsupported,
+              "avg is not defined for bool (" +
+                  std::string(unsupported_reason(ReduceOp::avg, DType::boolean)) + ")");
 }
 
 void scale(const void* in, void* out, std::size_t count, DType dtype, double factor) {
@@ -211,6 +276,10 @@ void scale(const void* in, void* out, std::size_t count, DType dtype, double fac
       return scale_floats<float16_t>(in, out, count, factor);
     case DType::bfloat16:
       return scale_floats<bfloat16_t>(in, out, count, factor);
+    case DType::complex64:
+      return scale_floats<float>(in, out, 2 * count, factor);
+    case DType::complex128:
+      return scale_floats<double>(in, out, 2 * count, factor);
     default:
       not_floating("scale", dtype);
   }

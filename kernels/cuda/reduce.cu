@@ -25,6 +25,10 @@ struct Half {
 struct BHalf {
   std::uint16_t bits;
 };
+// torch.bool: one byte; reduced logically (bool_reduce_kernel), never divided or scaled.
+struct Bool {
+  std::uint8_t value;
+};
 
 template <class T>
 struct Arith {  // how an element is computed with
@@ -84,6 +88,19 @@ __global__ void reduce_kernel(T* out, const T* a, const T* b, std::size_t n, Red
     out[i] = A::store(combine(A::load(a[i]), A::load(b[i]), op));
 }
 
+// As kernels/cpu: sum and max are logical or, prod and min logical and; results are 0 or 1.
+__global__ void bool_reduce_kernel(Bool* out, const Bool* a, const Bool* b, std::size_t n,
+                                   ReduceOp op) {
+  const bool any = op == ReduceOp::sum || op == ReduceOp::max;
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::size_t{gridDim.x} * blockDim.x) {
+    const bool x = a[i].value != 0, y = b[i].value != 0;
+    out[i].value = static_cast<std::uint8_t>(any ? (x || y) : (x && y));
+  }
+}
+
+// Integers (avg as ncclAvg): the quotient truncates toward zero, C++'s integer division; int8
+// and int16 divide as int.
 template <class T>
 __global__ void divide_kernel(T* data, std::size_t n, int divisor) {
   using A = Arith<T>;
@@ -126,7 +143,8 @@ void check_launch(const char* kernel, std::size_t n, DType dtype) {
                                 std::string(to_string(dtype)) + " elements");
 }
 
-// Calls fn(T{}) with the device storage type of `dtype`.
+// Calls fn(T{}) with the device storage type of `dtype`; complex types are their real halves
+// (the callers pass elements(count, dtype) elements).
 template <class Fn>
 void with_type(DType dtype, Fn&& fn) {
   switch (dtype) {
@@ -144,14 +162,29 @@ void with_type(DType dtype, Fn&& fn) {
       return fn(std::int64_t{});
     case DType::uint8:
       return fn(std::uint8_t{});
+    case DType::int8:
+      return fn(std::int8_t{});
+    case DType::int16:
+      return fn(std::int16_t{});
+    case DType::boolean:
+      return fn(Bool{});
+    case DType::complex64:
+      return fn(float{});
+    case DType::complex128:
+      return fn(double{});
   }
 }
 
-void require_floating(const char* what, DType dtype) {
-  if (!is_floating(dtype))
+// The number of storage elements with_type's T covers: a complex number is two.
+std::size_t elements(std::size_t count, DType dtype) {
+  return is_complex(dtype) ? 2 * count : count;
+}
+
+void require_scalable(const char* what, DType dtype) {
+  if (!is_floating(dtype) && !is_complex(dtype))
     throw Error(ErrorCode::unsupported, std::string(what) + " is not defined for " +
                                             std::string(to_string(dtype)) +
-                                            " (integers would truncate)");
+                                            " (a scale factor is applied to floating types only)");
 }
 
 }  // namespace
@@ -160,38 +193,50 @@ void reduce(void* out, const void* a, const void* b, std::size_t count, DType dt
             NativeStream stream) {
   if (!supports(op, dtype))
     throw Error(ErrorCode::unsupported, "reduce op " + std::string(to_string(op)) +
-                                            " is not defined for " + std::string(to_string(dtype)));
+                                            " is not defined for " +
+                                            std::string(to_string(dtype)) + " (" +
+                                            std::string(unsupported_reason(op, dtype)) + ")");
   if (count == 0) return;
+  const std::size_t n = elements(count, dtype);
   with_type(dtype, [&](auto tag) {
     using T = decltype(tag);
-    reduce_kernel<T><<<blocks_for(count), threads_per_block, 0, stream>>>(
-        static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), count, op);
+    if constexpr (std::is_same_v<T, Bool>)
+      bool_reduce_kernel<<<blocks_for(n), threads_per_block, 0, stream>>>(
+          static_cast<Bool*>(out), static_cast<const Bool*>(a), static_cast<const Bool*>(b), n,
+          op);
+    else
+      reduce_kernel<T><<<blocks_for(n), threads_per_block, 0, stream>>>(
+          static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), n, op);
   });
   check_launch("reduce", count, dtype);
 }
 
 void average(void* data, std::size_t count, DType dtype, int divisor, NativeStream stream) {
-  require_floating("avg", dtype);
+  if (!supports(ReduceOp::avg, dtype))
+    throw Error(ErrorCode::unsupported,
+                "avg is not defined for " + std::string(to_string(dtype)) + " (" +
+                    std::string(unsupported_reason(ReduceOp::avg, dtype)) + ")");
   if (count == 0) return;
+  const std::size_t n = elements(count, dtype);
   with_type(dtype, [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, Half> ||
-                  std::is_same_v<T, BHalf>)
-      divide_kernel<T><<<blocks_for(count), threads_per_block, 0, stream>>>(static_cast<T*>(data),
-                                                                            count, divisor);
+    if constexpr (!std::is_same_v<T, Bool>)
+      divide_kernel<T><<<blocks_for(n), threads_per_block, 0, stream>>>(static_cast<T*>(data), n,
+                                                                        divisor);
   });
   check_launch("average", count, dtype);
 }
 
 void scale(void* data, std::size_t count, DType dtype, double factor, NativeStream stream) {
-  require_floating("scale", dtype);
+  require_scalable("scale", dtype);
   if (count == 0) return;
+  const std::size_t n = elements(count, dtype);
   with_type(dtype, [&](auto tag) {
     using T = decltype(tag);
     if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, Half> ||
                   std::is_same_v<T, BHalf>)
-      scale_kernel<T><<<blocks_for(count), threads_per_block, 0, stream>>>(static_cast<T*>(data),
-                                                                           count, factor);
+      scale_kernel<T><<<blocks_for(n), threads_per_block, 0, stream>>>(static_cast<T*>(data), n,
+                                                                       factor);
   });
   check_launch("scale", count, dtype);
 }

@@ -24,6 +24,16 @@ std::string_view to_string(DType dtype) noexcept {
       return "int64";
     case DType::uint8:
       return "uint8";
+    case DType::int8:
+      return "int8";
+    case DType::int16:
+      return "int16";
+    case DType::boolean:
+      return "bool";
+    case DType::complex64:
+      return "complex64";
+    case DType::complex128:
+      return "complex128";
   }
   return "unknown";
 }
@@ -52,9 +62,20 @@ DType parse_dtype(std::string_view name) {
   if (name == "half" || name == "f16") return DType::float16;
   if (name == "bf16") return DType::bfloat16;
   if (name == "int") return DType::int32;
+  std::string expected;
+  for (DType d : all_dtypes) expected += (expected.empty() ? "" : ", ") + std::string(to_string(d));
   throw Error(ErrorCode::invalid_argument,
-              "unknown dtype '" + std::string(name) +
-                  "' (expected float32, float64, float16, bfloat16, int32, int64 or uint8)");
+              "unknown dtype '" + std::string(name) + "' (expected one of " + expected + ")");
+}
+
+std::string_view unsupported_reason(ReduceOp op, DType dtype) noexcept {
+  if (supports(op, dtype)) return {};
+  if (is_complex(dtype))
+    return "complex numbers are summed and averaged component-wise; they have no order, and "
+           "their product is not component-wise";
+  if (dtype == DType::boolean)
+    return "bool reduces with sum or max (logical or) and prod or min (logical and)";
+  return "not defined";
 }
 
 ReduceOp parse_reduce_op(std::string_view name) {

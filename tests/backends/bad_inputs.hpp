@@ -23,9 +23,12 @@ inline std::vector<BadInput> bad_inputs() {
   static std::vector<float> f(64);
   static std::vector<double> d(64);
   static std::vector<std::int32_t> i32(64);
+  static std::vector<std::uint8_t> flags(64);
   auto fb = [](std::size_t n) { return Buffer(f.data(), n, DType::float32); };
   auto db = [](std::size_t n) { return Buffer(d.data(), n, DType::float64); };
-  auto ib = [](std::size_t n) { return Buffer(i32.data(), n, DType::int32); };
+  auto bb = [](std::size_t n) { return Buffer(flags.data(), n, DType::boolean); };
+  // Eight float32 slots are four complex64 numbers.
+  auto cb = [](std::size_t n) { return Buffer(f.data(), n, DType::complex64); };
   return {
       {"AllreduceDtypeMismatch", [=](Backend& b) { b.allreduce(fb(8), db(8), ReduceOp::sum); },
        ErrorCode::invalid_argument, "different dtypes"},
@@ -60,8 +63,12 @@ inline std::vector<BadInput> bad_inputs() {
       {"NullBroadcastWithCount",
        [=](Backend& b) { b.broadcast(Buffer(nullptr, 3, DType::int64), 0); },
        ErrorCode::invalid_argument, "buffer is null with count 3"},
-      {"AvgOnIntegers", [=](Backend& b) { b.allreduce(ib(8), ib(8), ReduceOp::avg); },
-       ErrorCode::unsupported, "avg is not defined for int32"},
+      {"AvgOnBool", [=](Backend& b) { b.allreduce(bb(8), bb(8), ReduceOp::avg); },
+       ErrorCode::unsupported, "avg is not defined for bool"},
+      {"MaxOnComplex", [=](Backend& b) { b.allreduce(cb(4), cb(4), ReduceOp::max); },
+       ErrorCode::unsupported, "max is not defined for complex64 (complex numbers are summed"},
+      {"ProdOnComplex", [=](Backend& b) { b.reduce(cb(4), cb(4), ReduceOp::prod, 0); },
+       ErrorCode::unsupported, "prod is not defined for complex64"},
       {"OverlappingOutOfPlace",
        [=](Backend& b) {
          b.allreduce(fb(8), Buffer(f.data() + 4, 8, DType::float32), ReduceOp::sum);

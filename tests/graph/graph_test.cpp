@@ -154,12 +154,13 @@ TEST(GraphValidation, RootOutOfRangeNamesTheNode) {
   EXPECT_NE(message.find("root 3"), std::string::npos) << message;
 }
 
-TEST(GraphValidation, AvgOnIntegersIsRejected) {
+TEST(GraphValidation, AvgOnBoolIsRejected) {
   Graph g;
-  std::vector<std::int32_t> x(4);
-  g.allreduce("int_avg", Buffer::of(std::span(x)), ReduceOp::avg);
+  std::vector<std::uint8_t> x(4);
+  g.allreduce("flags_avg", Buffer(x.data(), x.size(), DType::boolean), ReduceOp::avg);
   const std::string message = validation_error(g);
-  EXPECT_NE(message.find("'int_avg'"), std::string::npos) << message;
+  EXPECT_NE(message.find("'flags_avg'"), std::string::npos) << message;
+  EXPECT_NE(message.find("avg is not defined for bool"), std::string::npos) << message;
 }
 
 TEST(GraphValidation, PeerOutOfRangeNamesTheNode) {

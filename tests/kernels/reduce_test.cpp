@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <complex>
 #include <cstdint>
 #include <limits>
 #include <random>
@@ -48,6 +49,7 @@ T reference(T a, T b, ReduceOp op) {
     using U = std::make_unsigned_t<T>;
     switch (op) {
       case ReduceOp::sum:
+      case ReduceOp::avg:  // combines as sum; average() divides
         return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
       case ReduceOp::prod:
         return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
@@ -55,9 +57,8 @@ T reference(T a, T b, ReduceOp op) {
         return std::min(a, b);
       case ReduceOp::max:
         return std::max(a, b);
-      default:
-        return 0;
     }
+    return 0;
   } else {
     if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<T>::quiet_NaN();
     switch (op) {
@@ -121,30 +122,88 @@ void check_all_ops(std::size_t n) {
 template <class T>
 class ReduceKernel : public ::testing::Test {};
 using AllTypes = ::testing::Types<float, double, float16_t, bfloat16_t, std::int32_t, std::int64_t,
-                                  std::uint8_t>;
+                                  std::uint8_t, std::int8_t, std::int16_t>;
 TYPED_TEST_SUITE(ReduceKernel, AllTypes);
 
 TYPED_TEST(ReduceKernel, MatchesScalarReferenceAtOddLengths) {
   for (std::size_t n : {0u, 1u, 3u, 7u, 31u, 257u, 1000003u}) check_all_ops<TypeParam>(n);
 }
 
-TEST(ReduceKernel, AverageDividesFloatsAndRefusesIntegers) {
+TEST(ReduceKernel, AverageDividesFloatsAndTruncatesIntegers) {
   std::vector<float> f{3.0f, 6.0f, -9.0f};
   kernels::average(f.data(), f.size(), DType::float32, 3);
   EXPECT_EQ(f, (std::vector<float>{1.0f, 2.0f, -3.0f}));
   std::vector<bfloat16_t> h{to_bfloat16(5.0f)};
   kernels::average(h.data(), 1, DType::bfloat16, 2);
   EXPECT_EQ(to_float(h[0]), 2.5f);
-  std::vector<std::int32_t> i{4};
-  try {
-    kernels::average(i.data(), 1, DType::int32, 2);
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::unsupported);
-    EXPECT_NE(std::string(e.what()).find("int32"), std::string::npos);
+  // ncclAvg on integers: truncation toward zero, negative quotients included.
+  std::vector<std::int32_t> i{7, -7, 5, -1, 0};
+  kernels::average(i.data(), i.size(), DType::int32, 2);
+  EXPECT_EQ(i, (std::vector<std::int32_t>{3, -3, 2, 0, 0}));
+  std::vector<std::int8_t> i8{-127, 127, -128, 100};
+  kernels::average(i8.data(), i8.size(), DType::int8, 3);
+  EXPECT_EQ(i8, (std::vector<std::int8_t>{-42, 42, -42, 33}));
+  std::vector<std::int16_t> i16{-32768, 32767, 11};
+  kernels::average(i16.data(), i16.size(), DType::int16, 5);
+  EXPECT_EQ(i16, (std::vector<std::int16_t>{-6553, 6553, 2}));
+  std::vector<std::uint8_t> u8{255, 7};
+  kernels::average(u8.data(), u8.size(), DType::uint8, 2);
+  EXPECT_EQ(u8, (std::vector<std::uint8_t>{127, 3}));
+  std::vector<std::int64_t> i64{-(std::int64_t{1} << 62) - 1, 9};
+  kernels::average(i64.data(), i64.size(), DType::int64, 4);
+  EXPECT_EQ(i64, (std::vector<std::int64_t>{-(std::int64_t{1} << 60), 2}));
+  std::vector<std::uint8_t> flags{1};
+  expect_error(ErrorCode::unsupported, "avg is not defined for bool",
+               [&] { kernels::average(flags.data(), 1, DType::boolean, 2); });
+  expect_error(ErrorCode::unsupported, "reduce op avg is not defined for bool",
+               [&] { kernels::reduce(flags.data(), flags.data(), 1, DType::boolean, ReduceOp::avg); });
+}
+
+// torch.bool: sum and max are logical or, prod and min logical and; any non-zero byte is true
+// and the result is 0 or 1.
+TEST(ReduceKernel, BoolReducesLogically) {
+  const std::vector<std::uint8_t> a{0, 0, 1, 1, 2, 0, 255}, b{0, 1, 0, 1, 0, 3, 7};
+  const std::vector<std::uint8_t> any{0, 1, 1, 1, 1, 1, 1}, all{0, 0, 0, 1, 0, 0, 1};
+  for (ReduceOp op : {ReduceOp::sum, ReduceOp::max, ReduceOp::prod, ReduceOp::min}) {
+    std::vector<std::uint8_t> out(a.size()), in_place = a;
+    kernels::reduce(out.data(), a.data(), b.data(), a.size(), DType::boolean, op);
+    kernels::reduce(in_place.data(), b.data(), a.size(), DType::boolean, op);
+    const auto& want = op == ReduceOp::sum || op == ReduceOp::max ? any : all;
+    EXPECT_EQ(out, want) << to_string(op);
+    EXPECT_EQ(in_place, want) << to_string(op);
   }
-  expect_error(ErrorCode::unsupported, "reduce op avg is not defined for int32",
-               [&] { kernels::reduce(i.data(), i.data(), 1, DType::int32, ReduceOp::avg); });
+}
+
+// complex64/complex128 sum and average component-wise (std::complex's layout), at odd lengths;
+// prod, min and max are refused by name.
+template <class T>
+void check_complex(DType dtype) {
+  for (std::size_t n : {1u, 7u, 1001u}) {
+    std::vector<std::complex<T>> a(n), b(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      a[i] = {static_cast<T>(i) / 4, -static_cast<T>(i % 5)};
+      b[i] = {static_cast<T>(3) - static_cast<T>(i % 7), static_cast<T>(i) / 8};
+    }
+    std::vector<std::complex<T>> sum(n), avg = a;
+    kernels::reduce(sum.data(), a.data(), b.data(), n, dtype, ReduceOp::sum);
+    kernels::reduce(avg.data(), b.data(), n, dtype, ReduceOp::avg);
+    kernels::average(avg.data(), n, dtype, 2);
+    for (std::size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(sum[i], a[i] + b[i]) << to_string(dtype) << " element " << i;
+      ASSERT_EQ(avg[i], (a[i] + b[i]) / static_cast<T>(2)) << to_string(dtype) << " element " << i;
+    }
+  }
+  std::vector<std::complex<T>> x(2);
+  for (ReduceOp op : {ReduceOp::prod, ReduceOp::min, ReduceOp::max})
+    expect_error(ErrorCode::unsupported,
+                 "reduce op " + std::string(to_string(op)) + " is not defined for " +
+                     std::string(to_string(dtype)),
+                 [&] { kernels::reduce(x.data(), x.data(), 2, dtype, op); });
+}
+
+TEST(ReduceKernel, ComplexSumsAndAveragesComponentWise) {
+  check_complex<float>(DType::complex64);
+  check_complex<double>(DType::complex128);
 }
 
 TEST(ReduceKernel, ScaleMultipliesFloats) {

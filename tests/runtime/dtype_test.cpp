@@ -22,6 +22,18 @@ TEST(DType, SizesAndNamesRoundTrip) {
   EXPECT_EQ(dtype_size(DType::int32), 4u);
   EXPECT_EQ(dtype_size(DType::int64), 8u);
   EXPECT_EQ(dtype_size(DType::uint8), 1u);
+  EXPECT_EQ(dtype_size(DType::int8), 1u);
+  EXPECT_EQ(dtype_size(DType::int16), 2u);
+  EXPECT_EQ(dtype_size(DType::boolean), 1u);
+  EXPECT_EQ(dtype_size(DType::complex64), 8u);
+  EXPECT_EQ(dtype_size(DType::complex128), 16u);
+  EXPECT_EQ(to_string(DType::boolean), "bool");
+  EXPECT_EQ(dtype_of<bool>(), DType::boolean);
+  EXPECT_EQ(dtype_of<std::int8_t>(), DType::int8);
+  EXPECT_EQ(dtype_of<std::int16_t>(), DType::int16);
+  EXPECT_EQ(real_dtype(DType::complex64), DType::float32);
+  EXPECT_EQ(real_dtype(DType::complex128), DType::float64);
+  EXPECT_EQ(real_dtype(DType::int16), DType::int16);
   for (DType d : all_dtypes) EXPECT_EQ(parse_dtype(to_string(d)), d);
   EXPECT_EQ(parse_dtype("half"), DType::float16);
   EXPECT_EQ(parse_dtype("bf16"), DType::bfloat16);
@@ -35,15 +47,29 @@ TEST(DType, UnknownNamesAreErrorsNamingTheToken) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
     EXPECT_NE(std::string(e.what()).find("'float128'"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("complex128"), std::string::npos) << e.what();
   }
   expect_error(ErrorCode::invalid_argument, "unknown reduce op 'mean'",
                [] { parse_reduce_op("mean"); });
 }
 
-TEST(DType, AvgIsOnlyForFloatingTypes) {
-  EXPECT_TRUE(supports(ReduceOp::avg, DType::bfloat16));
-  EXPECT_FALSE(supports(ReduceOp::avg, DType::int64));
-  EXPECT_TRUE(supports(ReduceOp::max, DType::uint8));
+// As NCCL and Gloo: avg on every numeric type; bool reduces logically but has no avg; complex
+// sums and averages only.
+TEST(DType, OpsAreThoseNcclAndGlooDefine) {
+  for (DType d : all_dtypes)
+    for (ReduceOp op : all_reduce_ops) {
+      const bool expected = is_complex(d)            ? op == ReduceOp::sum || op == ReduceOp::avg
+                            : d == DType::boolean ? op != ReduceOp::avg
+                                                     : true;
+      EXPECT_EQ(supports(op, d), expected) << to_string(op) << " " << to_string(d);
+      EXPECT_EQ(unsupported_reason(op, d).empty(), expected) << to_string(op) << " " << to_string(d);
+    }
+  EXPECT_TRUE(supports(ReduceOp::avg, DType::int64));
+  EXPECT_TRUE(supports(ReduceOp::avg, DType::int8));
+  EXPECT_FALSE(supports(ReduceOp::avg, DType::boolean));
+  EXPECT_FALSE(supports(ReduceOp::max, DType::complex64));
+  EXPECT_NE(unsupported_reason(ReduceOp::prod, DType::complex128).find("no order"),
+            std::string_view::npos);
 }
 
 TEST(Float16, KnownBitPatterns) {

@@ -7,13 +7,29 @@
 
 namespace loom {
 
-/// @brief Element type of a buffer.
-enum class DType : std::uint8_t { float32, float64, float16, bfloat16, int32, int64, uint8 };
+/// @brief Element type of a buffer. boolean is one byte holding 0 or 1 (torch.bool); complex64
+/// and complex128 are pairs (real, imaginary) of float32 and float64 (std::complex's layout).
+/// New types are appended: the values are stored in flight records and compared across ranks.
+enum class DType : std::uint8_t {
+  float32,
+  float64,
+  float16,
+  bfloat16,
+  int32,
+  int64,
+  uint8,
+  int8,
+  int16,
+  boolean,
+  complex64,
+  complex128
+};
 
 /// @brief Every DType, in declaration order (handy for tests and tools).
-inline constexpr DType all_dtypes[] = {DType::float32,  DType::float64, DType::float16,
-                                       DType::bfloat16, DType::int32,   DType::int64,
-                                       DType::uint8};
+inline constexpr DType all_dtypes[] = {
+    DType::float32, DType::float64, DType::float16,   DType::bfloat16,
+    DType::int32,   DType::int64,   DType::uint8,     DType::int8,
+    DType::int16,   DType::boolean, DType::complex64, DType::complex128};
 
 /// @brief Reduction applied element-wise by reduce, allreduce and reduce_scatter.
 enum class ReduceOp : std::uint8_t { sum, prod, min, max, avg };
@@ -29,12 +45,18 @@ constexpr std::size_t dtype_size(DType dtype) noexcept {
       return 4;
     case DType::float64:
     case DType::int64:
+    case DType::complex64:
       return 8;
     case DType::float16:
     case DType::bfloat16:
+    case DType::int16:
       return 2;
     case DType::uint8:
+    case DType::int8:
+    case DType::boolean:
       return 1;
+    case DType::complex128:
+      return 16;
   }
   return 0;
 }
@@ -42,8 +64,8 @@ constexpr std::size_t dtype_size(DType dtype) noexcept {
 std::string_view to_string(DType dtype) noexcept;
 /// @brief "sum", "avg", ...
 std::string_view to_string(ReduceOp op) noexcept;
-/// @brief Parses a dtype name (also accepts nccl-tests' short names: float, half, bf16, int,
-/// int64, uint8, double); throws loom::Error naming the token otherwise.
+/// @brief Parses a dtype name (every to_string(DType), and nccl-tests' short names: float, half,
+/// bf16, int, double); throws loom::Error naming the token otherwise.
 DType parse_dtype(std::string_view name);
 /// @brief Parses "sum|prod|min|max|avg"; throws loom::Error naming the token otherwise.
 ReduceOp parse_reduce_op(std::string_view name);
@@ -53,11 +75,40 @@ constexpr bool is_floating(DType dtype) noexcept {
          dtype == DType::bfloat16;
 }
 
-/// @brief Whether `op` is defined on `dtype`: avg on integers is not (it would truncate).
+constexpr bool is_complex(DType dtype) noexcept {
+  return dtype == DType::complex64 || dtype == DType::complex128;
+}
+
+/// @brief The signed and unsigned integer types (boolean is not one: it reduces logically).
+constexpr bool is_integer(DType dtype) noexcept {
+  return dtype == DType::int32 || dtype == DType::int64 || dtype == DType::uint8 ||
+         dtype == DType::int8 || dtype == DType::int16;
+}
+
+/// @brief The type of a complex type's halves (float32 for complex64, float64 for
+/// complex128); any other type is its own.
+constexpr DType real_dtype(DType dtype) noexcept {
+  return dtype == DType::complex64    ? DType::float32
+         : dtype == DType::complex128 ? DType::float64
+                                      : dtype;
+}
+
+/// @brief Whether `op` is defined on `dtype`, as NCCL and Gloo define them:
+/// - floating and integer types: every op; avg on integers sums (wrapping as the type does) and
+///   then divides with truncation toward zero, as ncclAvg does;
+/// - boolean: sum and max are logical or, prod and min logical and; avg is not defined (NCCL
+///   refuses it on torch.bool);
+/// - complex: sum and avg, component-wise; prod, min and max are not (PyTorch refuses them on
+///   complex tensors: no order, and a product is not component-wise).
 /// Inline: every collective's validation asks.
 constexpr bool supports(ReduceOp op, DType dtype) noexcept {
-  return op != ReduceOp::avg || is_floating(dtype);
+  if (is_complex(dtype)) return op == ReduceOp::sum || op == ReduceOp::avg;
+  if (dtype == DType::boolean) return op != ReduceOp::avg;
+  return true;
 }
+
+/// @brief Why supports(op, dtype) is false, for error messages ("" when it is true).
+std::string_view unsupported_reason(ReduceOp op, DType dtype) noexcept;
 
 /// @brief IEEE 754 binary16 storage; arithmetic goes through float.
 struct float16_t {
@@ -105,6 +156,19 @@ constexpr DType dtype_of<std::int64_t>() noexcept {
 template <>
 constexpr DType dtype_of<std::uint8_t>() noexcept {
   return DType::uint8;
+}
+template <>
+constexpr DType dtype_of<std::int8_t>() noexcept {
+  return DType::int8;
+}
+template <>
+constexpr DType dtype_of<std::int16_t>() noexcept {
+  return DType::int16;
+}
+template <>
+constexpr DType dtype_of<bool>() noexcept {
+  static_assert(sizeof(bool) == 1);
+  return DType::boolean;
 }
 
 }  // namespace loom

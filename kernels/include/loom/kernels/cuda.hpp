@@ -16,14 +16,16 @@ using loom::cuda::NativeStream;
 
 /// @brief out[i] = a[i] (op) b[i] on `stream`, exactly as kernels::reduce on the CPU (same
 /// rounding for float16/bfloat16, NaN propagation for min/max, wrapping integers), so the
-/// results are equal bit for bit. avg combines as sum. Throws loom::Error for avg on integers.
+/// results are equal bit for bit. avg combines as sum. Throws loom::Error where
+/// supports(op, dtype) is false.
 void reduce(void* out, const void* a, const void* b, std::size_t count, DType dtype, ReduceOp op,
             NativeStream stream);
 
-/// @brief data[i] /= divisor on `stream` (floating dtypes), as kernels::average.
+/// @brief data[i] /= divisor on `stream`, as kernels::average (integers truncate toward zero;
+/// bool refused).
 void average(void* data, std::size_t count, DType dtype, int divisor, NativeStream stream);
 
-/// @brief data[i] *= factor on `stream` (floating dtypes), as kernels::scale.
+/// @brief data[i] *= factor on `stream` (floating and complex dtypes), as kernels::scale.
 void scale(void* data, std::size_t count, DType dtype, double factor, NativeStream stream);
 
 /// @brief Converts between float32, float16 and bfloat16 on `stream`, as kernels::cast.
