@@ -216,11 +216,11 @@ TEST(Algorithms, BadArgumentsAreTheBackendsErrors) {
     EXPECT_NE(std::string(e.what()).find("recv count 5 differs from send count 4"),
               std::string::npos);
   }
-  std::vector<std::int32_t> ints(4);
-  expect_error(ErrorCode::unsupported, "reduce op avg is not defined for int32", [&] {
+  std::vector<std::uint8_t> flags(4);
+  const Buffer bools(flags.data(), flags.size(), DType::boolean);
+  expect_error(ErrorCode::unsupported, "reduce op avg is not defined for bool", [&] {
     start_collective(world.backend(0), Algorithm::ring,
-                     {Collective::allreduce, Buffer::of(std::span(ints)),
-                      Buffer::of(std::span(ints)), ReduceOp::avg, 0});
+                     {Collective::allreduce, bools, bools, ReduceOp::avg, 0});
   });
   expect_error(ErrorCode::invalid_argument, "unknown algorithm 'ringg'",
                [] { parse_algorithm("ringg"); });

@@ -12,11 +12,16 @@ def raises(code, *fragments):
     return pytest.raises(RuntimeError, match=pattern)
 
 
-@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.bool])
+# Types no CPU backend of torch's moves (Gloo refuses them too): the unsigned integers wider
+# than a byte (torch >= 2.3) and the 8-bit floats.
+UNMOVED = [getattr(torch, n) for n in ("uint16", "uint32", "float8_e4m3fn") if hasattr(torch, n)]
+
+
+@pytest.mark.parametrize("dtype", UNMOVED, ids=str)
 def test_unsupported_dtype_names_it(world, dtype):
-    with raises("unsupported", "allreduce on rank", r"dtype %s is not one loom moves" %
-                str(dtype).replace(".", r"\."), "float32, float64"):
-        dist.all_reduce(torch.zeros(4, dtype=dtype))
+    with raises("unsupported", "broadcast on rank", r"dtype %s is not one loom moves" %
+                str(dtype).replace(".", r"\."), "float32, float64", "bool, complex64"):
+        dist.broadcast(torch.zeros(4, dtype=dtype), 0)
 
 
 def test_tensor_on_another_device_names_it(world, loom_group):
@@ -34,9 +39,9 @@ def test_bitwise_reduce_ops_are_refused(world):
         dist.all_reduce(torch.zeros(4, dtype=torch.int32), op=ReduceOp.BAND)
 
 
-def test_avg_of_integers_is_refused(world):
-    with raises("unsupported", "avg"):
-        dist.all_reduce(torch.zeros(4, dtype=torch.int64), op=ReduceOp.AVG)
+def test_avg_of_bool_is_refused(world):
+    with raises("unsupported", "avg is not defined for bool"):
+        dist.all_reduce(torch.zeros(4, dtype=torch.bool), op=ReduceOp.AVG)
 
 
 def test_root_out_of_range(world):

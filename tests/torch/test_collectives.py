@@ -2,8 +2,10 @@
 
 Every rank makes every rank's input (seeded by rank and case), so each computes the expected
 result itself; values are small integers, so sums, products, minima and maxima are exact in
-every dtype (avg is compared with a tolerance). Gloo runs the same call in the same job where
-it supports it (it has no bfloat16 and no AVG in torch 1.13), and must agree with loom.
+every dtype (avg is compared with a tolerance; on integers it is exact: the sum divided with
+truncation toward zero, as NCCL defines it). bool sums as logical or and multiplies as logical
+and, as torch defines them; complex sums and averages component-wise. Gloo runs the same call in
+the same job where it supports it (it has no AVG), and must agree with loom.
 """
 import json
 import zlib
@@ -15,8 +17,9 @@ import loom_torch
 from torch.distributed import ReduceOp
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64,
-          torch.uint8]
+          torch.uint8, torch.int8, torch.int16, torch.bool, torch.complex64, torch.complex128]
 SIZES = [0, 1, 7, (1 << 20) + 3]
+COMPLEX = (torch.complex64, torch.complex128)
 OPS = {"sum": ReduceOp.SUM, "product": ReduceOp.PRODUCT, "min": ReduceOp.MIN,
        "max": ReduceOp.MAX, "avg": ReduceOp.AVG}
 FLOATING = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -29,6 +32,12 @@ def name(dtype):
 def data(rank, case, count, dtype, op="sum"):
     """Rank `rank`'s input of `case`: small integers, exact in every dtype under `op`."""
     g = torch.Generator().manual_seed(zlib.crc32(case.encode()) * 131 + rank)
+    if dtype == torch.bool:
+        return torch.rand(count, generator=g) < 0.4
+    if dtype in COMPLEX:
+        real = torch.randint(-8, 9, (count, 2), generator=g).to(
+            torch.float32 if dtype == torch.complex64 else torch.float64)
+        return torch.view_as_complex(real)
     if op == "product":
         values = torch.tensor([1, 2] if dtype == torch.uint8 else [1, 2, -1, -2])
         return values[torch.randint(0, len(values), (count,), generator=g)].to(dtype)
@@ -38,6 +47,12 @@ def data(rank, case, count, dtype, op="sum"):
 
 def reduced(tensors, op, dtype):
     """The reduction of `tensors` computed here, in int64/float64, then cast like loom's."""
+    if dtype == torch.bool:  # sum and max: any; product and min: all
+        stacked = torch.stack(tensors)
+        return stacked.any(0) if op in ("sum", "max") else stacked.all(0)
+    if dtype in COMPLEX:  # sum and avg only
+        out = torch.stack([t.to(torch.complex128) for t in tensors]).sum(0)
+        return (out / len(tensors) if op == "avg" else out).to(dtype)
     wide = [t.to(torch.float64 if dtype in FLOATING else torch.int64) for t in tensors]
     out = wide[0].clone()
     for t in wide[1:]:
@@ -50,16 +65,20 @@ def reduced(tensors, op, dtype):
         else:
             out = torch.maximum(out, t)
     if op == "avg":
-        out /= len(tensors)
+        if dtype in FLOATING:
+            out /= len(tensors)
+        else:  # NCCL's integer avg: the sum (wrapped as the dtype) divided toward zero
+            out = torch.div(out.to(dtype).to(torch.int64), len(tensors), rounding_mode="trunc")
     if dtype == torch.uint8:
         out = out % 256
     return out.to(dtype)
 
 
 def check(actual, expected, op="sum"):
-    if op == "avg":
+    if op == "avg" and (expected.dtype in FLOATING or expected.dtype in COMPLEX):
         tol = {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1e-6,
-               torch.float64: 1e-12}[expected.dtype]
+               torch.float64: 1e-12, torch.complex64: 1e-6, torch.complex128: 1e-12}[
+                   expected.dtype]
         torch.testing.assert_close(actual, expected, rtol=tol, atol=tol)
     else:
         assert actual.dtype == expected.dtype and actual.shape == expected.shape
@@ -76,13 +95,23 @@ def on_gloo(gloo, fn, count=1):
         return fn(gloo)
     except RuntimeError as e:
         text = str(e)
+        # The last: Gloo's AVG divides in place by the world size, which torch refuses for
+        # integer tensors (Gloo has no integer AVG).
         if any(s in text for s in ("does not support", "Unsupported", "not supported", "Invalid",
-                                   "Cannot use")):
+                                   "Cannot use", "can't be cast to the desired output type",
+                                   "Invalid scalar type")):
             return None
         raise
 
 
 params = pytest.mark.parametrize
+
+
+def refused(op, dtype):
+    """What loom refuses by name, as NCCL and Gloo do: AVG on bool, and PRODUCT, MIN and MAX
+    on complex (torch's Python layer refuses those before any backend sees them)."""
+    return (op == "avg" and dtype == torch.bool) or (
+        dtype in COMPLEX and op in ("product", "min", "max"))
 
 
 @params("count", SIZES)
@@ -91,9 +120,14 @@ params = pytest.mark.parametrize
 def test_allreduce(world, loom_group, op, dtype, count):
     rank, n, gloo = world
     case = "allreduce-%s-%s-%d" % (op, dtype, count)
-    if op == "avg" and dtype not in FLOATING:
-        with pytest.raises(RuntimeError, match=r"\[loom:unsupported\].*avg"):
-            dist.all_reduce(data(rank, case, count, dtype), op=OPS[op])
+    if refused(op, dtype):
+        # Straight to loom's backend: torch.distributed's all_reduce stops complex MAX itself.
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = OPS[op]
+        backend = loom_group._get_backend(torch.device("cpu"))
+        with pytest.raises(RuntimeError, match=r"\[loom:unsupported\].*%s is not defined for %s"
+                           % ({"product": "prod"}.get(op, op), name(dtype))):
+            backend.allreduce([data(rank, case, count, dtype)], opts).wait()
         return
     t = data(rank, case, count, dtype, op)
     dist.all_reduce(t, op=OPS[op])
@@ -122,11 +156,13 @@ def test_broadcast_from_every_root(world, dtype, count):
 
 @params("count", SIZES)
 @params("dtype", DTYPES, ids=name)
-@params("op", ["sum", "max"])
+@params("op", ["sum", "avg"])
 def test_reduce(world, op, dtype, count):
     rank, n, _ = world
     root = n - 1
     case = "reduce-%s-%s-%d" % (op, dtype, count)
+    if refused(op, dtype):
+        return  # test_allreduce checks the refusal
     t = data(rank, case, count, dtype, op)
     dist.reduce(t, dst=root, op=OPS[op])
     if rank == root:
@@ -159,10 +195,12 @@ def test_allgather_list_and_base(world, dtype, count):
 
 @params("count", SIZES)
 @params("dtype", DTYPES, ids=name)
-@params("op", ["sum", "min"])
+@params("op", ["sum", "min", "avg"])
 def test_reduce_scatter_list_and_base(world, op, dtype, count):
     rank, n, _ = world
     case = "reduce_scatter-%s-%s-%d" % (op, dtype, count)
+    if refused(op, dtype):
+        return  # test_allreduce checks the refusal
     inputs = [data(r, case, count * n, dtype, op) for r in range(n)]
     expected = reduced(inputs, op, dtype)[rank * count:(rank + 1) * count]
     out = torch.full((count,), 7, dtype=dtype)
@@ -293,3 +331,124 @@ def test_flight_record_holds_every_operation_alike_on_every_rank(world, loom_bac
     everyone = [torch.empty_like(signature) for _ in range(n)]
     dist.all_gather(everyone, signature, group=gloo)
     assert all(torch.equal(s, signature) for s in everyone), everyone
+
+
+@params("dtype", [torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8], ids=name)
+def test_avg_on_integers_sums_then_truncates_toward_zero(world, dtype):
+    """ReduceOp.AVG on integers as NCCL defines it, with sums that do not divide evenly and
+    negative sums (whose quotient truncates up toward zero, not down as floor would)."""
+    rank, n, _ = world
+    unsigned = dtype == torch.uint8
+    mine = torch.tensor([rank + 1, 1 if rank == 0 else 0, 7 * rank + 3] +
+                        ([] if unsigned else [-(rank + 1), -1 if rank == 0 else 0]), dtype=dtype)
+    sums = [n * (n + 1) // 2, 1, 7 * n * (n - 1) // 2 + 3 * n] + (
+        [] if unsigned else [-(n * (n + 1) // 2), -1])
+    expected = torch.tensor([int(s / n) for s in sums], dtype=dtype)  # int(): toward zero
+    t = mine.clone()
+    dist.all_reduce(t, op=ReduceOp.AVG)
+    assert torch.equal(t, expected), (t, expected)
+    assert -1 // n == -1 and int(-1 / n) == 0  # the case floor division would get wrong
+
+
+def test_lightning_metric_sync_averages_an_int64_counter(world):
+    """What PyTorch Lightning's self.log(..., sync_dist=True) does with its batch-size counter:
+    all_reduce of a 0-d int64 tensor with ReduceOp.AVG."""
+    rank, n, _ = world
+    batch_size = torch.tensor(32 + rank, dtype=torch.int64)
+    dist.all_reduce(batch_size, op=ReduceOp.AVG)
+    assert batch_size.dtype == torch.int64 and batch_size.dim() == 0
+    assert batch_size.item() == sum(32 + r for r in range(n)) // n
+
+
+def test_all_gather_coalesced_has_c10ds_shapes(world):
+    """output_tensor_lists[r][i] is rank r's input i (one list per rank, each with one tensor
+    per input), inputs of different sizes and shapes; equal to Gloo's result."""
+    rank, n, gloo = world
+    shapes = [(2, 3), (1,), (5,), (0,), (4, 1, 2)]
+    for dtype in (torch.float32, torch.int8, torch.bool, torch.complex64):
+        inputs = [data(rank, "agc-%d-%s" % (i, dtype), torch.Size(s).numel(), dtype).reshape(s)
+                  for i, s in enumerate(shapes)]
+        outputs = [[torch.zeros(s, dtype=dtype) for s in shapes] for _ in range(n)]
+        dist.all_gather_coalesced(outputs, inputs)
+        for r in range(n):
+            for i, s in enumerate(shapes):
+                want = data(r, "agc-%d-%s" % (i, dtype), torch.Size(s).numel(), dtype).reshape(s)
+                assert torch.equal(outputs[r][i], want), (dtype, r, i)
+        if dtype in (torch.float32, torch.int8):  # Gloo's all_gather_coalesced, same call
+            g = [[torch.zeros(s, dtype=dtype) for s in shapes] for _ in range(n)]
+            dist.all_gather_coalesced(g, inputs, group=gloo)
+            for r in range(n):
+                for i in range(len(shapes)):
+                    assert torch.equal(outputs[r][i], g[r][i]), (dtype, r, i)
+    with pytest.raises(RuntimeError, match=r"\[loom:invalid_argument\].*output lists; expected "
+                                           r"one per rank"):
+        dist.all_gather_coalesced([[torch.zeros(1)]] * (n + 1), [torch.ones(1)])
+
+
+def test_all_reduce_coalesced_matches_gloo(world):
+    rank, n, gloo = world
+    for dtype, op in ((torch.float32, "sum"), (torch.int16, "max"), (torch.bool, "sum"),
+                      (torch.float64, "avg"), (torch.int64, "avg")):
+        shapes = [(3,), (2, 2), (1,), (7,)]
+        mine = [data(rank, "arc-%d-%s" % (i, dtype), torch.Size(s).numel(), dtype, op)
+                .reshape(s) for i, s in enumerate(shapes)]
+        t = [x.clone() for x in mine]
+        dist.all_reduce_coalesced(t, op=OPS[op])
+        for i, s in enumerate(shapes):
+            want = reduced([data(r, "arc-%d-%s" % (i, dtype), torch.Size(s).numel(), dtype, op)
+                            for r in range(n)], op, dtype).reshape(s)
+            check(t[i], want, op)
+        g = [x.clone() for x in mine]
+        if on_gloo(gloo, lambda grp: dist.all_reduce_coalesced(g, op=OPS[op], group=grp) or 1):
+            for a, b in zip(t, g):
+                check(a, b, op)
+
+
+def test_tensor_coalesced_forms(world, loom_group):
+    """allgather_into_tensor_coalesced and reduce_scatter_tensor_coalesced (what FSDP2 calls)
+    with several inputs of different sizes and dtypes, through torch's coalescing manager."""
+    rank, n, _ = world
+    sizes = [(1, torch.float32), (5, torch.int8), (3, torch.complex128)]
+    ins = [data(rank, "agtc-%d" % c, c, d) for c, d in sizes]
+    outs = [torch.empty(c * n, dtype=d) for c, d in sizes]
+    with dist._coalescing_manager(group=loom_group):
+        for o, i in zip(outs, ins):
+            dist.all_gather_into_tensor(o, i)
+    for (c, d), o in zip(sizes, outs):
+        check(o, torch.cat([data(r, "agtc-%d" % c, c, d) for r in range(n)]))
+    rins = [data(rank, "rstc-%d" % c, c * n, d) for c, d in sizes]
+    routs = [torch.empty(c, dtype=d) for c, d in sizes]
+    with dist._coalescing_manager(group=loom_group):
+        for o, i in zip(routs, rins):
+            dist.reduce_scatter_tensor(o, i)
+    for (c, d), o in zip(sizes, routs):
+        full = reduced([data(r, "rstc-%d" % c, c * n, d) for r in range(n)], "sum", d)
+        check(o, full[rank * c:(rank + 1) * c])
+
+
+def test_sequence_numbers_agree_and_advance_per_collective(world, loom_group):
+    """c10d's sequence numbers: the same on every rank, one more per collective, none for
+    point-to-point; set agrees through the store (rank 0's count)."""
+    rank, n, gloo = world
+    backend = loom_group._get_backend(torch.device("cpu"))
+    backend._set_sequence_number_for_group()
+    first = backend._get_sequence_number_for_group()
+    dist.all_reduce(torch.ones(3))
+    dist.broadcast(torch.ones(2), 0)
+    dist.barrier()
+    assert backend._get_sequence_number_for_group() == first + 3
+    sent = dist.isend(torch.ones(1), (rank + 1) % n)
+    dist.recv(torch.empty(1), (rank - 1) % n)
+    sent.wait()
+    assert backend._get_sequence_number_for_group() == first + 3
+    seqs = [torch.empty(2, dtype=torch.int64) for _ in range(n)]
+    dist.all_gather(seqs, torch.tensor([first, backend._get_sequence_number_for_group()]),
+                    group=gloo)
+    assert all(torch.equal(s, seqs[0]) for s in seqs), seqs
+    sub = dist.new_group(list(range(n - 1, -1, -1)), backend="loom")
+    sub_backend = sub._get_backend(torch.device("cpu"))
+    sub_backend._set_sequence_number_for_group()
+    assert sub_backend._get_sequence_number_for_group() == 0
+    dist.all_reduce(torch.ones(1), group=sub)
+    assert sub_backend._get_sequence_number_for_group() == 1
+    dist.destroy_process_group(sub)

@@ -285,6 +285,36 @@ double ProcessGroupLoom::timeout_seconds() const {
   return std::chrono::duration<double>(_timeout).count();
 }
 
+void ProcessGroupLoom::setSequenceNumberForGroup() {
+  const std::string key = "loom/sequence/" + std::to_string(_sequence_agreements++);
+  const std::uint64_t mine = _collectives.load();
+  std::uint64_t start = mine;
+  if (rank_ == 0) {
+    const std::string text = std::to_string(mine);
+    _store->set(key, std::vector<uint8_t>(text.begin(), text.end()));
+  } else {
+    const auto wait = _timeout.count() > 0
+                          ? std::chrono::duration_cast<std::chrono::milliseconds>(_timeout)
+                          : _store->getTimeout();
+    try {
+      _store->wait({key}, wait);
+    } catch (const std::exception& e) {
+      throw Error(ErrorCode::timeout,
+                  _backend->where("setSequenceNumberForGroup") +
+                      ": rank 0 did not publish the group's sequence number within " +
+                      std::to_string(wait.count()) + " ms (" + e.what() + ")");
+    }
+    const std::vector<uint8_t> text = _store->get(key);
+    start = std::stoull(std::string(text.begin(), text.end()));
+  }
+  _sequence_at.store(mine);
+  _sequence_start.store(start);
+}
+
+uint64_t ProcessGroupLoom::getSequenceNumberForGroup() {
+  return _sequence_start.load() + (_collectives.load() - _sequence_at.load());
+}
+
 std::string ProcessGroupLoom::last_algorithm() const {
   std::lock_guard lock(_choice_mutex);
   return std::string(to_string(_last_choice.algorithm)) + " (" + _last_choice.reason + ")";
@@ -789,38 +819,46 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_coalesced(
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& output_lists, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
+  // c10d's shape (as Gloo reads it): output_lists[r][i] receives rank r's input i, so there is
+  // one list per rank, each holding one tensor per input.
   const std::string where = _backend->where("allgather_coalesced");
-  if (output_lists.size() != inputs.size())
+  if (inputs.empty()) throw Error(ErrorCode::invalid_argument, where + ": no input tensors");
+  if (output_lists.size() != static_cast<std::size_t>(size_))
     throw Error(ErrorCode::invalid_argument,
-                where + ": " + std::to_string(inputs.size()) + " inputs but " +
-                    std::to_string(output_lists.size()) + " output lists");
+                where + ": " + std::to_string(output_lists.size()) +
+                    " output lists; expected one per rank (" + std::to_string(size_) +
+                    "), each holding one tensor per input");
+  for (std::size_t r = 0; r < output_lists.size(); ++r)
+    if (output_lists[r].size() != inputs.size())
+      throw Error(ErrorCode::invalid_argument,
+                  where + ": output list " + std::to_string(r) + " has " +
+                      std::to_string(output_lists[r].size()) + " tensors; expected one per input (" +
+                      std::to_string(inputs.size()) + ")");
   std::vector<CollectiveArgs> all;
   std::vector<std::function<void()>> copies;
   Keep keep;
-  std::vector<at::Tensor> results;
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const std::string what = "input " + std::to_string(i);
     const Buffer send = to_buffer(inputs[i], *_backend, where, what);
-    const std::vector<at::Tensor>& list = output_lists[i];
-    if (list.size() != static_cast<std::size_t>(size_))
-      throw Error(ErrorCode::invalid_argument, where + ": output list " + std::to_string(i) +
-                                                   " has " + std::to_string(list.size()) +
-                                                   " tensors; expected one per rank (" +
-                                                   std::to_string(size_) + ")");
-    for (std::size_t r = 0; r < list.size(); ++r)
-      check_like(where, "output " + std::to_string(i) + "." + std::to_string(r),
-                 to_buffer(list[r], *_backend, where, "output"), send, what);
+    std::vector<at::Tensor> column;  // rank r's copy of input i
+    for (std::size_t r = 0; r < output_lists.size(); ++r) {
+      const at::Tensor& out = output_lists[r][i];
+      const std::string name = "output " + std::to_string(r) + "." + std::to_string(i);
+      check_like(where, name, to_buffer(out, *_backend, where, name), send, what);
+      column.push_back(out);
+    }
     at::Tensor flat = at::empty({static_cast<int64_t>(send.count()) * size_}, inputs[i].options());
     all.push_back({Collective::allgather, send, to_buffer(flat, *_backend, where)});
-    copies.push_back([list, flat, bytes = send.bytes()] {
+    copies.push_back([column, flat, bytes = send.bytes()] {
       const auto* from = static_cast<const std::byte*>(flat.data_ptr());
-      for (std::size_t r = 0; r < list.size(); ++r)
-        if (bytes > 0) std::memcpy(list[r].data_ptr(), from + r * bytes, bytes);
+      for (std::size_t r = 0; r < column.size(); ++r)
+        if (bytes > 0) std::memcpy(column[r].data_ptr(), from + r * bytes, bytes);
     });
     keep.push_back(flat);
     keep.push_back(inputs[i]);
-    results.insert(results.end(), list.begin(), list.end());
   }
+  std::vector<at::Tensor> results;
+  for (const auto& list : output_lists) results.insert(results.end(), list.begin(), list.end());
   std::vector<std::unique_ptr<Work>> works;
   for (const CollectiveArgs& args : all) works.push_back(start(args));
   auto copy_out = [copies = std::move(copies)] {

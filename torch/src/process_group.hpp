@@ -99,6 +99,15 @@ class ProcessGroupLoom final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
 
+  /// @brief Agrees on the group's sequence number as Gloo does: rank 0 publishes its count of
+  /// collectives through the group's store and every rank continues from it (bounded by the
+  /// group's timeout). torch calls it for new groups; TORCH_DISTRIBUTED_DEBUG=DETAIL's wrapper
+  /// compares getSequenceNumberForGroup() across ranks before every collective.
+  void setSequenceNumberForGroup() override;
+  /// @brief The number of collectives this group issued (point-to-point excluded, as NCCL's
+  /// seqCollective_): the same on every rank that issued the same collectives.
+  uint64_t getSequenceNumberForGroup() override;
+
   /// @brief The DDP communication hook's collective: averages the float32 `bucket` in place,
   /// reduced in float32 (ReduceOp::avg) or, compressed, cast to 16 bits with the division folded
   /// into the cast, summed, and cast back when it completes (as Bucketer does). The future
@@ -162,7 +171,12 @@ class ProcessGroupLoom final : public c10d::Backend {
   AlgorithmSelector _selector;
   std::chrono::nanoseconds _timeout;
   std::vector<int> _global_ranks;
-  std::uint64_t _collectives = 0;  // issued on the caller's thread, in the same order everywhere
+  // Collectives issued on the caller's thread, in the same order everywhere (and the census
+  // keys'); atomic so that getSequenceNumberForGroup may be asked from any thread.
+  std::atomic<std::uint64_t> _collectives{0};
+  // The sequence number agreed by setSequenceNumberForGroup and the count it was agreed at.
+  std::atomic<std::uint64_t> _sequence_start{0}, _sequence_at{0};
+  std::uint64_t _sequence_agreements = 0;
   std::atomic<bool> _broken{false};
 
   mutable std::mutex _choice_mutex;

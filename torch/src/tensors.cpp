@@ -3,6 +3,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <cctype>
+
 #include "loom/error.hpp"
 
 namespace loom::torch {
@@ -24,15 +26,20 @@ std::string torch_name(at::ScalarType type) {
       return "torch.complex64";
     case at::kComplexDouble:
       return "torch.complex128";
-    default:
-      return std::string("torch.") + c10::toString(type);
+    default: {
+      // c10's names are torch's with capitals: "UInt16" is torch.uint16, "Float8_e4m3fn"
+      // torch.float8_e4m3fn, "QInt8" torch.qint8.
+      std::string name = c10::toString(type);
+      for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      return "torch." + name;
+    }
   }
 }
 
+// The torch dtypes to_loom maps, in torch's names.
 std::string loom_dtypes() {
-  std::string list;
-  for (DType d : all_dtypes) list += (list.empty() ? "" : ", ") + std::string(to_string(d));
-  return list;
+  return "float32, float64, float16, bfloat16, int8, int16, int32, int64, uint8, bool, "
+         "complex64, complex128";
 }
 
 }  // namespace
@@ -53,6 +60,16 @@ DType to_loom(at::ScalarType type, std::string_view where) {
       return DType::int64;
     case at::kByte:
       return DType::uint8;
+    case at::kChar:
+      return DType::int8;
+    case at::kShort:
+      return DType::int16;
+    case at::kBool:
+      return DType::boolean;
+    case at::kComplexFloat:
+      return DType::complex64;
+    case at::kComplexDouble:
+      return DType::complex128;
     default:
       throw Error(ErrorCode::unsupported, std::string(where) + ": dtype " + torch_name(type) +
                                               " is not one loom moves (" + loom_dtypes() + ")");
