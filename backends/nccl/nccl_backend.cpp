@@ -394,23 +394,20 @@ class NcclBackend final : public Backend {
     require_nccl_reduces(send.dtype(), "reduce");
     // recv is read on the root only; elsewhere NCCL is given send, which it does not write.
     void* out = _rank == root ? recv.data() : send.data();
-    return enqueue({"reduce", _rank, _world, send, op, "root", root},
-                   [&](ncclComm_t comm, cudaStream_t stream) {
-                     return ncclReduce(send.data(), out, nccl_count(send.count(), send.dtype()),
-                                       nccl_type(send.dtype()),
-                                       nccl_op(op, send.dtype()), root, comm, stream);
-                   });
+    return enqueue({"reduce", _rank, _world, send, op, "root", root}, [&](ncclComm_t comm,
+                                                                          cudaStream_t stream) {
+      return ncclReduce(send.data(), out, nccl_count(send.count(), send.dtype()),
+                        nccl_type(send.dtype()), nccl_op(op, send.dtype()), root, comm, stream);
+    });
   }
 
   std::unique_ptr<Work> start_allreduce(Buffer send, Buffer recv, ReduceOp op) override {
     require_nccl_reduces(send.dtype(), "allreduce");
-    return enqueue({"allreduce", _rank, _world, send, op},
-                   [&](ncclComm_t comm, cudaStream_t stream) {
-                     return ncclAllReduce(send.data(), recv.data(),
-                                          nccl_count(send.count(), send.dtype()),
-                                          nccl_type(send.dtype()), nccl_op(op, send.dtype()),
-                                          comm, stream);
-                   });
+    return enqueue(
+        {"allreduce", _rank, _world, send, op}, [&](ncclComm_t comm, cudaStream_t stream) {
+          return ncclAllReduce(send.data(), recv.data(), nccl_count(send.count(), send.dtype()),
+                               nccl_type(send.dtype()), nccl_op(op, send.dtype()), comm, stream);
+        });
   }
 
   std::unique_ptr<Work> start_allgather(Buffer send, Buffer recv) override {
@@ -424,13 +421,11 @@ class NcclBackend final : public Backend {
 
   std::unique_ptr<Work> start_reduce_scatter(Buffer send, Buffer recv, ReduceOp op) override {
     require_nccl_reduces(send.dtype(), "reduce_scatter");
-    return enqueue({"reduce_scatter", _rank, _world, send, op},
-                   [&](ncclComm_t comm, cudaStream_t stream) {
-                     return ncclReduceScatter(send.data(), recv.data(),
-                                              nccl_count(recv.count(), send.dtype()),
-                                              nccl_type(send.dtype()),
-                                              nccl_op(op, send.dtype()), comm, stream);
-                   });
+    return enqueue({"reduce_scatter", _rank, _world, send, op}, [&](ncclComm_t comm,
+                                                                    cudaStream_t stream) {
+      return ncclReduceScatter(send.data(), recv.data(), nccl_count(recv.count(), send.dtype()),
+                               nccl_type(send.dtype()), nccl_op(op, send.dtype()), comm, stream);
+    });
   }
 
   std::unique_ptr<Work> start_alltoall(Buffer send, Buffer recv) override {

@@ -198,9 +198,9 @@ void divide_floats(void* data, std::size_t n, int divisor) {
 void reduce(void* out, const void* a, const void* b, std::size_t count, DType dtype, ReduceOp op) {
   if (!supports(op, dtype))
     throw Error(ErrorCode::unsupported, "reduce op " + std::string(to_string(op)) +
-                                            " is not defined for " +
-                                            std::string(to_string(dtype)) + " (" +
-                                            std::string(unsupported_reason(op, dtype)) + ")");
+                                            " is not defined for " + std::string(to_string(dtype)) +
+                                            " (" + std::string(unsupported_reason(op, dtype)) +
+                                            ")");
   if (count == 0) return;
   switch (dtype) {
     case DType::float32:

@@ -193,17 +193,16 @@ void reduce(void* out, const void* a, const void* b, std::size_t count, DType dt
             NativeStream stream) {
   if (!supports(op, dtype))
     throw Error(ErrorCode::unsupported, "reduce op " + std::string(to_string(op)) +
-                                            " is not defined for " +
-                                            std::string(to_string(dtype)) + " (" +
-                                            std::string(unsupported_reason(op, dtype)) + ")");
+                                            " is not defined for " + std::string(to_string(dtype)) +
+                                            " (" + std::string(unsupported_reason(op, dtype)) +
+                                            ")");
   if (count == 0) return;
   const std::size_t n = elements(count, dtype);
   with_type(dtype, [&](auto tag) {
     using T = decltype(tag);
     if constexpr (std::is_same_v<T, Bool>)
       bool_reduce_kernel<<<blocks_for(n), threads_per_block, 0, stream>>>(
-          static_cast<Bool*>(out), static_cast<const Bool*>(a), static_cast<const Bool*>(b), n,
-          op);
+          static_cast<Bool*>(out), static_cast<const Bool*>(a), static_cast<const Bool*>(b), n, op);
     else
       reduce_kernel<T><<<blocks_for(n), threads_per_block, 0, stream>>>(
           static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), n, op);
@@ -221,8 +220,8 @@ void average(void* data, std::size_t count, DType dtype, int divisor, NativeStre
   with_type(dtype, [&](auto tag) {
     using T = decltype(tag);
     if constexpr (!std::is_same_v<T, Bool>)
-      divide_kernel<T><<<blocks_for(n), threads_per_block, 0, stream>>>(static_cast<T*>(data), n,
-                                                                        divisor);
+      divide_kernel<T>
+          <<<blocks_for(n), threads_per_block, 0, stream>>>(static_cast<T*>(data), n, divisor);
   });
   check_launch("average", count, dtype);
 }
@@ -235,8 +234,8 @@ void scale(void* data, std::size_t count, DType dtype, double factor, NativeStre
     using T = decltype(tag);
     if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, Half> ||
                   std::is_same_v<T, BHalf>)
-      scale_kernel<T><<<blocks_for(n), threads_per_block, 0, stream>>>(static_cast<T*>(data), n,
-                                                                       factor);
+      scale_kernel<T>
+          <<<blocks_for(n), threads_per_block, 0, stream>>>(static_cast<T*>(data), n, factor);
   });
   check_launch("scale", count, dtype);
 }

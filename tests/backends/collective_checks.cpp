@@ -244,8 +244,7 @@ std::string check(Backend& backend, const Case& c) {
       Storage send(c.count, c.dtype), recv(c.count * n, c.dtype);
       for (std::size_t i = 0; i < count * n; ++i) store(recv.buffer.data(), i, dt, 99);
       Buffer in = c.in_place ? recv.buffer.slice(rank * c.count, c.count) : send.buffer;
-      for (std::size_t i = 0; i < count; ++i)
-        store(in.data(), i, dt, input(rank, i, dt, c.redop));
+      for (std::size_t i = 0; i < count; ++i) store(in.data(), i, dt, input(rank, i, dt, c.redop));
       backend.allgather(in, recv.buffer);
       for (int r = 0; r < world; ++r)
         for (std::size_t i = 0; i < count; ++i)
@@ -292,8 +291,9 @@ std::string check_point_to_point(Backend& backend, DType dtype, std::size_t elem
   const std::size_t halves = is_complex(dtype) ? 2 : 1;
   const std::size_t count = elements * halves;
   const std::string context = "point-to-point " + std::string(to_string(dtype)) + " count " +
-                              std::to_string(elements) + " on rank " + std::to_string(rank) + " of " +
-                              std::to_string(world) + " (" + std::string(backend.name()) + ")";
+                              std::to_string(elements) + " on rank " + std::to_string(rank) +
+                              " of " + std::to_string(world) + " (" + std::string(backend.name()) +
+                              ")";
   Tally tally;
   // Known size: post the receive first, then send, then wait for both (works on one rank too).
   Storage send(elements, dtype), recv(elements, dtype);

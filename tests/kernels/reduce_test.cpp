@@ -155,8 +155,9 @@ TEST(ReduceKernel, AverageDividesFloatsAndTruncatesIntegers) {
   std::vector<std::uint8_t> flags{1};
   expect_error(ErrorCode::unsupported, "avg is not defined for bool",
                [&] { kernels::average(flags.data(), 1, DType::boolean, 2); });
-  expect_error(ErrorCode::unsupported, "reduce op avg is not defined for bool",
-               [&] { kernels::reduce(flags.data(), flags.data(), 1, DType::boolean, ReduceOp::avg); });
+  expect_error(ErrorCode::unsupported, "reduce op avg is not defined for bool", [&] {
+    kernels::reduce(flags.data(), flags.data(), 1, DType::boolean, ReduceOp::avg);
+  });
 }
 
 // torch.bool: sum and max are logical or, prod and min logical and; any non-zero byte is true

@@ -58,11 +58,12 @@ TEST(DType, UnknownNamesAreErrorsNamingTheToken) {
 TEST(DType, OpsAreThoseNcclAndGlooDefine) {
   for (DType d : all_dtypes)
     for (ReduceOp op : all_reduce_ops) {
-      const bool expected = is_complex(d)            ? op == ReduceOp::sum || op == ReduceOp::avg
+      const bool expected = is_complex(d)         ? op == ReduceOp::sum || op == ReduceOp::avg
                             : d == DType::boolean ? op != ReduceOp::avg
-                                                     : true;
+                                                  : true;
       EXPECT_EQ(supports(op, d), expected) << to_string(op) << " " << to_string(d);
-      EXPECT_EQ(unsupported_reason(op, d).empty(), expected) << to_string(op) << " " << to_string(d);
+      EXPECT_EQ(unsupported_reason(op, d).empty(), expected)
+          << to_string(op) << " " << to_string(d);
     }
   EXPECT_TRUE(supports(ReduceOp::avg, DType::int64));
   EXPECT_TRUE(supports(ReduceOp::avg, DType::int8));

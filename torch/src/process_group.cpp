@@ -824,16 +824,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_coalesced(
   const std::string where = _backend->where("allgather_coalesced");
   if (inputs.empty()) throw Error(ErrorCode::invalid_argument, where + ": no input tensors");
   if (output_lists.size() != static_cast<std::size_t>(size_))
-    throw Error(ErrorCode::invalid_argument,
-                where + ": " + std::to_string(output_lists.size()) +
-                    " output lists; expected one per rank (" + std::to_string(size_) +
-                    "), each holding one tensor per input");
+    throw Error(ErrorCode::invalid_argument, where + ": " + std::to_string(output_lists.size()) +
+                                                 " output lists; expected one per rank (" +
+                                                 std::to_string(size_) +
+                                                 "), each holding one tensor per input");
   for (std::size_t r = 0; r < output_lists.size(); ++r)
     if (output_lists[r].size() != inputs.size())
       throw Error(ErrorCode::invalid_argument,
                   where + ": output list " + std::to_string(r) + " has " +
-                      std::to_string(output_lists[r].size()) + " tensors; expected one per input (" +
-                      std::to_string(inputs.size()) + ")");
+                      std::to_string(output_lists[r].size()) +
+                      " tensors; expected one per input (" + std::to_string(inputs.size()) + ")");
   std::vector<CollectiveArgs> all;
   std::vector<std::function<void()>> copies;
   Keep keep;

@@ -26,10 +26,10 @@ enum class DType : std::uint8_t {
 };
 
 /// @brief Every DType, in declaration order (handy for tests and tools).
-inline constexpr DType all_dtypes[] = {
-    DType::float32, DType::float64, DType::float16,   DType::bfloat16,
-    DType::int32,   DType::int64,   DType::uint8,     DType::int8,
-    DType::int16,   DType::boolean, DType::complex64, DType::complex128};
+inline constexpr DType all_dtypes[] = {DType::float32,  DType::float64,   DType::float16,
+                                       DType::bfloat16, DType::int32,     DType::int64,
+                                       DType::uint8,    DType::int8,      DType::int16,
+                                       DType::boolean,  DType::complex64, DType::complex128};
 
 /// @brief Reduction applied element-wise by reduce, allreduce and reduce_scatter.
 enum class ReduceOp : std::uint8_t { sum, prod, min, max, avg };

@@ -20,9 +20,9 @@ void reduce(void* out, const void* a, const void* b, std::size_t count, DType dt
 /// integers truncate toward zero, as ncclAvg does. loom::Error for bool, which has no avg.
 void average(void* data, std::size_t count, DType dtype, int divisor);
 
-/// @brief data[i] *= factor for floating and complex dtypes; loom::Error otherwise. float64 multiplies in
-/// double; float32, float16 and bfloat16 in float by (float)factor (16-bit floats then round the
-/// product to their dtype, as average() does its quotient).
+/// @brief data[i] *= factor for floating and complex dtypes; loom::Error otherwise. float64
+/// multiplies in double; float32, float16 and bfloat16 in float by (float)factor (16-bit floats
+/// then round the product to their dtype, as average() does its quotient).
 void scale(void* data, std::size_t count, DType dtype, double factor);
 
 /// @brief out[i] = in[i] * factor, as the in-place scale(); out may alias in.
