@@ -52,8 +52,10 @@ loom_install_torch_package() {
   local venv=${LOOM_VENV:-$PWD/.venv} spec=${LOOM_TORCH_SPEC:-torch==2.13.0}
   local start=$SECONDS
   [[ -x $venv/bin/python ]] || python3 -m venv "$venv"
-  if ! "$venv/bin/python" -c "import torch, pytest, numpy, scikit_build_core" 2>/dev/null; then
-    "$venv/bin/pip" install -q --disable-pip-version-check "$spec" pytest numpy \
+  # expecttest: torch.testing._internal imports it (PyTorch's own distributed tests).
+  if ! "$venv/bin/python" -c "import torch, pytest, numpy, scikit_build_core, expecttest" \
+    2>/dev/null; then
+    "$venv/bin/pip" install -q --disable-pip-version-check "$spec" pytest numpy expecttest \
       'scikit-build-core>=0.10'
   fi
   "$venv/bin/pip" install -q --disable-pip-version-check --no-build-isolation .
