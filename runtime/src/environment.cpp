@@ -12,7 +12,7 @@
 namespace loom::environment {
 namespace {
 
-constexpr std::array<Variable, 17> all_variables{{
+constexpr std::array<Variable, 20> all_variables{{
     {"LOOM_BACKEND", "the backend create_backend() makes", "mpi under mpirun, else local",
      "local, mpi, nccl"},
     {"LOOM_TIMEOUT_S",
@@ -76,6 +76,14 @@ constexpr std::array<Variable, 17> all_variables{{
      "unset: no dump", "a writable directory (created if missing)"},
     {"LOOM_NCCL_DEVICE", "the GPU of this rank for the nccl backend", "local rank % visible GPUs",
      "0 to 1024"},
+    {"LOOM_STORE",
+     "a directory every rank of a job started without mpirun reaches (one new directory per "
+     "job): the file store the ranks meet through (store_from_environment, Rendezvous)",
+     "unset: no store", "a writable directory (created if missing)"},
+    {"LOOM_RANK", "this process's rank in the job that meets through LOOM_STORE",
+     "unset (needed with LOOM_STORE)", "0 to LOOM_WORLD_SIZE - 1"},
+    {"LOOM_WORLD_SIZE", "the number of processes that meet through LOOM_STORE",
+     "unset (needed with LOOM_STORE)", "1 to 1048576"},
 }};
 
 [[noreturn]] void reject(std::string_view name, const std::string& value,

@@ -62,9 +62,9 @@ void check_average(DType dtype, const std::vector<std::byte>& sum, std::size_t n
     const std::int64_t s = integer_at(sum.data(), i, dtype), q = integer_at(avg.data(), i, dtype);
     // int64's own division truncates toward zero; INT64_MIN / -1 cannot occur (divisor > 0).
     if (q != s / divisor)
-      contract_broken(std::to_string(s) + " / " + std::to_string(divisor) + " gave " +
-                          std::to_string(q),
-                      label(dtype, ReduceOp::avg, n));
+      contract_broken(
+          std::to_string(s) + " / " + std::to_string(divisor) + " gave " + std::to_string(q),
+          label(dtype, ReduceOp::avg, n));
   }
 }
 
@@ -117,8 +117,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     loom::kernels::reduce(swapped.data(), b.data(), a.data(), n, dtype, op);
     if (swapped != out) contract_broken("not commutative", what);
   }
-  if (dtype == DType::boolean &&
-      std::any_of(out.begin(), out.end(), [](std::byte v) { return v != std::byte{0} && v != std::byte{1}; }))
+  if (dtype == DType::boolean && std::any_of(out.begin(), out.end(), [](std::byte v) {
+        return v != std::byte{0} && v != std::byte{1};
+      }))
     contract_broken("a bool result is neither 0 nor 1", what);
   if (op == ReduceOp::sum) check_average(dtype, out, n, divisor);
   return 0;
