@@ -62,7 +62,8 @@ std::optional<std::vector<std::byte>> read_file(const std::string& path, const s
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) return std::nullopt;
-    throw Error(ErrorCode::unavailable, who + ": cannot read " + path + ": " + system_reason(errno));
+    throw Error(ErrorCode::unavailable,
+                who + ": cannot read " + path + ": " + system_reason(errno));
   }
   std::vector<std::byte> out;
   std::byte chunk[4096];
@@ -137,9 +138,9 @@ std::string FileStore::path_of(const std::string& key) const {
 
 void FileStore::set(const std::string& key, std::span<const std::byte> value) {
   const std::string path = path_of(key);
-  const std::string temporary = path + ".tmp." + std::to_string(::getpid()) + "." +
-                                std::to_string(std::hash<std::thread::id>{}(
-                                    std::this_thread::get_id()));
+  const std::string temporary =
+      path + ".tmp." + std::to_string(::getpid()) + "." +
+      std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id()));
   const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0)
     throw Error(ErrorCode::unavailable,
@@ -181,8 +182,8 @@ std::int64_t FileStore::add(const std::string& key, std::int64_t delta) {
         value = std::stoll(text, &used);
         if (used != text.size()) throw std::invalid_argument(text);
       } catch (const std::exception&) {
-        throw Error(ErrorCode::invalid_argument, describe() + ": key '" + key + "' holds '" +
-                                                     text + "', not an integer to add to");
+        throw Error(ErrorCode::invalid_argument, describe() + ": key '" + key + "' holds '" + text +
+                                                     "', not an integer to add to");
       }
     }
     value += delta;
@@ -236,10 +237,14 @@ Arrival parse_arrival(const std::string& text) {
 
 Rendezvous::Rendezvous(std::shared_ptr<Store> store, int rank, int world, std::string group,
                        std::chrono::nanoseconds timeout)
-    : _store(std::move(store)), _rank(rank), _world(world), _group(std::move(group)),
+    : _store(std::move(store)),
+      _rank(rank),
+      _world(world),
+      _group(std::move(group)),
       _timeout(timeout) {
   if (!_store) throw Error(ErrorCode::invalid_argument, "rendezvous: no store");
-  if (_group.empty()) throw Error(ErrorCode::invalid_argument, "rendezvous: the group name is empty");
+  if (_group.empty())
+    throw Error(ErrorCode::invalid_argument, "rendezvous: the group name is empty");
   if (world < 1)
     throw Error(ErrorCode::invalid_argument,
                 describe() + ": world size " + std::to_string(world) + " is below 1");
@@ -316,10 +321,10 @@ std::string Rendezvous::key(const std::string& use, std::uint64_t sequence) cons
 void Rendezvous::wait_for(const std::vector<std::string>& keys, const std::vector<int>& ranks,
                           const std::string& what) {
   // A timeout of zero (LOOM_TIMEOUT_S=0) disables the deadline, as everywhere in loom.
-  const auto deadline = _timeout.count() > 0
-                            ? Store::Clock::now() +
-                                  std::chrono::duration_cast<Store::Clock::duration>(_timeout)
-                            : Store::Clock::time_point::max();
+  const auto deadline =
+      _timeout.count() > 0
+          ? Store::Clock::now() + std::chrono::duration_cast<Store::Clock::duration>(_timeout)
+          : Store::Clock::time_point::max();
   const auto missing = _store->wait(keys, deadline);
   if (missing.empty()) return;
   std::vector<int> absent;
@@ -395,9 +400,9 @@ std::optional<StoreEnvironment> store_from_environment() {
                     (rank ? "" : "LOOM_RANK is unset") + (!rank && !world ? ", " : "") +
                     (world ? "" : "LOOM_WORLD_SIZE is unset") + ")");
   if (*rank >= *world)
-    throw Error(ErrorCode::invalid_argument, "LOOM_RANK=" + std::to_string(*rank) +
-                                                 " is not below LOOM_WORLD_SIZE=" +
-                                                 std::to_string(*world));
+    throw Error(ErrorCode::invalid_argument,
+                "LOOM_RANK=" + std::to_string(*rank) +
+                    " is not below LOOM_WORLD_SIZE=" + std::to_string(*world));
   return StoreEnvironment{std::make_shared<FileStore>(*directory), static_cast<int>(*rank),
                           static_cast<int>(*world)};
 }

@@ -27,8 +27,9 @@ po::options_description describe_options() {
        "allreduce, allgather, reducescatter, broadcast, reduce, alltoall, all, or a comma list "
        "(default allreduce)")
       ("datatype,d", po::value<std::string>(),
-       "float32, float64, float16, bfloat16, int32, int64, uint8 (or nccl-tests' float, half, "
-       "bf16, double, int), all, or a comma list (default float32)")
+       "float32, float64, float16, bfloat16, int8, int16, int32, int64, uint8, bool, complex64, "
+       "complex128 (or nccl-tests' float, half, bf16, double, int), all, or a comma list "
+       "(default float32)")
       ("redop,r", po::value<std::string>(), "sum, prod, min, max, avg, all, or a comma list "
                                             "(default sum)")
       ("iters,n", po::value<std::string>(), "timed iterations per size (default 20)")
@@ -249,7 +250,7 @@ Options parse_options(int argc, const char* const* argv) {
         if (!supports(op, dtype))
           throw UsageError(bad_value("-r/--redop", std::string(to_string(op)),
                                      "it is not defined for " + std::string(to_string(dtype)) +
-                                         " (avg on integers would truncate)"));
+                                         " (" + std::string(unsupported_reason(op, dtype)) + ")"));
   return options;
 }
 

@@ -21,14 +21,22 @@ std::int64_t exact_limit(DType dtype) {
       return 256;
     case DType::uint8:
       return 255;
+    case DType::int8:
+      return 127;
+    case DType::int16:
+      return 32767;
+    case DType::boolean:
+      return 1;
     case DType::float32:
+    case DType::complex64:
       return std::int64_t{1} << 24;
     default:
       return std::int64_t{1} << 31;
   }
 }
 
-// Calls f(std::type_identity<T>{}) with T the element type of `dtype`.
+// Calls f(std::type_identity<T>{}) with T the element type of `dtype`: a complex number is two
+// of its real type (lanes() of them per element), a bool one uint8 holding 0 or 1.
 template <class F>
 decltype(auto) with_element_type(DType dtype, F&& f) {
   switch (dtype) {
@@ -45,9 +53,24 @@ decltype(auto) with_element_type(DType dtype, F&& f) {
     case DType::int64:
       return f(std::type_identity<std::int64_t>{});
     case DType::uint8:
+    case DType::boolean:
       return f(std::type_identity<std::uint8_t>{});
+    case DType::int8:
+      return f(std::type_identity<std::int8_t>{});
+    case DType::int16:
+      return f(std::type_identity<std::int16_t>{});
+    case DType::complex64:
+      return f(std::type_identity<float>{});
+    case DType::complex128:
+      return f(std::type_identity<double>{});
   }
   throw Error(ErrorCode::internal, "unknown dtype");
+}
+
+// Values of with_element_type's T per element: both halves of a complex number hold the same
+// integer, so a component-wise sum or average gives it in both.
+std::size_t lanes(DType dtype) {
+  return is_complex(dtype) ? 2 : 1;
 }
 
 template <class T>
@@ -88,7 +111,8 @@ Pattern::Pattern(Collective collective, DType dtype, ReduceOp op, int ranks, int
 std::int64_t Pattern::input(int rank, std::size_t index) const {
   const auto i = static_cast<std::int64_t>(index);
   const auto r = static_cast<std::int64_t>(rank);
-  const bool chosen = (i + r) % _ranks == 0;  // exactly one rank per index
+  const bool chosen = (i + r) % _ranks == 0;                 // exactly one rank per index
+  if (_dtype == DType::boolean) return (i + 3 * r) % 5 < 3;  // or and and both vary
   if (!reduces(_collective)) return (31 * r + i) % _modulus;
   switch (_op) {
     case ReduceOp::prod:
@@ -104,6 +128,11 @@ std::int64_t Pattern::reduced(std::size_t index) const {
   std::int64_t result = input(0, index);
   for (int rank = 1; rank < _ranks; ++rank) {
     const std::int64_t value = input(rank, index);
+    if (_dtype == DType::boolean) {  // sum and max: logical or; prod and min: logical and
+      const bool any = _op == ReduceOp::sum || _op == ReduceOp::max;
+      result = any ? (result | value) : (result & value);
+      continue;
+    }
     switch (_op) {
       case ReduceOp::sum:
       case ReduceOp::avg:
@@ -120,6 +149,8 @@ std::int64_t Pattern::reduced(std::size_t index) const {
         break;
     }
   }
+  // avg: the sums are multiples of the rank count, so the quotient is exact in every dtype
+  // (integers divide with truncation, which changes nothing here).
   return _op == ReduceOp::avg ? result / _ranks : result;
 }
 
@@ -127,8 +158,11 @@ void Pattern::fill(int rank, Buffer send, Buffer recv) const {
   std::memset(recv.data(), 0xA5, recv.bytes());
   const Buffer inputs = _collective == Collective::broadcast ? recv : send;
   with_element_type(_dtype, [&]<class T>(std::type_identity<T>) {
-    T* data = inputs.as<T>();
-    for (std::size_t i = 0; i < inputs.count(); ++i) data[i] = from_integer<T>(input(rank, i));
+    T* data = static_cast<T*>(inputs.data());
+    const std::size_t k = lanes(_dtype);
+    for (std::size_t i = 0; i < inputs.count(); ++i)
+      for (std::size_t lane = 0; lane < k; ++lane)
+        data[i * k + lane] = from_integer<T>(input(rank, i));
   });
 }
 
@@ -153,10 +187,16 @@ std::uint64_t Pattern::count_wrong(int rank, Buffer recv) const {
     }
   };
   return with_element_type(_dtype, [&]<class T>(std::type_identity<T>) {
-    const T* data = recv.as<const T>();
+    const T* data = static_cast<const T*>(recv.data());
+    const std::size_t k = lanes(_dtype);
     std::uint64_t wrong = 0;
-    for (std::size_t i = 0; i < count; ++i)
-      if (to_double(data[i]) != to_double(from_integer<T>(expected(i)))) ++wrong;
+    for (std::size_t i = 0; i < count; ++i) {
+      const double want = to_double(from_integer<T>(expected(i)));
+      bool right = true;
+      for (std::size_t lane = 0; lane < k; ++lane)
+        right = right && to_double(data[i * k + lane]) == want;
+      if (!right) ++wrong;
+    }
     return wrong;
   });
 }

@@ -13,8 +13,10 @@ namespace loom::bench {
 ///
 /// Every input is a small integer chosen so that the result is exact in every dtype, whatever
 /// order the ranks are combined in: sums stay within the integers float16 (2048), bfloat16
-/// (256) and uint8 (255) hold, products are 2 or 3, averages divide a multiple of the rank
-/// count. The expected result is computed here from the inputs, never by a collective.
+/// (256), int8 (127) and uint8 (255) hold, products are 2 or 3, averages divide a multiple of
+/// the rank count; bool inputs are 0 or 1 (sum and max: or; prod and min: and); both halves of
+/// a complex number hold the same integer. The expected result is computed here from the inputs,
+/// never by a collective.
 class Pattern {
  public:
   Pattern(Collective collective, DType dtype, ReduceOp op, int ranks, int root = 0);

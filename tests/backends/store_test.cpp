@@ -304,7 +304,8 @@ TEST(StoreEnvironment, ReadsLoomStoreRankAndWorldSize) {
   }
   {
     ScopedEnv rank("LOOM_RANK", nullptr), world("LOOM_WORLD_SIZE", "3");
-    expect_error(ErrorCode::invalid_argument, "needs LOOM_RANK and LOOM_WORLD_SIZE (LOOM_RANK is unset)",
+    expect_error(ErrorCode::invalid_argument,
+                 "needs LOOM_RANK and LOOM_WORLD_SIZE (LOOM_RANK is unset)",
                  [] { store_from_environment(); });
   }
   {
