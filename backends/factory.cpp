@@ -1,7 +1,10 @@
-// create_backend: LOOM_BACKEND, mpirun detection and the list of backends this build has.
+// The backend registry (register_backend, create_backend): LOOM_BACKEND, mpirun detection, and
+// the backends this build registers itself.
 #include <algorithm>
 #include <cstdlib>
+#include <mutex>
 #include <string>
+#include <utility>
 
 #include "loom/backend.hpp"
 #include "loom/config.hpp"
@@ -17,56 +20,116 @@
 
 namespace loom {
 
-std::vector<std::string> built_backends() {
-  std::vector<std::string> names{"local"};
+namespace {
+
+// Backends loom knows of, built or not: naming one this build lacks is "unavailable", not
+// "unknown".
+constexpr std::string_view loom_backends[] = {"local", "mpi", "nccl"};
+
+class Registry {
+ public:
+  static Registry& instance() {
+    static Registry registry;
+    return registry;
+  }
+
+  void add(std::string name, BackendFactory factory) {
+    if (name.empty())
+      throw Error(ErrorCode::invalid_argument, "register_backend: the backend name is empty");
+    if (!factory)
+      throw Error(ErrorCode::invalid_argument,
+                  "register_backend: the factory of backend '" + name + "' is empty");
+    std::lock_guard lock(_mutex);
+    if (find(name) != nullptr)
+      throw Error(ErrorCode::invalid_argument,
+                  "register_backend: backend '" + name + "' is already registered");
+    _entries.emplace_back(std::move(name), std::move(factory));
+  }
+
+  std::vector<std::string> names() const {
+    std::lock_guard lock(_mutex);
+    std::vector<std::string> out;
+    for (const auto& [name, factory] : _entries) out.push_back(name);
+    return out;
+  }
+
+  // A copy, so that the factory runs without the lock (it may register or create others).
+  BackendFactory factory(std::string_view name) const {
+    std::lock_guard lock(_mutex);
+    const BackendFactory* found = find(name);
+    return found ? *found : BackendFactory{};
+  }
+
+ private:
+  Registry() {
+    _entries.emplace_back("local", [](const BackendSetup&) -> std::shared_ptr<Backend> {
+      return make_local_backend();
+    });
 #if LOOM_HAVE_MPI
-  names.push_back("mpi");
+    _entries.emplace_back(
+        "mpi", [](const BackendSetup&) -> std::shared_ptr<Backend> { return make_mpi_backend(); });
 #endif
 #if LOOM_HAVE_NCCL
-  names.push_back("nccl");
+    // NCCL needs a CPU transport to share its unique id: MPI under mpirun, else one rank.
+    _entries.emplace_back("nccl", [](const BackendSetup&) -> std::shared_ptr<Backend> {
+      std::shared_ptr<Backend> bootstrap;
+#if LOOM_HAVE_MPI
+      if (launched_by_mpirun()) bootstrap = make_mpi_backend();
 #endif
-  return names;
+      if (!bootstrap) bootstrap = make_local_backend();
+      return make_nccl_backend(*bootstrap);
+    });
+#endif
+  }
+
+  const BackendFactory* find(std::string_view name) const {
+    for (const auto& [entry, factory] : _entries)
+      if (entry == name) return &factory;
+    return nullptr;
+  }
+
+  mutable std::mutex _mutex;
+  std::vector<std::pair<std::string, BackendFactory>> _entries;
+};
+
+}  // namespace
+
+void register_backend(std::string name, BackendFactory factory) {
+  Registry::instance().add(std::move(name), std::move(factory));
+}
+
+std::vector<std::string> built_backends() {
+  return Registry::instance().names();
 }
 
 bool launched_by_mpirun() noexcept {
   return environment::launched_by_mpirun();
 }
 
-std::shared_ptr<Backend> create_backend(std::string_view name) {
+std::shared_ptr<Backend> create_backend(std::string_view name, const BackendSetup& setup) {
   std::string chosen(name);
-  if (chosen.empty()) {
-    chosen = environment::text("LOOM_BACKEND").value_or("");
-  }
+  if (chosen.empty()) chosen = environment::text("LOOM_BACKEND").value_or("");
   const auto built = built_backends();
   if (chosen.empty()) {
     const bool mpi_built = std::find(built.begin(), built.end(), "mpi") != built.end();
     chosen = launched_by_mpirun() && mpi_built ? "mpi" : "local";
   }
-  if (chosen == "local") return make_local_backend();
-#if LOOM_HAVE_MPI
-  if (chosen == "mpi") return make_mpi_backend();
-#endif
-#if LOOM_HAVE_NCCL
-  if (chosen == "nccl") {
-    // NCCL needs a CPU transport to share its unique id: MPI under mpirun, else one rank.
-    std::shared_ptr<Backend> bootstrap;
-#if LOOM_HAVE_MPI
-    if (launched_by_mpirun()) bootstrap = make_mpi_backend();
-#endif
-    if (!bootstrap) bootstrap = make_local_backend();
-    return make_nccl_backend(*bootstrap);
-  }
-#endif
+  if (const BackendFactory factory = Registry::instance().factory(chosen)) return factory(setup);
+
   std::string list;
   for (const auto& b : built) list += (list.empty() ? "" : ", ") + b;
-  if (chosen == "mpi" || chosen == "nccl")
+  const bool known = std::find(std::begin(loom_backends), std::end(loom_backends), chosen) !=
+                     std::end(loom_backends);
+  if (known)
     throw Error(ErrorCode::unavailable,
                 "backend '" + chosen +
                     "' was not built into this loom (available in this build: " + list + ")");
+  std::string names;
+  for (std::string_view b : loom_backends) names += (names.empty() ? "" : ", ") + std::string(b);
   throw Error(ErrorCode::invalid_argument,
               "unknown backend '" + chosen + "'" +
                   (name.empty() ? std::string(" (from LOOM_BACKEND)") : std::string()) +
-                  " (known: local, mpi, nccl; available in this build: " + list + ")");
+                  " (known: " + names + "; available in this build: " + list + ")");
 }
 
 }  // namespace loom

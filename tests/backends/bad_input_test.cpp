@@ -1,6 +1,8 @@
 // The bad-input table on the local backend (2 and 3 ranks) and the backend factory's errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <mutex>
 
@@ -8,6 +10,7 @@
 #include "expect_error.hpp"
 #include "loom/config.hpp"
 #include "loom/local.hpp"
+#include "scoped_env.hpp"
 
 namespace loom {
 namespace {
@@ -61,6 +64,57 @@ TEST(BackendFactory, LocalIsTheDefaultOutsideMpirun) {
   std::vector<int> v{1, 2, 3};
   backend->allreduce(Buffer::of(std::span(v)), ReduceOp::sum);
   EXPECT_EQ(v, (std::vector<int>{1, 2, 3}));
+}
+
+// register_backend: a backend added from outside loom is made by name and through
+// LOOM_BACKEND, with the setup create_backend was given.
+TEST(BackendFactory, ARegisteredBackendIsMadeByNameWithItsSetup) {
+  BackendSetup seen;
+  int made = 0;
+  register_backend("test-registered", [&](const BackendSetup& setup) {
+    seen = setup;
+    ++made;
+    return make_local_backend();
+  });
+  const auto names = built_backends();
+  EXPECT_EQ(names.front(), "local");
+  EXPECT_NE(std::find(names.begin(), names.end(), "test-registered"), names.end());
+  BackendSetup setup;
+  setup.rank = 2;
+  setup.world_size = 5;
+  setup.group = "tp";
+  setup.timeout = std::chrono::seconds(7);
+  auto backend = create_backend("test-registered", setup);
+  EXPECT_EQ(backend->name(), "local");
+  EXPECT_EQ(made, 1);
+  EXPECT_EQ(seen.rank, 2);
+  EXPECT_EQ(seen.world_size, 5);
+  EXPECT_EQ(seen.group, "tp");
+  EXPECT_EQ(seen.timeout, std::chrono::seconds(7));
+  test::ScopedEnv env("LOOM_BACKEND", "test-registered");
+  create_backend();
+  EXPECT_EQ(made, 2);
+  EXPECT_EQ(seen.group, "world");  // the default setup
+}
+
+TEST(BackendFactory, RegisteringTwiceOrEmptyIsNamed) {
+  auto factory = [](const BackendSetup&) { return make_local_backend(); };
+  register_backend("test-twice", factory);
+  expect_error(ErrorCode::invalid_argument,
+               "register_backend: backend 'test-twice' is already registered",
+               [&] { register_backend("test-twice", factory); });
+  expect_error(ErrorCode::invalid_argument, "register_backend: backend 'local' is already",
+               [&] { register_backend("local", factory); });
+  expect_error(ErrorCode::invalid_argument, "the backend name is empty",
+               [&] { register_backend("", factory); });
+  expect_error(ErrorCode::invalid_argument, "the factory of backend 'test-empty' is empty",
+               [] { register_backend("test-empty", BackendFactory{}); });
+  // A factory's own error reaches the caller unchanged.
+  register_backend("test-failing", [](const BackendSetup&) -> std::shared_ptr<Backend> {
+    throw Error(ErrorCode::unavailable, "test-failing: no store given");
+  });
+  expect_error(ErrorCode::unavailable, "test-failing: no store given",
+               [] { create_backend("test-failing"); });
 }
 
 TEST(BackendFactory, EnvironmentChoosesTheBackend) {

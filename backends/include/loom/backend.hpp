@@ -332,13 +332,37 @@ class Backend {
   CallWatchdog _watchdog;
 };
 
-/// @brief Names of the backends built into this library ("local", "mpi", ...).
+class Store;
+
+/// @brief What a backend factory is given: where the ranks meet when a launcher does not tell
+/// them (a store, the rank, the world size: LOOM_STORE, or torch's c10d store), the group's name
+/// (distinct names keep groups on one store apart) and the timeout of its waits (zero:
+/// LOOM_TIMEOUT_S). A factory that needs none of it (local, mpi) ignores it.
+struct BackendSetup {
+  std::shared_ptr<Store> store;
+  int rank = -1;
+  int world_size = 0;
+  std::string group = "world";
+  std::chrono::nanoseconds timeout{0};
+};
+
+/// @brief Makes a backend from a setup; throws loom::Error when it cannot.
+using BackendFactory = std::function<std::shared_ptr<Backend>(const BackendSetup&)>;
+
+/// @brief Adds `name` to the backends create_backend() makes (LOOM_BACKEND=name), so that code
+/// above backends/ (loom_torch, a program's own transport) adds one without touching loom.
+/// loom registers "local", and "mpi" and "nccl" where built. A name already registered, an
+/// empty name or an empty factory is ErrorCode::invalid_argument naming it. Thread-safe.
+void register_backend(std::string name, BackendFactory factory);
+
+/// @brief Names of the registered backends, in registration order ("local", "mpi", ...).
 std::vector<std::string> built_backends();
 /// @brief Whether the process was started by mpirun/mpiexec (Open MPI, PMIx or Hydra env).
 bool launched_by_mpirun() noexcept;
 /// @brief Creates the backend named by `name`, or by LOOM_BACKEND when empty, or mpi when
-/// launched by mpirun and built, else a one-rank local backend. An unknown or unavailable
-/// name is ErrorCode::unavailable listing the available ones.
-std::shared_ptr<Backend> create_backend(std::string_view name = {});
+/// launched by mpirun and built, else a one-rank local backend, through its registered factory
+/// with `setup`. A known backend this build lacks is ErrorCode::unavailable; an unknown name is
+/// ErrorCode::invalid_argument; both list the registered ones.
+std::shared_ptr<Backend> create_backend(std::string_view name = {}, const BackendSetup& setup = {});
 
 }  // namespace loom
