@@ -256,48 +256,33 @@ Rendezvous::Rendezvous(std::shared_ptr<Store> store, int rank, int world, std::s
 
   const std::string join = key("join", 0);
   _store->set(join + "/" + std::to_string(rank), bytes_of(arrival_text(world)));
-  std::vector<std::string> keys;
-  std::vector<int> ranks;
-  for (int r = 0; r < world; ++r) {
-    keys.push_back(join + "/" + std::to_string(r));
-    ranks.push_back(r);
-  }
-  std::vector<Arrival> arrivals(static_cast<std::size_t>(world));
-  try {
-    wait_for(keys, ranks, "join");
-  } catch (const Error&) {
-    // Ranks that came with another world size explain more than the missing ones: a rank of
-    // a smaller world never looks for the ranks this one waits for.
-    std::vector<std::string> sizes;
+  const auto keys = keys_of_every_rank(join);
+  // Ranks that came with another world size: named instead of the missing ones when the join
+  // times out (a rank of a smaller world never looks for the ranks this one waits for).
+  auto check_world_sizes = [&] {
+    std::string others;
     for (int r = 0; r < world; ++r)
       if (auto record = _store->try_get(keys[static_cast<std::size_t>(r)])) {
-        const Arrival a = parse_arrival(text_of(*record));
-        if (a.world != world)
-          sizes.push_back("rank " + std::to_string(r) + " with " + std::to_string(a.world));
+        const int theirs = parse_arrival(text_of(*record)).world;
+        if (theirs != world)
+          others += (others.empty() ? "rank " : ", rank ") + std::to_string(r) + " with " +
+                    std::to_string(theirs);
       }
-    if (!sizes.empty()) {
-      std::string list;
-      for (const auto& s : sizes) list += (list.empty() ? "" : ", ") + s;
+    if (!others.empty())
       throw Error(ErrorCode::mismatch, describe() + ": rank " + std::to_string(rank) +
                                            " joined with world size " + std::to_string(world) +
-                                           " but " + list);
-    }
+                                           " but " + others);
+  };
+  try {
+    wait_for(keys, every_rank(), "join");
+  } catch (const Error&) {
+    check_world_sizes();
     throw;
   }
-  std::vector<std::string> mismatched;
-  for (int r = 0; r < world; ++r) {
-    arrivals[static_cast<std::size_t>(r)] = parse_arrival(text_of(fetch(keys[r], r, "join")));
-    const Arrival& a = arrivals[static_cast<std::size_t>(r)];
-    if (a.world != world)
-      mismatched.push_back("rank " + std::to_string(r) + " with " + std::to_string(a.world));
-  }
-  if (!mismatched.empty()) {
-    std::string list;
-    for (const auto& s : mismatched) list += (list.empty() ? "" : ", ") + s;
-    throw Error(ErrorCode::mismatch, describe() + ": rank " + std::to_string(rank) +
-                                         " joined with world size " + std::to_string(world) +
-                                         " but " + list);
-  }
+  check_world_sizes();
+  std::vector<Arrival> arrivals;
+  for (int r = 0; r < world; ++r)
+    arrivals.push_back(parse_arrival(text_of(fetch(keys[static_cast<std::size_t>(r)], r, "join"))));
   // Nodes numbered by first appearance of their host name.
   std::map<std::string, int> node_of_host;
   std::vector<int> node_ids;
@@ -307,6 +292,18 @@ Rendezvous::Rendezvous(std::shared_ptr<Store> store, int rank, int world, std::s
     node_ids.push_back(it->second);
   }
   _topology = Topology::from_node_ids(node_ids).with_node_names(_hosts);
+}
+
+std::vector<std::string> Rendezvous::keys_of_every_rank(const std::string& prefix) const {
+  std::vector<std::string> keys;
+  for (int r = 0; r < _world; ++r) keys.push_back(prefix + "/" + std::to_string(r));
+  return keys;
+}
+
+std::vector<int> Rendezvous::every_rank() const {
+  std::vector<int> ranks(static_cast<std::size_t>(_world));
+  for (int r = 0; r < _world; ++r) ranks[static_cast<std::size_t>(r)] = r;
+  return ranks;
 }
 
 std::string Rendezvous::describe() const {
@@ -362,14 +359,9 @@ std::vector<std::byte> Rendezvous::broadcast(std::span<const std::byte> value, i
 std::vector<std::vector<std::byte>> Rendezvous::allgather(std::span<const std::byte> value) {
   const std::string k = key("allgather", ++_calls);
   _store->set(k + "/" + std::to_string(_rank), value);
-  std::vector<std::string> keys;
-  std::vector<int> ranks;
-  for (int r = 0; r < _world; ++r) {
-    keys.push_back(k + "/" + std::to_string(r));
-    ranks.push_back(r);
-  }
+  const auto keys = keys_of_every_rank(k);
   const std::string what = "allgather " + std::to_string(_calls);
-  wait_for(keys, ranks, what);
+  wait_for(keys, every_rank(), what);
   std::vector<std::vector<std::byte>> all;
   for (int r = 0; r < _world; ++r) all.push_back(fetch(keys[r], r, what));
   return all;
@@ -378,13 +370,7 @@ std::vector<std::vector<std::byte>> Rendezvous::allgather(std::span<const std::b
 void Rendezvous::barrier() {
   const std::string k = key("barrier", ++_calls);
   _store->set(k + "/" + std::to_string(_rank), {});
-  std::vector<std::string> keys;
-  std::vector<int> ranks;
-  for (int r = 0; r < _world; ++r) {
-    keys.push_back(k + "/" + std::to_string(r));
-    ranks.push_back(r);
-  }
-  wait_for(keys, ranks, "barrier " + std::to_string(_calls));
+  wait_for(keys_of_every_rank(k), every_rank(), "barrier " + std::to_string(_calls));
 }
 
 // ---------------------------------------------------------------------------------------------

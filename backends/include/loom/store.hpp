@@ -104,6 +104,9 @@ class Rendezvous {
 
  private:
   std::string key(const std::string& use, std::uint64_t sequence) const;
+  // "<prefix>/0" ... "<prefix>/<world - 1>", and the ranks 0 ... world - 1.
+  std::vector<std::string> keys_of_every_rank(const std::string& prefix) const;
+  std::vector<int> every_rank() const;
   // Waits for `keys` (one per rank in `ranks`); throws ErrorCode::timeout naming the ranks
   // whose keys are missing at the deadline.
   void wait_for(const std::vector<std::string>& keys, const std::vector<int>& ranks,
