@@ -38,6 +38,7 @@ std::vector<std::byte> random_bytes(std::size_t n, unsigned seed) {
 // Floats from random bytes are mostly huge or tiny; mix in ordinary values so that sums and
 // products round in interesting places.
 void sprinkle_ordinary_values(std::vector<std::byte>& bytes, DType dtype, unsigned seed) {
+  if (is_complex(dtype)) return sprinkle_ordinary_values(bytes, real_dtype(dtype), seed);
   if (!is_floating(dtype)) return;
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> value(-4.0f, 4.0f);
@@ -96,6 +97,8 @@ bool is_nan(const std::byte* p, DType dtype) {
 // Bit-for-bit equality, NaN matching NaN; names the first differing element.
 ::testing::AssertionResult same_values(const std::vector<std::byte>& got,
                                        const std::vector<std::byte>& expected, DType dtype) {
+  // A complex number is compared as its two halves (a NaN half may carry another payload).
+  if (is_complex(dtype)) return same_values(got, expected, real_dtype(dtype));
   if (got.size() != expected.size()) return ::testing::AssertionFailure() << "sizes differ";
   const std::size_t size = dtype_size(dtype);
   std::size_t nan_mismatches = 0;
@@ -169,7 +172,10 @@ TEST_F(CudaKernels, ReduceEqualsCpuForEveryDtypeAndOp) {
 
 TEST_F(CudaKernels, AverageAndScaleEqualCpu) {
   constexpr std::size_t count = 65537;
-  for (DType dtype : {DType::float32, DType::float64, DType::float16, DType::bfloat16}) {
+  // avg: floating and complex types divide, integers truncate toward zero; scale: floating and
+  // complex types only.
+  for (DType dtype : all_dtypes) {
+    if (!supports(ReduceOp::avg, dtype)) continue;
     const std::size_t bytes = count * dtype_size(dtype);
     auto data = random_bytes(bytes, 5);
     sprinkle_ordinary_values(data, dtype, 6);
@@ -180,17 +186,18 @@ TEST_F(CudaKernels, AverageAndScaleEqualCpu) {
     sync();
     EXPECT_TRUE(same_values(test::to_host<std::byte>(device, bytes), expected, dtype))
         << to_string(dtype) << " avg";
+    if (!is_floating(dtype) && !is_complex(dtype)) continue;
     kernels::scale(expected.data(), count, dtype, 0.1);
     kernels::cuda::scale(device.data(), count, dtype, 0.1, stream());
     sync();
     EXPECT_TRUE(same_values(test::to_host<std::byte>(device, bytes), expected, dtype))
         << to_string(dtype) << " scale";
   }
-  cuda::DeviceMemory ints(16, 0);
-  expect_error(ErrorCode::unsupported, "avg is not defined for int32",
-               [&] { kernels::cuda::average(ints.data(), 4, DType::int32, 2, stream()); });
+  cuda::DeviceMemory small(16, 0);
+  expect_error(ErrorCode::unsupported, "avg is not defined for bool",
+               [&] { kernels::cuda::average(small.data(), 4, DType::boolean, 2, stream()); });
   expect_error(ErrorCode::unsupported, "scale is not defined for int32",
-               [&] { kernels::cuda::scale(ints.data(), 4, DType::int32, 2.0, stream()); });
+               [&] { kernels::cuda::scale(small.data(), 4, DType::int32, 2.0, stream()); });
 }
 
 TEST_F(CudaKernels, CastsEqualCpu) {
