@@ -4,8 +4,8 @@
 set -euo pipefail
 
 LOOM_PACKAGES=(build-essential cmake ninja-build pkg-config libtbb-dev libopenmpi-dev openmpi-bin
-  libboost-graph-dev libboost-program-options-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libopenblas-dev graphviz clang-format python3 iproute2
+  libucx-dev libboost-graph-dev libboost-program-options-dev libgtest-dev libgmock-dev
+  libbenchmark-dev libopenblas-dev graphviz clang-format python3 iproute2
   clang libclang-rt-14-dev xz-utils)  # these three: libFuzzer and oneTBB's source for TSan
 # loom_torch (torch/) and its tests: only the test command (LOOM_SETUP_TORCH=1) needs them; the
 # library and the demo never need PyTorch. torch itself comes from PyPI into .venv (below).
