@@ -42,7 +42,7 @@ class StoreDir {
 
 std::vector<std::byte> bytes(const std::string& text) {
   std::vector<std::byte> out(text.size());
-  std::memcpy(out.data(), text.data(), text.size());
+  if (!text.empty()) std::memcpy(out.data(), text.data(), text.size());
   return out;
 }
 
