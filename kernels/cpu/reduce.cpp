@@ -63,9 +63,13 @@ void dispatch_bool(void* out, const void* a, const void* b, std::size_t n, Reduc
   return combine_bool<LogicalAnd>(out, a, b, n);  // prod, min (avg is refused before)
 }
 
-// Integers are combined as unsigned so overflow wraps instead of being undefined.
+// Integers are combined as unsigned so overflow wraps instead of being undefined; types
+// narrower than unsigned int in unsigned int itself (uint16_t operands would be promoted to a
+// signed int, whose product can overflow: 41377 * 64417, found by dtype_reduce_fuzzer).
 template <class T>
-using Arith = std::conditional_t<std::is_integral_v<T>, std::make_unsigned_t<T>, T>;
+using Arith = std::conditional_t<
+    std::is_integral_v<T>,
+    std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>, T>;
 
 // No restrict: out == a is the common in-place case. g++ versions the loop with a runtime
 // overlap check, so both the aliasing and the disjoint case run vectorised.

@@ -53,7 +53,9 @@ struct Arith<BHalf> {
 template <class U>
 __device__ U combine(U a, U b, ReduceOp op) {
   if constexpr (std::is_integral_v<U>) {
-    using W = std::make_unsigned_t<U>;
+    // Unsigned arithmetic wraps; narrower than unsigned int, in unsigned int (a uint16_t
+    // product would be promoted to a signed int and could overflow).
+    using W = std::conditional_t<(sizeof(U) < sizeof(unsigned)), unsigned, std::make_unsigned_t<U>>;
     switch (op) {
       case ReduceOp::prod:
         return static_cast<U>(static_cast<W>(static_cast<W>(a) * static_cast<W>(b)));

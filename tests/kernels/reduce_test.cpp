@@ -46,7 +46,7 @@ T reference(T a, T b, ReduceOp op) {
     const float x = to_float(a), y = to_float(b);
     return make<T>(reference<float>(x, y, op));
   } else if constexpr (std::is_integral_v<T>) {
-    using U = std::make_unsigned_t<T>;
+    using U = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;
     switch (op) {
       case ReduceOp::sum:
       case ReduceOp::avg:  // combines as sum; average() divides
