@@ -54,9 +54,7 @@ void Check::fail_counts(Buffer send, Buffer recv) const {
 }
 
 void Check::fail_op(ReduceOp op, DType dtype) const {
-  fail(ErrorCode::unsupported, "reduce op " + std::string(to_string(op)) + " is not defined for " +
-                                   std::string(to_string(dtype)) + " (" +
-                                   std::string(unsupported_reason(op, dtype)) + ")");
+  fail(ErrorCode::unsupported, unsupported_message(op, dtype));
 }
 
 void Check::fail_overlap(Buffer send, Buffer recv) const {

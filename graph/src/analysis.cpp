@@ -65,9 +65,7 @@ void check_collective(const NodeData& node, int world) {
   if (has_recv && c.send.dtype() != c.recv.dtype())
     fail("send " + c.send.describe() + " and recv " + c.recv.describe() + " have different dtypes");
   if (reduces(c.op) && !supports(c.reduce_op, c.send.dtype()))
-    fail("reduce op " + std::string(to_string(c.reduce_op)) + " is not defined for " +
-         std::string(to_string(c.send.dtype())) + " (" +
-         std::string(unsupported_reason(c.reduce_op, c.send.dtype())) + ")");
+    fail(unsupported_message(c.reduce_op, c.send.dtype()));
   const auto w = static_cast<std::size_t>(world > 0 ? world : 1);
   switch (c.op) {
     case Collective::allreduce:

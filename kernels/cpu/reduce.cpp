@@ -200,11 +200,7 @@ void divide_floats(void* data, std::size_t n, int divisor) {
 }  // namespace
 
 void reduce(void* out, const void* a, const void* b, std::size_t count, DType dtype, ReduceOp op) {
-  if (!supports(op, dtype))
-    throw Error(ErrorCode::unsupported, "reduce op " + std::string(to_string(op)) +
-                                            " is not defined for " + std::string(to_string(dtype)) +
-                                            " (" + std::string(unsupported_reason(op, dtype)) +
-                                            ")");
+  if (!supports(op, dtype)) throw Error(ErrorCode::unsupported, unsupported_message(op, dtype));
   if (count == 0) return;
   switch (dtype) {
     case DType::float32:
@@ -265,9 +261,7 @@ void average(void* data, std::size_t count, DType dtype, int divisor) {
     case DType::boolean:
       break;
   }
-  throw Error(ErrorCode::unsupported,
-              "avg is not defined for bool (" +
-                  std::string(unsupported_reason(ReduceOp::avg, DType::boolean)) + ")");
+  throw Error(ErrorCode::unsupported, unsupported_message(ReduceOp::avg, DType::boolean));
 }
 
 void scale(const void* in, void* out, std::size_t count, DType dtype, double factor) {

@@ -193,11 +193,7 @@ void require_scalable(const char* what, DType dtype) {
 
 void reduce(void* out, const void* a, const void* b, std::size_t count, DType dtype, ReduceOp op,
             NativeStream stream) {
-  if (!supports(op, dtype))
-    throw Error(ErrorCode::unsupported, "reduce op " + std::string(to_string(op)) +
-                                            " is not defined for " + std::string(to_string(dtype)) +
-                                            " (" + std::string(unsupported_reason(op, dtype)) +
-                                            ")");
+  if (!supports(op, dtype)) throw Error(ErrorCode::unsupported, unsupported_message(op, dtype));
   if (count == 0) return;
   const std::size_t n = elements(count, dtype);
   with_type(dtype, [&](auto tag) {
@@ -214,9 +210,7 @@ void reduce(void* out, const void* a, const void* b, std::size_t count, DType dt
 
 void average(void* data, std::size_t count, DType dtype, int divisor, NativeStream stream) {
   if (!supports(ReduceOp::avg, dtype))
-    throw Error(ErrorCode::unsupported,
-                "avg is not defined for " + std::string(to_string(dtype)) + " (" +
-                    std::string(unsupported_reason(ReduceOp::avg, dtype)) + ")");
+    throw Error(ErrorCode::unsupported, unsupported_message(ReduceOp::avg, dtype));
   if (count == 0) return;
   const std::size_t n = elements(count, dtype);
   with_type(dtype, [&](auto tag) {

@@ -78,6 +78,11 @@ std::string_view unsupported_reason(ReduceOp op, DType dtype) noexcept {
   return "not defined";
 }
 
+std::string unsupported_message(ReduceOp op, DType dtype) {
+  return "reduce op " + std::string(to_string(op)) + " is not defined for " +
+         std::string(to_string(dtype)) + " (" + std::string(unsupported_reason(op, dtype)) + ")";
+}
+
 ReduceOp parse_reduce_op(std::string_view name) {
   for (ReduceOp op : all_reduce_ops)
     if (name == to_string(op)) return op;

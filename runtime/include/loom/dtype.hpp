@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 namespace loom {
@@ -109,6 +110,9 @@ constexpr bool supports(ReduceOp op, DType dtype) noexcept {
 
 /// @brief Why supports(op, dtype) is false, for error messages ("" when it is true).
 std::string_view unsupported_reason(ReduceOp op, DType dtype) noexcept;
+/// @brief "reduce op avg is not defined for bool (<unsupported_reason>)": the one text every
+/// layer (kernels, backends, graph validation) refuses such a pair with.
+std::string unsupported_message(ReduceOp op, DType dtype);
 
 /// @brief IEEE 754 binary16 storage; arithmetic goes through float.
 struct float16_t {
