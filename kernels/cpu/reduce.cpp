@@ -65,7 +65,7 @@ void dispatch_bool(void* out, const void* a, const void* b, std::size_t n, Reduc
 
 // Integers are combined as unsigned so overflow wraps instead of being undefined; types
 // narrower than unsigned int in unsigned int itself (uint16_t operands would be promoted to a
-// signed int, whose product can overflow: 41377 * 64417, found by dtype_reduce_fuzzer).
+// signed int, whose product can overflow: 41377 * 64417).
 template <class T>
 using Arith = std::conditional_t<
     std::is_integral_v<T>,
