@@ -1,6 +1,10 @@
-// The backend registry (register_backend, create_backend): LOOM_BACKEND, mpirun detection, and
-// the backends this build registers itself.
+// The backend registry (register_backend, create_backend): LOOM_BACKEND, mpirun detection, the
+// backends this build registers itself, and backend modules (libloom_backend_<name>.so) loaded
+// on first use.
+#include <dlfcn.h>
+
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -24,7 +28,39 @@ namespace {
 
 // Backends loom knows of, built or not: naming one this build lacks is "unavailable", not
 // "unknown".
-constexpr std::string_view loom_backends[] = {"local", "mpi", "nccl"};
+constexpr std::string_view loom_backends[] = {"local", "mpi", "nccl", "ucx"};
+
+// The directory libloom was loaded from (its modules are installed beside it).
+std::string library_directory() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&create_backend), &info) == 0 || info.dli_fname == nullptr)
+    return {};
+  const std::string path(info.dli_fname);
+  const auto slash = path.rfind('/');
+  return slash == std::string::npos ? std::string() : path.substr(0, slash);
+}
+
+// Loads libloom_backend_<name>.so, whose initialisation registers `name`: from libloom's
+// directory, else the loader's search path (LD_LIBRARY_PATH). Names that are not identifiers
+// are never looked up. Returns why it could not ("" when loaded).
+std::string load_backend_module(const std::string& name) {
+  if (name.empty() || !std::all_of(name.begin(), name.end(), [](unsigned char c) {
+        return std::isalnum(c) != 0 || c == '_';
+      }))
+    return "not a module name";
+  static std::mutex mutex;  // one load at a time: a second caller finds it registered
+  std::lock_guard lock(mutex);
+  const std::string file = "libloom_backend_" + name + ".so";
+  std::string why;
+  const std::string directory = library_directory();
+  for (const std::string& path : {directory.empty() ? file : directory + "/" + file, file}) {
+    // RTLD_NODELETE: the registered factory's code stays loaded whatever happens to the handle.
+    if (dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL | RTLD_NODELETE) != nullptr) return {};
+    const char* error = dlerror();
+    if (why.empty() && error != nullptr) why = error;
+  }
+  return why;
+}
 
 class Registry {
  public:
@@ -115,15 +151,21 @@ std::shared_ptr<Backend> create_backend(std::string_view name, const BackendSetu
     chosen = launched_by_mpirun() && mpi_built ? "mpi" : "local";
   }
   if (const BackendFactory factory = Registry::instance().factory(chosen)) return factory(setup);
+  const std::string module_error = load_backend_module(chosen);
+  if (const BackendFactory factory = Registry::instance().factory(chosen)) return factory(setup);
 
   std::string list;
-  for (const auto& b : built) list += (list.empty() ? "" : ", ") + b;
+  for (const auto& b : built_backends()) list += (list.empty() ? "" : ", ") + b;
   const bool known = std::find(std::begin(loom_backends), std::end(loom_backends), chosen) !=
                      std::end(loom_backends);
   if (known)
     throw Error(ErrorCode::unavailable,
                 "backend '" + chosen +
-                    "' was not built into this loom (available in this build: " + list + ")");
+                    "' was not built into this loom (available in this build: " + list +
+                    (module_error.empty() || module_error == "not a module name"
+                         ? std::string()
+                         : "; its module: " + module_error) +
+                    ")");
   std::string names;
   for (std::string_view b : loom_backends) names += (names.empty() ? "" : ", ") + std::string(b);
   throw Error(ErrorCode::invalid_argument,

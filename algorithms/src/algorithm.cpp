@@ -3,7 +3,10 @@
 
 #include <array>
 
+#include <limits>
+
 #include "algorithms.hpp"
+#include "loom/algorithm_selector.hpp"
 #include "loom/error.hpp"
 
 namespace loom {
@@ -222,6 +225,51 @@ std::unique_ptr<Work> start_algorithm(Backend& backend, Algorithm algorithm,
 }
 
 }  // namespace
+
+Algorithm algorithm_for_transport(const CollectiveArgs& args, const Backend& backend) {
+  if (args.op == Collective::alltoall || args.op == Collective::barrier) return Algorithm::native;
+  if (backend.world_size() == 1 || args.send.count() == 0) return Algorithm::native;
+  static const AlgorithmSelector model;  // the built-in parameters: no file, no override
+  const std::size_t bytes = selection_bytes(args);
+  Algorithm best = Algorithm::native;
+  double best_s = std::numeric_limits<double>::infinity();
+  for (Algorithm a : candidates(args.op)) {
+    if (a == Algorithm::native || !cannot_run(a, args, backend).empty()) continue;
+    const double s = model.predict(a, args.op, bytes, backend.topology());
+    if (s < best_s) {
+      best = a;
+      best_s = s;
+    }
+  }
+  if (best == Algorithm::native)
+    throw Error(ErrorCode::internal, std::string(backend.where(to_string(args.op))) +
+                                         ": no loom algorithm can run it on this transport");
+  return best;
+}
+
+std::unique_ptr<Work> start_on_algorithms(Backend& backend, const CollectiveArgs& args) {
+  const Algorithm algorithm = algorithm_for_transport(args, backend);
+  if (algorithm != Algorithm::native) return start_algorithm(backend, algorithm, args);
+  const algorithms::WorkLabel what(backend, algorithm, args);
+  std::unique_ptr<algorithms::ChannelWork> work;
+  if (args.op == Collective::barrier) {
+    if (backend.world_size() == 1) return std::make_unique<CompletedWork>(what.describe());
+    work = algorithms::dissemination_barrier(backend, args, what);
+  } else if (args.op == Collective::alltoall) {
+    if (backend.world_size() == 1 || args.send.count() == 0) {
+      algorithms::copy(args.recv, args.send);
+      return std::make_unique<CompletedWork>(what.describe());
+    }
+    work = algorithms::pairwise_alltoall(backend, args, what);
+  } else {
+    // No message to move (one rank, or empty buffers): done here, as start_algorithm does.
+    if (!run_trivially(backend, args))
+      throw Error(ErrorCode::internal, what.where() + ": no loom algorithm was chosen");
+    return std::make_unique<CompletedWork>(what.describe());
+  }
+  work->start();
+  return work;
+}
 
 std::unique_ptr<Work> start_collective(Backend& backend, Algorithm algorithm,
                                        const CollectiveArgs& args, std::string_view name,

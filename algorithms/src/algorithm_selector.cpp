@@ -167,10 +167,11 @@ void agree_on_source(Backend& backend, std::int64_t mine, const std::exception_p
 AlgorithmSelector AlgorithmSelector::for_backend(Backend& backend,
                                                  std::optional<CalibrationOptions> calibration,
                                                  std::optional<std::chrono::nanoseconds> timeout) {
-  // Only the mpi backend calibrates: the local backend's ranks are threads whose timings say
-  // little about a job, and nccl's collectives are all native.
+  // Backends between processes with an algorithm channel calibrate (mpi, ucx): the local
+  // backend's ranks are threads whose timings say little about a job, and nccl's collectives
+  // are all native.
   const bool may_calibrate =
-      backend.name() == "mpi" && backend.world_size() > 1 && backend.has_algorithm_channel();
+      backend.name() != "local" && backend.world_size() > 1 && backend.has_algorithm_channel();
   const auto tuning_path = environment::text("LOOM_TUNING_FILE");
   const bool applies = may_calibrate && !tuning_path;
   // What this rank can check alone (the tuning file, the LOOM_<COLLECTIVE> overrides,

@@ -59,5 +59,10 @@ std::unique_ptr<ChannelWork> ring_reduce_scatter(Backend& b, const CollectiveArg
                                                  const WorkLabel& what);
 std::unique_ptr<ChannelWork> recursive_halving_reduce_scatter(Backend& b, const CollectiveArgs& a,
                                                               const WorkLabel& what);
+// The alltoall and barrier of a backend without collectives of its own (start_on_algorithms).
+std::unique_ptr<ChannelWork> pairwise_alltoall(Backend& b, const CollectiveArgs& a,
+                                               const WorkLabel& what);
+std::unique_ptr<ChannelWork> dissemination_barrier(Backend& b, const CollectiveArgs& a,
+                                                   const WorkLabel& what);
 
 }  // namespace loom::algorithms

@@ -41,6 +41,10 @@ std::string peer_text(int peer) {
   return peer == any_source ? std::string("any source") : "rank " + std::to_string(peer);
 }
 
+std::string tag_text(int tag) {
+  return tag == any_tag ? std::string("any tag") : "tag " + std::to_string(tag);
+}
+
 // Process-wide count of transports made on one group instance, so that the teardown keys of
 // two transports of the same rendezvous differ (every rank makes them in the same order).
 std::int64_t next_transport_number(const std::string& group, std::int64_t instance) {
@@ -143,11 +147,22 @@ struct Transport::State {
                     std::to_string(peer) + " is outside [0, " + std::to_string(world) + ")" +
                     (allow_any ? " and not any_source" : ""));
   }
-  std::uint64_t tag_of(int source, Channel channel, std::uint32_t tag) const {
-    return TagLayout::make(source, channel, group, tag);
+  void check_tag(int tag, bool allow_any, const char* what) const {
+    if ((allow_any && tag == any_tag) || tag >= 0) return;
+    throw Error(ErrorCode::invalid_argument,
+                std::string("ucx ") + what + " on rank " + std::to_string(rank) + ": tag " +
+                    std::to_string(tag) + " is negative" + (allow_any ? " and not any_tag" : ""));
   }
-  std::uint64_t mask_of(int peer) const {
-    return peer == any_source ? ~TagLayout::source_mask : ~std::uint64_t{0};
+  // A receive's tag and mask: the wildcards' bits are zero in the tag and masked out.
+  std::uint64_t tag_of(int source, Channel channel, int tag) const {
+    return TagLayout::make(source == any_source ? 0 : source, channel, group,
+                           tag == any_tag ? 0u : static_cast<std::uint32_t>(tag));
+  }
+  std::uint64_t mask_of(int peer, int tag) const {
+    std::uint64_t mask = ~std::uint64_t{0};
+    if (peer == any_source) mask &= ~TagLayout::source_mask;
+    if (tag == any_tag) mask &= ~TagLayout::tag_mask;
+    return mask;
   }
 };
 
@@ -170,8 +185,8 @@ void finish_or_release(State& state, Operation& op, Clock::duration limit) {
 
 class SendWork final : public Work {
  public:
-  SendWork(std::shared_ptr<State> state, const void* data, std::size_t bytes, int peer,
-           std::uint32_t tag, Channel channel)
+  SendWork(std::shared_ptr<State> state, const void* data, std::size_t bytes, int peer, int tag,
+           Channel channel)
       : _state(std::move(state)), _bytes(bytes), _peer(peer), _tag(tag), _channel(channel) {
     std::lock_guard lock(_state->mutex);
     if (!_state->peers[static_cast<std::size_t>(peer)].failure.empty()) {
@@ -227,15 +242,15 @@ class SendWork final : public Work {
   Operation _op;
   std::size_t _bytes;
   int _peer;
-  std::uint32_t _tag;
+  int _tag;
   Channel _channel;
   std::string _failure;
 };
 
 class PostedReceiveWork final : public ReceiveWork {
  public:
-  PostedReceiveWork(std::shared_ptr<State> state, void* data, std::size_t bytes, int peer,
-                    std::uint32_t tag, Channel channel)
+  PostedReceiveWork(std::shared_ptr<State> state, void* data, std::size_t bytes, int peer, int tag,
+                    Channel channel)
       : _state(std::move(state)), _bytes(bytes), _tag(tag), _channel(channel) {
     _op.peer = peer;
     // The sender's tag and length come from the completion callback. UCX 1.13 returns NULL for
@@ -247,10 +262,8 @@ class PostedReceiveWork final : public ReceiveWork {
     param.cb.recv = &on_received;
     param.user_data = &_op;
     std::lock_guard lock(_state->mutex);
-    const int source = peer == any_source ? 0 : peer;
-    _op.request =
-        ucp_tag_recv_nbx(_state->worker, data, bytes, _state->tag_of(source, channel, tag),
-                         _state->mask_of(peer), &param);
+    _op.request = ucp_tag_recv_nbx(_state->worker, data, bytes, _state->tag_of(peer, channel, tag),
+                                   _state->mask_of(peer, tag), &param);
     if (_op.request == nullptr) {
       _done_at_once = true;
     } else if (!UCS_PTR_IS_ERR(_op.request)) {
@@ -269,8 +282,8 @@ class PostedReceiveWork final : public ReceiveWork {
  protected:
   std::string describe() const override {
     return "ucx recv of " + std::to_string(_bytes) + " bytes on rank " +
-           std::to_string(_state->rank) + " from " + peer_text(_op.peer) + " (tag " +
-           std::to_string(_tag) + ", channel " + std::to_string(static_cast<int>(_channel)) + ")";
+           std::to_string(_state->rank) + " from " + peer_text(_op.peer) + " (" + tag_text(_tag) +
+           ", channel " + std::to_string(static_cast<int>(_channel)) + ")";
   }
   bool poll() override {
     if (_done_at_once) return complete(UCS_OK);
@@ -326,6 +339,7 @@ class PostedReceiveWork final : public ReceiveWork {
                                            " bytes, shorter than the " + std::to_string(_bytes) +
                                            " bytes posted");
     _source = source;
+    ReceiveWork::_tag = TagLayout::user_tag_of(_op.info.sender_tag);
     _received = _op.info.length;
     return true;
   }
@@ -333,14 +347,14 @@ class PostedReceiveWork final : public ReceiveWork {
   std::shared_ptr<State> _state;
   Operation _op;
   std::size_t _bytes;
-  std::uint32_t _tag;
+  int _tag;
   Channel _channel;
   bool _done_at_once = false;
 };
 
 class ProbedReceiveWork final : public MessageWork {
  public:
-  ProbedReceiveWork(std::shared_ptr<State> state, int peer, std::uint32_t tag, Channel channel)
+  ProbedReceiveWork(std::shared_ptr<State> state, int peer, int tag, Channel channel)
       : _state(std::move(state)), _peer(peer), _tag(tag), _channel(channel) {}
   ~ProbedReceiveWork() override {
     std::lock_guard lock(_state->mutex);
@@ -350,7 +364,7 @@ class ProbedReceiveWork final : public MessageWork {
  protected:
   std::string describe() const override {
     return "ucx receive_message on rank " + std::to_string(_state->rank) + " from " +
-           peer_text(_peer) + " (tag " + std::to_string(_tag) + ", channel " +
+           peer_text(_peer) + " (" + tag_text(_tag) + ", channel " +
            std::to_string(static_cast<int>(_channel)) + ")";
   }
   bool poll() override {
@@ -360,10 +374,9 @@ class ProbedReceiveWork final : public MessageWork {
       std::lock_guard lock(_state->mutex);
       _state->progress();
       if (!_matched) {
-        const int source = _peer == any_source ? 0 : _peer;
         ucp_tag_message_h message =
-            ucp_tag_probe_nb(_state->worker, _state->tag_of(source, _channel, _tag),
-                             _state->mask_of(_peer), 1, &_op.info);
+            ucp_tag_probe_nb(_state->worker, _state->tag_of(_peer, _channel, _tag),
+                             _state->mask_of(_peer, _tag), 1, &_op.info);
         if (message == nullptr) {
           // Nothing arrived: a failed source will send nothing more.
           const int failed = _state->failed_peer_for(_peer);
@@ -372,6 +385,7 @@ class ProbedReceiveWork final : public MessageWork {
         } else {
           _matched = true;
           _message.source = TagLayout::source_of(_op.info.sender_tag);
+          _message.tag = TagLayout::user_tag_of(_op.info.sender_tag);
           _message.bytes.resize(_op.info.length);
           ucp_request_param_t param{};
           _op.request = ucp_tag_msg_recv_nbx(_state->worker, _message.bytes.data(),
@@ -402,7 +416,7 @@ class ProbedReceiveWork final : public MessageWork {
   std::shared_ptr<State> _state;
   Operation _op;
   int _peer;
-  std::uint32_t _tag;
+  int _tag;
   Channel _channel;
   bool _matched = false;
 };
@@ -547,33 +561,36 @@ int Transport::world_size() const noexcept {
   return _state->world;
 }
 
-std::unique_ptr<Work> Transport::send(const void* data, std::size_t bytes, int peer,
-                                      std::uint32_t tag, Channel channel) {
+std::unique_ptr<Work> Transport::send(const void* data, std::size_t bytes, int peer, int tag,
+                                      Channel channel) {
   _state->check_peer(peer, false, "send");
+  _state->check_tag(tag, false, "send");
   return std::make_unique<SendWork>(_state, data, bytes, peer, tag, channel);
 }
 
-std::unique_ptr<ReceiveWork> Transport::recv(void* data, std::size_t bytes, int peer,
-                                             std::uint32_t tag, Channel channel) {
+std::unique_ptr<ReceiveWork> Transport::recv(void* data, std::size_t bytes, int peer, int tag,
+                                             Channel channel) {
   _state->check_peer(peer, true, "recv");
+  _state->check_tag(tag, true, "recv");
   return std::make_unique<PostedReceiveWork>(_state, data, bytes, peer, tag, channel);
 }
 
-std::optional<ProbedMessage> Transport::probe(int peer, std::uint32_t tag, Channel channel) {
+std::optional<ProbedMessage> Transport::probe(int peer, int tag, Channel channel) {
   _state->check_peer(peer, true, "probe");
+  _state->check_tag(tag, true, "probe");
   std::lock_guard lock(_state->mutex);
   _state->progress();
   ucp_tag_recv_info_t info{};
-  const int source = peer == any_source ? 0 : peer;
-  if (ucp_tag_probe_nb(_state->worker, _state->tag_of(source, channel, tag), _state->mask_of(peer),
-                       0, &info) == nullptr)
+  if (ucp_tag_probe_nb(_state->worker, _state->tag_of(peer, channel, tag),
+                       _state->mask_of(peer, tag), 0, &info) == nullptr)
     return std::nullopt;
-  return ProbedMessage{TagLayout::source_of(info.sender_tag), info.length};
+  return ProbedMessage{TagLayout::source_of(info.sender_tag),
+                       TagLayout::user_tag_of(info.sender_tag), info.length};
 }
 
-std::unique_ptr<MessageWork> Transport::receive_message(int peer, std::uint32_t tag,
-                                                        Channel channel) {
+std::unique_ptr<MessageWork> Transport::receive_message(int peer, int tag, Channel channel) {
   _state->check_peer(peer, true, "receive_message");
+  _state->check_tag(tag, true, "receive_message");
   return std::make_unique<ProbedReceiveWork>(_state, peer, tag, channel);
 }
 

@@ -20,10 +20,13 @@ enum class Channel : std::uint8_t { user = 0, algorithm = 1 };
 
 /// @brief The `peer` of recv, probe and receive_message that matches every source.
 inline constexpr int any_source = -1;
+/// @brief The `tag` of recv, probe and receive_message that matches every tag.
+inline constexpr int any_tag = -1;
 
 /// @brief The 64-bit UCP tag of a message, from the most significant bit down:
 /// source rank (20 bits) | channel (4 bits) | group id (8 bits) | user tag (32 bits).
-/// An any-source receive masks the 20 source bits. The group id is a byte of an FNV-1a hash of
+/// An any-source receive masks the 20 source bits, an any-tag one the 32 tag bits. The group id is
+/// a byte of an FNV-1a hash of
 /// "<group name>#<rendezvous instance>": every Transport has its own UCP worker, so messages
 /// of different groups cannot meet today; the byte guards a future where groups share a
 /// worker (two groups would then collide with probability 1/256 and must be told apart by
@@ -38,6 +41,7 @@ struct TagLayout {
   static constexpr std::uint64_t source_mask = ((std::uint64_t{1} << source_bits) - 1)
                                                << source_shift;
   static constexpr int max_world = 1 << source_bits;
+  static constexpr std::uint64_t tag_mask = 0xffffffffull;
 
   static constexpr std::uint64_t make(int source, Channel channel, std::uint8_t group,
                                       std::uint32_t tag) noexcept {
@@ -48,20 +52,25 @@ struct TagLayout {
   static constexpr int source_of(std::uint64_t tag) noexcept {
     return static_cast<int>(tag >> source_shift);
   }
+  static constexpr int user_tag_of(std::uint64_t tag) noexcept {
+    return static_cast<int>(tag & tag_mask);
+  }
 };
 
 /// @brief The group id of TagLayout for a group name and rendezvous instance.
 std::uint8_t group_id(const std::string& group, std::int64_t instance) noexcept;
 
-/// @brief A message waiting to be received: its source and length.
+/// @brief A message waiting to be received: its source, tag and length.
 struct ProbedMessage {
   int source = -1;
+  int tag = -1;
   std::size_t bytes = 0;
 };
 
 /// @brief A whole received message of a size not known in advance.
 struct Message {
   int source = -1;
+  int tag = -1;
   std::vector<std::byte> bytes;
 };
 
@@ -71,12 +80,15 @@ class ReceiveWork : public Work {
  public:
   /// @brief The sender's rank; meaningful once finished without error.
   int source() const noexcept { return _source; }
+  /// @brief The sender's tag (for an any-tag receive); meaningful once finished without error.
+  int tag() const noexcept { return _tag; }
   /// @brief The bytes received (always the size posted when it succeeded).
   std::size_t bytes() const noexcept { return _received; }
 
  protected:
   ReceiveWork() = default;
   int _source = -1;
+  int _tag = -1;
   std::size_t _received = 0;
 };
 
@@ -128,20 +140,21 @@ class Transport {
   int rank() const noexcept;
   int world_size() const noexcept;
 
-  /// @brief Sends `bytes` bytes at `data` to `peer` (the buffer must live until the work
-  /// finished). ErrorCode::invalid_argument for a peer outside [0, world).
-  std::unique_ptr<Work> send(const void* data, std::size_t bytes, int peer, std::uint32_t tag,
+  /// @brief Sends `bytes` bytes at `data` to `peer` with `tag` in [0, INT_MAX] (the buffer must
+  /// live until the work finished). ErrorCode::invalid_argument for a peer outside [0, world)
+  /// or a negative tag.
+  std::unique_ptr<Work> send(const void* data, std::size_t bytes, int peer, int tag,
                              Channel channel = Channel::user);
-  /// @brief Receives exactly `bytes` bytes from `peer` (or any_source) into `data`. A longer or
-  /// shorter message is ErrorCode::mismatch naming both sizes and the source.
-  std::unique_ptr<ReceiveWork> recv(void* data, std::size_t bytes, int peer, std::uint32_t tag,
+  /// @brief Receives exactly `bytes` bytes from `peer` (or any_source) with `tag` (or any_tag)
+  /// into `data`. A longer or shorter message is ErrorCode::mismatch naming both sizes and the
+  /// source.
+  std::unique_ptr<ReceiveWork> recv(void* data, std::size_t bytes, int peer, int tag,
                                     Channel channel = Channel::user);
   /// @brief A matching message that arrived and is not received yet, or std::nullopt; advances
   /// the worker once, never waits.
-  std::optional<ProbedMessage> probe(int peer, std::uint32_t tag, Channel channel = Channel::user);
+  std::optional<ProbedMessage> probe(int peer, int tag, Channel channel = Channel::user);
   /// @brief Receives the next matching message whatever its size (probe, then receive).
-  std::unique_ptr<MessageWork> receive_message(int peer, std::uint32_t tag,
-                                               Channel channel = Channel::user);
+  std::unique_ptr<MessageWork> receive_message(int peer, int tag, Channel channel = Channel::user);
 
   /// @brief Which UCX transports the endpoint to `peer` uses, one per lane with what the lane
   /// carries ("sysv/memory (am am_bw keepalive), cma/memory (rma_bw)"), from ucp_ep_print_info.

@@ -158,9 +158,36 @@ int run_mpi(const Options& options) {
 #endif
 }
 
+// Ranks started without mpirun (loom-launch), meeting through LOOM_STORE over UCX.
+int run_ucx(const Options& options) {
+  std::shared_ptr<Backend> backend;
+  try {
+    backend = create_backend("ucx");
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::unavailable) throw UsageError("--backend ucx: " + e.message());
+    throw;
+  }
+  if (options.ranks && *options.ranks != backend->world_size())
+    throw UsageError("invalid value '" + std::to_string(*options.ranks) +
+                     "' for --ranks: the ucx backend has " + std::to_string(backend->world_size()) +
+                     " ranks (set them with loom-launch -n; --ranks is for the local backend)");
+  if (wants(options, "mpi-raw"))
+    throw UsageError("-a mpi-raw needs the mpi backend; this run uses ucx");
+  auto harness = make_backend_harness(*backend);
+  return run_rank(options, *backend, *harness);  // a failure here names this rank on the others
+}
+
 int run(const Options& options) {
   std::string backend = options.backend;
-  if (backend.empty()) backend = LOOM_HAVE_MPI && launched_by_mpirun() ? "mpi" : "local";
+  if (backend.empty())
+    backend = LOOM_HAVE_MPI && launched_by_mpirun()         ? "mpi"
+              : environment::text("LOOM_STORE").has_value() ? "ucx"
+                                                            : "local";
+  if (backend == "ucx") {
+    Options without_raw = options;
+    if (without_raw.all_algorithms) std::erase(without_raw.algorithms, "mpi-raw");
+    return run_ucx(without_raw);
+  }
   if (backend == "mpi") {
     if (!LOOM_HAVE_MPI)
       throw UsageError(

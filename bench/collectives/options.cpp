@@ -48,7 +48,7 @@ po::options_description describe_options() {
        "selector's choice), mpi-raw (the MPI call made directly), or all (default native)")
       ("json", po::value<std::string>(), "also write the rows to this file, as a JSON array")
       ("backend", po::value<std::string>(),
-       "local or mpi (default: mpi under mpirun when built, else local)")
+       "local, mpi or ucx (default: mpi under mpirun when built, ucx with LOOM_STORE set (loom-launch), else local)")
       ("ranks", po::value<std::string>(), "ranks of the local backend, as threads (default 1)")
       ("info", "print the backend, ranks, build configuration and GPU-direct capabilities, then "
                "exit")
@@ -231,8 +231,8 @@ Options parse_options(int argc, const char* const* argv) {
     options.json_path = *v;
   }
   if (auto v = text("backend")) {
-    if (*v != "local" && *v != "mpi")
-      throw UsageError(bad_value("--backend", *v, "expected local or mpi"));
+    if (*v != "local" && *v != "mpi" && *v != "ucx")
+      throw UsageError(bad_value("--backend", *v, "expected local, mpi or ucx"));
     options.backend = *v;
   }
   if (auto v = text("ranks"))

@@ -71,6 +71,17 @@ std::unique_ptr<Work> start_collective(Backend& backend, Algorithm algorithm,
                                        const CollectiveArgs& args, std::string_view name = {},
                                        Backend::OperationRecord* operation = nullptr);
 
+/// @brief The collectives of a backend whose transport moves messages only (a
+/// PointToPointBackend: ucx), which are its native calls: the algorithm the cost model (the
+/// built-in alpha-beta-gamma parameters, AlgorithmSelector::predict on the backend's topology)
+/// finds cheapest among those that can run `args` (never native), alltoall by pairwise exchange,
+/// barrier by dissemination. Not recorded (the backend records its native calls); `args` as
+/// Backend::validate accepts them.
+std::unique_ptr<Work> start_on_algorithms(Backend& backend, const CollectiveArgs& args);
+/// @brief The algorithm start_on_algorithms runs for `args` (native for alltoall and barrier,
+/// which it runs by pairwise exchange and dissemination, and for calls without a message).
+Algorithm algorithm_for_transport(const CollectiveArgs& args, const Backend& backend);
+
 /// @brief Performs `args` with `algorithm` and returns when it is done. `native` takes the
 /// backend's blocking path (Backend::collective), which for small messages is several times
 /// faster than starting the asynchronous form and waiting for it; the others are

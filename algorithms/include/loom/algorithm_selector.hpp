@@ -54,14 +54,14 @@ class AlgorithmSelector {
   static AlgorithmSelector from_environment();
 
   /// @brief from_environment(), calibrated for `backend` where that applies: without
-  /// LOOM_TUNING_FILE, on the mpi backend with several ranks, unless LOOM_CALIBRATION=0, the
-  /// measured table is calibrate()'s (`calibration`, else CalibrationOptions::from_environment()),
-  /// read from its cache or timed now. Collective: every rank constructs it together (the
-  /// executor in compile(), loom-collectives' auto, the torch process group).
-  /// First the ranks compare how each makes its selector (LOOM_TUNING_FILE, calibrating which
-  /// collectives, or not; a malformed variable counts as its own choice): where they differ,
-  /// every rank throws ErrorCode::mismatch naming each rank's choice (the rank with the
-  /// malformed variable throws its own invalid_argument), and a rank that does not come within
+  /// LOOM_TUNING_FILE, on a backend between processes with an algorithm channel (mpi, ucx) and
+  /// several ranks, unless LOOM_CALIBRATION=0, the measured table is calibrate()'s (`calibration`,
+  /// else CalibrationOptions::from_environment()), read from its cache or timed now. Collective:
+  /// every rank constructs it together (the executor in compile(), loom-collectives' auto, the
+  /// torch process group). First the ranks compare how each makes its selector (LOOM_TUNING_FILE,
+  /// calibrating which collectives, or not; a malformed variable counts as its own choice): where
+  /// they differ, every rank throws ErrorCode::mismatch naming each rank's choice (the rank with
+  /// the malformed variable throws its own invalid_argument), and a rank that does not come within
   /// `timeout` (unset: the backend's timeout(); 0: no limit) is a timeout error naming it.
   static AlgorithmSelector for_backend(Backend& backend,
                                        std::optional<CalibrationOptions> calibration = {},

@@ -355,13 +355,17 @@ using BackendFactory = std::function<std::shared_ptr<Backend>(const BackendSetup
 /// empty name or an empty factory is ErrorCode::invalid_argument naming it. Thread-safe.
 void register_backend(std::string name, BackendFactory factory);
 
-/// @brief Names of the registered backends, in registration order ("local", "mpi", ...).
+/// @brief Names of the registered backends, in registration order ("local", "mpi", ...); a
+/// module's backend (ucx) once create_backend loaded it.
 std::vector<std::string> built_backends();
 /// @brief Whether the process was started by mpirun/mpiexec (Open MPI, PMIx or Hydra env).
 bool launched_by_mpirun() noexcept;
 /// @brief Creates the backend named by `name`, or by LOOM_BACKEND when empty, or mpi when
 /// launched by mpirun and built, else a one-rank local backend, through its registered factory
-/// with `setup`. A known backend this build lacks is ErrorCode::unavailable; an unknown name is
+/// with `setup`. A name not registered yet is looked for as a module, libloom_backend_<name>.so
+/// beside libloom (then on the loader's path), whose loading registers it: ucx is one (UCX's
+/// memory hooks then load only into processes that use it). A known backend this build lacks is
+/// ErrorCode::unavailable (with the loader's reason for its module); an unknown name is
 /// ErrorCode::invalid_argument; both list the registered ones.
 std::shared_ptr<Backend> create_backend(std::string_view name = {}, const BackendSetup& setup = {});
 
