@@ -35,8 +35,7 @@ std::unique_ptr<Work> PointToPointBackend::start_reduce(Buffer send, Buffer recv
                                                         int root) {
   return _collectives(*this, {Collective::reduce, send, recv, op, root});
 }
-std::unique_ptr<Work> PointToPointBackend::start_allreduce(Buffer send, Buffer recv,
-                                                           ReduceOp op) {
+std::unique_ptr<Work> PointToPointBackend::start_allreduce(Buffer send, Buffer recv, ReduceOp op) {
   return _collectives(*this, {Collective::allreduce, send, recv, op, 0});
 }
 std::unique_ptr<Work> PointToPointBackend::start_allgather(Buffer send, Buffer recv) {
@@ -138,7 +137,8 @@ HostBoard::HostBoard(Rendezvous& rendezvous) : _rank(rendezvous.rank()) {
   rendezvous.barrier();  // every rank of the host mapped it: the name can go
   if (leader == _rank && !name.empty()) shm_unlink(name.c_str());
   if (base == nullptr) {
-    std::fprintf(stderr, "[loom] %s: no rank board on host %s (%s): timeouts cannot say how far "
+    std::fprintf(stderr,
+                 "[loom] %s: no rank board on host %s (%s): timeouts cannot say how far "
                  "its ranks got\n",
                  rendezvous.describe().c_str(), _hosts[static_cast<std::size_t>(_rank)].c_str(),
                  why.empty() ? "the host's first rank could not make it" : why.c_str());
@@ -166,9 +166,8 @@ std::unique_ptr<RankBoard> HostBoard::make_board() const {
   // Ranks of other hosts: named with their host; nothing to ask (no answer is "no rank of host
   // h answered").
   const auto world = _slots.size();
-  board->set_remote(_hosts, [world](std::int64_t) {
-    return std::vector<std::optional<RankBoard::Peer>>(world);
-  });
+  board->set_remote(
+      _hosts, [world](std::int64_t) { return std::vector<std::optional<RankBoard::Peer>>(world); });
   return board;
 }
 

@@ -42,8 +42,7 @@ class UcxBackend final : public PointToPointBackend {
   UcxBackend(const BackendSetup& setup, CollectiveStarter collectives)
       : PointToPointBackend(std::move(collectives)),
         _meeting(meeting_of(setup)),
-        _rendezvous(_meeting.store, _meeting.rank, _meeting.world, setup.group,
-                    timeout_of(setup)),
+        _rendezvous(_meeting.store, _meeting.rank, _meeting.world, setup.group, timeout_of(setup)),
         _transport(_rendezvous),
         _board(_rendezvous) {
     set_timeout(timeout_of(setup));

@@ -13,7 +13,6 @@ namespace loom::ucx {
 /// over UCX, with `collectives` running every collective. Collective over the ranks. Throws
 /// ErrorCode::invalid_argument without a store, and the rendezvous' and the transport's errors
 /// (a rank that never arrives: timeout naming it; another world size: mismatch).
-std::shared_ptr<Backend> make_ucx_backend(const BackendSetup& setup,
-                                          CollectiveStarter collectives);
+std::shared_ptr<Backend> make_ucx_backend(const BackendSetup& setup, CollectiveStarter collectives);
 
 }  // namespace loom::ucx
