@@ -148,7 +148,10 @@ std::shared_ptr<Backend> create_backend(std::string_view name, const BackendSetu
   const auto built = built_backends();
   if (chosen.empty()) {
     const bool mpi_built = std::find(built.begin(), built.end(), "mpi") != built.end();
-    chosen = launched_by_mpirun() && mpi_built ? "mpi" : "local";
+    // mpirun's ranks meet through MPI; ranks given a store (loom-launch, LOOM_STORE) through UCX.
+    chosen = launched_by_mpirun() && mpi_built             ? "mpi"
+             : environment::text("LOOM_STORE").has_value() ? "ucx"
+                                                           : "local";
   }
   if (const BackendFactory factory = Registry::instance().factory(chosen)) return factory(setup);
   const std::string module_error = load_backend_module(chosen);

@@ -121,6 +121,16 @@ bool ChannelWork::done(Work& transfer) {
   return true;
 }
 
+bool ChannelWork::done_in_collective(Work& transfer) const {
+  try {
+    return done(transfer);
+  } catch (const Error& e) {
+    // The transfer's error names a message ("ucx recv of 8 bytes from rank 2 ..."); the
+    // collective it belongs to comes first, as every other failure of the collective reads.
+    throw Error(e.code(), _label.describe() + ": " + e.message());
+  }
+}
+
 void ChannelWork::combine(Buffer inout, Buffer in, ReduceOp op) const {
   if (inout.count() != 0)
     kernels::reduce(inout.data(), in.data(), inout.count(), inout.dtype(), op);
@@ -151,7 +161,7 @@ bool StepWork::poll() {
       _in_step = true;
     }
     for (auto& transfer : _transfers)
-      if (!done(*transfer)) return false;
+      if (!done_in_collective(*transfer)) return false;
     _transfers.clear();
     end_step(_step);
     _in_step = false;

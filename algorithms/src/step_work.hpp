@@ -92,6 +92,9 @@ class ChannelWork : public Work {
   Buffer scratch(std::size_t count, DType dtype);
   /// @brief Tests `transfer`: true once it completed; rethrows its failure.
   static bool done(Work& transfer);
+  /// @brief done(), its failure rethrown as the same code with this collective's description
+  /// first ("allreduce on rank 0 of 3 (ucx): ring float32[16387]@cpu max: ucx recv of ...").
+  bool done_in_collective(Work& transfer) const;
   /// @brief inout (op)= in, element-wise (avg combines as sum).
   void combine(Buffer inout, Buffer in, ReduceOp op) const;
   /// @brief out = a (op) b, element-wise; out may be a or b. Lets an out-of-place algorithm

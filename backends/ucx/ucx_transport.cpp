@@ -92,11 +92,17 @@ struct Transport::State {
   std::vector<std::string> hosts;
   std::unordered_set<Operation*> receives;  // posted tag receives (not probe-matched ones)
   bool any_failed = false;
+  // A Work was abandoned (a timeout gave up on it): its request may never complete, so the
+  // teardown neither meets the peers nor waits for flushes, and a worker whose endpoints did
+  // not close in time is left alive (leak) rather than destroyed under them.
+  bool abandoned = false;
+  bool leak = false;
   int rank = 0;
   int world = 1;
   std::uint8_t group = 0;
 
   ~State() {
+    if (leak) return;  // UCX asserts when a worker is destroyed under pending requests
     if (worker != nullptr) ucp_worker_destroy(worker);
     if (context != nullptr) ucp_cleanup(context);
   }
@@ -170,9 +176,16 @@ namespace {
 
 using State = Transport::State;
 
-// Waits, at most `limit`, for `request` to finish, then frees it. Mutex held by the caller.
-void finish_or_release(State& state, Operation& op, Clock::duration limit) {
+// Waits, at most `limit` (none for an abandoned work), for `request` to finish, then frees it.
+// Mutex held by the caller.
+void finish_or_release(State& state, Operation& op, Clock::duration limit, bool abandoned) {
   if (op.request == nullptr || UCS_PTR_IS_ERR(op.request)) return;
+  if (abandoned && ucp_request_check_status(op.request) == UCS_INPROGRESS) {
+    ucp_request_cancel(state.worker, op.request);  // a receive stops; a send stays in flight
+    ucp_request_free(op.request);                  // released by UCX when it ends, if ever
+    op.request = nullptr;
+    return;
+  }
   if (ucp_request_check_status(op.request) == UCS_INPROGRESS) {
     ucp_request_cancel(state.worker, op.request);
     const auto deadline = Clock::now() + limit;
@@ -181,6 +194,16 @@ void finish_or_release(State& state, Operation& op, Clock::duration limit) {
   }
   ucp_request_free(op.request);  // freed when it completes if it still has not
   op.request = nullptr;
+}
+
+// What every transport Work does when abandoned: the transport learns that an operation may
+// never complete (teardown then does not wait), and the process counts it.
+void mark_abandoned(State& state, const Operation& op) noexcept {
+  {
+    std::lock_guard lock(state.mutex);
+    state.abandoned = true;
+  }
+  if (op.request != nullptr && !UCS_PTR_IS_ERR(op.request)) note_abandoned_operation();
 }
 
 class SendWork final : public Work {
@@ -199,7 +222,7 @@ class SendWork final : public Work {
   }
   ~SendWork() override {
     std::lock_guard lock(_state->mutex);
-    finish_or_release(*_state, _op, cancel_wait);
+    finish_or_release(*_state, _op, cancel_wait, abandoned());
   }
 
  protected:
@@ -208,6 +231,7 @@ class SendWork final : public Work {
            std::to_string(_state->rank) + " to rank " + std::to_string(_peer) + " (tag " +
            std::to_string(_tag) + ", channel " + std::to_string(static_cast<int>(_channel)) + ")";
   }
+  void on_abandon() noexcept override { mark_abandoned(*_state, _op); }
   bool poll() override {
     if (!_failure.empty()) throw Error(ErrorCode::peer_failed, describe() + ": " + _failure);
     if (_op.request == nullptr) return true;
@@ -276,7 +300,7 @@ class PostedReceiveWork final : public ReceiveWork {
   ~PostedReceiveWork() override {
     std::lock_guard lock(_state->mutex);
     _state->receives.erase(&_op);
-    finish_or_release(*_state, _op, cancel_wait);
+    finish_or_release(*_state, _op, cancel_wait, abandoned());
   }
 
  protected:
@@ -285,6 +309,7 @@ class PostedReceiveWork final : public ReceiveWork {
            std::to_string(_state->rank) + " from " + peer_text(_op.peer) + " (" + tag_text(_tag) +
            ", channel " + std::to_string(static_cast<int>(_channel)) + ")";
   }
+  void on_abandon() noexcept override { mark_abandoned(*_state, _op); }
   bool poll() override {
     if (_done_at_once) return complete(UCS_OK);
     if (UCS_PTR_IS_ERR(_op.request)) {
@@ -358,7 +383,7 @@ class ProbedReceiveWork final : public MessageWork {
       : _state(std::move(state)), _peer(peer), _tag(tag), _channel(channel) {}
   ~ProbedReceiveWork() override {
     std::lock_guard lock(_state->mutex);
-    finish_or_release(*_state, _op, cancel_wait);
+    finish_or_release(*_state, _op, cancel_wait, abandoned());
   }
 
  protected:
@@ -367,6 +392,7 @@ class ProbedReceiveWork final : public MessageWork {
            peer_text(_peer) + " (" + tag_text(_tag) + ", channel " +
            std::to_string(static_cast<int>(_channel)) + ")";
   }
+  void on_abandon() noexcept override { mark_abandoned(*_state, _op); }
   bool poll() override {
     std::string failure;
     ucs_status_t status = UCS_OK;
@@ -499,29 +525,35 @@ Transport::Transport(Rendezvous& rendezvous) : _state(std::make_shared<State>())
 
 Transport::~Transport() {
   State& s = *_state;
+  bool broken;
+  {
+    std::lock_guard lock(s.mutex);
+    broken = s.abandoned;
+  }
   // Meet the live peers, so that none closes while another still sends to it; a peer that
-  // does not come within the bound is left behind (it failed or will fail on its own).
-  try {
-    const std::string mine = _teardown_key + "/" + std::to_string(s.rank);
-    const std::byte here[1] = {std::byte{1}};
-    _store->set(mine, here);
-    std::vector<std::string> keys;
-    {
-      std::lock_guard lock(s.mutex);
-      for (int r = 0; r < s.world; ++r)
-        if (r != s.rank && s.peers[static_cast<std::size_t>(r)].failure.empty())
-          keys.push_back(_teardown_key + "/" + std::to_string(r));
-    }
-    const auto deadline = Clock::now() + teardown_meeting;
-    while (!keys.empty() && Clock::now() < deadline) {
+  // does not come within the bound is left behind (it failed or will fail on its own). After an
+  // abandoned operation the job is broken: no meeting (a stopped peer would hold it to the bound).
+  if (!broken) try {
+      const std::string mine = _teardown_key + "/" + std::to_string(s.rank);
+      const std::byte here[1] = {std::byte{1}};
+      _store->set(mine, here);
+      std::vector<std::string> keys;
       {
         std::lock_guard lock(s.mutex);
-        s.progress();  // peers may still need this rank's progress to finish their sends
+        for (int r = 0; r < s.world; ++r)
+          if (r != s.rank && s.peers[static_cast<std::size_t>(r)].failure.empty())
+            keys.push_back(_teardown_key + "/" + std::to_string(r));
       }
-      keys = _store->wait(keys, std::min(deadline, Clock::now() + 10ms));
+      const auto deadline = Clock::now() + teardown_meeting;
+      while (!keys.empty() && Clock::now() < deadline) {
+        {
+          std::lock_guard lock(s.mutex);
+          s.progress();  // peers may still need this rank's progress to finish their sends
+        }
+        keys = _store->wait(keys, std::min(deadline, Clock::now() + 10ms));
+      }
+    } catch (...) {  // the store unreachable: close anyway
     }
-  } catch (...) {  // the store unreachable: close anyway
-  }
 
   std::lock_guard lock(s.mutex);
   s.progress();
@@ -537,7 +569,7 @@ Transport::~Transport() {
     if (peer.endpoint == nullptr) continue;
     ucp_request_param_t param{};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    param.flags = peer.failure.empty() ? 0 : UCP_EP_CLOSE_FLAG_FORCE;
+    param.flags = peer.failure.empty() && !broken ? 0 : UCP_EP_CLOSE_FLAG_FORCE;
     void* request = ucp_ep_close_nbx(peer.endpoint, &param);
     peer.endpoint = nullptr;
     if (request != nullptr && !UCS_PTR_IS_ERR(request)) closing.push_back(request);
@@ -550,8 +582,15 @@ Transport::~Transport() {
       open = open || ucp_request_check_status(request) == UCS_INPROGRESS;
     if (!open) break;
   }
-  for (void* request : closing) ucp_request_free(request);
-  // The worker and context go with the last Work holding the state.
+  bool closed = true;
+  for (void* request : closing) {
+    closed = closed && ucp_request_check_status(request) != UCS_INPROGRESS;
+    ucp_request_free(request);
+  }
+  // An endpoint that did not close still holds requests (a send to a stopped peer): the worker
+  // stays (leaked) rather than destroyed under them. Otherwise the worker and context go with the
+  // last Work holding the state.
+  if (!closed || s.abandoned) s.leak = true;
 }
 
 int Transport::rank() const noexcept {

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -203,9 +204,9 @@ int train_on(Backend& backend, const Flags& flags) {
 int main(int argc, char** argv) {
   Flags flags;
   po::options_description options("loom-train-step options");
-  options.add_options()("help,h", "this help")("ranks",
-                                               po::value(&flags.ranks)->default_value(flags.ranks),
-                                               "local ranks (threads) when not under mpirun")(
+  options.add_options()("help,h", "this help")(
+      "ranks", po::value(&flags.ranks)->default_value(flags.ranks),
+      "local ranks (threads) when not under mpirun or loom-launch")(
       "steps", po::value(&flags.steps)->default_value(flags.steps), "training steps")(
       "mode", po::value(&flags.mode)->default_value(flags.mode), "sequential, ddp or loom")(
       "rebuild", po::bool_switch(&flags.rebuild),
@@ -237,7 +238,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    if (launched_by_mpirun()) return train_on(*create_backend(), flags);
+    // Under mpirun (mpi) or loom-launch (ucx, through LOOM_STORE): one rank per process.
+    if (launched_by_mpirun() || std::getenv("LOOM_STORE") != nullptr)
+      return train_on(*create_backend(), flags);
     std::atomic<int> failed{0};
     LocalWorld::run(flags.ranks, [&](Backend& backend) { failed += train_on(backend, flags); });
     return failed == 0 ? 0 : 1;

@@ -134,7 +134,8 @@ TEST(UcxPointToPoint, AnySourceAnyTagOfUnknownSize) {
       std::vector<std::int32_t> values(m.data.size() / 4);
       std::memcpy(values.data(), m.data.data(), m.data.size());
       for (std::int32_t v : values)
-        if (v != m.source) failure = "rank " + std::to_string(m.source) + " sent " + std::to_string(v);
+        if (v != m.source)
+          failure = "rank " + std::to_string(m.source) + " sent " + std::to_string(v);
       seen[static_cast<std::size_t>(m.source)] = true;
     }
     for (int r = 1; r < b.world_size(); ++r)
@@ -175,8 +176,10 @@ TEST(UcxGroups, TheSameGroupMadeTwiceGivesTwoIndependentGroups) {
   auto first = create_backend("ucx", setup_for("twice", n, 30s));
   auto second = create_backend("ucx", setup_for("twice", n, 30s));
   std::vector<std::int64_t> a(5, first->rank() + 1), b(5, 10 * (second->rank() + 1));
-  auto wa = first->allreduce_async(Buffer(a.data(), 5, DType::int64), Buffer(a.data(), 5, DType::int64), ReduceOp::sum);
-  auto wb = second->allreduce_async(Buffer(b.data(), 5, DType::int64), Buffer(b.data(), 5, DType::int64), ReduceOp::sum);
+  auto wa = first->allreduce_async(Buffer(a.data(), 5, DType::int64),
+                                   Buffer(a.data(), 5, DType::int64), ReduceOp::sum);
+  auto wb = second->allreduce_async(Buffer(b.data(), 5, DType::int64),
+                                    Buffer(b.data(), 5, DType::int64), ReduceOp::sum);
   wb->wait();
   wa->wait();
   const std::int64_t sum = static_cast<std::int64_t>(n) * (n + 1) / 2;
@@ -254,7 +257,8 @@ TEST(UcxGroups, AnUnreachableStoreIsANamedError) {
     failure = "made on a store that cannot exist";
   } catch (const Error& e) {
     const std::string text = e.what();
-    if (e.code() != ErrorCode::unavailable || text.find("/proc/loom-no-store-here") == std::string::npos)
+    if (e.code() != ErrorCode::unavailable ||
+        text.find("/proc/loom-no-store-here") == std::string::npos)
       failure = "unexpected error: " + text;
   }
   expect_all_ranks_ok(failure);

@@ -361,12 +361,12 @@ std::vector<std::string> built_backends();
 /// @brief Whether the process was started by mpirun/mpiexec (Open MPI, PMIx or Hydra env).
 bool launched_by_mpirun() noexcept;
 /// @brief Creates the backend named by `name`, or by LOOM_BACKEND when empty, or mpi when
-/// launched by mpirun and built, else a one-rank local backend, through its registered factory
-/// with `setup`. A name not registered yet is looked for as a module, libloom_backend_<name>.so
-/// beside libloom (then on the loader's path), whose loading registers it: ucx is one (UCX's
-/// memory hooks then load only into processes that use it). A known backend this build lacks is
-/// ErrorCode::unavailable (with the loader's reason for its module); an unknown name is
-/// ErrorCode::invalid_argument; both list the registered ones.
+/// launched by mpirun and built, or ucx where LOOM_STORE is set, else a one-rank local backend,
+/// through its registered factory with `setup`. A name not registered yet is looked for as a
+/// module, libloom_backend_<name>.so beside libloom (then on the loader's path), whose loading
+/// registers it: ucx is one (UCX's memory hooks then load only into processes that use it). A known
+/// backend this build lacks is ErrorCode::unavailable (with the loader's reason for its module); an
+/// unknown name is ErrorCode::invalid_argument; both list the registered ones.
 std::shared_ptr<Backend> create_backend(std::string_view name = {}, const BackendSetup& setup = {});
 
 }  // namespace loom
