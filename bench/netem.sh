@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs a command in a private network namespace whose loopback is shaped to RATE with tc tbf,
 # and makes Open MPI use TCP over that loopback: communication then costs wire time, as on a
-# cluster, instead of the memcpy CPU time of shared memory. Cleans up after itself.
+# cluster, instead of the memcpy CPU time of shared memory; UCX likewise (UCX_TLS=tcp,self on lo).
+# Cleans up after itself.
 #   bench/netem.sh 2gbit -- mpirun -np 2 build/bin/loom-overlap --depth 8 --width 1024
 # RATE is anything tc accepts (500mbit, 2gbit, 10gbit). Needs root and iproute2 (ip, tc).
 set -euo pipefail
@@ -40,6 +41,9 @@ export OMPI_MCA_btl=self,tcp
 export OMPI_MCA_btl_tcp_if_include=lo
 export OMPI_MCA_oob_tcp_if_include=lo
 export OMPI_MCA_reachable=weighted
+# UCX (the ucx backend) likewise: TCP and the process itself only, on the namespace's loopback.
+export UCX_TLS=tcp,self
+export UCX_NET_DEVICES=lo
 status=0
 ip netns exec "$ns" "$@" || status=$?
 ip netns exec "$ns" tc -s qdisc show dev lo | sed -n '1,3p' | sed 's/^/netem.sh: /' >&2

@@ -48,11 +48,13 @@ class RingAllreduce final : public ChannelWork {
       // channel), and each test of an MPI request runs a whole progress pass (over TCP a poll()
       // of every socket). Testing every transfer in flight (up to 12 at 2 ranks) made ring
       // spend 2.2-2.4x Rabenseifner's CPU per 1 MiB allreduce over TCP for the same wire time.
-      while (_oldest_send < _next_send && (_sent[_oldest_send] || done_in_collective(*_send[_oldest_send]))) {
+      while (_oldest_send < _next_send &&
+             (_sent[_oldest_send] || done_in_collective(*_send[_oldest_send]))) {
         _sent[_oldest_send] = true;
         _send[_oldest_send++].reset();
       }
-      while (_oldest_recv < _next_recv && (_received[_oldest_recv] || done_in_collective(*_recv[_oldest_recv]))) {
+      while (_oldest_recv < _next_recv &&
+             (_received[_oldest_recv] || done_in_collective(*_recv[_oldest_recv]))) {
         _received[_oldest_recv] = true;
         _recv[_oldest_recv++].reset();
       }

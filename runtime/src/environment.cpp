@@ -13,8 +13,8 @@ namespace loom::environment {
 namespace {
 
 constexpr std::array<Variable, 20> all_variables{{
-    {"LOOM_BACKEND", "the backend create_backend() makes", "mpi under mpirun, else local",
-     "local, mpi, nccl"},
+    {"LOOM_BACKEND", "the backend create_backend() makes",
+     "mpi under mpirun, ucx where LOOM_STORE is set, else local", "local, mpi, nccl, ucx"},
     {"LOOM_TIMEOUT_S",
      "watchdog of every wait on another rank (executor, every blocking backend call, compile's "
      "cross-rank check, nccl backend): an operation not done after this many seconds fails with "

@@ -119,10 +119,11 @@ TEST(BackendFactory, RegisteringTwiceOrEmptyIsNamed) {
 
 TEST(BackendFactory, EnvironmentChoosesTheBackend) {
   ::setenv("LOOM_BACKEND", "nonsense", 1);
-  expect_error(ErrorCode::invalid_argument,
-               "unknown backend 'nonsense' (from LOOM_BACKEND) (known: local, mpi, nccl; available "
-               "in this build: local",
-               [] { create_backend(); });
+  expect_error(
+      ErrorCode::invalid_argument,
+      "unknown backend 'nonsense' (from LOOM_BACKEND) (known: local, mpi, nccl, ucx; available "
+      "in this build: local",
+      [] { create_backend(); });
   ::setenv("LOOM_BACKEND", "local", 1);
   EXPECT_EQ(create_backend()->name(), "local");
   ::unsetenv("LOOM_BACKEND");
