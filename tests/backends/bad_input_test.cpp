@@ -43,7 +43,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(BackendFactory, UnknownBackendListsTheAvailableOnes) {
   expect_error(ErrorCode::invalid_argument,
-               "unknown backend 'carrier-pigeon' (known: local, mpi, nccl; available in this "
+               "unknown backend 'carrier-pigeon' (known: local, mpi, nccl, ucx; available in this "
                "build: local",
                [] { create_backend("carrier-pigeon"); });
 }
