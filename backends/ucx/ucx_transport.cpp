@@ -2,6 +2,7 @@
 // receives as Works, peer failures turned into cancelled receives, bounded teardown.
 #include "ucx_transport.hpp"
 
+#include <poll.h>
 #include <ucp/api/ucp.h>
 
 #include <chrono>
@@ -681,6 +682,21 @@ std::string Transport::lanes(int peer) const {
     if (!uses.empty()) out += " (" + uses + ")";
   }
   return out.empty() ? info : out;
+}
+
+bool Transport::wait_for_event(std::chrono::milliseconds limit) {
+  int fd = -1;
+  {
+    std::lock_guard lock(_state->mutex);
+    if (ucs_status_t st = ucp_worker_get_efd(_state->worker, &fd); st != UCS_OK)
+      throw_ucx(ErrorCode::backend_failure, "ucp_worker_get_efd", st);
+    _state->progress();
+    const ucs_status_t armed = ucp_worker_arm(_state->worker);
+    if (armed == UCS_ERR_BUSY) return true;  // events arrived meanwhile: progress again
+    if (armed != UCS_OK) throw_ucx(ErrorCode::backend_failure, "ucp_worker_arm", armed);
+  }
+  pollfd waiting{fd, POLLIN, 0};
+  return ::poll(&waiting, 1, static_cast<int>(limit.count())) > 0;
 }
 
 std::string Transport::failure_of(int peer) const {

@@ -3,6 +3,7 @@
 // Backend, not part of loom's public headers (no UCX header is included here).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -155,6 +156,13 @@ class Transport {
   std::optional<ProbedMessage> probe(int peer, int tag, Channel channel = Channel::user);
   /// @brief Receives the next matching message whatever its size (probe, then receive).
   std::unique_ptr<MessageWork> receive_message(int peer, int tag, Channel channel = Channel::user);
+
+  /// @brief Sleeps until the worker has something to progress (UCX's wakeup: ucp_worker_arm,
+  /// then poll on its event fd) or `limit` passes; true when woken by an event (or when events
+  /// were already pending). For a thread that waits on this transport's Works without spinning:
+  /// test them, then wait_for_event, in a loop. Measured against the progress engine's back-off
+  /// in bench/ucx/progress_cpu.cpp.
+  bool wait_for_event(std::chrono::milliseconds limit);
 
   /// @brief Which UCX transports the endpoint to `peer` uses, one per lane with what the lane
   /// carries ("sysv/memory (am am_bw keepalive), cma/memory (rma_bw)"), from ucp_ep_print_info.
