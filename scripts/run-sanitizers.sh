@@ -2,7 +2,7 @@
 # Builds loom with sanitizers and runs the suite under them; called by run-tests.sh.
 #   asan: AddressSanitizer + UndefinedBehaviorSanitizer (g++), the whole ctest suite (but the
 #         install test: a consumer built without -fsanitize cannot load an instrumented libloom;
-#         and the fault matrix, label `fault`: it stops and kills ranks under mpirun and asserts
+#         and the fault matrices (mpi and ucx), label `fault`: it stops and kills ranks under mpirun and asserts
 #         wall-clock bounds, which an instrumented build on a loaded machine cannot promise; the
 #         paths it drives are the local fault tests', which do run here and under TSan).
 #   tsan: ThreadSanitizer (g++), the concurrency-heavy tests: executor, progress engine, pinned
@@ -33,8 +33,11 @@ run_asan() {
   local asan=detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1
   ASAN_OPTIONS=$asan LSAN_OPTIONS=suppressions=$suppressions/lsan.supp:print_suppressions=0 \
     ctest --test-dir build-asan --output-on-failure -j "$JOBS" --timeout 1200 \
-    -LE 'mpi|cluster' -E '^install_consumer$'
-  # (The emulated-cluster tests, label cluster, time shaped links across namespaces: not here.)
+    -LE 'mpi|cluster|fault' -E '^install_consumer$'
+  # (The emulated-cluster tests, label cluster, time shaped links across namespaces: not here.
+  # Nor the ucx fault cases, label fault, for the fault matrix's reason: they assert wall-clock
+  # bounds; and a survivor of a stopped peer leaves its UCX worker alive on purpose, which
+  # LeakSanitizer would report. The ucx backend's other tests, label launched, run here.)
   # Under mpirun: Open MPI leaves its own allocations at MPI_Finalize (see lsan.supp). Full
   # stacks (no fast unwinding: Open MPI has no frame pointers) and components kept loaded
   # (no dlclose) let the suppressions match Open MPI's frames and only those.

@@ -56,7 +56,7 @@ class UcxBackend final : public PointToPointBackend {
   int max_tag() const noexcept override { return INT_MAX; }
 
   /// @brief UCX's lanes to `peer` ("sysv/memory (am am_bw), cma/memory (rma_bw)").
-  std::string lanes(int peer) const { return _transport.lanes(peer); }
+  std::string route_to(int peer) const override { return _transport.lanes(peer); }
 
  protected:
   std::unique_ptr<Work> start_message(MessageChannel channel, bool send, Buffer buffer, int peer,

@@ -66,6 +66,9 @@ void print_preamble(const Options& options, const Backend& backend, Report& repo
                  " step: " + std::to_string(options.step_factor) + "(factor) warmup iters: " +
                  std::to_string(options.warmups) + " iters: " + std::to_string(options.iterations) +
                  " validation: " + (options.check ? "1" : "0") + " algorithms: " + algorithms);
+  if (backend.world_size() > 1)
+    if (const std::string route = backend.route_to(1); !route.empty())
+      report.comment("route from rank 0 to rank 1: " + route);
 }
 
 // One rank's whole run. Every rank returns the same status, except that only rank 0 can fail

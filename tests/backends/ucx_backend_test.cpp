@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -67,6 +68,25 @@ TEST(UcxBackend, IsTheUcxBackendOverTheLaunchedRanks) {
   for (int r = 0; r < world().world_size(); ++r)
     EXPECT_TRUE(world().rank_board()->read(r).visible) << "rank " << r;
   expect_all_ranks_ok("");
+}
+
+// UCX chooses the lanes; on one host they are shared memory (loom keeps sysv/posix/cma under
+// peer error handling), unless UCX_TLS narrows them (bench/netem.sh: tcp).
+TEST(UcxBackend, PeersOnThisHostTalkThroughSharedMemory) {
+  Backend& b = world();
+  if (b.world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  const std::string route = b.route_to((b.rank() + 1) % b.world_size());
+  const char* tls = std::getenv("UCX_TLS");
+  std::string failure;
+  if (tls == nullptr) {
+    if (route.find("memory") == std::string::npos)
+      failure = "no shared-memory lane to a peer on this host: " + route;
+  } else if (std::string(tls).find("tcp") != std::string::npos &&
+             route.find("tcp") == std::string::npos) {
+    failure = "UCX_TLS=" + std::string(tls) + " but the lanes are " + route;
+  }
+  if (b.rank() == 0) std::printf("lanes from rank 0 to rank 1: %s\n", route.c_str());
+  expect_all_ranks_ok(failure);
 }
 
 class UcxCollectives : public ::testing::TestWithParam<std::tuple<Collective, DType>> {};

@@ -84,6 +84,12 @@ class Backend {
   /// @brief Which ranks share a node (and its memory), the same on every rank; a backend
   /// that describes none (set_topology) has every rank on a node of its own.
   const Topology& topology() const;
+  /// @brief How messages to `peer` travel, where the transport says ("sysv/memory (am am_bw),
+  /// cma/memory (rma_bw)": ucx's lanes); empty where it does not (local, mpi, nccl).
+  virtual std::string route_to(int peer) const {
+    (void)peer;
+    return {};
+  }
   /// @brief Whether buffers on `device` can be passed directly.
   virtual bool supports(Device device) const noexcept { return device.kind == DeviceKind::cpu; }
 
