@@ -6,6 +6,7 @@
 #include <string>
 
 #include "loom/algorithm.hpp"
+#include "loom/algorithm_selector.hpp"
 
 namespace loom::testing {
 
@@ -17,6 +18,12 @@ class ForcedAlgorithmBackend final : public Backend {
       : _inner(inner), _algorithm(algorithm) {
     set_topology(inner.topology());
   }
+  /// @brief Each collective with the algorithm `selector` chooses for it (auto), which must
+  /// outlive this backend.
+  ForcedAlgorithmBackend(Backend& inner, const AlgorithmSelector& selector)
+      : _inner(inner), _algorithm(Algorithm::native), _selector(&selector) {
+    set_topology(inner.topology());
+  }
 
   int rank() const noexcept override { return _inner.rank(); }
   int world_size() const noexcept override { return _inner.world_size(); }
@@ -26,7 +33,8 @@ class ForcedAlgorithmBackend final : public Backend {
 
  protected:
   std::unique_ptr<Work> start(const CollectiveArgs& args) {
-    _last = cannot_run(_algorithm, args, _inner).empty() ? _algorithm : Algorithm::native;
+    const Algorithm wanted = _selector ? _selector->choose(args, _inner).algorithm : _algorithm;
+    _last = cannot_run(wanted, args, _inner).empty() ? wanted : Algorithm::native;
     return start_collective(_inner, _last, args);
   }
   std::unique_ptr<Work> start_broadcast(Buffer buffer, int root) override {
@@ -65,6 +73,7 @@ class ForcedAlgorithmBackend final : public Backend {
  private:
   Backend& _inner;
   Algorithm _algorithm;
+  const AlgorithmSelector* _selector = nullptr;
   Algorithm _last = Algorithm::native;
 };
 

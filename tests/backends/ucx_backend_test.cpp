@@ -20,6 +20,7 @@
 #include "backends/collective_checks.hpp"
 #include "backends/forced_algorithm_backend.hpp"
 #include "loom/algorithm.hpp"
+#include "loom/algorithm_selector.hpp"
 #include "loom/error.hpp"
 #include "loom/store.hpp"
 
@@ -125,6 +126,18 @@ INSTANTIATE_TEST_SUITE_P(Each, UcxAlgorithms,
                                            Algorithm::bruck, Algorithm::recursive_halving,
                                            Algorithm::scatter_allgather),
                          [](const auto& info) { return std::string(to_string(info.param)); });
+
+// Through `auto`: the algorithm the selector (AlgorithmSelector::for_backend, as an Executor
+// makes it) picks for each call.
+TEST(UcxAuto, EveryCollectiveThroughTheSelectorsChoice) {
+  const AlgorithmSelector selector = AlgorithmSelector::for_backend(world());
+  testing::ForcedAlgorithmBackend chosen(world(), selector);
+  const std::vector<std::size_t> counts{0, 1, 7, 4099, 65539};
+  for (Collective op : testing::all_collectives)
+    for (DType dtype : {DType::float32, DType::int64, DType::bfloat16, DType::complex64})
+      for (const auto& c : testing::cases_for(op, dtype, counts))
+        expect_all_ranks_ok(testing::check(chosen, c));
+}
 
 TEST(UcxPointToPoint, RingExchangeOfEveryDtype) {
   for (DType dtype : all_dtypes)
