@@ -103,7 +103,7 @@ RankSlot* map_segment(const std::string& name, int world, bool create, std::stri
 
 std::vector<std::byte> bytes_of(const std::string& text) {
   std::vector<std::byte> out(text.size());
-  std::memcpy(out.data(), text.data(), text.size());
+  if (!text.empty()) std::memcpy(out.data(), text.data(), text.size());  // never a null memcpy
   return out;
 }
 

@@ -33,11 +33,19 @@ run_asan() {
   local asan=detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1
   ASAN_OPTIONS=$asan LSAN_OPTIONS=suppressions=$suppressions/lsan.supp:print_suppressions=0 \
     ctest --test-dir build-asan --output-on-failure -j "$JOBS" --timeout 1200 \
-    -LE 'mpi|cluster|fault' -E '^install_consumer$'
+    -LE 'mpi|cluster|fault|launched' -E '^install_consumer$'
   # (The emulated-cluster tests, label cluster, time shaped links across namespaces: not here.
   # Nor the ucx fault cases, label fault, for the fault matrix's reason: they assert wall-clock
   # bounds; and a survivor of a stopped peer leaves its UCX worker alive on purpose, which
-  # LeakSanitizer would report. The ucx backend's other tests, label launched, run here.)
+  # LeakSanitizer would report.)
+  # The ucx backend's tests (label launched: processes started by loom-launch): ASan and UBSan as
+  # above, LeakSanitizer off. At 5 ranks its stop-the-world tracer crashed at process exit after
+  # every test had passed ("Tracer caught signal 11", as under mpirun below); the transport
+  # itself is leak-checked by ucx_transport_test in the run above.
+  ASAN_OPTIONS=$asan:detect_leaks=0 \
+    ctest --test-dir build-asan --output-on-failure -j "$JOBS" --timeout 1200 -L launched \
+    -LE 'fault|torch'
+
   # Under mpirun: Open MPI leaves its own allocations at MPI_Finalize (see lsan.supp). Full
   # stacks (no fast unwinding: Open MPI has no frame pointers) and components kept loaded
   # (no dlclose) let the suppressions match Open MPI's frames and only those.
