@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Runs pytest on every rank of an mpirun job, one readable report per rank.
+"""Runs pytest on every rank of an mpirun (or torchrun) job, one readable report per rank.
 
     mpirun -np N python3 tests/torch/mpi_pytest.py --log-dir DIR -- PYTEST_ARGS...
+    torchrun --standalone --nproc-per-node N tests/torch/mpi_pytest.py --log-dir DIR -- ...
 
 Each rank writes its pytest output to DIR/rank<r>.log; rank 0 then prints every rank's log in
 rank order (waiting for each, bounded) and each rank exits with its pytest status, so a failure
@@ -21,8 +22,10 @@ def main():
     ap.add_argument("pytest_args", nargs=argparse.REMAINDER)
     args = ap.parse_args()
     pytest_args = [a for a in args.pytest_args if a != "--"]
-    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMIX_RANK", "0")))
-    size = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
+    # mpirun's variables, else torchrun's (RANK, WORLD_SIZE): the same harness under both.
+    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK",
+                              os.environ.get("PMIX_RANK", os.environ.get("RANK", "0"))))
+    size = int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
     os.makedirs(args.log_dir, exist_ok=True)
     log_path = os.path.join(args.log_dir, "rank%d.log" % rank)
     done_path = os.path.join(args.log_dir, "rank%d.status" % rank)

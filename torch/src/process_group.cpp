@@ -1,5 +1,6 @@
 // ProcessGroupLoom: torch's collectives through loom's selector, algorithms and progress engine.
 #include "process_group.hpp"
+#include "torch_store.hpp"
 
 #include <algorithm>
 #include <climits>
@@ -193,9 +194,14 @@ ProcessGroupLoom::ProcessGroupLoom(c10::intrusive_ptr<c10d::Store> store, int ra
     throw Error(ErrorCode::invalid_argument,
                 where + ": torch names " + std::to_string(_global_ranks.size()) +
                     " ranks in the group but gives its size as " + std::to_string(size));
-  const bool explicit_backend = environment::text("LOOM_BACKEND").has_value();
+  // Under mpirun the group is an mpi backend (LOOM_BACKEND may choose another); launched
+  // otherwise (torchrun, mp.spawn, Lightning), or with LOOM_BACKEND=ucx, it is the ucx backend,
+  // whose ranks meet through the store torch handed this group, as Gloo's do.
+  const auto chosen = environment::text("LOOM_BACKEND");
+  const bool mpirun = launched_by_mpirun();
+  const bool through_store = chosen ? *chosen == "ucx" : !mpirun;
   bool subgroup = false;
-  if (launched_by_mpirun()) {
+  if (mpirun && !through_store) {
     const std::optional<int> job = environment::launcher_world_size();
     bool whole = _global_ranks.empty();
     if (!whole && job && static_cast<int>(_global_ranks.size()) == *job) {
@@ -207,22 +213,18 @@ ProcessGroupLoom::ProcessGroupLoom(c10::intrusive_ptr<c10d::Store> store, int ra
                                               std::to_string(*job) +
                                               " ranks); make smaller groups with new_group");
     subgroup = !whole;
-  } else if (size > 1 && !explicit_backend) {
-    const bool torchrun = environment::text("TORCHELASTIC_RUN_ID").has_value() ||
-                          environment::text("TORCHELASTIC_RESTART_COUNT").has_value();
-    throw Error(ErrorCode::unavailable,
-                where + ": " +
-                    (torchrun ? std::string("launched by torchrun. ")
-                              : std::string("not launched by mpirun. ")) +
-                    "A loom group of several processes on CPU runs on loom's mpi backend, and "
-                    "Open MPI wires its processes up through mpirun's runtime (PMIx): processes "
-                    "started by another launcher each see a job of one rank and cannot reach "
-                    "each other. Launch with `mpirun -np " +
-                    std::to_string(size) +
-                    " python3 script.py` (loom_torch takes RANK, WORLD_SIZE and MASTER_ADDR "
-                    "from it), or use gloo under torchrun");
   }
-  if (subgroup) {
+  if (through_store) {
+    BackendSetup setup;
+    setup.store = std::make_shared<TorchStore>(_store);
+    setup.rank = rank;
+    setup.world_size = size;
+    // torch's store for a group is already its own (a PrefixStore per group); the name keeps
+    // loom's keys apart from torch's and tells groups apart in messages.
+    setup.group = "torch-group-" + (group_name.empty() ? std::string("default") : group_name);
+    setup.timeout = _timeout;
+    _backend = create_backend("ucx", setup);
+  } else if (subgroup) {
     MpiConfig config = MpiConfig::from_env();
     config.ranks = _global_ranks;
     // The group's name is the same on its ranks and differs between groups made at once.
