@@ -141,11 +141,16 @@ class Tree:
         # tests/torch: loom_add_torch_test(NAME ...) registers torch_NAME.np2 and .np3 where
         # loom_torch is built (not in the sanitizer builds).
         torch_test = re.fullmatch(r"torch_(\w+)", prefix)
-        if rank and torch_test and rank.group(1) in ("2", "3"):
-            return any(re.search(r"\bloom_add_torch_test\(\s*%s\b" % torch_test.group(1), text)
-                       for text in self.cmake_files.values())
+        if rank and torch_test and rank.group(1) in ("2", "3") and any(
+                re.search(r"\bloom_add_torch_test\(\s*%s\b" % torch_test.group(1), text)
+                for text in self.cmake_files.values()):
+            return True
         for text in self.cmake_files.values():
             if name in text:
+                return True
+            # add_test(NAME prefix.np${np}) in a foreach(np ...) over the rank counts
+            if rank and re.search(r"\b%s\.np\$\{np\}" % re.escape(prefix), text) and \
+                    re.search(r"\bforeach\(np\b[^)]*\b%s\b" % rank.group(1), text):
                 return True
             # add_test(NAME prefix.${mode}) in a foreach over the suffixes
             if re.search(r"\b%s\.\$\{" % re.escape(prefix), text) and \
