@@ -42,12 +42,13 @@ std::string library_directory() {
 
 // Loads libloom_backend_<name>.so, whose initialisation registers `name`: from libloom's
 // directory, else the loader's search path (LD_LIBRARY_PATH). Names that are not identifiers
-// are never looked up. Returns why it could not ("" when loaded).
+// are never looked up. Returns the loader's reason when no module could be loaded (empty when
+// one was, or when `name` is not looked up).
 std::string load_backend_module(const std::string& name) {
   if (name.empty() || !std::all_of(name.begin(), name.end(), [](unsigned char c) {
         return std::isalnum(c) != 0 || c == '_';
       }))
-    return "not a module name";
+    return {};
   static std::mutex mutex;  // one load at a time: a second caller finds it registered
   std::lock_guard lock(mutex);
   const std::string file = "libloom_backend_" + name + ".so";
@@ -165,10 +166,7 @@ std::shared_ptr<Backend> create_backend(std::string_view name, const BackendSetu
     throw Error(ErrorCode::unavailable,
                 "backend '" + chosen +
                     "' was not built into this loom (available in this build: " + list +
-                    (module_error.empty() || module_error == "not a module name"
-                         ? std::string()
-                         : "; its module: " + module_error) +
-                    ")");
+                    (module_error.empty() ? std::string() : "; its module: " + module_error) + ")");
   std::string names;
   for (std::string_view b : loom_backends) names += (names.empty() ? "" : ", ") + std::string(b);
   throw Error(ErrorCode::invalid_argument,

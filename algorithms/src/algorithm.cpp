@@ -2,7 +2,6 @@
 #include "loom/algorithm.hpp"
 
 #include <array>
-
 #include <limits>
 
 #include "algorithms.hpp"

@@ -135,18 +135,27 @@ int run_local(Options options) {
   return status;
 }
 
-int run_mpi(const Options& options) {
+// The backend of a job whose ranks are processes: `name` (mpi or ucx), whose ranks `launcher`
+// ("mpirun -np", "loom-launch -n") sets; --ranks, if given, must agree.
+std::shared_ptr<Backend> job_backend(const std::string& name, const Options& options,
+                                     const char* launcher) {
   std::shared_ptr<Backend> backend;
   try {
-    backend = create_backend("mpi");
+    backend = create_backend(name);
   } catch (const Error& e) {
-    if (e.code() == ErrorCode::unavailable) throw UsageError("--backend mpi: " + e.message());
+    if (e.code() == ErrorCode::unavailable)
+      throw UsageError("--backend " + name + ": " + e.message());
     throw;
   }
   if (options.ranks && *options.ranks != backend->world_size())
-    throw UsageError("invalid value '" + std::to_string(*options.ranks) +
-                     "' for --ranks: the mpi backend has " + std::to_string(backend->world_size()) +
-                     " ranks (set them with mpirun -np; --ranks is for the local backend)");
+    throw UsageError("invalid value '" + std::to_string(*options.ranks) + "' for --ranks: the " +
+                     name + " backend has " + std::to_string(backend->world_size()) +
+                     " ranks (set them with " + launcher + "; --ranks is for the local backend)");
+  return backend;
+}
+
+int run_mpi(const Options& options) {
+  std::shared_ptr<Backend> backend = job_backend("mpi", options, "mpirun -np");
 #if LOOM_HAVE_MPI
   auto harness = make_mpi_harness();
   try {
@@ -162,20 +171,11 @@ int run_mpi(const Options& options) {
 }
 
 // Ranks started without mpirun (loom-launch), meeting through LOOM_STORE over UCX.
-int run_ucx(const Options& options) {
-  std::shared_ptr<Backend> backend;
-  try {
-    backend = create_backend("ucx");
-  } catch (const Error& e) {
-    if (e.code() == ErrorCode::unavailable) throw UsageError("--backend ucx: " + e.message());
-    throw;
-  }
-  if (options.ranks && *options.ranks != backend->world_size())
-    throw UsageError("invalid value '" + std::to_string(*options.ranks) +
-                     "' for --ranks: the ucx backend has " + std::to_string(backend->world_size()) +
-                     " ranks (set them with loom-launch -n; --ranks is for the local backend)");
+int run_ucx(Options options) {
+  if (options.all_algorithms) std::erase(options.algorithms, "mpi-raw");
   if (wants(options, "mpi-raw"))
     throw UsageError("-a mpi-raw needs the mpi backend; this run uses ucx");
+  std::shared_ptr<Backend> backend = job_backend("ucx", options, "loom-launch -n");
   auto harness = make_backend_harness(*backend);
   return run_rank(options, *backend, *harness);  // a failure here names this rank on the others
 }
@@ -186,11 +186,7 @@ int run(const Options& options) {
     backend = LOOM_HAVE_MPI && launched_by_mpirun()         ? "mpi"
               : environment::text("LOOM_STORE").has_value() ? "ucx"
                                                             : "local";
-  if (backend == "ucx") {
-    Options without_raw = options;
-    if (without_raw.all_algorithms) std::erase(without_raw.algorithms, "mpi-raw");
-    return run_ucx(without_raw);
-  }
+  if (backend == "ucx") return run_ucx(options);
   if (backend == "mpi") {
     if (!LOOM_HAVE_MPI)
       throw UsageError(

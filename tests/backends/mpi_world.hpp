@@ -2,12 +2,10 @@
 // all-ranks verdict every test ends with, and a main() whose report only rank 0 prints.
 #pragma once
 
-#include <gtest/gtest.h>
-
-#include <cstdint>
 #include <memory>
 #include <string>
 
+#include "backends/every_rank.hpp"
 #include "loom/mpi.hpp"
 
 namespace loom::testing {
@@ -17,24 +15,14 @@ inline Backend& world() {
   return *backend;
 }
 
-/// @brief Every test ends by agreeing on whether all ranks passed, so one rank's failure
-/// cannot leave the others waiting in the next collective.
+/// @brief every_rank.hpp's verdict over the MPI world.
 inline void expect_all_ranks_ok(const std::string& failure) {
-  EXPECT_TRUE(failure.empty()) << failure;
-  std::int32_t bad = failure.empty() ? 0 : 1;
-  world().allreduce(Buffer(&bad, 1, DType::int32), ReduceOp::sum);
-  EXPECT_EQ(bad, 0) << bad << " rank(s) saw wrong values";
+  expect_all_ranks_ok(world(), failure);
 }
 
-/// @brief main() of such a binary: MPI starts before any test; every rank runs and asserts,
-/// only rank 0 prints gtest's report.
+/// @brief main() of such a binary: MPI starts before any test (every_rank.hpp's main).
 inline int run_all_tests_on_every_rank(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  if (world().rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  return RUN_ALL_TESTS();
+  return run_all_tests_on_every_rank(world(), argc, argv);
 }
 
 }  // namespace loom::testing

@@ -18,6 +18,7 @@
 
 #include "backends/bad_inputs.hpp"
 #include "backends/collective_checks.hpp"
+#include "backends/every_rank.hpp"
 #include "backends/forced_algorithm_backend.hpp"
 #include "loom/algorithm.hpp"
 #include "loom/algorithm_selector.hpp"
@@ -34,13 +35,8 @@ Backend& world() {
   return *backend;
 }
 
-// Every test ends by agreeing on whether all ranks passed, so one rank's failure cannot leave
-// the others waiting in the next collective.
 void expect_all_ranks_ok(const std::string& failure) {
-  EXPECT_TRUE(failure.empty()) << failure;
-  std::int32_t bad = failure.empty() ? 0 : 1;
-  world().allreduce(Buffer(&bad, 1, DType::int32), ReduceOp::sum);
-  EXPECT_EQ(bad, 0) << bad << " rank(s) saw wrong values";
+  testing::expect_all_ranks_ok(world(), failure);
 }
 
 // A setup on the job's store for a group of its own (`world` ranks, this rank's own number).
@@ -301,10 +297,5 @@ TEST(UcxGroups, AnUnreachableStoreIsANamedError) {
 }  // namespace loom
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  if (loom::world().rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  return RUN_ALL_TESTS();
+  return loom::testing::run_all_tests_on_every_rank(loom::world(), argc, argv);
 }

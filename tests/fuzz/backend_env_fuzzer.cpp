@@ -26,8 +26,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         contains(e.message(), "LOOM_STORE"))
       return 0;
     const bool known = text == "nccl" || text == "ucx";  // loom's, not built into this one
-    const auto expected =
-        known ? loom::ErrorCode::unavailable : loom::ErrorCode::invalid_argument;
+    const auto expected = known ? loom::ErrorCode::unavailable : loom::ErrorCode::invalid_argument;
     if (e.code() != expected)
       contract_broken("wrong code " + std::string(loom::to_string(e.code())), text);
     if (!contains(e.message(), "'" + text + "'") ||
