@@ -181,8 +181,13 @@ std::vector<Case> cases_for(Collective op, DType dtype, const std::vector<std::s
   }
   const bool has_in_place =
       op == Collective::allreduce || op == Collective::allgather || op == Collective::reduce;
-  const bool size_covered = dtype == DType::int8 || dtype == DType::int16 ||
-                            dtype == DType::boolean || dtype == DType::complex64;
+  bool size_covered = dtype == DType::int8 || dtype == DType::int16 || dtype == DType::boolean ||
+                      dtype == DType::complex64;
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  // Instrumented builds: one type of each width at full length (see cases_for's comment).
+  size_covered =
+      size_covered || dtype == DType::bfloat16 || dtype == DType::int32 || dtype == DType::int64;
+#endif
   for (ReduceOp r : ops)
     for (std::size_t count : counts) {
       if (size_covered) count = std::min(count, element_size_covered_count);

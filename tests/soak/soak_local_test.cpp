@@ -23,13 +23,13 @@ TEST(Soak, LocalBackendThreeRanksStaysFlat) {
 }
 
 // Profiling on (LOOM_TRACE set: a trace written after every run, the profiler recording every
-// communication node): 100,000 runs of a small graph on two ranks keep resident memory flat,
+// communication node): 40,000 runs of a small graph on two ranks keep resident memory flat,
 // and the profiler keeps its aggregates over every run but only a bounded window of records
 // (issue 12: it used to keep one record per node per run, 1.3 KB per step without bound). Each
 // run's sum is checked in the graph: rank r contributes r + 1 + run, so only a reduction over
 // both ranks of this very run gives 2 * run + 3.
 TEST(Soak, ProfiledRunsWithTraceKeepMemoryFlat) {
-  const long runs = test::sanitized_build ? 20000 : 100000;
+  const long runs = test::sanitized_build ? 20000 : 40000;
   const long warmup = runs / 10;
   const std::string trace = testing::TempDir() + "soak_profiled_trace.json";
   ::setenv("LOOM_TRACE", trace.c_str(), 1);
@@ -69,7 +69,7 @@ TEST(Soak, ProfiledRunsWithTraceKeepMemoryFlat) {
       failure += " profiler keeps " + std::to_string(ex.profiler().records().size());
     if (ex.profiler().stats().size() != 1 || ex.profiler().stats()[0].count != std::size_t(runs))
       failure += " profiler's aggregate is wrong";
-    if (test::rss_is_meaningful && growth_mib >= 2.0)  // was ~1.3 KB per run: 117 MiB
+    if (test::rss_is_meaningful && growth_mib >= 2.0)  // was ~1.3 KB per run: 46 MiB
       failure += " resident memory grew " + std::to_string(growth_mib) + " MiB";
     if (!failure.empty()) {
       std::lock_guard lock(mutex);
