@@ -2,7 +2,8 @@
 # Built against the torch of the Python that CMake finds (Python3_EXECUTABLE; in a virtual
 # environment, its python): torch's own headers, libraries and pybind11, torch's C++ ABI for the
 # whole build, and torch's version recorded in the package (loom_torch refuses another torch at
-# import). torch 2.1 or newer. Needs loom's mpi backend. `pip install --no-build-isolation .`
+# import). torch 2.1 or newer. Needs loom's mpi or ucx backend (a build without Open MPI
+# has ucx only: loom_torch.transports()). `pip install --no-build-isolation .`
 # drives this file through scikit-build-core (pyproject.toml). Sets LOOM_HAVE_TORCH,
 # LOOM_TORCH_VERSION, LOOM_TORCH_HAS_CUDA and, when OFF, LOOM_TORCH_WHY.
 string(TOUPPER "${LOOM_WITH_TORCH}" _lt_mode)
@@ -18,8 +19,10 @@ if(_lt_mode STREQUAL "OFF")
 elseif(LOOM_SANITIZE)
   # A sanitizer runtime must be loaded first; python3 is not built with it.
   set(LOOM_TORCH_WHY "a sanitizer build (LOOM_SANITIZE=${LOOM_SANITIZE})")
-elseif(NOT LOOM_HAVE_MPI)
-  set(LOOM_TORCH_WHY "loom_torch runs on the mpi backend, which this build lacks")
+elseif(NOT LOOM_HAVE_MPI AND NOT LOOM_HAVE_UCX)
+  set(LOOM_TORCH_WHY "loom_torch needs a transport between processes: loom's mpi backend "
+                     "(apt-get install libopenmpi-dev) or its ucx backend (apt-get install "
+                     "libucx-dev); this build has neither")
 else()
   find_package(Python3 QUIET COMPONENTS Interpreter Development.Module)
   if(NOT Python3_FOUND)

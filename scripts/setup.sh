@@ -53,10 +53,13 @@ loom_install_torch_package() {
   local start=$SECONDS
   [[ -x $venv/bin/python ]] || python3 -m venv "$venv"
   # expecttest: torch.testing._internal imports it (PyTorch's own distributed tests).
-  if ! "$venv/bin/python" -c "import torch, pytest, numpy, scikit_build_core, expecttest" \
+  # pytorch-lightning and mpi4py: Lightning's DDPStrategy on loom, under Lightning's launcher,
+  # torchrun and mpirun (Lightning finds mpirun's ranks through mpi4py).
+  if ! "$venv/bin/python" -c \
+    "import torch, pytest, numpy, scikit_build_core, expecttest, pytorch_lightning, mpi4py" \
     2>/dev/null; then
     "$venv/bin/pip" install -q --disable-pip-version-check "$spec" pytest numpy expecttest \
-      'scikit-build-core>=0.10'
+      'scikit-build-core>=0.10' pytorch-lightning mpi4py
   fi
   "$venv/bin/pip" install -q --disable-pip-version-check --no-build-isolation .
   export LOOM_TORCH_PYTHON=$venv/bin/python

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <string_view>
 
 #include "loom/error.hpp"
 
@@ -179,7 +180,21 @@ std::optional<int> launcher_local_size() {
   return first_integer({"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "LOCAL_WORLD_SIZE"});
 }
 
+namespace {
+
+// A process that called MPI_Init without a launcher (Open MPI's singleton: mpi4py imported by
+// PyTorch Lightning to look for mpirun does this) gets PMIX_RANK=0 and OMPI_MCA_ess=singleton in
+// its environment; mpirun's ranks get OMPI_MCA_ess=^singleton. Such a process, and the workers
+// Lightning's launcher then starts, are not an mpirun job.
+bool mpi_singleton() noexcept {
+  const char* ess = std::getenv("OMPI_MCA_ess");
+  return ess != nullptr && std::string_view(ess) == "singleton";
+}
+
+}  // namespace
+
 std::optional<int> launcher_rank() {
+  if (mpi_singleton()) return std::nullopt;
   return first_integer({"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"});
 }
 
@@ -188,6 +203,7 @@ std::optional<int> launcher_world_size() {
 }
 
 bool launched_by_mpirun() noexcept {
+  if (mpi_singleton()) return false;
   for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"})
     if (std::getenv(name) != nullptr) return true;
   return false;

@@ -9,6 +9,7 @@
 #include "backends/bad_inputs.hpp"
 #include "expect_error.hpp"
 #include "loom/config.hpp"
+#include "loom/environment.hpp"
 #include "loom/local.hpp"
 #include "scoped_env.hpp"
 
@@ -64,6 +65,25 @@ TEST(BackendFactory, LocalIsTheDefaultOutsideMpirun) {
   std::vector<int> v{1, 2, 3};
   backend->allreduce(Buffer::of(std::span(v)), ReduceOp::sum);
   EXPECT_EQ(v, (std::vector<int>{1, 2, 3}));
+}
+
+// A process that initialised MPI on its own (Open MPI's singleton, e.g. mpi4py imported by
+// PyTorch Lightning) has PMIX_RANK=0 and OMPI_MCA_ess=singleton: not an mpirun job, so its
+// workers meet through the store; mpirun's own ranks carry OMPI_MCA_ess=^singleton.
+TEST(BackendFactory, AnMpiSingletonIsNotAnMpirunJob) {
+  if (launched_by_mpirun()) GTEST_SKIP() << "launched by mpirun";
+  {
+    test::ScopedEnv rank("PMIX_RANK", "0");
+    {
+      test::ScopedEnv ess("OMPI_MCA_ess", "singleton");
+      EXPECT_FALSE(launched_by_mpirun());
+      EXPECT_EQ(environment::launcher_rank(), std::nullopt);
+    }
+    test::ScopedEnv ess("OMPI_MCA_ess", "^singleton");
+    EXPECT_TRUE(launched_by_mpirun());
+    EXPECT_EQ(environment::launcher_rank(), 0);
+  }
+  EXPECT_FALSE(launched_by_mpirun());
 }
 
 // register_backend: a backend added from outside loom is made by name and through

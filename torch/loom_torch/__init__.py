@@ -9,9 +9,11 @@ DeviceMesh). Under mpirun, RANK, WORLD_SIZE and LOCAL_RANK are taken from the la
 unset, and MASTER_ADDR/MASTER_PORT (for torch's store) are agreed over loom's mpi backend: rank
 0's host name and a free port.
 """
+import atexit
 import os
 import socket
 import sys
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -33,7 +35,18 @@ from .hooks import LoomHookState, register_ddp_hook  # noqa: E402
 from .parallel import ParallelModule, parallelize  # noqa: E402
 
 __all__ = ["ProcessGroupLoom", "LoomHookState", "register_ddp_hook", "parallelize",
-           "ParallelModule", "setup_environment", "backend_of"]
+           "ParallelModule", "setup_environment", "backend_of", "transports"]
+
+
+def transports():
+    """The transports between processes this package was built with, e.g. ["mpi", "ucx"].
+
+    "mpi": loom's Open MPI backend, the default under mpirun. "ucx": loom's UCX backend, whose
+    ranks meet through torch's store: the default under torchrun, mp.spawn and Lightning (and
+    under mpirun with LOOM_BACKEND=ucx). `pip install .` on a machine without Open MPI builds
+    ["ucx"] only.
+    """
+    return list(_C.transports())
 
 
 def _free_port():
@@ -58,6 +71,12 @@ def setup_environment():
     if local is not None:
         os.environ.setdefault("LOCAL_RANK", str(local))
     if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
+        return
+    if "mpi" not in transports():
+        # Nothing to agree on the address over: the launcher's environment must carry it.
+        warnings.warn("loom_torch was built without Open MPI (transports: %s): under mpirun set "
+                      "MASTER_ADDR and MASTER_PORT for torch's store yourself"
+                      % ", ".join(transports()), RuntimeWarning, stacklevel=2)
         return
     mine = "%s:%d" % (socket.gethostname(), _free_port()) if rank == 0 else ""
     addr, port = _C.broadcast_from_rank0(mine).rsplit(":", 1)
@@ -99,5 +118,9 @@ def _exit_after_loom_timeout(previous):
 if "LOOM" not in dist.Backend._plugins:
     dist.Backend.register_backend("loom", _create, extended_api=True, devices=["cpu", "cuda"])
     sys.excepthook = _exit_after_loom_timeout(sys.excepthook)
+    # Before Python finalises: every group's progress thread stopped, so none drops a tensor's
+    # last reference (which takes the GIL) while the interpreter ends its threads (a group the
+    # program never destroyed: PyTorch Lightning leaves the default group to the exit).
+    atexit.register(_C.quiesce_all_groups)
 if _C.launched_by_mpirun():
     setup_environment()

@@ -1,5 +1,6 @@
 // loom_torch._C.GradientReducer: what loom_torch.parallelize drives. The reducer gets a backend of
-// its own (a duplicate of the group's communicator), so its step's collectives, issued from
+// its own over the group's ranks (ProcessGroupLoom::make_companion_backend: a new communicator
+// under mpi, a new ucx group through torch's store), so its step's collectives, issued from
 // autograd hooks and loom's progress thread, never interleave with the group's own operations.
 #include "gradient_reducer_binding.hpp"
 
@@ -35,7 +36,7 @@ class TorchReducer {
   TorchReducer(ProcessGroupLoom& group, const std::vector<std::string>& names,
                const std::vector<std::string>& modules, const std::vector<at::Tensor>& parameters,
                const ReducerPlan& plan, std::optional<bool> profile)
-      : _backend(create_backend(group.backend_name())) {
+      : _backend(group.make_companion_backend()) {
     if (names.size() != parameters.size() || modules.size() != parameters.size())
       throw Error(ErrorCode::invalid_argument,
                   "GradientReducer: " + std::to_string(names.size()) + " names and " +

@@ -8,10 +8,12 @@
 
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "ddp_hook.hpp"
 #include "gradient_reducer_binding.hpp"
 #include "loom/backend.hpp"
+#include "loom/config.hpp"
 #include "loom/environment.hpp"
 #include "loom/error.hpp"
 #include "process_group.hpp"
@@ -101,6 +103,10 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("reducer"), py::arg("group"), py::arg("compression") = "none",
       "Registers loom's C++ comm hook on a DDP model's reducer (model.reducer)");
+  m.def("quiesce_all_groups", &loom::torch::quiesce_all_groups,
+        py::call_guard<py::gil_scoped_release>(),
+        "Stops every loom group's progress thread (loom_torch's atexit hook): no loom thread "
+        "touches a Python object while the interpreter finalises");
   m.def("any_broken", &loom::torch::any_broken,
         "Whether an operation of a loom group timed out in this process");
   m.def(
@@ -121,6 +127,16 @@ PYBIND11_MODULE(_C, m) {
       py::arg("text"), py::call_guard<py::gil_scoped_release>(),
       "Rank 0's text on every rank, over loom's mpi backend (under mpirun only)");
   m.def("launched_by_mpirun", &loom::launched_by_mpirun);
+  m.def(
+      "transports",
+      [] {
+        std::vector<std::string> names;
+        if (LOOM_HAVE_MPI) names.emplace_back("mpi");
+        if (LOOM_HAVE_UCX) names.emplace_back("ucx");
+        return names;
+      },
+      "The transports between processes this package was built with: mpi (Open MPI, under "
+      "mpirun) and ucx (through torch's store, under any launcher)");
   // The launcher's rank, size and local rank as loom reads them (None without a launcher, or
   // where a value is not a count): one parser for C++ and Python.
   m.def("launcher_rank", &loom::environment::launcher_rank);

@@ -6,12 +6,16 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <unordered_set>
 
 #include "loom/algorithm.hpp"
+#include "loom/config.hpp"
 #include "loom/environment.hpp"
 #include "loom/error.hpp"
 #include "loom/flight_recorder.hpp"
+#if LOOM_HAVE_MPI
 #include "loom/mpi.hpp"
+#endif
 #include "loom/rank_board.hpp"
 #include "tensors.hpp"
 
@@ -177,6 +181,17 @@ std::vector<int64_t> rows_per_rank(const std::string& where, const std::string& 
 
 }  // namespace
 
+namespace {
+
+// Every group alive in this process, for quiesce_all_groups at interpreter exit.
+std::mutex live_groups_mutex;
+std::unordered_set<ProcessGroupLoom*>& live_groups() {
+  static auto* groups = new std::unordered_set<ProcessGroupLoom*>;  // outlives static teardown
+  return *groups;
+}
+
+}  // namespace
+
 bool any_broken() noexcept {
   return any_group_broken.load(std::memory_order_acquire);
 }
@@ -199,7 +214,9 @@ ProcessGroupLoom::ProcessGroupLoom(c10::intrusive_ptr<c10d::Store> store, int ra
   // whose ranks meet through the store torch handed this group, as Gloo's do.
   const auto chosen = environment::text("LOOM_BACKEND");
   const bool mpirun = launched_by_mpirun();
-  const bool through_store = chosen ? *chosen == "ucx" : !mpirun;
+  // A package built without Open MPI (loom_torch.transports() is ["ucx"]) meets through the
+  // store under mpirun too.
+  const bool through_store = chosen ? *chosen == "ucx" : (!mpirun || !LOOM_HAVE_MPI);
   bool subgroup = false;
   if (mpirun && !through_store) {
     const std::optional<int> job = environment::launcher_world_size();
@@ -214,25 +231,17 @@ ProcessGroupLoom::ProcessGroupLoom(c10::intrusive_ptr<c10d::Store> store, int ra
                                               " ranks); make smaller groups with new_group");
     subgroup = !whole;
   }
-  if (through_store) {
-    BackendSetup setup;
-    setup.store = std::make_shared<TorchStore>(_store);
-    setup.rank = rank;
-    setup.world_size = size;
-    // torch's store for a group is already its own (a PrefixStore per group); the name keeps
-    // loom's keys apart from torch's and tells groups apart in messages.
-    setup.group = "torch-group-" + (group_name.empty() ? std::string("default") : group_name);
-    setup.timeout = _timeout;
-    _backend = create_backend("ucx", setup);
-  } else if (subgroup) {
-    MpiConfig config = MpiConfig::from_env();
-    config.ranks = _global_ranks;
-    // The group's name is the same on its ranks and differs between groups made at once.
-    config.group_tag = static_cast<int>(std::hash<std::string>{}(group_name) % 32768);
-    _backend = make_mpi_backend(config);
-  } else {
-    _backend = create_backend();
-  }
+  _group_name = group_name.empty() ? std::string("default") : group_name;
+  _transport =
+      through_store ? Transport::store : (subgroup ? Transport::mpi_subgroup : Transport::launcher);
+#if !LOOM_HAVE_MPI
+  if (_transport == Transport::mpi_subgroup)
+    throw Error(ErrorCode::unavailable,
+                where + ": LOOM_BACKEND=" + *chosen +
+                    " for a subgroup needs loom's mpi backend, which this loom_torch was built "
+                    "without (loom_torch.transports() lists what it has); unset LOOM_BACKEND");
+#endif
+  _backend = open_backend("");
   if (_global_ranks.empty())
     for (int r = 0; r < size; ++r) _global_ranks.push_back(r);
   if (_backend->rank() != rank || _backend->world_size() != size)
@@ -251,16 +260,74 @@ ProcessGroupLoom::ProcessGroupLoom(c10::intrusive_ptr<c10d::Store> store, int ra
   _selector = AlgorithmSelector::for_backend(*_backend, std::nullopt, _timeout);
   init();
   _reporter = std::thread([this] { run_reporter(); });
+  std::lock_guard lock(live_groups_mutex);
+  live_groups().insert(this);
 }
 
-ProcessGroupLoom::~ProcessGroupLoom() {
-  _engine.reset();  // no completion runs after this; works still in flight are failed below
+std::shared_ptr<Backend> ProcessGroupLoom::open_backend(const std::string& suffix) const {
+  switch (_transport) {
+    case Transport::store: {
+      BackendSetup setup;
+      setup.store = std::make_shared<TorchStore>(_store);
+      setup.rank = rank_;
+      setup.world_size = size_;
+      // torch's store for a group is already its own (a PrefixStore per group, and per
+      // torchrun restart); the name keeps loom's keys apart from torch's and tells groups apart
+      // in messages.
+      setup.group = "torch-group-" + _group_name + suffix;
+      setup.timeout = _timeout;
+      return create_backend("ucx", setup);
+    }
+    case Transport::mpi_subgroup: {
+#if LOOM_HAVE_MPI
+      MpiConfig config = MpiConfig::from_env();
+      config.ranks = _global_ranks;
+      // The same on the group's ranks, different between groups made at once.
+      config.group_tag = static_cast<int>(std::hash<std::string>{}(_group_name + suffix) % 32768);
+      return make_mpi_backend(config);
+#else
+      break;  // refused by the constructor
+#endif
+    }
+    case Transport::launcher:
+      // The whole job: the backend LOOM_BACKEND names, else mpi under mpirun (a new
+      // communicator each time), else one rank's local backend.
+      return _backend ? create_backend(_backend->name()) : create_backend();
+  }
+  throw Error(ErrorCode::internal, "loom process group: no transport to open");
+}
+
+std::shared_ptr<Backend> ProcessGroupLoom::make_companion_backend() {
+  return open_backend("/companion-" + std::to_string(_companions++));
+}
+
+void quiesce_all_groups() {
+  std::lock_guard lock(live_groups_mutex);  // held: a group is not destroyed meanwhile
+  for (ProcessGroupLoom* group : live_groups()) group->quiesce();
+}
+
+void ProcessGroupLoom::quiesce() {
+  std::unique_ptr<ProgressEngine> engine;
+  {
+    std::lock_guard lock(_engine_mutex);
+    _quiesced.store(true, std::memory_order_release);
+    engine = std::move(_engine);
+  }
+  engine.reset();  // joins the progress thread; no completion runs after this
   {
     std::lock_guard lock(_failure_mutex);
     _stopping = true;
   }
   _failure_ready.notify_all();
-  _reporter.join();
+  if (_reporter.joinable()) _reporter.join();
+}
+
+ProcessGroupLoom::~ProcessGroupLoom() {
+  {
+    std::lock_guard lock(live_groups_mutex);
+    live_groups().erase(this);
+  }
+  quiesce();  // works still in flight are failed below
   std::unordered_map<LoomWork*, c10::intrusive_ptr<LoomWork>> pending;
   {
     std::lock_guard lock(_pending_mutex);
@@ -323,6 +390,9 @@ std::string ProcessGroupLoom::last_algorithm() const {
 }
 
 void ProcessGroupLoom::check_usable(std::string_view operation) const {
+  if (_quiesced.load(std::memory_order_acquire))
+    throw Error(ErrorCode::cancelled,
+                _backend->where(operation) + ": the group was stopped at interpreter exit");
   if (broken())
     throw Error(ErrorCode::cancelled,
                 _backend->where(operation) +
@@ -402,6 +472,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::watch(std::unique_ptr<Work> wor
                                                        std::chrono::milliseconds timeout,
                                                        std::string census_key,
                                                        std::function<void()> after, Keep keep) {
+  std::lock_guard engine_lock(_engine_mutex);
+  if (!_engine)
+    throw Error(ErrorCode::cancelled,
+                _backend->where("collective") + ": the group was stopped at interpreter exit");
   {
     std::lock_guard lock(_pending_mutex);
     _pending.emplace(result.get(), result);

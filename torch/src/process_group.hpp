@@ -39,12 +39,13 @@ namespace loom::torch {
 /// every later operation of the group fails at once with ErrorCode::cancelled.
 class ProcessGroupLoom final : public c10d::Backend {
  public:
-  /// @brief Makes the group for `rank` of `size`: the backend LOOM_BACKEND names, else mpi under
-  /// mpirun, else (one rank) local. `global_ranks` are the job's ranks in the group (torch's
-  /// global_ranks_in_group; empty for the default group, which must span the whole job): a
-  /// subgroup is an mpi backend over those ranks only, made by them only. Throws
-  /// ErrorCode::mismatch when the launcher's rank or size differs from torch's, and
-  /// ErrorCode::unavailable for several processes not launched by mpirun (torchrun).
+  /// @brief Makes the group for `rank` of `size`. Outside mpirun (torchrun, mp.spawn,
+  /// Lightning), with LOOM_BACKEND=ucx, or in a package built without Open MPI: the ucx backend,
+  /// whose ranks meet through `store` (torch's, its prefix already the group's). Under mpirun:
+  /// mpi (or the backend LOOM_BACKEND names); `global_ranks` are the job's ranks in the group
+  /// (torch's global_ranks_in_group; empty for the default group, which must span the whole
+  /// job): a subgroup is an mpi backend over those ranks only, made by them only. Throws
+  /// ErrorCode::mismatch when the backend's rank or size differs from torch's.
   ProcessGroupLoom(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
                    std::chrono::nanoseconds timeout, std::vector<int> global_ranks = {},
                    const std::string& group_name = {});
@@ -116,8 +117,23 @@ class ProcessGroupLoom final : public c10d::Backend {
 
   /// @brief "ring (model)": the algorithm the selector chose for the last collective, and why.
   std::string last_algorithm() const;
-  /// @brief "mpi", "local" or "nccl".
+  /// @brief "mpi", "ucx", "local" or "nccl".
   std::string backend_name() const { return std::string(_backend->name()); }
+  /// @brief A backend of its own over this group's ranks, on the group's transport (a new
+  /// communicator over the same ranks under mpi; a new ucx group met through torch's store, its
+  /// keys named "<group>/companion-<n>"): for work whose operations must never interleave with
+  /// the group's own (parallelize's reducer). A collective call: every rank of the group makes
+  /// its companions in the same order.
+  std::shared_ptr<loom::Backend> make_companion_backend();
+  /// @brief Stops the group's progress thread and failure reporter (once; later calls return at
+  /// once): no loom thread touches this group's tensors or Python objects afterwards, its works
+  /// still in flight are abandoned, and later operations fail with ErrorCode::cancelled. Call
+  /// without the GIL (a callback finishing on the progress thread may need it). loom_torch does
+  /// it for every group at interpreter exit (quiesce_all_groups, from atexit): a group the
+  /// program never destroyed (Lightning leaves it) would otherwise drop its last tensor
+  /// references on the progress thread while Python finalises, and Python ends a thread that
+  /// takes the GIL then (pthread_exit through loom's frames: std::terminate).
+  void quiesce();
   /// @brief The job's ranks in this group, in group order (every rank for the default group).
   const std::vector<int>& global_ranks() const noexcept { return _global_ranks; }
   /// @brief The watchdog's timeout in seconds (0: none).
@@ -166,6 +182,13 @@ class ProcessGroupLoom final : public c10d::Backend {
   std::string who_is_missing(const std::string& census_key);
   void run_reporter();
 
+  // How this group's backend is made (the constructor decides; companions are made alike).
+  enum class Transport { store, mpi_subgroup, launcher };
+  std::shared_ptr<loom::Backend> open_backend(const std::string& suffix) const;
+
+  Transport _transport = Transport::launcher;
+  std::string _group_name;
+  int _companions = 0;
   std::shared_ptr<loom::Backend> _backend;
   c10::intrusive_ptr<c10d::Store> _store;
   AlgorithmSelector _selector;
@@ -198,8 +221,15 @@ class ProcessGroupLoom final : public c10d::Backend {
   bool _stopping = false;
   std::thread _reporter;
 
+  // Guards _engine against quiesce() from another thread (watch() holds it to hand work over).
+  std::mutex _engine_mutex;
+  std::atomic<bool> _quiesced{false};
   std::unique_ptr<ProgressEngine> _engine;  // last: stopped first
 };
+
+/// @brief quiesce() on every group alive in this process (loom_torch's atexit hook; without
+/// the GIL).
+void quiesce_all_groups();
 
 /// @brief Whether an operation of any loom group of this process timed out: loom_torch then ends
 /// the process with os._exit after an uncaught exception (MPI cannot finalise with a dead peer).
