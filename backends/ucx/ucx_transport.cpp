@@ -526,15 +526,22 @@ Transport::Transport(Rendezvous& rendezvous) : _state(std::make_shared<State>())
 
 Transport::~Transport() {
   State& s = *_state;
-  bool broken;
+  bool broken, expecting;
   {
     std::lock_guard lock(s.mutex);
+    s.progress();
     broken = s.abandoned;
+    expecting = !s.receives.empty();
   }
-  // Meet the live peers, so that none closes while another still sends to it; a peer that
-  // does not come within the bound is left behind (it failed or will fail on its own). After an
-  // abandoned operation the job is broken: no meeting (a stopped peer would hold it to the bound).
-  if (!broken) try {
+  // While a receive is still posted a peer may still send to this rank: meet the live peers
+  // first, so that none closes while another still sends to it; a peer that does not come within
+  // the bound is left behind (it failed or will fail on its own). With every receive done, what
+  // the peers sent here has arrived, and closing each endpoint in flush mode (below) delivers
+  // what this rank still sends: no meeting, so a transport its program drops while the peers'
+  // copies live on (a torch group's companion, freed by each rank's garbage collector at its own
+  // time) never waits for them. After an abandoned operation the job is broken: no meeting (a
+  // stopped peer would hold it to the bound).
+  if (!broken && expecting) try {
       const std::string mine = _teardown_key + "/" + std::to_string(s.rank);
       const std::byte here[1] = {std::byte{1}};
       _store->set(mine, here);

@@ -124,9 +124,9 @@ class MessageWork : public Work {
 /// Every Work advances the worker when polled (under the transport's lock: any thread may poll).
 /// Works must be finished or destroyed before the Transport; a Work destroyed unfinished
 /// cancels its receive. Nothing blocks without a deadline: the constructor waits as long as the
-/// rendezvous' timeout, the destructor meets the live peers (a few seconds at most, failures
-/// ignored) and closes the endpoints (flushing them, or forcing those of failed peers, within
-/// a bounded time) before destroying the worker.
+/// rendezvous' timeout, the destructor meets the live peers only while one of its receives is
+/// still posted (a few seconds at most, failures ignored) and closes the endpoints (flushing
+/// them, or forcing those of failed peers, within a bounded time) before destroying the worker.
 class Transport {
  public:
   /// @brief Joins the ranks of `rendezvous`. Throws ErrorCode::unavailable when UCX cannot

@@ -17,6 +17,7 @@
 #   MODELS="transformer convnet" NP=3 COMPRESSION=float16 bench/torch/real_models.sh 10gbit
 #   MODELS=mlp MODES=ddp-gloo,parallelize-default OPTIMIZER=adamw CLIP=1 SERIES=25 \
 #     bench/torch/real_models.sh shm
+#   LAUNCHER=torchrun MODELS=transformer bench/torch/real_models.sh 2gbit  # torchrun, not mpirun
 # Set-up: PYTHON (default: the project's venv, $root/.venv/bin/python, else python3) with torch
 # and, for resnet18/mobilenet_v2, torchvision, which the project's venv lacks: install
 # torch==2.14.1 and torchvision==0.29.1 into a separate venv and name its python in PYTHON.
@@ -65,11 +66,18 @@ if [[ ${MALLOC:-keep} != default ]]; then
 fi
 export PYTHONPATH=$build/python${PYTHONPATH:+:$PYTHONPATH}
 
+launcher=${LAUNCHER:-mpirun}
 if [[ ${1:-} == --inner ]]; then
   for model in $models; do
     for n in "$np" 1; do
-      mpirun -np "$n" --oversubscribe --bind-to none -x PYTHONPATH -x LOOM_CALIBRATION \
-        ${malloc[@]+"${malloc[@]}"} "$python" \
+      if [[ $launcher == torchrun ]]; then
+        # torchrun's ranks: loom's ucx backend through torch's store, Gloo as always.
+        start=("$python" -m torch.distributed.run --standalone --nproc-per-node "$n")
+      else
+        start=(mpirun -np "$n" --oversubscribe --bind-to none -x PYTHONPATH -x LOOM_CALIBRATION
+          ${malloc[@]+"${malloc[@]}"} "$python")
+      fi
+      "${start[@]}" \
         "$root/bench/torch/real_models.py" --model "$model" --modes "$modes" \
         --compression "$compression" --steps "$steps" --rounds "$rounds" --discard "$discard" \
         --optimizer "$optimizer" --clip "$clip" ${series_flag[@]+"${series_flag[@]}"} \
