@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The loom_torch package as a user gets it: built against this torch, installed (no
-PYTHONPATH, not the source tree) when --expect-installed 1, and refusing another torch at import
-with an error naming both versions."""
+PYTHONPATH, not the source tree) when --expect-installed 1, with the transports this machine's
+build has (--expect-transports: mpi where Open MPI is, ucx where UCX is), and refusing another
+torch at import with an error naming both versions."""
 import argparse
 import os
 import subprocess
@@ -11,6 +12,7 @@ import sys
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--expect-installed", default="0")
+    ap.add_argument("--expect-transports", default="", help="e.g. mpi,ucx")
     args = ap.parse_args()
     import torch
     import loom_torch
@@ -18,6 +20,10 @@ def main():
     print("loom_torch from", where, "built against torch", loom_torch._C.TORCH_VERSION)
     assert loom_torch._C.TORCH_VERSION == torch.__version__, (loom_torch._C.TORCH_VERSION,
                                                               torch.__version__)
+    expected_transports = [t for t in args.expect_transports.split(",") if t]
+    print("transports", loom_torch.transports())
+    assert loom_torch.transports() == expected_transports, (loom_torch.transports(),
+                                                            expected_transports)
     if args.expect_installed in ("1", "ON", "TRUE", "true"):
         assert "PYTHONPATH" not in os.environ, "the installed package needs no PYTHONPATH"
         assert "site-packages" in where, "loom_torch should come from the environment: " + where
