@@ -32,31 +32,34 @@ class LocalAlgorithms : public ::testing::TestWithParam<Param> {};
 TEST_P(LocalAlgorithms, MatchIndependentValues) {
   const auto [world, pair] = GetParam();
   const auto [op, algorithm] = pair;
-  for (DType dtype : all_dtypes) {
-    for (const auto& c : testing::cases_for(op, dtype, algorithm_counts)) {
-      std::mutex mutex;
-      std::vector<std::string> failures;
-      LocalWorld::run(world, [&](Backend& inner) {
-        testing::ForcedAlgorithmBackend forced(inner, algorithm);
-        std::string result = testing::check(forced, c);
-        // The algorithm itself must have run wherever it can (no silent native).
-        const std::size_t count = op == Collective::reduce_scatter ? c.count * world : c.count;
-        std::vector<std::byte> probe(count * dtype_size(dtype));
-        const CollectiveArgs args{op, Buffer(probe.data(), count, dtype),
-                                  Buffer(probe.data(), count, dtype), c.redop, 0};
-        const bool can = cannot_run(algorithm, args, inner).empty();
-        if (result.empty() && (forced.last_algorithm() == algorithm) != can)
-          result = testing::describe(c) + ": ran " +
-                   std::string(to_string(forced.last_algorithm())) + " but cannot_run says " +
-                   (can ? "it can" : "it cannot");
-        if (!result.empty()) {
-          std::lock_guard lock(mutex);
-          failures.push_back(result);
-        }
-      });
-      ASSERT_TRUE(failures.empty()) << failures.front();
+  std::vector<testing::Case> cases;
+  for (DType dtype : all_dtypes)
+    for (const auto& c : testing::cases_for(op, dtype, algorithm_counts)) cases.push_back(c);
+  // Every case in one world: each is collective and every rank runs the list in order, so the
+  // ranks' threads are made once (under the sanitizers a thread's start-up, not the cases, was
+  // most of the matrix's time).
+  std::mutex mutex;
+  std::vector<std::string> failures;
+  LocalWorld::run(world, [&](Backend& inner) {
+    testing::ForcedAlgorithmBackend forced(inner, algorithm);
+    for (const auto& c : cases) {
+      std::string result = testing::check(forced, c);
+      // The algorithm itself must have run wherever it can (no silent native).
+      const std::size_t count = op == Collective::reduce_scatter ? c.count * world : c.count;
+      std::vector<std::byte> probe(count * dtype_size(c.dtype));
+      const CollectiveArgs args{op, Buffer(probe.data(), count, c.dtype),
+                                Buffer(probe.data(), count, c.dtype), c.redop, 0};
+      const bool can = cannot_run(algorithm, args, inner).empty();
+      if (result.empty() && (forced.last_algorithm() == algorithm) != can)
+        result = testing::describe(c) + ": ran " + std::string(to_string(forced.last_algorithm())) +
+                 " but cannot_run says " + (can ? "it can" : "it cannot");
+      if (!result.empty()) {
+        std::lock_guard lock(mutex);
+        failures.push_back(result);
+      }
     }
-  }
+  });
+  ASSERT_TRUE(failures.empty()) << failures.front() << " (and " << failures.size() - 1 << " more)";
 }
 
 INSTANTIATE_TEST_SUITE_P(AllCases, LocalAlgorithms,
@@ -83,27 +86,29 @@ TEST_P(HierarchicalLayouts, MatchIndependentValues) {
   const Topology topology = Topology::from_node_ids(node_ids);
   const bool expect_run =
       topology.node_count() >= 2 && topology.node_count() < topology.world_size();
+  std::vector<testing::Case> cases;
   for (Collective op : {Collective::allreduce, Collective::allgather, Collective::reduce_scatter,
                         Collective::broadcast})
-    for (DType dtype : all_dtypes) {
-      for (const auto& c : testing::cases_for(op, dtype, algorithm_counts)) {
-        std::mutex mutex;
-        std::vector<std::string> failures;
-        LocalWorld::run(topology, [&](Backend& inner) {
-          testing::ForcedAlgorithmBackend forced(inner, Algorithm::hierarchical);
-          std::string result = testing::check(forced, c);
-          const bool ran = forced.last_algorithm() == Algorithm::hierarchical;
-          if (result.empty() && c.count != 0 && ran != expect_run)
-            result = testing::describe(c) + ": hierarchical " + (ran ? "ran" : "did not run") +
-                     " on " + topology.describe();
-          if (!result.empty()) {
-            std::lock_guard lock(mutex);
-            failures.push_back(topology.describe() + ": " + result);
-          }
-        });
-        ASSERT_TRUE(failures.empty()) << failures.front();
+    for (DType dtype : all_dtypes)
+      for (const auto& c : testing::cases_for(op, dtype, algorithm_counts)) cases.push_back(c);
+  // Every case in one world (as LocalAlgorithms does).
+  std::mutex mutex;
+  std::vector<std::string> failures;
+  LocalWorld::run(topology, [&](Backend& inner) {
+    testing::ForcedAlgorithmBackend forced(inner, Algorithm::hierarchical);
+    for (const auto& c : cases) {
+      std::string result = testing::check(forced, c);
+      const bool ran = forced.last_algorithm() == Algorithm::hierarchical;
+      if (result.empty() && c.count != 0 && ran != expect_run)
+        result = testing::describe(c) + ": hierarchical " + (ran ? "ran" : "did not run") + " on " +
+                 topology.describe();
+      if (!result.empty()) {
+        std::lock_guard lock(mutex);
+        failures.push_back(topology.describe() + ": " + result);
       }
     }
+  });
+  ASSERT_TRUE(failures.empty()) << failures.front() << " (and " << failures.size() - 1 << " more)";
 }
 
 INSTANTIATE_TEST_SUITE_P(
