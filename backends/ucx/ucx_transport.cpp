@@ -83,7 +83,8 @@ struct Transport::State {
     State* state = nullptr;
     int rank = 0;
     ucp_ep_h endpoint = nullptr;
-    std::string failure;  // UCX's reason, empty while alive
+    std::string failure;    // UCX's reason, empty while alive
+    bool departed = false;  // closed its transport after announcing it (not a failure)
   };
 
   mutable std::mutex mutex;
@@ -101,6 +102,10 @@ struct Transport::State {
   int rank = 0;
   int world = 1;
   std::uint8_t group = 0;
+  // While the Transport lives: the rendezvous' store and the keys under which each rank
+  // announces that it closes its transport (key/<rank>).
+  Store* store = nullptr;
+  std::string teardown_key;
 
   ~State() {
     if (leak) return;  // UCX asserts when a worker is destroyed under pending requests
@@ -112,13 +117,26 @@ struct Transport::State {
     return "rank " + std::to_string(peer) + " (host " + hosts[static_cast<std::size_t>(peer)] +
            ") failed: " + peers[static_cast<std::size_t>(peer)].failure;
   }
-  // The first failed peer a receive from `peer` depends on, or -1.
-  int failed_peer_for(int peer) const {
+  // Whether a peer whose endpoint failed had announced that it closes its transport: a rank
+  // that finished (all its receives done) closes without waiting for the others, and a receive
+  // from any source on another rank must not fail for it.
+  bool departed(Peer& p) {
+    if (p.departed || store == nullptr) return p.departed;
+    try {
+      p.departed = store->try_get(teardown_key + "/" + std::to_string(p.rank)).has_value();
+    } catch (...) {  // the store unreachable: a failure, as UCX says
+    }
+    return p.departed;
+  }
+  // The first failed peer a receive from `peer` depends on, or -1. A receive from one peer fails
+  // with it, departed or not (its message can no longer come); a receive from any source fails
+  // only with a peer that failed without announcing its departure.
+  int failed_peer_for(int peer) {
     if (peer != any_source)
       return peers[static_cast<std::size_t>(peer)].failure.empty() ? -1 : peer;
     if (!any_failed) return -1;
-    for (const Peer& p : peers)
-      if (!p.failure.empty()) return p.rank;
+    for (Peer& p : peers)
+      if (!p.failure.empty() && !departed(p)) return p.rank;
     return -1;
   }
 
@@ -522,6 +540,9 @@ Transport::Transport(Rendezvous& rendezvous) : _state(std::make_shared<State>())
                   "/ucx-teardown/" +
                   std::to_string(next_transport_number(rendezvous.group(), rendezvous.instance()));
   _store = &rendezvous.store();
+  std::lock_guard lock(s.mutex);
+  s.store = _store;
+  s.teardown_key = _teardown_key;
 }
 
 Transport::~Transport() {
@@ -532,6 +553,7 @@ Transport::~Transport() {
     s.progress();
     broken = s.abandoned;
     expecting = !s.receives.empty();
+    s.store = nullptr;  // Works may outlive the transport; the store may not
   }
   // While a receive is still posted a peer may still send to this rank: meet the live peers
   // first, so that none closes while another still sends to it; a peer that does not come within
@@ -541,10 +563,15 @@ Transport::~Transport() {
   // copies live on (a torch group's companion, freed by each rank's garbage collector at its own
   // time) never waits for them. After an abandoned operation the job is broken: no meeting (a
   // stopped peer would hold it to the bound).
-  if (!broken && expecting) try {
+  // Announced first in every case but a broken job: a peer whose receive from any source sees
+  // this rank's endpoint close then knows it departed (State::departed).
+  if (!broken) try {
       const std::string mine = _teardown_key + "/" + std::to_string(s.rank);
       const std::byte here[1] = {std::byte{1}};
       _store->set(mine, here);
+    } catch (...) {  // the store unreachable: close anyway
+    }
+  if (!broken && expecting) try {
       std::vector<std::string> keys;
       {
         std::lock_guard lock(s.mutex);
