@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -103,18 +104,32 @@ class Registry {
       return make_local_backend();
     });
 #if LOOM_HAVE_MPI
-    _entries.emplace_back(
-        "mpi", [](const BackendSetup&) -> std::shared_ptr<Backend> { return make_mpi_backend(); });
+    _entries.emplace_back("mpi", [](const BackendSetup& setup) -> std::shared_ptr<Backend> {
+      MpiConfig config = MpiConfig::from_env();
+      config.staging_input_stream = setup.device_stream;
+      return make_mpi_backend(config);
+    });
 #endif
 #if LOOM_HAVE_NCCL
-    // NCCL needs a CPU transport to share its unique id: MPI under mpirun, else one rank.
-    _entries.emplace_back("nccl", [](const BackendSetup&) -> std::shared_ptr<Backend> {
+    // NCCL needs a CPU transport to share its unique id: MPI under mpirun, else the setup's
+    // store (ucx, the group's name + "/nccl-bootstrap"), else one rank.
+    _entries.emplace_back("nccl", [](const BackendSetup& setup) -> std::shared_ptr<Backend> {
       std::shared_ptr<Backend> bootstrap;
 #if LOOM_HAVE_MPI
       if (launched_by_mpirun()) bootstrap = make_mpi_backend();
 #endif
+      if (!bootstrap && setup.store) {
+        BackendSetup over_store = setup;
+        over_store.group = setup.group + "/nccl-bootstrap";
+        over_store.device_stream = nullptr;
+        bootstrap = create_backend("ucx", over_store);
+      }
       if (!bootstrap) bootstrap = make_local_backend();
-      return make_nccl_backend(*bootstrap);
+      NcclConfig config = NcclConfig::from_env();
+      if (setup.timeout.count() > 0)
+        config.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(setup.timeout);
+      config.input_stream = setup.device_stream;
+      return make_nccl_backend(*bootstrap, config);
     });
 #endif
   }

@@ -78,8 +78,15 @@ loom_install_torch_package() {
   # build-pip: one level below the repository, as the Release build's directory (ccache, above);
   # LOOM_WITH_CUDA=AUTO: the Release build's configuration (pyproject.toml's default is OFF).
   local defines=("${LOOM_COMPILER_DEFINES[@]}" LOOM_WITH_CUDA=AUTO)
+  # A CUDA build of torch brings its NCCL (pip's nvidia-nccl-cu13): loom's nccl backend is built
+  # against that one, which torch has loaded when loom_torch is imported (never a second copy).
+  local nccl
+  nccl=$("$venv/bin/python" -c 'import os, nvidia.nccl as n; print(os.path.dirname(n.__file__) if n.__file__ else n.__path__[0])' 2>/dev/null)
+  if [[ -n $nccl && -f $nccl/include/nccl.h && -f $nccl/lib/libnccl.so.2 ]]; then
+    defines+=(NCCL_INCLUDE_DIR="$nccl/include" NCCL_LIBRARY="$nccl/lib/libnccl.so.2")
+  fi
   "$venv/bin/pip" install -q --disable-pip-version-check --no-build-isolation \
-    -C build-dir=build-pip "${defines[@]/#/-Ccmake.define.}" .
+    -C build-dir="${LOOM_PIP_BUILD_DIR:-build-pip}" "${defines[@]/#/-Ccmake.define.}" .
   export LOOM_TORCH_PYTHON=$venv/bin/python
   echo "loom: loom_torch installed in $venv ($("$LOOM_TORCH_PYTHON" -c \
     'import torch; print("torch", torch.__version__)'), $((SECONDS - start)) s)"

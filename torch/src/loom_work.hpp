@@ -19,6 +19,9 @@ class LoomWork final : public c10d::Work {
   LoomWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs);
 
   std::vector<at::Tensor> result() override { return _outputs; }
+  /// @brief Waits for the work; with CUDA outputs, torch's current streams then wait (on the
+  /// device) for what the completing thread enqueued on them (the future's events).
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return _future; }
   /// @brief The sender of a recvAnysource, once it has completed; -1 before.
   int sourceRank() const override { return _source.load(std::memory_order_acquire); }

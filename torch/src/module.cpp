@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "gradient_reducer_binding.hpp"
 #include "loom/backend.hpp"
 #include "loom/config.hpp"
+#include "loom/cuda_device.hpp"
 #include "loom/environment.hpp"
 #include "loom/error.hpp"
 #include "process_group.hpp"
@@ -89,6 +91,9 @@ PYBIND11_MODULE(_C, m) {
            "The algorithm the selector chose for the last collective, and why")
       .def("backend_name", &ProcessGroupLoom::backend_name)
       .def("timeout_seconds", &ProcessGroupLoom::timeout_seconds)
+      .def("device_path", &ProcessGroupLoom::device_path,
+           "How the group's CUDA tensors travel: 'nccl' or 'staged' (through pinned host "
+           "memory on the mpi transport); '' before its first CUDA tensor")
       .def("broken", &ProcessGroupLoom::broken)
       .def("flight_record", &ProcessGroupLoom::flight_record, py::arg("reason") = "requested",
            "This rank's flight record as JSON: the group's last operations (collective_seq_id "
@@ -127,6 +132,36 @@ PYBIND11_MODULE(_C, m) {
       py::arg("text"), py::call_guard<py::gil_scoped_release>(),
       "Rank 0's text on every rank, over loom's mpi backend (under mpirun only)");
   m.def("launched_by_mpirun", &loom::launched_by_mpirun);
+  // The rule a group's first CUDA tensor applies (loom_torch's tests check it without a GPU).
+  m.def(
+      "_choose_device_path",
+      [](std::optional<std::string> wanted, bool have_nccl, bool host_stages, bool nccl_refused) {
+        std::optional<loom::torch::DevicePath> want;
+        if (wanted == "nccl") want = loom::torch::DevicePath::nccl;
+        if (wanted == "staged") want = loom::torch::DevicePath::staged;
+        std::string why;
+        const auto path =
+            loom::torch::choose_device_path(want, have_nccl, host_stages, nccl_refused, why);
+        std::optional<std::string> name;
+        if (path) name = *path == loom::torch::DevicePath::nccl ? "nccl" : "staged";
+        return std::make_pair(name, why);
+      },
+      py::arg("wanted"), py::arg("have_nccl"), py::arg("host_stages"), py::arg("nccl_refused"));
+  m.def("_device_path_from_environment", [] {
+    const auto path = loom::torch::device_path_from_environment();
+    return path ? std::optional<std::string>(path == loom::torch::DevicePath::nccl ? "nccl"
+                                                                                   : "staged")
+                : std::nullopt;
+  });
+  m.def("_unsafe_skips", [] {
+    const auto skips = loom::torch::UnsafeSkips::from_environment();
+    return std::make_pair(skips.stream_wait, skips.input_hold);
+  });
+  m.def("cuda_built", &loom::cuda::built_with_cuda,
+        "Whether the loom under this package was built with CUDA (its staging and NCCL paths)");
+  m.def(
+      "nccl_built", [] { return LOOM_HAVE_NCCL != 0; },
+      "Whether the loom under this package was built with NCCL");
   m.def(
       "transports",
       [] {

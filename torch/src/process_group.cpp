@@ -10,11 +10,15 @@
 
 #include "loom/algorithm.hpp"
 #include "loom/config.hpp"
+#include "loom/cuda_device.hpp"
 #include "loom/environment.hpp"
 #include "loom/error.hpp"
 #include "loom/flight_recorder.hpp"
 #if LOOM_HAVE_MPI
 #include "loom/mpi.hpp"
+#endif
+#if LOOM_HAVE_NCCL
+#include "loom/nccl.hpp"
 #endif
 #include "loom/rank_board.hpp"
 #include "tensors.hpp"
@@ -264,10 +268,12 @@ ProcessGroupLoom::ProcessGroupLoom(c10::intrusive_ptr<c10d::Store> store, int ra
   live_groups().insert(this);
 }
 
-std::shared_ptr<Backend> ProcessGroupLoom::open_backend(const std::string& suffix) const {
+std::shared_ptr<Backend> ProcessGroupLoom::open_backend(const std::string& suffix,
+                                                        cuda::NativeStream device_stream) const {
   switch (_transport) {
     case Transport::store: {
       BackendSetup setup;
+      setup.device_stream = device_stream;
       setup.store = std::make_shared<TorchStore>(_store);
       setup.rank = rank_;
       setup.world_size = size_;
@@ -284,6 +290,7 @@ std::shared_ptr<Backend> ProcessGroupLoom::open_backend(const std::string& suffi
       config.ranks = _global_ranks;
       // The same on the group's ranks, different between groups made at once.
       config.group_tag = static_cast<int>(std::hash<std::string>{}(_group_name + suffix) % 32768);
+      config.staging_input_stream = device_stream;
       return make_mpi_backend(config);
 #else
       break;  // refused by the constructor
@@ -292,7 +299,11 @@ std::shared_ptr<Backend> ProcessGroupLoom::open_backend(const std::string& suffi
     case Transport::launcher:
       // The whole job: the backend LOOM_BACKEND names, else mpi under mpirun (a new
       // communicator each time), else one rank's local backend.
-      return _backend ? create_backend(_backend->name()) : create_backend();
+      {
+        BackendSetup setup;
+        setup.device_stream = device_stream;
+        return _backend ? create_backend(_backend->name(), setup) : create_backend({}, setup);
+      }
   }
   throw Error(ErrorCode::internal, "loom process group: no transport to open");
 }
@@ -348,6 +359,12 @@ ProcessGroupLoom::~ProcessGroupLoom() {
 
 std::chrono::nanoseconds ProcessGroupLoom::timeout_of(std::chrono::milliseconds requested) const {
   return requested.count() > 0 ? std::chrono::nanoseconds(requested) : _timeout;
+}
+
+std::string ProcessGroupLoom::device_path() const {
+  std::lock_guard lock(_device_mutex);
+  if (!_device_path) return "";
+  return *_device_path == DevicePath::nccl ? "nccl" : "staged";
 }
 
 double ProcessGroupLoom::timeout_seconds() const {
@@ -414,6 +431,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::collective(c10d::OpType type,
 
 std::unique_ptr<Work> ProcessGroupLoom::start(const CollectiveArgs& args, std::string_view name) {
   check_usable(to_string(args.op));
+  if (args.send.device().kind == DeviceKind::cuda || args.recv.device().kind == DeviceKind::cuda) {
+    if (!args.send.empty() && !args.recv.empty() && !(args.send.device() == args.recv.device()))
+      throw Error(ErrorCode::invalid_argument,
+                  _backend->where(to_string(args.op)) + ": the input is " + args.send.describe() +
+                      " but the output is " + args.recv.describe() + " (one device per operation)");
+    // Opened by buffer_of for these buffers; NCCL's call, or the mpi backend's staged one.
+    std::lock_guard lock(_device_mutex);
+    return start_collective(*_device_backend, Algorithm::native, args, name);
+  }
   const AlgorithmChoice choice = _selector.choose(args, *_backend);
   // The backend records it (flight recorder, rank board), as it does the executor's: the
   // collective_seq_id counts this backend's collectives, the same on every rank.
@@ -472,6 +498,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::watch(std::unique_ptr<Work> wor
                                                        std::chrono::milliseconds timeout,
                                                        std::string census_key,
                                                        std::function<void()> after, Keep keep) {
+  if (_order.skips().input_hold) keep.clear();  // the stream-order test's switch only
   std::lock_guard engine_lock(_engine_mutex);
   if (!_engine)
     throw Error(ErrorCode::cancelled,
@@ -609,13 +636,70 @@ std::string ProcessGroupLoom::who_is_missing(const std::string& census_key) {
   }
 }
 
+Buffer ProcessGroupLoom::buffer_of(const at::Tensor& tensor, const std::string& where,
+                                   std::string_view what, bool host_only) {
+  if (!tensor.defined() || !tensor.is_cuda()) return to_buffer(tensor, *_backend, where, what);
+  if (host_only)
+    throw Error(ErrorCode::unsupported,
+                where + ": " + std::string(what) + " is on " + tensor.device().str() +
+                    ": loom_torch runs this operation on CPU tensors only; CUDA tensors go "
+                    "through allreduce, broadcast, reduce, all_gather_into_tensor, "
+                    "reduce_scatter_tensor and allreduce_coalesced");
+  loom::Backend& backend = device_backend(tensor.device().index(), where);
+  const Buffer buffer = to_buffer(tensor, backend, where, what);
+  _order.after_current(tensor, where);
+  return buffer;
+}
+
+loom::Backend& ProcessGroupLoom::device_backend(int device, const std::string& where) {
+  std::lock_guard lock(_device_mutex);
+  if (_device_backend) {
+    _order.stream(device, where);  // the group's device, or the named error
+    return *_device_backend;
+  }
+  check_usable("open the CUDA backend");
+  const cuda::NativeStream stream = _order.stream(device, where);
+  const std::optional<DevicePath> wanted = device_path_from_environment();
+  const auto built = built_backends();
+  const bool have_nccl = std::find(built.begin(), built.end(), "nccl") != built.end();
+  // mpi stages device buffers through pinned memory where loom has CUDA; ucx does not yet.
+  const bool host_stages = _backend->name() == "mpi" && cuda::built_with_cuda();
+  bool nccl_refused = false;
+  std::string why;
+  std::optional<DevicePath> path =
+      choose_device_path(wanted, have_nccl, host_stages, nccl_refused, why);
+#if LOOM_HAVE_NCCL
+  if (path == DevicePath::nccl) {
+    try {
+      // NCCL's unique id and its checks (a GPU per rank, none shared) over the group's own
+      // transport; the same answer on every rank.
+      const std::shared_ptr<loom::Backend> bootstrap = open_backend("/nccl-bootstrap");
+      NcclConfig config = NcclConfig::from_env();
+      config.device = device;
+      config.input_stream = stream;
+      config.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(_timeout);
+      _device_backend = make_nccl_backend(*bootstrap, config);
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::unsupported || wanted == DevicePath::nccl) throw;
+      nccl_refused = true;  // two ranks on one GPU: staged instead, on every rank alike
+      path = choose_device_path(wanted, have_nccl, host_stages, nccl_refused, why);
+    }
+  }
+#endif
+  if (!path)
+    throw Error(ErrorCode::unavailable, where + ": CUDA tensors cannot travel here: " + why);
+  if (!_device_backend) _device_backend = open_backend("/device", stream);
+  _device_path = path;
+  return *_device_backend;
+}
+
 // ---- the operations ------------------------------------------------------------------------
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::broadcast(std::vector<at::Tensor>& tensors,
                                                            const c10d::BroadcastOptions& opts) {
   const std::string where = _backend->where("broadcast");
   const at::Tensor& tensor = single(tensors, where);
-  const Buffer buffer = to_buffer(tensor, *_backend, where);
+  const Buffer buffer = buffer_of(tensor, where);
   CollectiveArgs args{Collective::broadcast, buffer, buffer, ReduceOp::sum, as_rank(opts.rootRank)};
   return collective(c10d::OpType::BROADCAST, args, {tensor}, opts.timeout);
 }
@@ -624,7 +708,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce(std::vector<at::Tenso
                                                            const c10d::AllreduceOptions& opts) {
   const std::string where = _backend->where("allreduce");
   const at::Tensor& tensor = single(tensors, where);
-  const Buffer buffer = to_buffer(tensor, *_backend, where);
+  const Buffer buffer = buffer_of(tensor, where);
   CollectiveArgs args{Collective::allreduce, buffer, buffer, to_loom(opts.reduceOp, where)};
   return collective(c10d::OpType::ALLREDUCE, args, {tensor}, opts.timeout);
 }
@@ -633,7 +717,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce(std::vector<at::Tensor>&
                                                         const c10d::ReduceOptions& opts) {
   const std::string where = _backend->where("reduce");
   const at::Tensor& tensor = single(tensors, where);
-  const Buffer buffer = to_buffer(tensor, *_backend, where);
+  const Buffer buffer = buffer_of(tensor, where);
   CollectiveArgs args{Collective::reduce, buffer, buffer, to_loom(opts.reduceOp, where),
                       as_rank(opts.rootRank)};
   return collective(c10d::OpType::REDUCE, args, {tensor}, opts.timeout);
@@ -648,25 +732,26 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather(
     throw Error(ErrorCode::invalid_argument,
                 where + ": expected one output list, got " + std::to_string(outputs.size()));
   std::vector<at::Tensor>& list = outputs.front();
-  const Buffer send = to_buffer(input, *_backend, where, "input");
+  const Buffer send = buffer_of(input, where, "input");
   if (list.size() != static_cast<std::size_t>(size_))
     throw Error(ErrorCode::invalid_argument,
                 where + ": the output list has " + std::to_string(list.size()) +
                     " tensors; expected one per rank (" + std::to_string(size_) + ")");
   for (std::size_t r = 0; r < list.size(); ++r) {
-    const Buffer out = to_buffer(list[r], *_backend, where, "output " + std::to_string(r));
+    const Buffer out = buffer_of(list[r], where, "output " + std::to_string(r));
     if (out.count() != send.count() || out.dtype() != send.dtype())
       throw Error(ErrorCode::invalid_argument, where + ": output " + std::to_string(r) + " is " +
                                                    out.describe() + " but the input is " +
                                                    send.describe());
   }
   at::Tensor flat = at::empty({static_cast<int64_t>(send.count()) * size_}, input.options());
-  const Buffer recv = to_buffer(flat, *_backend, where, "gathered buffer");
+  const Buffer recv = buffer_of(flat, where, "gathered buffer");
   CollectiveArgs args{Collective::allgather, send, recv};
-  auto copy_out = [list, flat, bytes = send.bytes()] {
-    const auto* from = static_cast<const std::byte*>(flat.data_ptr());
+  // Tensor copies, not memcpy: on a CUDA tensor they run on the completing thread's stream,
+  // which the future's events order the consumers after.
+  auto copy_out = [list, flat, count = static_cast<int64_t>(send.count())] {
     for (std::size_t r = 0; r < list.size(); ++r)
-      std::memcpy(list[r].data_ptr(), from + r * bytes, bytes);
+      list[r].view({-1}).copy_(flat.narrow(0, static_cast<int64_t>(r) * count, count));
   };
   return collective(c10d::OpType::ALLGATHER, args, list, opts.timeout, copy_out, {flat, input});
 }
@@ -674,8 +759,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather(
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::_allgather_base(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
   const std::string where = _backend->where("allgather");
-  CollectiveArgs args{Collective::allgather, to_buffer(input, *_backend, where, "input"),
-                      to_buffer(output, *_backend, where, "output")};
+  CollectiveArgs args{Collective::allgather, buffer_of(input, where, "input"),
+                      buffer_of(output, where, "output")};
   return collective(c10d::OpType::_ALLGATHER_BASE, args, {output}, opts.timeout, {}, {input});
 }
 
@@ -688,22 +773,22 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter(
     throw Error(ErrorCode::invalid_argument,
                 where + ": expected one input list, got " + std::to_string(inputs.size()));
   const std::vector<at::Tensor>& list = inputs.front();
-  const Buffer recv = to_buffer(output, *_backend, where, "output");
+  const Buffer recv = buffer_of(output, where, "output");
   if (list.size() != static_cast<std::size_t>(size_))
     throw Error(ErrorCode::invalid_argument,
                 where + ": the input list has " + std::to_string(list.size()) +
                     " tensors; expected one per rank (" + std::to_string(size_) + ")");
   at::Tensor flat = at::empty({static_cast<int64_t>(recv.count()) * size_}, output.options());
-  auto* to = static_cast<std::byte*>(flat.data_ptr());
+  const auto count = static_cast<int64_t>(recv.count());
   for (std::size_t r = 0; r < list.size(); ++r) {
-    const Buffer in = to_buffer(list[r], *_backend, where, "input " + std::to_string(r));
+    const Buffer in = buffer_of(list[r], where, "input " + std::to_string(r));
     if (in.count() != recv.count() || in.dtype() != recv.dtype())
       throw Error(ErrorCode::invalid_argument, where + ": input " + std::to_string(r) + " is " +
                                                    in.describe() + " but the output is " +
                                                    recv.describe());
-    if (in.bytes() > 0) std::memcpy(to + r * recv.bytes(), in.data(), in.bytes());
+    flat.narrow(0, static_cast<int64_t>(r) * count, count).copy_(list[r].view({-1}));
   }
-  CollectiveArgs args{Collective::reduce_scatter, to_buffer(flat, *_backend, where), recv,
+  CollectiveArgs args{Collective::reduce_scatter, buffer_of(flat, where), recv,
                       to_loom(opts.reduceOp, where)};
   return collective(c10d::OpType::REDUCE_SCATTER, args, {output}, opts.timeout, {}, {flat});
 }
@@ -711,8 +796,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter(
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
   const std::string where = _backend->where("reduce_scatter");
-  CollectiveArgs args{Collective::reduce_scatter, to_buffer(input, *_backend, where, "input"),
-                      to_buffer(output, *_backend, where, "output"), to_loom(opts.reduceOp, where)};
+  CollectiveArgs args{Collective::reduce_scatter, buffer_of(input, where, "input"),
+                      buffer_of(output, where, "output"), to_loom(opts.reduceOp, where)};
   return collective(c10d::OpType::_REDUCE_SCATTER_BASE, args, {output}, opts.timeout, {}, {input});
 }
 
@@ -722,8 +807,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall_base(at::Tensor& outpu
                                                                std::vector<int64_t>& input_splits,
                                                                const c10d::AllToAllOptions& opts) {
   const std::string where = _backend->where("alltoall");
-  const Buffer send = to_buffer(input, *_backend, where, "input");
-  const Buffer recv = to_buffer(output, *_backend, where, "output");
+  const Buffer send = buffer_of(input, where, "input", true);
+  const Buffer recv = buffer_of(output, where, "output", true);
   const auto in_rows = rows_per_rank(where, "input", input, input_splits, size_);
   const auto out_rows = rows_per_rank(where, "output", output, output_splits, size_);
   const bool even = std::all_of(in_rows.begin(), in_rows.end(),
@@ -786,8 +871,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::alltoall(std::vector<at::Tensor
   std::size_t count = 0;
   DType dtype = DType::uint8;
   for (int r = 0; r < size_; ++r) {
-    const Buffer in = to_buffer(inputs[r], *_backend, where, "input " + std::to_string(r));
-    const Buffer out = to_buffer(outputs[r], *_backend, where, "output " + std::to_string(r));
+    const Buffer in = buffer_of(inputs[r], where, "input " + std::to_string(r), true);
+    const Buffer out = buffer_of(outputs[r], where, "output " + std::to_string(r), true);
     if (in.dtype() != out.dtype())
       throw Error(ErrorCode::invalid_argument, where + ": input " + std::to_string(r) + " is " +
                                                    in.describe() + " but output " +
@@ -813,12 +898,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::gather(
   const int root = as_rank(opts.rootRank);
   check_root(where, root, size_);
   const at::Tensor& input = single(inputs, where, "inputs");
-  const Buffer send = to_buffer(input, *_backend, where, "input");
+  const Buffer send = buffer_of(input, where, "input", true);
   std::vector<Transfer> sends, recvs;
   std::vector<at::Tensor> results = root_list(where, outputs, rank_, root, size_, "output");
   if (rank_ == root) {
     for (int r = 0; r < size_; ++r) {
-      const Buffer out = to_buffer(results[r], *_backend, where, "output " + std::to_string(r));
+      const Buffer out = buffer_of(results[r], where, "output " + std::to_string(r), true);
       check_like(where, "output " + std::to_string(r), out, send, "the input");
       if (r == rank_)
         copy_bytes(out, send);
@@ -839,12 +924,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::scatter(
   const int root = as_rank(opts.rootRank);
   check_root(where, root, size_);
   const at::Tensor& output = single(outputs, where, "outputs");
-  const Buffer recv = to_buffer(output, *_backend, where, "output");
+  const Buffer recv = buffer_of(output, where, "output", true);
   std::vector<Transfer> sends, recvs;
   Keep keep = root_list(where, inputs, rank_, root, size_, "input");
   if (rank_ == root) {
     for (int r = 0; r < size_; ++r) {
-      const Buffer in = to_buffer(keep[r], *_backend, where, "input " + std::to_string(r));
+      const Buffer in = buffer_of(keep[r], where, "input " + std::to_string(r), true);
       check_like(where, "input " + std::to_string(r), in, recv, "the output");
       if (r == rank_)
         copy_bytes(recv, in);
@@ -866,7 +951,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_coalesced(
   std::vector<Buffer> buffers;
   bool one_dtype = true;
   for (std::size_t i = 0; i < tensors.size(); ++i) {
-    buffers.push_back(to_buffer(tensors[i], *_backend, where, "tensor " + std::to_string(i)));
+    buffers.push_back(buffer_of(tensors[i], where, "tensor " + std::to_string(i)));
     one_dtype = one_dtype && buffers[i].dtype() == buffers.front().dtype();
   }
   std::vector<std::unique_ptr<Work>> works;
@@ -879,7 +964,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_coalesced(
   std::vector<at::Tensor> flat_views;
   for (const at::Tensor& t : tensors) flat_views.push_back(t.reshape({-1}));
   at::Tensor flat = at::cat(flat_views);
-  const Buffer buffer = to_buffer(flat, *_backend, where, "concatenation");
+  const Buffer buffer = buffer_of(flat, where, "concatenation");
   works.push_back(start({Collective::allreduce, buffer, buffer, op}, "allreduce_coalesced"));
   auto copy_back = [tensors, flat] {
     int64_t at = 0;
@@ -915,16 +1000,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_coalesced(
   Keep keep;
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const std::string what = "input " + std::to_string(i);
-    const Buffer send = to_buffer(inputs[i], *_backend, where, what);
+    const Buffer send = buffer_of(inputs[i], where, what, true);
     std::vector<at::Tensor> column;  // rank r's copy of input i
     for (std::size_t r = 0; r < output_lists.size(); ++r) {
       const at::Tensor& out = output_lists[r][i];
       const std::string name = "output " + std::to_string(r) + "." + std::to_string(i);
-      check_like(where, name, to_buffer(out, *_backend, where, name), send, what);
+      check_like(where, name, buffer_of(out, where, name, true), send, what);
       column.push_back(out);
     }
     at::Tensor flat = at::empty({static_cast<int64_t>(send.count()) * size_}, inputs[i].options());
-    all.push_back({Collective::allgather, send, to_buffer(flat, *_backend, where)});
+    all.push_back({Collective::allgather, send, buffer_of(flat, where, "tensor", true)});
     copies.push_back([column, flat, bytes = send.bytes()] {
       const auto* from = static_cast<const std::byte*>(flat.data_ptr());
       for (std::size_t r = 0; r < column.size(); ++r)
@@ -955,9 +1040,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allgather_into_tensor_coalesced
   // Every tensor checked before the first collective starts.
   std::vector<CollectiveArgs> all;
   for (std::size_t i = 0; i < inputs.size(); ++i)
-    all.push_back({Collective::allgather,
-                   to_buffer(inputs[i], *_backend, where, "input " + std::to_string(i)),
-                   to_buffer(outputs[i], *_backend, where, "output " + std::to_string(i))});
+    all.push_back({Collective::allgather, buffer_of(inputs[i], where, "input " + std::to_string(i)),
+                   buffer_of(outputs[i], where, "output " + std::to_string(i))});
   std::vector<std::unique_ptr<Work>> works;
   for (const CollectiveArgs& args : all) works.push_back(start(args));
   return all_of(c10d::OpType::COALESCED, std::move(works), outputs, opts.timeout, {}, inputs);
@@ -975,8 +1059,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::reduce_scatter_tensor_coalesced
   std::vector<CollectiveArgs> all;
   for (std::size_t i = 0; i < inputs.size(); ++i)
     all.push_back({Collective::reduce_scatter,
-                   to_buffer(inputs[i], *_backend, where, "input " + std::to_string(i)),
-                   to_buffer(outputs[i], *_backend, where, "output " + std::to_string(i)), op});
+                   buffer_of(inputs[i], where, "input " + std::to_string(i)),
+                   buffer_of(outputs[i], where, "output " + std::to_string(i)), op});
   std::vector<std::unique_ptr<Work>> works;
   for (const CollectiveArgs& args : all) works.push_back(start(args));
   return all_of(c10d::OpType::COALESCED, std::move(works), outputs, opts.timeout, {}, inputs);
@@ -993,7 +1077,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::send(std::vector<at::Tensor>& t
   const std::string where = _backend->where("send");
   check_usable("send");
   const at::Tensor& tensor = single(tensors, where);
-  const Buffer buffer = to_buffer(tensor, *_backend, where);
+  const Buffer buffer = buffer_of(tensor, where, "tensor", true);
   auto work = _backend->send_async(buffer, dst, tag);
   auto result =
       c10::make_intrusive<LoomWork>(rank_, c10d::OpType::SEND, std::vector<at::Tensor>{tensor});
@@ -1005,7 +1089,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recv(std::vector<at::Tensor>& t
   const std::string where = _backend->where("recv");
   check_usable("recv");
   const at::Tensor& tensor = single(tensors, where);
-  const Buffer buffer = to_buffer(tensor, *_backend, where);
+  const Buffer buffer = buffer_of(tensor, where, "tensor", true);
   auto work = _backend->recv_async(buffer, src, tag);
   auto result =
       c10::make_intrusive<LoomWork>(rank_, c10d::OpType::RECV, std::vector<at::Tensor>{tensor});
@@ -1018,7 +1102,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recvAnysource(std::vector<at::T
   const std::string where = _backend->where("recvAnysource");
   check_usable("recvAnysource");
   const at::Tensor& tensor = single(tensors, where);
-  const Buffer buffer = to_buffer(tensor, *_backend, where);
+  const Buffer buffer = buffer_of(tensor, where, "tensor", true);
   if (tag < 0 || tag > _backend->algorithm_max_tag())
     throw Error(ErrorCode::invalid_argument,
                 where + ": tag " + std::to_string(tag) + " is outside [0, " +
@@ -1036,7 +1120,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::recvAnysource(std::vector<at::T
 c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_bucket(at::Tensor bucket,
                                                                   Compression compression) {
   const std::string where = _backend->where("allreduce (DDP bucket)");
-  const Buffer buffer = to_buffer(bucket, *_backend, where, "bucket");
+  const Buffer buffer = buffer_of(bucket, where, "bucket");
   if (compression == Compression::none) {
     CollectiveArgs args{Collective::allreduce, buffer, buffer, ReduceOp::avg};
     return collective(c10d::OpType::ALLREDUCE, args, {bucket}, c10d::kUnsetTimeout, {}, {},
@@ -1053,7 +1137,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLoom::allreduce_bucket(at::Tensor buc
   // (buffer.to(float16).div_(world_size)), in torch's vectorised kernels, with no temporary.
   wire.copy_(bucket);
   wire.div_(static_cast<double>(size_));
-  const Buffer wire_buffer = to_buffer(wire, *_backend, where, "compressed bucket");
+  const Buffer wire_buffer = buffer_of(wire, where, "compressed bucket");
   CollectiveArgs args{Collective::allreduce, wire_buffer, wire_buffer, ReduceOp::sum};
   auto decompress = [bucket, wire]() mutable { bucket.copy_(wire); };
   return collective(c10d::OpType::ALLREDUCE, args, {bucket}, c10d::kUnsetTimeout, decompress,

@@ -16,6 +16,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "device_order.hpp"
 #include "loom/algorithm_selector.hpp"
 #include "loom/backend.hpp"
 #include "loom/bucketer.hpp"
@@ -138,6 +139,8 @@ class ProcessGroupLoom final : public c10d::Backend {
   const std::vector<int>& global_ranks() const noexcept { return _global_ranks; }
   /// @brief The watchdog's timeout in seconds (0: none).
   double timeout_seconds() const;
+  /// @brief How this group's CUDA tensors travel: "nccl" or "staged"; "" before the first.
+  std::string device_path() const;
   /// @brief Whether an operation of this group timed out (the communicator is then unusable).
   bool broken() const noexcept { return _broken.load(std::memory_order_acquire); }
   /// @brief This rank's flight record as JSON (FlightRecorder::to_json): the group's last
@@ -171,6 +174,14 @@ class ProcessGroupLoom final : public c10d::Backend {
                                         std::chrono::milliseconds timeout,
                                         std::function<void()> after, Keep keep);
   std::unique_ptr<Work> start(const CollectiveArgs& args, std::string_view name = {});
+  // A tensor as a buffer of the backend that moves it: a CPU tensor on the group's backend, a
+  // CUDA tensor on the group's device backend (opened at the first), ordered after torch's
+  // current stream. `host_only`: the operation copies or messages on the host, so a CUDA
+  // tensor is refused by name.
+  Buffer buffer_of(const at::Tensor& tensor, const std::string& where,
+                   std::string_view what = "tensor", bool host_only = false);
+  // The backend of the group's CUDA tensors (DevicePath), opened with the group's stream.
+  loom::Backend& device_backend(int device, const std::string& where);
   c10::intrusive_ptr<c10d::Work> watch(std::unique_ptr<Work> work,
                                        c10::intrusive_ptr<LoomWork> result,
                                        std::chrono::milliseconds timeout, std::string census_key,
@@ -184,12 +195,18 @@ class ProcessGroupLoom final : public c10d::Backend {
 
   // How this group's backend is made (the constructor decides; companions are made alike).
   enum class Transport { store, mpi_subgroup, launcher };
-  std::shared_ptr<loom::Backend> open_backend(const std::string& suffix) const;
+  std::shared_ptr<loom::Backend> open_backend(const std::string& suffix,
+                                              cuda::NativeStream device_stream = nullptr) const;
 
   Transport _transport = Transport::launcher;
   std::string _group_name;
   int _companions = 0;
   std::shared_ptr<loom::Backend> _backend;
+  // CUDA tensors: their stream order, and the backend that moves them (opened at the first).
+  DeviceOrder _order;
+  mutable std::mutex _device_mutex;
+  std::shared_ptr<loom::Backend> _device_backend;
+  std::optional<DevicePath> _device_path;
   c10::intrusive_ptr<c10d::Store> _store;
   AlgorithmSelector _selector;
   std::chrono::nanoseconds _timeout;

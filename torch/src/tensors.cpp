@@ -121,10 +121,6 @@ Buffer to_buffer(const at::Tensor& tensor, const Backend& backend, std::string_v
     throw Error(ErrorCode::unsupported, prefix + " is on " + tensor.device().str() +
                                             ", which the " + std::string(backend.name()) +
                                             " backend cannot move");
-  if (device.kind != DeviceKind::cpu)
-    throw Error(ErrorCode::unsupported,
-                prefix + " is on " + tensor.device().str() +
-                    ": loom_torch passes CPU tensors only so far (no CUDA stream ordering)");
   return Buffer(tensor.data_ptr(), static_cast<std::size_t>(tensor.numel()), dtype, device);
 }
 

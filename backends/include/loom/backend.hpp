@@ -18,6 +18,7 @@
 #include "loom/buffer.hpp"
 #include "loom/call_watchdog.hpp"
 #include "loom/collective.hpp"
+#include "loom/cuda_stream.hpp"
 #include "loom/dtype.hpp"
 #include "loom/flight_recorder.hpp"
 #include "loom/rank_board.hpp"
@@ -342,14 +343,20 @@ class Store;
 
 /// @brief What a backend factory is given: where the ranks meet when a launcher does not tell
 /// them (a store, the rank, the world size: LOOM_STORE, or torch's c10d store), the group's name
-/// (distinct names keep groups on one store apart) and the timeout of its waits (zero:
-/// LOOM_TIMEOUT_S). A factory that needs none of it (local, mpi) ignores it.
+/// (distinct names keep groups on one store apart), the timeout of its waits (zero:
+/// LOOM_TIMEOUT_S) and the stream device buffers are ordered after. A factory ignores what it
+/// does not need (local and mpi need no store).
 struct BackendSetup {
   std::shared_ptr<Store> store;
   int rank = -1;
   int world_size = 0;
   std::string group = "world";
   std::chrono::nanoseconds timeout{0};
+  /// @brief Operations on device buffers read their input, and write their output, after the
+  /// work enqueued on this stream when they start (mpi's staging, nccl; an event, no host
+  /// wait); nullptr: the legacy default stream. The caller keeps the stream alive as long as
+  /// the backend.
+  cuda::NativeStream device_stream = nullptr;
 };
 
 /// @brief Makes a backend from a setup; throws loom::Error when it cannot.

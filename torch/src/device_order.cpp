@@ -1,0 +1,110 @@
+// Ordering loom's device work after torch's current stream, and choosing a CUDA tensor's path.
+#include "device_order.hpp"
+
+#include <c10/core/Stream.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+#include "loom/environment.hpp"
+#include "loom/error.hpp"
+
+namespace loom::torch {
+
+std::optional<DevicePath> device_path_from_environment() {
+  const auto text = environment::text("LOOM_TORCH_CUDA_PATH");
+  if (!text || text->empty() || *text == "auto") return std::nullopt;
+  if (*text == "nccl") return DevicePath::nccl;
+  if (*text == "staged") return DevicePath::staged;
+  throw Error(ErrorCode::invalid_argument,
+              "LOOM_TORCH_CUDA_PATH='" + *text + "': expected one of auto, nccl, staged");
+}
+
+std::optional<DevicePath> choose_device_path(std::optional<DevicePath> wanted, bool have_nccl,
+                                             bool host_stages, bool nccl_refused,
+                                             std::string& why) {
+  why.clear();
+  const std::string staged_missing =
+      "staging through pinned memory needs the mpi transport (launch with mpirun); the ucx "
+      "transport does not stage CUDA tensors yet";
+  if (wanted == DevicePath::nccl) {
+    if (!have_nccl) {
+      why = "LOOM_TORCH_CUDA_PATH=nccl, but this loom_torch was built without NCCL";
+      return std::nullopt;
+    }
+    if (nccl_refused) {
+      why = "LOOM_TORCH_CUDA_PATH=nccl, but NCCL refused the group (two ranks on one GPU); "
+            "unset it to stage through pinned memory";
+      return std::nullopt;
+    }
+    return DevicePath::nccl;
+  }
+  if (wanted == DevicePath::staged) {
+    if (!host_stages) {
+      why = "LOOM_TORCH_CUDA_PATH=staged: " + staged_missing;
+      return std::nullopt;
+    }
+    return DevicePath::staged;
+  }
+  if (have_nccl && !nccl_refused) return DevicePath::nccl;
+  if (host_stages) return DevicePath::staged;
+  why = std::string(have_nccl ? "NCCL refused the group (two ranks on one GPU)"
+                              : "this loom_torch was built without NCCL") +
+        ", and " + staged_missing;
+  return std::nullopt;
+}
+
+UnsafeSkips UnsafeSkips::from_environment() {
+  UnsafeSkips skips;
+  const auto text = environment::text("LOOM_TORCH_UNSAFE_SKIP");
+  if (!text || text->empty()) return skips;
+  std::string_view rest = *text;
+  while (!rest.empty()) {
+    const auto comma = rest.find(',');
+    const std::string_view word = rest.substr(0, comma);
+    if (word == "stream_wait")
+      skips.stream_wait = true;
+    else if (word == "input_hold")
+      skips.input_hold = true;
+    else if (!word.empty())
+      throw Error(ErrorCode::invalid_argument,
+                  "LOOM_TORCH_UNSAFE_SKIP='" + *text + "': '" + std::string(word) +
+                      "' is not one of stream_wait, input_hold");
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+  }
+  return skips;
+}
+
+cuda::NativeStream DeviceOrder::stream(int device, std::string_view where) {
+  std::lock_guard lock(_mutex);
+  if (_device >= 0 && device != _device)
+    throw Error(ErrorCode::invalid_argument,
+                std::string(where) + ": a tensor on cuda:" + std::to_string(device) +
+                    ", but this group's CUDA tensors are on cuda:" + std::to_string(_device) +
+                    " (one device per process and group: torch.cuda.set_device(LOCAL_RANK) "
+                    "before init_process_group)");
+  if (!_stream) {
+    _stream = std::make_unique<cuda::Stream>(device, cuda::Stream::Priority::high);
+    _event = std::make_unique<cuda::Event>(device);
+    _device = device;
+  }
+  return _stream->native();
+}
+
+void DeviceOrder::after_current(const at::Tensor& tensor, std::string_view where) {
+  const c10::Device device = tensor.device();
+  stream(device.index(), where);
+  if (_skips.stream_wait) return;
+  // torch's current stream on that device, through c10's device-generic interface (no link
+  // to libc10_cuda: the same extension builds against torch's CPU and CUDA wheels).
+  const c10::impl::VirtualGuardImpl guard(device.type());
+  const c10::Stream current = guard.getStream(device);
+  std::lock_guard lock(_mutex);
+  _event->record(static_cast<cuda::NativeStream>(current.native_handle()));
+  _stream->wait(*_event);
+}
+
+int DeviceOrder::device() const {
+  std::lock_guard lock(_mutex);
+  return _device;
+}
+
+}  // namespace loom::torch
