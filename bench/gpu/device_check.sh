@@ -1,14 +1,24 @@
 #!/bin/bash
 # The GPU check in one prepared run: the GPU tests, the tests with GPU cases, the staging and
-# MPI tests under orterun (several ranks sharing the GPU) and the GPU demos, on a machine with a
-# CUDA device but without loom's build dependencies (the `device` tool's H100/H200 machines).
+# MPI tests under orterun (several ranks sharing the GPU), the GPU demos, and loom_torch built
+# there against that machine's torch with its CUDA tests and the NCCL overhead at world size 1,
+# on a machine with a CUDA device but without loom's build dependencies (the `device` tool's
+# H100/H200 machines).
 #
-#   bench/gpu/device_check.sh bundle [BUILD]   here: BUILD/gpu_bundle (default build/) with the
-#                                             binaries, libloom, and Debian's .debs of oneTBB,
-#                                             Boost.program_options, OpenBLAS and Open MPI
-#   bench/gpu/device_check.sh run [BUNDLE]     there: unpacks the libraries (Open MPI only where
-#                                             the machine has none), runs everything, prints a
-#                                             summary (rc and seconds per step); log in $OUT/gpu.log
+#   bench/gpu/device_check.sh bundle [BUILD]   here: BUILD/gpu_bundle (default build-gpu/, a
+#                                             CUDA and NCCL build: see below) with the
+#                                             binaries, libloom, loom's ucx module, config.hpp,
+#                                             and Debian's .debs of oneTBB, Boost.program_options,
+#                                             OpenBLAS, UCX and Open MPI
+#   bench/gpu/device_check.sh run [BUNDLE]     there, from the repository's root: unpacks the
+#                                             libraries (Open MPI only where the machine has
+#                                             none), runs everything, prints a summary (rc and
+#                                             seconds per step); log in $OUT/gpu.log
+#
+# BUILD with NCCL: pip's nvidia-nccl-cu13 headers (the CUDA torch's venv has them), e.g.
+#   N=.venv-cuda/lib/python3.11/site-packages/nvidia/nccl; source scripts/setup.sh &&
+#   LOOM_BUILD_DIR=build-gpu loom_configure_and_build -DLOOM_WITH_TORCH=OFF \
+#     -DNCCL_INCLUDE_DIR=$N/include -DNCCL_LIBRARY=$N/lib/libnccl.so.2
 set -u
 BINARIES="cuda_unavailable_test cuda_runtime_test cuda_kernels_test gpu_executor_test nccl_backend_test
   executor_test bucketer_test dot_test algorithms_test fault_local_test bad_input_test
@@ -17,16 +27,19 @@ BINARIES="cuda_unavailable_test cuda_runtime_test cuda_kernels_test gpu_executor
   loom-overlap loom-train-step"
 DEBS="openmpi-bin libopenmpi3 openmpi-common libpmix2 libhwloc15 libevent-core-2.1-7
   libevent-pthreads-2.1-7 libmunge2 libtbb12 libtbbmalloc2 libboost-program-options1.74.0
-  libopenblas0-pthread libgfortran5 libquadmath0"
+  libopenblas0-pthread libgfortran5 libquadmath0 libucx0 libnuma1 libibverbs1 librdmacm1"
 
 bundle() {
-  local build=${1:-build} b
+  local build=${1:-build-gpu} b
   b=$build/gpu_bundle
   [ -x "$build/bin/cuda_runtime_test" ] ||
     { echo "$build is not a CUDA build (no bin/cuda_runtime_test): configure where nvcc is found"; exit 1; }
   rm -rf "$b" && mkdir -p "$b/bin" "$b/lib" "$b/debs" || exit 1
   for x in $BINARIES; do cp "$build/bin/$x" "$b/bin/" || exit 1; done
-  cp -L "$build/lib/libloom.so.0" "$b/lib/" || exit 1
+  cp -L "$build/lib/libloom.so.0" "$build/lib/libloom_backend_ucx.so" "$b/lib/" || exit 1
+  grep -q 'LOOM_HAVE_NCCL 1' "$build/generated/include/loom/config.hpp" ||
+    echo "warning: $build has no NCCL: loom_torch's nccl path and its figure will not run"
+  mkdir -p "$b/include" && cp -r "$build/generated/include/loom" "$b/include/" || exit 1
   (cd "$b/debs" && apt-get download $DEBS >/dev/null 2>&1) || exit 1
   cp "$0" "$b/device_check.sh"
   du -sh "$b"
@@ -34,14 +47,15 @@ bundle() {
 }
 
 run() {
-  local B
+  local B R=$PWD
   B=$(cd "${1:-$(dirname "$0")}" && pwd)
   local O=${OUT:-/tmp/out}
   mkdir -p "$O"
   exec > >(tee "$O/gpu.log") 2>&1
     date -u; nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc
   mkdir -p /tmp/deb
-  for f in "$B"/debs/libtbb* "$B"/debs/libboost* "$B"/debs/libopenblas* "$B"/debs/libgfortran* "$B"/debs/libquadmath*; do dpkg -x "$f" /tmp/deb; done
+  for f in "$B"/debs/libtbb* "$B"/debs/libboost* "$B"/debs/libopenblas* "$B"/debs/libgfortran* "$B"/debs/libquadmath* "$B"/debs/libucx* "$B"/debs/libnuma* "$B"/debs/libibverbs* "$B"/debs/librdmacm*; do dpkg -x "$f" /tmp/deb; done
+  export UCX_MODULE_DIR=/tmp/deb/usr/lib/x86_64-linux-gnu/ucx
   if ! command -v orterun >/dev/null; then
     echo "no Open MPI here: installing Debian 12's from the carried packages"
     for f in "$B"/debs/*openmpi* "$B"/debs/libpmix* "$B"/debs/libmunge* "$B"/debs/libhwloc* "$B"/debs/libevent*; do dpkg -x "$f" /; done
@@ -77,6 +91,26 @@ run() {
   t loom-bench-pinned 120 ./loom-bench-pinned --repeats 3
   t loom-bench-nccl 180 ./loom-bench-nccl --max-bytes 268435456 --iterations 50
   t loom-overlap.cuda.np2 240 $MR -np 2 ./loom-overlap --device cuda --input 1024 --output 1024 --width 1024 --depth 8 --batch 16384 --bucket-cap-kb 4096 --threads 8
+  # loom_torch on this machine's python and torch (its NCCL loaded by torch), then its CUDA
+  # tests: 2 and 3 ranks sharing the GPU (the staged path), each safeguard switched off (the
+  # stream-order tests must then see the wrong result), NCCL at world size 1 under torchrun.
+  local PKG=/tmp/loom_torch_pkg
+  t build_loom_torch 300 python3 "$R/bench/gpu/build_loom_torch.py" --lib "$B/lib" \
+    --config "$B/include" --out "$PKG"
+  export PYTHONPATH=$PKG LOOM_TIMEOUT_S=120
+  cd "$R/tests/torch"
+  for n in 2 3; do
+    t torch_cuda.np$n 300 $MR -x PYTHONPATH -x LOOM_TIMEOUT_S -x UCX_MODULE_DIR -np $n \
+      python3 mpi_pytest.py --log-dir "$O/torch_cuda.np$n" -- -x -q -p no:cacheprovider test_cuda.py
+  done
+  for s in stream_wait input_hold; do
+    t torch_cuda.skip_$s.np2 240 $MR -x PYTHONPATH -x LOOM_TIMEOUT_S -x UCX_MODULE_DIR \
+      -x LOOM_TORCH_UNSAFE_SKIP=$s -np 2 python3 mpi_pytest.py --log-dir "$O/torch_cuda.skip_$s" \
+      -- -x -q -p no:cacheprovider test_cuda.py -k "stream_order or input_kept"
+  done
+  t torch_nccl_ws1 300 python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
+    "$R/bench/gpu/torch_nccl_overhead.py" --json "$O/torch_nccl_ws1.json"
+  cd "$B/bin"
   echo "=== SUMMARY"; printf '%s\n' "${SUMMARY[@]}"
 }
 
