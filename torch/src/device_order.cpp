@@ -31,8 +31,9 @@ std::optional<DevicePath> choose_device_path(std::optional<DevicePath> wanted, b
       return std::nullopt;
     }
     if (nccl_refused) {
-      why = "LOOM_TORCH_CUDA_PATH=nccl, but NCCL refused the group (two ranks on one GPU); "
-            "unset it to stage through pinned memory";
+      why =
+          "LOOM_TORCH_CUDA_PATH=nccl, but NCCL refused the group (two ranks on one GPU); "
+          "unset it to stage through pinned memory";
       return std::nullopt;
     }
     return DevicePath::nccl;
@@ -65,9 +66,9 @@ UnsafeSkips UnsafeSkips::from_environment() {
     else if (word == "input_hold")
       skips.input_hold = true;
     else if (!word.empty())
-      throw Error(ErrorCode::invalid_argument,
-                  "LOOM_TORCH_UNSAFE_SKIP='" + *text + "': '" + std::string(word) +
-                      "' is not one of stream_wait, input_hold");
+      throw Error(ErrorCode::invalid_argument, "LOOM_TORCH_UNSAFE_SKIP='" + *text + "': '" +
+                                                   std::string(word) +
+                                                   "' is not one of stream_wait, input_hold");
     rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
   }
   return skips;

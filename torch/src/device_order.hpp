@@ -29,8 +29,7 @@ std::optional<DevicePath> device_path_from_environment();
 /// transport stages device buffers (mpi does, ucx not yet), and whether NCCL refused the
 /// group (two ranks on one GPU: NCCL's own refusal, found by trying).
 std::optional<DevicePath> choose_device_path(std::optional<DevicePath> wanted, bool have_nccl,
-                                             bool host_stages, bool nccl_refused,
-                                             std::string& why);
+                                             bool host_stages, bool nccl_refused, std::string& why);
 
 /// @brief What loom_torch's stream-order safeguards skip, for the test that proves each one
 /// matters (LOOM_TORCH_UNSAFE_SKIP=stream_wait|input_hold); never set in a real job.
