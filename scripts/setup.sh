@@ -81,7 +81,7 @@ loom_install_torch_package() {
   # A CUDA build of torch brings its NCCL (pip's nvidia-nccl-cu13): loom's nccl backend is built
   # against that one, which torch has loaded when loom_torch is imported (never a second copy).
   local nccl
-  nccl=$("$venv/bin/python" -c 'import os, nvidia.nccl as n; print(os.path.dirname(n.__file__) if n.__file__ else n.__path__[0])' 2>/dev/null)
+  nccl=$("$venv/bin/python" -c 'import os, nvidia.nccl as n; print(os.path.dirname(n.__file__) if n.__file__ else n.__path__[0])' 2>/dev/null) || true
   if [[ -n $nccl && -f $nccl/include/nccl.h && -f $nccl/lib/libnccl.so.2 ]]; then
     defines+=(NCCL_INCLUDE_DIR="$nccl/include" NCCL_LIBRARY="$nccl/lib/libnccl.so.2")
   fi

@@ -369,8 +369,8 @@ double AlgorithmSelector::predict_with(const CostParameters& cost, Algorithm alg
       if (f.collective == collective && f.world == world) return f.alpha_s + n * f.beta_s_per_byte;
     // No fit: the library is assumed to run the best of the same algorithms, minus loom's
     // per-message overhead, which alpha includes; for allreduce, the best of the latency-optimal
-    // ones only (recursive doubling, binomial tree). Measured (Open MPI 4.1, vader, 2 ranks, see
-    // bench/results/2026-11-22_to_2026-11-24.md, "Why loom lost from 2 MiB up"): MPI_Allreduce and
+    // ones only (recursive doubling, binomial tree). Measured (Open MPI 4.1, vader, 2 ranks):
+    // MPI_Allreduce and
     // MPI_Iallreduce take 2-3x loom's ring and Rabenseifner from 4 MiB up, as a library moving the
     // whole buffer per step does, so an untuned model that let native tie with the
     // bandwidth-optimal algorithms (and win the tie) chose the slowest candidate for every large
@@ -554,7 +554,7 @@ AlgorithmChoice AlgorithmSelector::choose(const CollectiveArgs& args, const Back
   // for MPI, the one its library tuned). The margin covers what the calibration's back-to-back
   // rounds do not see: over TCP at 10 Gbit/s and 32 KiB every candidate timed 52.1-52.4 us,
   // Rabenseifner won by 0.6% with tight spreads, and then ran 7% slower than MPI_Allreduce in
-  // loom-collectives' interleaved rounds (bench/results/2026-11-27_auto_vs_best.md).
+  // loom-collectives' interleaved rounds.
   constexpr double native_margin = 0.03;
   const Scored native = scored.front();
   auto rank = [&](const Scored& s) {

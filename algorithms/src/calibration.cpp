@@ -184,8 +184,7 @@ std::vector<std::size_t> CalibrationOptions::default_sizes() {
   // Open MPI's doubled from 4 to 8 KiB, 81 to 162 us, where recursive doubling took 93 us: an
   // interpolation from 4 and 16 KiB kept native there, at 0.57x the best). Above 1 MiB too:
   // with only 4 and 16 MiB measured, 2 ranks on shared memory interpolated Rabenseifner ahead
-  // at 8 MiB, where ring ran 3-11% faster in 4 launches of 5
-  // (bench/results/2026-11-27_auto_vs_best.md).
+  // at 8 MiB, where ring ran 3-11% faster in 4 launches of 5.
   std::vector<std::size_t> sizes;
   for (std::size_t s = 16; s <= (std::size_t{16} << 20); s *= 2) sizes.push_back(s);
   return sizes;

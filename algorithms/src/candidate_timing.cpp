@@ -60,7 +60,7 @@ Quartiles quartiles(std::vector<double> v) {
 // its per-round ratio to native puts it above its own median, so it passes only if it beat
 // native in most rounds as well as by its median; native's spread is 0. (Requiring wins in
 // three rounds of four, the upper quartile, kept native where the benchmark then found
-// Rabenseifner 1.1-1.4x faster: see bench/results/2026-11-22_to_2026-11-24.md, issue 4.)
+// Rabenseifner 1.1-1.4x faster.)
 double spread(const Point& p, TimingForm form, const std::vector<Point>& points) {
   if (p.algorithm == Algorithm::native) return 0;
   const auto native = std::find_if(points.begin(), points.end(), [&](const Point& q) {

@@ -113,7 +113,7 @@ class MessageWork : public Work {
 /// is created with MM_ERROR_HANDLING=y and MEMORY_INVALIDATE=y (UCX 1.13 drops sysv/posix/cma
 /// otherwise and falls back to TCP over lo), and KEEPALIVE_INTERVAL=1s (unless
 /// UCX_KEEPALIVE_INTERVAL is set in the environment) bounds how long a dead same-host peer goes
-/// unnoticed (about a second, measured): bench/results/2026-11-28_ucx_probe.md.
+/// unnoticed (about a second, measured).
 ///
 /// UCX does not fail posted receives when an endpoint fails, so the transport cancels them: a
 /// receive from a failed peer, and every any-source receive once any peer failed, finishes

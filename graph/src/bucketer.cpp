@@ -10,6 +10,7 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "invalid_argument.hpp"
 #include "loom/error.hpp"
 #include "loom/executor.hpp"
 #include "loom/kernels/cast.hpp"
@@ -20,10 +21,6 @@
 namespace loom {
 
 namespace {
-
-[[noreturn]] void invalid(const std::string& message) {
-  throw Error(ErrorCode::invalid_argument, message);
-}
 
 std::string quoted(const GradientSpec& g, std::size_t index) {
   return "gradient '" + g.name + "' (#" + std::to_string(index) + ")";
@@ -80,8 +77,8 @@ kernels::PackPlan pack_plan(const std::vector<Copy>& copies, const std::string& 
   try {
     return kernels::PackPlan(std::move(segments), dtype_size(copies.front().full.dtype()));
   } catch (const Error& e) {
-    invalid("Bucketer::attach: " + bucket + ": the storage of its gradients overlaps (" +
-            e.message() + ")");
+    throw_invalid_argument("Bucketer::attach: " + bucket +
+                           ": the storage of its gradients overlaps (" + e.message() + ")");
   }
 }
 
@@ -116,15 +113,17 @@ void add_pack_and_unpack(Graph& graph, const std::string& name, const std::vecto
 
 void check_permutation(std::span<const std::size_t> order, std::size_t n, const char* what) {
   if (order.size() != n)
-    invalid(std::string(what) + " has " + std::to_string(order.size()) + " entries for " +
-            std::to_string(n) + " gradients");
+    throw_invalid_argument(std::string(what) + " has " + std::to_string(order.size()) +
+                           " entries for " + std::to_string(n) + " gradients");
   std::vector<char> seen(n, 0);
   for (std::size_t k = 0; k < order.size(); ++k) {
     if (order[k] >= n)
-      invalid(std::string(what) + "[" + std::to_string(k) + "] = " + std::to_string(order[k]) +
-              " is not a gradient index (there are " + std::to_string(n) + ")");
+      throw_invalid_argument(std::string(what) + "[" + std::to_string(k) +
+                             "] = " + std::to_string(order[k]) +
+                             " is not a gradient index (there are " + std::to_string(n) + ")");
     if (seen[order[k]]++)
-      invalid(std::string(what) + " names gradient #" + std::to_string(order[k]) + " twice");
+      throw_invalid_argument(std::string(what) + " names gradient #" + std::to_string(order[k]) +
+                             " twice");
   }
 }
 
@@ -146,7 +145,8 @@ Compression parse_compression(std::string_view name) {
   if (name == "none") return Compression::none;
   if (name == "float16" || name == "fp16") return Compression::float16;
   if (name == "bfloat16" || name == "bf16") return Compression::bfloat16;
-  invalid("unknown compression '" + std::string(name) + "' (expected none, float16 or bfloat16)");
+  throw_invalid_argument("unknown compression '" + std::string(name) +
+                         "' (expected none, float16 or bfloat16)");
 }
 
 struct Bucketer::State {
@@ -221,18 +221,21 @@ void Bucketer::State::assign(std::span<const std::size_t> order) {
 
 Bucketer::Bucketer(std::vector<GradientSpec> gradients, BucketerOptions options)
     : _state(std::make_unique<State>()) {
-  if (gradients.empty()) invalid("Bucketer: no gradients to bucket");
-  if (options.bucket_cap_bytes == 0) invalid("Bucketer: bucket_cap_bytes must be > 0");
-  if (options.first_bucket_bytes == 0) invalid("Bucketer: first_bucket_bytes must be > 0");
+  if (gradients.empty()) throw_invalid_argument("Bucketer: no gradients to bucket");
+  if (options.bucket_cap_bytes == 0)
+    throw_invalid_argument("Bucketer: bucket_cap_bytes must be > 0");
+  if (options.first_bucket_bytes == 0)
+    throw_invalid_argument("Bucketer: first_bucket_bytes must be > 0");
   std::unordered_map<std::string, std::size_t> names;
   std::size_t with_storage = 0;
   for (std::size_t i = 0; i < gradients.size(); ++i) {
     const GradientSpec& g = gradients[i];
-    if (g.name.empty()) invalid("Bucketer: gradient #" + std::to_string(i) + " has no name");
+    if (g.name.empty())
+      throw_invalid_argument("Bucketer: gradient #" + std::to_string(i) + " has no name");
     if (auto [it, fresh] = names.emplace(g.name, i); !fresh)
-      invalid("Bucketer: gradients #" + std::to_string(it->second) + " and #" + std::to_string(i) +
-              " are both named '" + g.name + "'");
-    if (g.count == 0) invalid("Bucketer: " + quoted(g, i) + " has no elements");
+      throw_invalid_argument("Bucketer: gradients #" + std::to_string(it->second) + " and #" +
+                             std::to_string(i) + " are both named '" + g.name + "'");
+    if (g.count == 0) throw_invalid_argument("Bucketer: " + quoted(g, i) + " has no elements");
     if (g.device.kind != DeviceKind::cpu || (!g.storage.empty() && g.storage.device() != g.device))
       throw Error(ErrorCode::unsupported,
                   "Bucketer: " + quoted(g, i) + " is on " + to_string(g.device) +
@@ -250,16 +253,18 @@ Bucketer::Bucketer(std::vector<GradientSpec> gradients, BucketerOptions options)
     if (!g.storage.empty()) {
       ++with_storage;
       if (g.storage.count() != g.count || g.storage.dtype() != g.dtype)
-        invalid("Bucketer: " + quoted(g, i) + " is declared " + std::string(to_string(g.dtype)) +
-                "[" + std::to_string(g.count) + "] but its storage is " + g.storage.describe());
-      if (g.storage.data() == nullptr) invalid("Bucketer: " + quoted(g, i) + " has null storage");
+        throw_invalid_argument("Bucketer: " + quoted(g, i) + " is declared " +
+                               std::string(to_string(g.dtype)) + "[" + std::to_string(g.count) +
+                               "] but its storage is " + g.storage.describe());
+      if (g.storage.data() == nullptr)
+        throw_invalid_argument("Bucketer: " + quoted(g, i) + " has null storage");
     }
   }
   if (with_storage != 0 && with_storage != gradients.size())
-    invalid("Bucketer: " + std::to_string(with_storage) + " of " +
-            std::to_string(gradients.size()) +
-            " gradients have storage; give storage to all (loom packs them) or to none (loom "
-            "owns the memory and gradients are views into buckets)");
+    throw_invalid_argument(
+        "Bucketer: " + std::to_string(with_storage) + " of " + std::to_string(gradients.size()) +
+        " gradients have storage; give storage to all (loom packs them) or to none (loom "
+        "owns the memory and gradients are views into buckets)");
   _state->gradients = std::move(gradients);
   _state->options = options;
   _state->views = with_storage == 0;
@@ -278,7 +283,7 @@ std::vector<Bucket> Bucketer::assign(std::span<const GradientSpec> gradients,
                                      const BucketerOptions& options) {
   check_permutation(order, gradients.size(), "Bucketer::assign: order");
   if (options.bucket_cap_bytes == 0 || options.first_bucket_bytes == 0)
-    invalid("Bucketer::assign: bucket_cap_bytes and first_bucket_bytes must be > 0");
+    throw_invalid_argument("Bucketer::assign: bucket_cap_bytes and first_bucket_bytes must be > 0");
   struct Group {
     Bucket open;
     bool closed_one = false;  // after the first bucket, the cap applies
@@ -336,8 +341,9 @@ std::size_t Bucketer::num_gradients() const noexcept {
 
 const GradientSpec& Bucketer::spec(std::size_t gradient) const {
   if (gradient >= _state->gradients.size())
-    invalid("Bucketer: gradient #" + std::to_string(gradient) + " does not exist (there are " +
-            std::to_string(_state->gradients.size()) + ")");
+    throw_invalid_argument("Bucketer: gradient #" + std::to_string(gradient) +
+                           " does not exist (there are " +
+                           std::to_string(_state->gradients.size()) + ")");
   return _state->gradients[gradient];
 }
 
@@ -356,8 +362,9 @@ Buffer Bucketer::gradient(std::size_t gradient) const {
 
 Buffer Bucketer::wire_buffer(std::size_t bucket) const {
   if (bucket >= _state->buckets.size())
-    invalid("Bucketer: bucket #" + std::to_string(bucket) + " does not exist (there are " +
-            std::to_string(_state->buckets.size()) + ")");
+    throw_invalid_argument("Bucketer: bucket #" + std::to_string(bucket) +
+                           " does not exist (there are " + std::to_string(_state->buckets.size()) +
+                           ")");
   return _state->wire[bucket];
 }
 
@@ -374,15 +381,18 @@ std::vector<BucketTasks> Bucketer::attach(Graph& graph, std::span<const Task> pr
                                           int world_size, const AttachOptions& options) const {
   const State& s = *_state;
   if (producers.size() != s.gradients.size())
-    invalid("Bucketer::attach: " + std::to_string(producers.size()) + " producers for " +
-            std::to_string(s.gradients.size()) + " gradients (one per gradient)");
+    throw_invalid_argument("Bucketer::attach: " + std::to_string(producers.size()) +
+                           " producers for " + std::to_string(s.gradients.size()) +
+                           " gradients (one per gradient)");
   if (world_size < 1)
-    invalid("Bucketer::attach: world size " + std::to_string(world_size) + " is below 1");
+    throw_invalid_argument("Bucketer::attach: world size " + std::to_string(world_size) +
+                           " is below 1");
   for (std::size_t i = 0; i < producers.size(); ++i) {
     const Task& p = producers[i];
     if (!p.valid() || p.id() >= graph.size() || !(graph.find(p.name()) == p))
-      invalid("Bucketer::attach: the producer of " + quoted(s.gradients[i], i) + " is " +
-              (p.valid() ? "a task of another graph" : "a default-constructed Task"));
+      throw_invalid_argument(
+          "Bucketer::attach: the producer of " + quoted(s.gradients[i], i) + " is " +
+          (p.valid() ? "a task of another graph" : "a default-constructed Task"));
   }
 
   // Compile-time readiness: where each bucket's last producer comes in the graph's
@@ -399,15 +409,17 @@ std::vector<BucketTasks> Bucketer::attach(Graph& graph, std::span<const Task> pr
   for (std::size_t b = 0; b < n; ++b) issue[b] = b;
   if (!options.issue_order.empty()) {
     if (options.issue_order.size() != n)
-      invalid("Bucketer::attach: issue_order has " + std::to_string(options.issue_order.size()) +
-              " entries for " + std::to_string(n) + " buckets");
+      throw_invalid_argument("Bucketer::attach: issue_order has " +
+                             std::to_string(options.issue_order.size()) + " entries for " +
+                             std::to_string(n) + " buckets");
     std::vector<char> seen(n, 0);
     for (const std::size_t b : options.issue_order) {
       if (b >= n)
-        invalid("Bucketer::attach: issue_order names bucket " + std::to_string(b) + " of " +
-                std::to_string(n));
+        throw_invalid_argument("Bucketer::attach: issue_order names bucket " + std::to_string(b) +
+                               " of " + std::to_string(n));
       if (seen[b]++)
-        invalid("Bucketer::attach: issue_order names bucket " + std::to_string(b) + " twice");
+        throw_invalid_argument("Bucketer::attach: issue_order names bucket " + std::to_string(b) +
+                               " twice");
     }
     issue = options.issue_order;
   } else if (options.order == BucketOrder::ready) {
@@ -463,10 +475,11 @@ std::vector<std::size_t> Bucketer::ready_order(std::span<const NodeTiming> timin
   for (std::size_t i = 0; i < producer_names.size(); ++i) {
     auto it = end_of.find(producer_names[i]);
     if (it == end_of.end())
-      invalid("Bucketer::ready_order: producer '" + producer_names[i] + "' of gradient #" +
-              std::to_string(i) +
-              " did not run in the timings given (was profiling on, and is it the name of a "
-              "node of the graph?)");
+      throw_invalid_argument(
+          "Bucketer::ready_order: producer '" + producer_names[i] + "' of gradient #" +
+          std::to_string(i) +
+          " did not run in the timings given (was profiling on, and is it the name of a "
+          "node of the graph?)");
     ready[i] = it->second;
   }
   std::vector<std::size_t> order(producer_names.size());

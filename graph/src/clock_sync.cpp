@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <fstream>
 #include <functional>
 #include <span>
@@ -13,6 +12,7 @@
 #include "executor_impl.hpp"
 #include "loom/environment.hpp"
 #include "loom/error.hpp"
+#include "steady_ns.hpp"
 
 namespace loom {
 namespace {
@@ -28,12 +28,6 @@ std::int64_t clock_domain() {
     id = host;
   }
   return static_cast<std::int64_t>(std::hash<std::string>{}(id) >> 1);
-}
-
-std::int64_t steady_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
 }
 
 }  // namespace

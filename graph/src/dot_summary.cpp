@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "bytes_text.hpp"
 #include "dot_writer.hpp"
 
 namespace loom::detail {
@@ -186,7 +187,8 @@ std::string item_label(const GraphState& graph, const DotAnnotations* notes, con
         (first.kind == NodeKind::collective ? std::string(to_string(first.collective.op))
                                             : std::string(to_string(first.kind))) +
         "\\n" + dot_escaped(first.name) + " .. " +
-        dot_escaped(graph.nodes[item.members.back()].name) + "\\n" + human_bytes(bytes);
+        dot_escaped(graph.nodes[item.members.back()].name) + "\\n" +
+        bytes_text(bytes, BytesPrecision::one_decimal);
     if (notes != nullptr && notes->issue_index[item.members.front()] >= 0)
       label += "\\nissue #" + std::to_string(notes->issue_index[item.members.front()]) + " .. #" +
                std::to_string(notes->issue_index[item.members.back()]);

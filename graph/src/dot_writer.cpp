@@ -6,6 +6,8 @@
 #include <ostream>
 #include <unordered_set>
 
+#include "bytes_text.hpp"
+
 namespace loom::detail {
 
 std::string dot_escaped(const std::string& text) {
@@ -23,17 +25,6 @@ std::string dot_escaped(const std::string& text) {
     }
   }
   return out;
-}
-
-std::string human_bytes(std::size_t bytes) {
-  char text[32];
-  if (bytes >= (1u << 20))
-    std::snprintf(text, sizeof text, "%.1f MiB", bytes / 1048576.0);
-  else if (bytes >= 1024)
-    std::snprintf(text, sizeof text, "%.1f KiB", bytes / 1024.0);
-  else
-    std::snprintf(text, sizeof text, "%zu B", bytes);
-  return text;
 }
 
 std::string human_time(double us) {
@@ -69,7 +60,7 @@ std::string node_label(const GraphState& graph, const DotAnnotations* notes, std
   const bool measured = notes != nullptr && !notes->duration_us.empty();
   std::string label = dot_escaped(node.name) + "\\n" + dot_escaped(describe(node));
   if (node.kind != NodeKind::compute && node.kind != NodeKind::external)
-    label += "\\n" + human_bytes(bytes_of(node));
+    label += "\\n" + bytes_text(bytes_of(node), BytesPrecision::one_decimal);
   if (notes != nullptr) {
     if (notes->issue_index[i] >= 0) label += "\\nissue #" + std::to_string(notes->issue_index[i]);
     if (!notes->algorithm[i].empty()) label += "  algo " + dot_escaped(notes->algorithm[i]);

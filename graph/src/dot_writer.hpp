@@ -29,7 +29,6 @@ void write_dot(std::ostream& out, const GraphState& graph, const DotAnnotations*
 
 // Shared by the full and the summary writers (dot_writer.cpp, dot_summary.cpp).
 std::string dot_escaped(const std::string& text);
-std::string human_bytes(std::size_t bytes);
 std::string human_time(double us);
 /// @brief The label of a node as the full graph draws it (name, what it does, bytes, issue
 /// index, algorithm, measured time, exposed time, priority), DOT-escaped.

@@ -7,37 +7,14 @@
 #include <ostream>
 
 #include "intervals.hpp"
+#include "json_quoted.hpp"
 
 namespace loom::detail {
 namespace {
 
+// Newline and tab in a name show as \n and \t.
 std::string json_string(const std::string& text) {
-  std::string out = "\"";
-  for (char c : text) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char esc[8];
-          std::snprintf(esc, sizeof esc, "\\u%04x", c);
-          out += esc;
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
+  return json_quoted(text, JsonControl::short_newline_tab);
 }
 
 std::string micros(std::int64_t ns) {

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <set>
 
+#include "invalid_argument.hpp"
 #include "loom/error.hpp"
 
 namespace loom {
@@ -34,7 +35,7 @@ OverlapMode parse_overlap_mode(std::string_view name) {
 namespace {
 
 [[noreturn]] void invalid(const std::string& what) {
-  throw Error(ErrorCode::invalid_argument, "DataParallelStep: " + what);
+  throw_invalid_argument("DataParallelStep: " + what);
 }
 
 std::string layer_text(std::size_t k) {

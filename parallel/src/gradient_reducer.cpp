@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #include "bytes_text.hpp"
+#include "invalid_argument.hpp"
 #include "loom/error.hpp"
 #include "loom/kernels/reduce.hpp"
 
@@ -21,10 +22,8 @@ namespace loom {
 namespace {
 
 [[noreturn]] void invalid(const std::string& message) {
-  throw Error(ErrorCode::invalid_argument, "GradientReducer: " + message);
+  throw_invalid_argument("GradientReducer: " + message);
 }
-
-using detail::bytes_text;
 
 void check_order(const std::vector<std::size_t>& order, std::size_t n, const char* what) {
   if (order.empty()) return;

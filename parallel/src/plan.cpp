@@ -7,19 +7,9 @@
 #include <sstream>
 
 #include "bytes_text.hpp"
-#include "loom/error.hpp"
+#include "invalid_argument.hpp"
 
 namespace loom {
-
-namespace {
-
-[[noreturn]] void invalid(const std::string& what) {
-  throw Error(ErrorCode::invalid_argument, what);
-}
-
-using detail::bytes_text;
-
-}  // namespace
 
 const char* to_string(IssuePriority priority) noexcept {
   return priority == IssuePriority::forward ? "forward" : "ready";
@@ -60,7 +50,7 @@ int PlanSearch::runs_to_decide() const {
 }
 
 void PlanSearch::check(const std::string& who) const {
-  const auto bad = [&](const std::string& what) { invalid(who + ": " + what); };
+  const auto bad = [&](const std::string& what) { throw_invalid_argument(who + ": " + what); };
   if (caps_bytes.empty()) bad("PlanSearch::caps_bytes is empty");
   for (std::size_t cap : caps_bytes)
     if (cap == 0) bad("bucket caps must be > 0 (PlanSearch::caps_bytes holds 0)");
@@ -75,17 +65,17 @@ void PlanSearch::check(const std::string& who) const {
 
 PlanTrials::PlanTrials(std::size_t plans, int rounds)
     : _runs_s(plans), _rounds(static_cast<std::size_t>(std::max(0, rounds))) {
-  if (plans == 0) invalid("PlanTrials: an empty shortlist");
+  if (plans == 0) throw_invalid_argument("PlanTrials: an empty shortlist");
   if (rounds < 2)
-    invalid("PlanTrials: at least 2 rounds (the first is not counted), got " +
-            std::to_string(rounds));
+    throw_invalid_argument("PlanTrials: at least 2 rounds (the first is not counted), got " +
+                           std::to_string(rounds));
 }
 
 std::size_t PlanTrials::record(double run_s) {
-  if (done()) invalid("PlanTrials::record: every plan already ran its rounds");
+  if (done()) throw_invalid_argument("PlanTrials::record: every plan already ran its rounds");
   if (!std::isfinite(run_s) || run_s < 0)
-    invalid("PlanTrials::record: plan " + std::to_string(_current) + "'s run took " +
-            std::to_string(run_s) + " s (a time is finite and not negative)");
+    throw_invalid_argument("PlanTrials::record: plan " + std::to_string(_current) + "'s run took " +
+                           std::to_string(run_s) + " s (a time is finite and not negative)");
   _runs_s[_current].push_back(run_s);
   _current = (_current + 1) % _runs_s.size();
   return _current;
@@ -96,7 +86,7 @@ bool PlanTrials::done() const noexcept {
 }
 
 std::vector<double> PlanTrials::steps_s() const {
-  if (!done()) invalid("PlanTrials::steps_s before every plan ran its rounds");
+  if (!done()) throw_invalid_argument("PlanTrials::steps_s before every plan ran its rounds");
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
     const std::size_t h = v.size() / 2;
@@ -116,13 +106,13 @@ std::vector<double> PlanTrials::steps_s() const {
 }
 
 std::size_t PlanTrials::fastest(std::span<const double> seconds) {
-  if (seconds.empty()) invalid("PlanTrials::fastest of no plans");
+  if (seconds.empty()) throw_invalid_argument("PlanTrials::fastest of no plans");
   return static_cast<std::size_t>(std::min_element(seconds.begin(), seconds.end()) -
                                   seconds.begin());
 }
 
 std::size_t PlanTrials::keep_or_switch(std::span<const double> seconds) {
-  if (seconds.empty()) invalid("PlanTrials::keep_or_switch of no plans");
+  if (seconds.empty()) throw_invalid_argument("PlanTrials::keep_or_switch of no plans");
   const std::size_t best = fastest(seconds);
   return best != 0 && seconds[best] < seconds[0] * (1.0 - plan_switch_gain) ? best : 0;
 }

@@ -14,17 +14,13 @@
 #include <span>
 #include <string>
 
-#include "loom/error.hpp"
+#include "invalid_argument.hpp"
 #include "loom/network_model.hpp"
 #include "reducer_step_model.hpp"
 
 namespace loom {
 
 namespace {
-
-[[noreturn]] void invalid(const std::string& message) {
-  throw Error(ErrorCode::invalid_argument, message);
-}
 
 using Span = ClientTimeline::Span;
 
@@ -160,13 +156,13 @@ ReducerMeasurements measure_reducer_steps(const GradientReducer& reducer,
                                           double latency_s) {
   const std::size_t n = reducer.num_parameters();
   if (steps.empty())
-    invalid(
+    throw_invalid_argument(
         "measure_reducer_steps: no profiled step (a step is recorded once the next one "
         "begins; profiling must be on: ExecutorOptions::profile or LOOM_TRACE)");
-  if (!(latency_s >= 0)) invalid("measure_reducer_steps: latency_s must be >= 0");
+  if (!(latency_s >= 0)) throw_invalid_argument("measure_reducer_steps: latency_s must be >= 0");
   const std::vector<std::string> reference = module_names(steps.back().client);
   if (reference.empty())
-    invalid(
+    throw_invalid_argument(
         "measure_reducer_steps: the last recorded step has no forward (no forward ran "
         "between its backward and the next one)");
   std::map<std::string, std::size_t, std::less<>> index;
@@ -201,16 +197,17 @@ ReducerMeasurements measure_reducer_steps(const GradientReducer& reducer,
     if (module_names(t) != reference) continue;  // another forward (evaluation, a changed model)
     if (t.end_s > longest) continue;
     if (step.run.empty())
-      invalid(which +
-              " has no profiled run (profiling is off: ExecutorOptions::profile or "
-              "LOOM_TRACE)");
-    if (!(t.end_s > 0)) invalid(which + " has no end (end_s " + std::to_string(t.end_s) + ")");
+      throw_invalid_argument(which +
+                             " has no profiled run (profiling is off: ExecutorOptions::profile or "
+                             "LOOM_TRACE)");
+    if (!(t.end_s > 0))
+      throw_invalid_argument(which + " has no end (end_s " + std::to_string(t.end_s) + ")");
     std::vector<Span> stopped;
     for (const auto& [k, span] : t.updates) {
       if (k >= reducer.num_update_groups())
-        invalid(which + " applied update group #" + std::to_string(k) + " of " +
-                std::to_string(reducer.num_update_groups()) +
-                " (was it recorded before a replan?)");
+        throw_invalid_argument(which + " applied update group #" + std::to_string(k) + " of " +
+                               std::to_string(reducer.num_update_groups()) +
+                               " (was it recorded before a replan?)");
       stopped.push_back(span);
       double elements = 0;
       const std::vector<std::size_t>& group = reducer.update_group(k);
@@ -253,14 +250,14 @@ ReducerMeasurements measure_reducer_steps(const GradientReducer& reducer,
     }
     if (!step.handed_over_s.empty()) {
       if (step.handed_over_s.size() != n)
-        invalid(which + " has " + std::to_string(step.handed_over_s.size()) +
-                " hand-over times for " + std::to_string(n) + " parameters");
+        throw_invalid_argument(which + " has " + std::to_string(step.handed_over_s.size()) +
+                               " hand-over times for " + std::to_string(n) + " parameters");
       arrival = step.handed_over_s;
     }
     for (std::size_t p = 0; p < n; ++p)
       if (arrival[p] < 0)
-        invalid(which + ": the gradient of '" + reducer.parameter(p).name +
-                "' has no time in the run (was the step finished?)");
+        throw_invalid_argument(which + ": the gradient of '" + reducer.parameter(p).name +
+                               "' has no time in the run (was the step finished?)");
     double last = 0;
     for (std::size_t p = 0; p < n; ++p) {
       const double c = clock.at(arrival[p]);
@@ -280,7 +277,8 @@ ReducerMeasurements measure_reducer_steps(const GradientReducer& reducer,
     m.comm_s += union_length(std::move(comm));
     ++used;
   }
-  if (used == 0) invalid("measure_reducer_steps: no step has the last step's forward");
+  if (used == 0)
+    throw_invalid_argument("measure_reducer_steps: no step has the last step's forward");
   const double k = static_cast<double>(used);
   for (double& r : m.ready_s) r /= k;
   for (ForwardPart& f : m.forward) f.duration_s /= k;

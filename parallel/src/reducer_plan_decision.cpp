@@ -14,15 +14,12 @@
 #include <string>
 #include <string_view>
 
+#include "invalid_argument.hpp"
 #include "loom/error.hpp"
 
 namespace loom {
 
 namespace {
-
-[[noreturn]] void invalid(const std::string& message) {
-  throw Error(ErrorCode::invalid_argument, message);
-}
 
 // A plan as rank 0 sends it: the fields a search varies (its orders and compression are the
 // reducer's own, the same on every rank).
@@ -84,8 +81,9 @@ std::vector<std::int64_t> predicted_on_rank_zero(
       backend.agree_on_root(name, mine, agreement_limit(reducer), [&] { return who_here; });
   if (!valid(zero)) {
     if (failure) throw *failure;
-    invalid(who_here +
-            ": rank 0 could not predict the plans (its error says why); the plan is unchanged");
+    throw_invalid_argument(
+        who_here +
+        ": rank 0 could not predict the plans (its error says why); the plan is unchanged");
   }
   return zero;
 }
@@ -94,7 +92,8 @@ std::vector<std::int64_t> predicted_on_rank_zero(
 
 PlanDecision choose_reducer_plan(GradientReducer& reducer, std::span<const ReducerStepRecord> steps,
                                  const PlanSearch& search) {
-  if (reducer.in_step()) invalid("choose_reducer_plan: a step is in progress (finish() it first)");
+  if (reducer.in_step())
+    throw_invalid_argument("choose_reducer_plan: a step is in progress (finish() it first)");
   // The plan, the candidates' count, three predictions and whether the plan changes.
   const std::vector<std::int64_t> zero = predicted_on_rank_zero(
       reducer, steps, search, "GradientReducer::choose_plan", "choose_reducer_plan",
@@ -129,13 +128,15 @@ PlanDecision choose_reducer_plan(GradientReducer& reducer, std::span<const Reduc
 PlanShortlist shortlist_reducer_plans(GradientReducer& reducer,
                                       std::span<const ReducerStepRecord> steps,
                                       const PlanSearch& search, std::size_t keep) {
-  if (keep == 0) invalid("shortlist_reducer_plans: keep must be at least 1 (the running plan)");
+  if (keep == 0)
+    throw_invalid_argument("shortlist_reducer_plans: keep must be at least 1 (the running plan)");
   if (!(search.shortlist_margin >= 1.0) || !std::isfinite(search.shortlist_margin))
-    invalid("shortlist_reducer_plans: shortlist_margin must be a finite factor >= 1, not " +
-            std::to_string(search.shortlist_margin));
+    throw_invalid_argument(
+        "shortlist_reducer_plans: shortlist_margin must be a finite factor >= 1, not " +
+        std::to_string(search.shortlist_margin));
   const double margin = search.shortlist_margin;
   if (reducer.in_step())
-    invalid("shortlist_reducer_plans: a step is in progress (finish() it first)");
+    throw_invalid_argument("shortlist_reducer_plans: a step is in progress (finish() it first)");
   constexpr std::size_t per_plan = plan_fields + 2;
   // Rank 0's candidates' count, the running plan's measured step, then per plan its fields, its
   // prediction and its bucket count.
@@ -182,15 +183,16 @@ PlanDecision decide_reducer_plan(GradientReducer& reducer, const PlanShortlist& 
                                  std::span<const double> measured_s) {
   Backend& backend = reducer.backend();
   const std::string who = "decide_reducer_plan on rank " + std::to_string(backend.rank());
-  if (reducer.in_step()) invalid(who + ": a step is in progress (finish() it first)");
-  if (shortlist.plans.empty()) invalid(who + ": an empty shortlist");
+  if (reducer.in_step())
+    throw_invalid_argument(who + ": a step is in progress (finish() it first)");
+  if (shortlist.plans.empty()) throw_invalid_argument(who + ": an empty shortlist");
   if (measured_s.size() != shortlist.plans.size())
-    invalid(who + ": " + std::to_string(measured_s.size()) + " measurements for " +
-            std::to_string(shortlist.plans.size()) + " shortlisted plans");
+    throw_invalid_argument(who + ": " + std::to_string(measured_s.size()) + " measurements for " +
+                           std::to_string(shortlist.plans.size()) + " shortlisted plans");
   std::vector<std::int64_t> mine;
   for (double v : measured_s) {
     if (!std::isfinite(v) || v < 0)
-      invalid(who + ": a plan's measured step is " + std::to_string(v) + " s");
+      throw_invalid_argument(who + ": a plan's measured step is " + std::to_string(v) + " s");
     mine.push_back(std::bit_cast<std::int64_t>(v));
   }
   const std::vector<std::int64_t> zero = backend.agree_on_root(

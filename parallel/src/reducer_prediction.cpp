@@ -9,7 +9,7 @@
 #include <numeric>
 #include <string>
 
-#include "loom/error.hpp"
+#include "invalid_argument.hpp"
 #include "loom/network_model.hpp"
 #include "loom/step_simulator.hpp"
 #include "reducer_step_model.hpp"
@@ -17,10 +17,6 @@
 namespace loom {
 
 namespace {
-
-[[noreturn]] void invalid(const std::string& message) {
-  throw Error(ErrorCode::invalid_argument, message);
-}
 
 std::vector<GradientSpec> gradient_specs(const GradientReducer& reducer) {
   std::vector<GradientSpec> specs;
@@ -44,8 +40,9 @@ namespace detail {
 std::unique_ptr<Bucketer> make_reducer_bucketer(const GradientReducer& reducer,
                                                 const ReducerPlan& plan) {
   if (plan.bucket_cap_bytes == 0 || plan.first_bucket_bytes == 0)
-    invalid("predict_reducer_step: bucket_cap_bytes and first_bucket_bytes must be > 0 (" +
-            describe(plan) + ")");
+    throw_invalid_argument(
+        "predict_reducer_step: bucket_cap_bytes and first_bucket_bytes must be > 0 (" +
+        describe(plan) + ")");
   BucketerOptions options;
   options.bucket_cap_bytes = plan.bucket_cap_bytes;
   options.first_bucket_bytes = plan.first_bucket_bytes;
@@ -61,8 +58,9 @@ BuiltStep build_reducer_step(const GradientReducer& reducer, const ReducerMeasur
                              const ReducerPlan& plan, Bucketer& bucketer) {
   const std::size_t n = reducer.num_parameters();
   if (m.ready_s.size() != n)
-    invalid("predict_reducer_step: the measurements hold " + std::to_string(m.ready_s.size()) +
-            " gradients for a reducer of " + std::to_string(n));
+    throw_invalid_argument("predict_reducer_step: the measurements hold " +
+                           std::to_string(m.ready_s.size()) + " gradients for a reducer of " +
+                           std::to_string(n));
   const std::vector<ParameterSpec> parameters = parameters_of(reducer);
   // Priorities on the client's one thread: the forward goes on unless a module needs an
   // update (the pre-hooks apply only their own), updates go before more backward (the
@@ -120,8 +118,9 @@ BuiltStep build_reducer_step(const GradientReducer& reducer, const ReducerMeasur
     std::vector<char> needed(updates.size(), 0);
     for (std::size_t p : part.parameters) {
       if (p >= n)
-        invalid("predict_reducer_step: forward module '" + part.module + "' names parameter #" +
-                std::to_string(p) + " of " + std::to_string(n));
+        throw_invalid_argument("predict_reducer_step: forward module '" + part.module +
+                               "' names parameter #" + std::to_string(p) + " of " +
+                               std::to_string(n));
       needed[groups.group_of[p]] = 1;
     }
     for (std::size_t k = 0; k < updates.size(); ++k)
@@ -249,7 +248,7 @@ std::vector<PlanPrediction> rank_plans(const GradientReducer& reducer,
   const double wire_ratio = backward > 0 && wire > 0 ? wire / backward : 1.0;
 
   for (std::size_t cap : search.caps_bytes) {
-    if (cap == 0) invalid("rank_plans: a bucket cap of 0 bytes");
+    if (cap == 0) throw_invalid_argument("rank_plans: a bucket cap of 0 bytes");
     std::vector<std::size_t> firsts{cap};
     for (std::size_t f : search.first_bucket_bytes)
       if (f > 0 && f < cap) firsts.push_back(f);

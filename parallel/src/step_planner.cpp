@@ -12,6 +12,7 @@
 #include <optional>
 #include <utility>
 
+#include "invalid_argument.hpp"
 #include "loom/error.hpp"
 #include "loom/network_model.hpp"
 #include "loom/overlap_metrics.hpp"
@@ -22,10 +23,6 @@
 namespace loom {
 
 namespace {
-
-[[noreturn]] void invalid(const std::string& what) {
-  throw Error(ErrorCode::invalid_argument, what);
-}
 
 // seconds = fixed + per_byte * bytes: least squares over measured nodes, both terms >= 0.
 struct LinearCost {
@@ -104,14 +101,15 @@ std::vector<TimedPlan> search_plans(const PlanSearch& search, const PlanInputs& 
                                     const PlanGraphBuilder& build) {
   search.check("search_plans");
   if (!inputs.running || !inputs.bucketer || !make_bucketer || !build)
-    invalid(
+    throw_invalid_argument(
         "search_plans: the running graph, its Bucketer, a Bucketer factory and a graph "
         "builder are all needed");
   if (inputs.runs.empty() || inputs.runs.back().empty())
-    invalid("search_plans needs a profiled run (ExecutorOptions::profile)");
+    throw_invalid_argument("search_plans needs a profiled run (ExecutorOptions::profile)");
   if (inputs.ranks < 1 || inputs.workers < 1)
-    invalid("search_plans: ranks and workers must be >= 1 (got " + std::to_string(inputs.ranks) +
-            " and " + std::to_string(inputs.workers) + ")");
+    throw_invalid_argument("search_plans: ranks and workers must be >= 1 (got " +
+                           std::to_string(inputs.ranks) + " and " + std::to_string(inputs.workers) +
+                           ")");
   const PlanGraph& running = *inputs.running;
   const Bucketer& bucketer = *inputs.bucketer;
   check_plan_graph(running, bucketer, "running");
@@ -173,8 +171,9 @@ std::vector<TimedPlan> search_plans(const PlanSearch& search, const PlanInputs& 
 
   for (std::size_t b : inputs.issue_order)
     if (b >= bucketer.buckets().size())
-      invalid("search_plans: the running issue order names bucket " + std::to_string(b) + " of " +
-              std::to_string(bucketer.buckets().size()));
+      throw_invalid_argument("search_plans: the running issue order names bucket " +
+                             std::to_string(b) + " of " +
+                             std::to_string(bucketer.buckets().size()));
 
   PinnedPool pool;  // the candidates' bucket memory, one after another
   std::vector<TimedPlan> plans;

@@ -2,12 +2,13 @@
 #include "loom/communication_profiler.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <deque>
 #include <mutex>
 #include <ostream>
+
+#include "steady_ns.hpp"
 
 namespace loom {
 
@@ -32,9 +33,7 @@ CommunicationProfiler::CommunicationProfiler(bool enabled, std::size_t window)
 CommunicationProfiler::~CommunicationProfiler() = default;
 
 std::int64_t CommunicationProfiler::now_ns() noexcept {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return steady_ns();
 }
 
 void CommunicationProfiler::append(OperationRecord record) {

@@ -13,7 +13,7 @@
 namespace loom::environment {
 namespace {
 
-constexpr std::array<Variable, 20> all_variables{{
+constexpr std::array<Variable, 22> all_variables{{
     {"LOOM_BACKEND", "the backend create_backend() makes",
      "mpi under mpirun, ucx where LOOM_STORE is set, else local", "local, mpi, nccl, ucx"},
     {"LOOM_TIMEOUT_S",
@@ -23,6 +23,14 @@ constexpr std::array<Variable, 20> all_variables{{
      "be abandoned, prints that error and ends the process with status 124 "
      "(Backend::set_timeout per backend)",
      "300", "decimal seconds >= 0; 0 disables"},
+    {"LOOM_TORCH_CUDA_PATH",
+     "how a loom torch group moves CUDA tensors: `nccl` (one rank per GPU) or `staged` through "
+     "pinned host memory on the mpi transport (docs/torch.md)",
+     "auto: nccl where built and not refused, else staged", "auto, nccl, staged"},
+    {"LOOM_TORCH_UNSAFE_SKIP",
+     "test switch: turns off loom_torch's stream wait or input hold so that "
+     "tests/torch/test_cuda.py proves each matters; never in a real job",
+     "unset", "stream_wait, input_hold (comma-separated)"},
     {"LOOM_TRACE",
      "file the executor writes its Chrome-trace JSON timeline to after every run "
      "(\".rank<r>\" inserted with several ranks)",

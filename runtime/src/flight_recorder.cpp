@@ -4,45 +4,23 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <thread>
 
+#include "json_quoted.hpp"
 #include "loom/environment.hpp"
+#include "steady_ns.hpp"
 
 namespace loom {
 
 namespace {
 
-std::int64_t steady_ns() noexcept {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 std::int64_t wall_ns() noexcept {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
-}
-
-void json_string(std::string& out, std::string_view s) {
-  out += '"';
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char escaped[8];
-      std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned char>(c));
-      out += escaped;
-    } else {
-      out += c;
-    }
-  }
-  out += '"';
 }
 
 }  // namespace
@@ -311,11 +289,11 @@ std::string FlightRecorder::to_json(int rank, int world, std::string_view backen
   std::string out =
       "{\n  \"version\": \"loom-flight-recorder 1\",\n  \"rank\": " + std::to_string(rank) +
       ",\n  \"world_size\": " + std::to_string(world) + ",\n  \"backend\": ";
-  json_string(out, backend);
+  append_json_quoted(out, backend);
   out += ",\n  \"host\": ";
-  json_string(out, host);
+  append_json_quoted(out, host);
   out += ",\n  \"pid\": " + std::to_string(::getpid()) + ",\n  \"reason\": ";
-  json_string(out, reason);
+  append_json_quoted(out, reason);
   out += ",\n  \"dumped_ns\": " + std::to_string(wall_ns()) +
          ",\n  \"capacity\": " + std::to_string(_capacity) +
          ",\n  \"next_collective_seq_id\": " + std::to_string(next_collective_seq()) +
@@ -328,12 +306,12 @@ std::string FlightRecorder::to_json(int rank, int world, std::string_view backen
     out += "\"record_id\": " + std::to_string(r.record_id) +
            ", \"collective_seq_id\": " + std::to_string(r.collective_seq_id) +
            ", \"p2p_seq_id\": " + std::to_string(r.p2p_seq_id) + ", \"profiling_name\": ";
-    json_string(out, r.profiling_name);
+    append_json_quoted(out, r.profiling_name);
     out += ", \"op\": ";
-    json_string(out, r.op);
+    append_json_quoted(out, r.op);
     out += ", \"input_dtypes\": [\"" + std::string(to_string(r.dtype)) + "\"]";
     out += ", \"input_sizes\": [[" + std::to_string(r.count) + "]], \"algorithm\": ";
-    json_string(out, r.algorithm);
+    append_json_quoted(out, r.algorithm);
     out += ", \"peer\": " + std::to_string(r.peer) +
            ", \"is_p2p\": " + (r.p2p_seq_id >= 0 ? "true" : "false") + ", \"state\": \"" +
            std::string(to_string(r.state)) +

@@ -2,22 +2,13 @@
 #include "loom/rank_board.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 
 #include "loom/flight_recorder.hpp"
+#include "steady_ns.hpp"
 
 namespace loom {
-namespace {
-
-std::int64_t steady_ns() noexcept {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace
 
 RankBoard::RankBoard(int rank, std::vector<RankSlot*> slots)
     : _rank(rank),

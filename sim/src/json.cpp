@@ -1,8 +1,7 @@
-// Json: a recursive-descent reader for the step profile's JSON, and string quoting.
+// Json: a recursive-descent reader for the step profile's JSON.
 #include "json.hpp"
 
 #include <cctype>
-#include <cstdio>
 #include <cstdlib>
 
 #include "loom/error.hpp"
@@ -112,7 +111,7 @@ class Reader {
           case 't':
             c = '\t';
             break;
-          case 'u':  // only what quote_json writes: control characters
+          case 'u':  // only what json_quoted writes: control characters
             if (_at + 4 > _text.size()) fail("bad \\u escape");
             c = static_cast<char>(
                 std::strtol(std::string(_text.substr(_at, 4)).c_str(), nullptr, 16));
@@ -168,23 +167,6 @@ const std::vector<Json>& Json::as_array(std::string_view what) const {
 
 Json parse_json(std::string_view text) {
   return Reader(text).document();
-}
-
-std::string quote_json(std::string_view text) {
-  std::string out = "\"";
-  for (char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(c));
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
 }
 
 }  // namespace loom::sim

@@ -31,7 +31,4 @@ struct Json {
 /// @brief Parses `text`; ErrorCode::invalid_argument naming the offset of the first error.
 Json parse_json(std::string_view text);
 
-/// @brief `text` as a JSON string literal, quotes included.
-std::string quote_json(std::string_view text);
-
 }  // namespace loom::sim

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "json.hpp"
+#include "json_quoted.hpp"
 #include "loom/algorithm_selector.hpp"
 #include "loom/error.hpp"
 #include "loom/output_file.hpp"
@@ -69,10 +70,9 @@ StepProfile profile_step(const Graph& graph, std::span<const std::vector<NodeTim
 }
 
 void write_step_profile(const StepProfile& p, std::ostream& out) {
-  using sim::quote_json;
   out.precision(9);
-  out << "{\"loom-step-profile\": 1, \"label\": " << quote_json(p.label)
-      << ", \"backend\": " << quote_json(p.backend) << ", \"ranks\": " << p.ranks
+  out << "{\"loom-step-profile\": 1, \"label\": " << json_quoted(p.label)
+      << ", \"backend\": " << json_quoted(p.backend) << ", \"ranks\": " << p.ranks
       << ", \"workers\": " << p.workers
       << ", \"collectives_in_flight\": " << p.collectives_in_flight
       << ", \"measured_step_s\": " << p.measured_step_s
@@ -80,7 +80,7 @@ void write_step_profile(const StepProfile& p, std::ostream& out) {
       << ", \"measured_compute_s\": " << p.measured_compute_s << ",\n \"nodes\": [\n";
   for (std::size_t i = 0; i < p.nodes.size(); ++i) {
     const ProfiledNode& n = p.nodes[i];
-    out << "  {\"name\": " << quote_json(n.name) << ", \"kind\": \"" << to_string(n.kind)
+    out << "  {\"name\": " << json_quoted(n.name) << ", \"kind\": \"" << to_string(n.kind)
         << "\", \"priority\": " << n.priority;
     if (communicates(n.kind)) out << ", \"op\": \"" << to_string(n.op) << "\"";
     out << ", \"bytes\": " << n.bytes << ", \"duration_s\": " << n.duration_s

@@ -9,6 +9,7 @@
 #include "loom/algorithm_selector.hpp"
 #include "loom/error.hpp"
 #include "loom/local.hpp"
+#include "scoped_env.hpp"
 
 namespace loom {
 namespace {
@@ -407,28 +408,30 @@ TEST(AlgorithmSelector, ModelFallsBackPastACandidateThatCannotRun) {
 }
 
 TEST(AlgorithmSelector, EnvironmentOverridesAndTuningFile) {
-  ::setenv("LOOM_ALLREDUCE", "rd:0-8K;rabenseifner:8K-1M;ring:1M-max", 1);
-  ::unsetenv("LOOM_TUNING_FILE");
+  test::ScopedEnv no_tuning("LOOM_TUNING_FILE", nullptr);
   {
+    test::ScopedEnv ranges("LOOM_ALLREDUCE", "rd:0-8K;rabenseifner:8K-1M;ring:1M-max");
     const auto s = AlgorithmSelector::from_environment();
     LocalWorld world(2);
     std::vector<float> v(4096);  // 16 KiB
     EXPECT_EQ(s.choose(allreduce_of(v), world.backend(0)).algorithm, Algorithm::rabenseifner);
     EXPECT_TRUE(s.using_defaults());
   }
-  ::setenv("LOOM_ALLREDUCE", "rd:0-8K;ring:4K-max", 1);
-  try {
-    AlgorithmSelector::from_environment();
-    ADD_FAILURE() << "overlapping ranges accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("LOOM_ALLREDUCE"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("overlap"), std::string::npos) << e.what();
+  {
+    test::ScopedEnv overlapping("LOOM_ALLREDUCE", "rd:0-8K;ring:4K-max");
+    try {
+      AlgorithmSelector::from_environment();
+      ADD_FAILURE() << "overlapping ranges accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("LOOM_ALLREDUCE"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("overlap"), std::string::npos) << e.what();
+    }
   }
-  ::unsetenv("LOOM_ALLREDUCE");
-  ::setenv("LOOM_BROADCAST", "ring:0-max", 1);
-  expect_error(ErrorCode::invalid_argument, "LOOM_BROADCAST: ring does not implement broadcast",
-               [] { AlgorithmSelector::from_environment(); });
-  ::unsetenv("LOOM_BROADCAST");
+  {
+    test::ScopedEnv broadcast("LOOM_BROADCAST", "ring:0-max");
+    expect_error(ErrorCode::invalid_argument, "LOOM_BROADCAST: ring does not implement broadcast",
+                 [] { AlgorithmSelector::from_environment(); });
+  }
   const std::string path = ::testing::TempDir() + "/selector_test.tuning";
   {
     std::FILE* f = std::fopen(path.c_str(), "w");
@@ -439,14 +442,15 @@ TEST(AlgorithmSelector, EnvironmentOverridesAndTuningFile) {
         f);
     std::fclose(f);
   }
-  ::setenv("LOOM_TUNING_FILE", path.c_str(), 1);
-  const auto tuned = AlgorithmSelector::from_environment();
-  EXPECT_FALSE(tuned.using_defaults());
-  EXPECT_DOUBLE_EQ(tuned.tuning().cost.alpha_s, 3e-6);
-  ::setenv("LOOM_TUNING_FILE", "/nonexistent/file", 1);
+  {
+    test::ScopedEnv tuning("LOOM_TUNING_FILE", path.c_str());
+    const auto tuned = AlgorithmSelector::from_environment();
+    EXPECT_FALSE(tuned.using_defaults());
+    EXPECT_DOUBLE_EQ(tuned.tuning().cost.alpha_s, 3e-6);
+  }
+  test::ScopedEnv missing("LOOM_TUNING_FILE", "/nonexistent/file");
   expect_error(ErrorCode::invalid_argument, "cannot read the tuning file '/nonexistent/file'",
                [] { AlgorithmSelector::from_environment(); });
-  ::unsetenv("LOOM_TUNING_FILE");
 }
 
 }  // namespace

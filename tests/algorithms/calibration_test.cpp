@@ -12,40 +12,32 @@
 #include "loom/error.hpp"
 #include "loom/local.hpp"
 #include "loom/topology.hpp"
+#include "scoped_env.hpp"
 
 namespace loom {
 namespace {
 
-class ScopedVariable {
- public:
-  ScopedVariable(const char* name, const char* value) : _name(name) { ::setenv(name, value, 1); }
-  ~ScopedVariable() { ::unsetenv(_name); }
-
- private:
-  const char* _name;
-};
-
 TEST(CalibrationOptions, ReadsTheEnvironment) {
-  ScopedVariable cache("LOOM_CALIBRATION_CACHE", "/tmp/loom-cache-test");
+  test::ScopedEnv cache("LOOM_CALIBRATION_CACHE", "/tmp/loom-cache-test");
   {
-    ScopedVariable off("LOOM_CALIBRATION", "0");
+    test::ScopedEnv off("LOOM_CALIBRATION", "0");
     EXPECT_FALSE(CalibrationOptions::from_environment());
   }
   {
-    ScopedVariable on("LOOM_CALIBRATION", "1");
+    test::ScopedEnv on("LOOM_CALIBRATION", "1");
     const auto o = CalibrationOptions::from_environment();
     ASSERT_TRUE(o);
     EXPECT_EQ(o->collectives, std::vector<Collective>{Collective::allreduce});
     EXPECT_EQ(o->cache_directory, "/tmp/loom-cache-test");
   }
   {
-    ScopedVariable list("LOOM_CALIBRATION", "allreduce,allgather");
+    test::ScopedEnv list("LOOM_CALIBRATION", "allreduce,allgather");
     const auto o = CalibrationOptions::from_environment();
     ASSERT_TRUE(o);
     EXPECT_EQ(o->collectives,
               (std::vector<Collective>{Collective::allreduce, Collective::allgather}));
   }
-  ScopedVariable bad("LOOM_CALIBRATION", "allreduce,everything");
+  test::ScopedEnv bad("LOOM_CALIBRATION", "allreduce,everything");
   try {
     CalibrationOptions::from_environment();
     ADD_FAILURE() << "no error";
@@ -58,9 +50,9 @@ TEST(CalibrationOptions, ReadsTheEnvironment) {
 }
 
 TEST(CalibrationOptions, DefaultsToTheUserCacheAndSixteenBytesToSixteenMebibytes) {
-  ::unsetenv("LOOM_CALIBRATION");
-  ::unsetenv("LOOM_CALIBRATION_CACHE");
-  ScopedVariable xdg("XDG_CACHE_HOME", "/tmp/xdg");
+  test::ScopedEnv calibration("LOOM_CALIBRATION", nullptr);
+  test::ScopedEnv cache("LOOM_CALIBRATION_CACHE", nullptr);
+  test::ScopedEnv xdg("XDG_CACHE_HOME", "/tmp/xdg");
   const auto o = CalibrationOptions::from_environment();
   ASSERT_TRUE(o);
   EXPECT_EQ(o->cache_directory, "/tmp/xdg/loom");
@@ -99,7 +91,7 @@ TEST(CalibrationKey, EveryPartNamesAnotherFile) {
 }
 
 TEST(CalibrationKey, ComesFromTheRanksPlacementAndLoomLink) {
-  const ScopedVariable link("LOOM_LINK", "10gbit/s");
+  const test::ScopedEnv link("LOOM_LINK", "10gbit/s");
   std::mutex mutex;
   std::vector<CalibrationKey> keys;
   LocalWorld::run(Topology::blocks(3, 2), [&](Backend& b) {

@@ -10,6 +10,7 @@
 #include "backends/mpi_world.hpp"
 #include "loom/executor.hpp"
 #include "loom/mpi.hpp"
+#include "scoped_env.hpp"
 
 namespace loom {
 namespace {
@@ -62,7 +63,8 @@ TEST(MpiAlgorithmChannel, TrafficNeverMatchesAUsersReceive) {
 TEST(MpiExecutorAlgorithms, SelectedAlgorithmsRunInTheGraph) {
   Backend& b = world();
   const int n = b.world_size();
-  ::setenv("LOOM_ALLREDUCE", "rd:0-1K;rabenseifner:1K-max", 1);
+  std::optional<test::ScopedEnv> ranges(std::in_place, "LOOM_ALLREDUCE",
+                                        "rd:0-1K;rabenseifner:1K-max");
   std::vector<double> small(9), large(20000);
   Graph g;
   auto fill = g.compute("fill", [&] {
@@ -75,7 +77,7 @@ TEST(MpiExecutorAlgorithms, SelectedAlgorithmsRunInTheGraph) {
   ExecutorOptions options;
   options.profile = true;
   Executor ex(g, b, options);
-  ::unsetenv("LOOM_ALLREDUCE");
+  ranges.reset();
   std::string failure;
   for (int step = 0; step < 3; ++step) {
     ex.run();

@@ -207,10 +207,11 @@ TEST(MpiCalibration, AnotherRankCountDoesNotReuseTheCache) {
 TEST(MpiCalibration, ZeroKeepsTheModel) {
   Backend& b = world();
   TemporaryDirectory directory;
-  ::setenv("LOOM_CALIBRATION", "0", 1);
-  ::setenv("LOOM_CALIBRATION_CACHE", directory.path().c_str(), 1);
-  const AlgorithmSelector selector = AlgorithmSelector::for_backend(b);
-  ::unsetenv("LOOM_CALIBRATION_CACHE");
+  const AlgorithmSelector selector = [&] {
+    test::ScopedEnv off("LOOM_CALIBRATION", "0");
+    test::ScopedEnv cache("LOOM_CALIBRATION_CACHE", directory.path().c_str());
+    return AlgorithmSelector::for_backend(b);
+  }();
   std::string failure;
   if (!selector.using_defaults()) failure = "origin " + selector.origin();
   std::vector<float> v(16);
@@ -260,16 +261,17 @@ TEST(MpiCalibration, ExecutorUsesTheCachedCalibration) {
   const std::string path =
       directory.path() + "/" + calibration_key(b, Collective::allreduce).file_name();
   const std::string written = b.rank() == 0 ? read_text(path) : "";
-  ::setenv("LOOM_CALIBRATION", "1", 1);
-  ::setenv("LOOM_CALIBRATION_CACHE", directory.path().c_str(), 1);
   std::vector<float> v(16, 1.0f);
   Graph g;
   g.allreduce("small", Buffer::of(std::span(v)));
   ExecutorOptions options;
   options.profile = true;
+  std::optional<test::ScopedEnv> on(std::in_place, "LOOM_CALIBRATION", "1");
+  std::optional<test::ScopedEnv> cache(std::in_place, "LOOM_CALIBRATION_CACHE",
+                                       directory.path().c_str());
   Executor ex(g, b, options);
-  ::setenv("LOOM_CALIBRATION", "0", 1);
-  ::unsetenv("LOOM_CALIBRATION_CACHE");
+  cache.reset();
+  on.reset();
   ex.run();
   std::string failure;
   for (const NodeTiming& t : ex.last_run())

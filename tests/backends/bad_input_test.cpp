@@ -58,7 +58,7 @@ TEST(BackendFactory, NcclWithoutItBuiltIsUnavailable) {
 
 TEST(BackendFactory, LocalIsTheDefaultOutsideMpirun) {
   if (launched_by_mpirun()) GTEST_SKIP() << "launched by mpirun";
-  ::unsetenv("LOOM_BACKEND");
+  test::ScopedEnv env("LOOM_BACKEND", nullptr);
   auto backend = create_backend();
   EXPECT_EQ(backend->name(), "local");
   EXPECT_EQ(backend->world_size(), 1);
@@ -138,15 +138,16 @@ TEST(BackendFactory, RegisteringTwiceOrEmptyIsNamed) {
 }
 
 TEST(BackendFactory, EnvironmentChoosesTheBackend) {
-  ::setenv("LOOM_BACKEND", "nonsense", 1);
-  expect_error(
-      ErrorCode::invalid_argument,
-      "unknown backend 'nonsense' (from LOOM_BACKEND) (known: local, mpi, nccl, ucx; available "
-      "in this build: local",
-      [] { create_backend(); });
-  ::setenv("LOOM_BACKEND", "local", 1);
+  {
+    test::ScopedEnv env("LOOM_BACKEND", "nonsense");
+    expect_error(
+        ErrorCode::invalid_argument,
+        "unknown backend 'nonsense' (from LOOM_BACKEND) (known: local, mpi, nccl, ucx; available "
+        "in this build: local",
+        [] { create_backend(); });
+  }
+  test::ScopedEnv env("LOOM_BACKEND", "local");
   EXPECT_EQ(create_backend()->name(), "local");
-  ::unsetenv("LOOM_BACKEND");
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 #include "loom/algorithm_selector.hpp"
 #include "loom/error.hpp"
 #include "loom/store.hpp"
+#include "scoped_env.hpp"
 
 namespace loom {
 namespace {
@@ -261,8 +262,7 @@ TEST(UcxGroups, NoStoreIsANamedError) {
   std::string failure;
   if (std::getenv("LOOM_STORE") == nullptr) failure = "run under loom-launch";
   // Without LOOM_STORE in the setup nor the environment: refuse, naming what to set.
-  const std::string saved = std::getenv("LOOM_STORE") ? std::getenv("LOOM_STORE") : "";
-  ::unsetenv("LOOM_STORE");
+  std::optional<test::ScopedEnv> no_store(std::in_place, "LOOM_STORE", nullptr);
   try {
     create_backend("ucx", none);
     failure = "made without a store";
@@ -271,7 +271,7 @@ TEST(UcxGroups, NoStoreIsANamedError) {
         std::string(e.what()).find("LOOM_STORE") == std::string::npos)
       failure = std::string("unexpected error: ") + e.what();
   }
-  ::setenv("LOOM_STORE", saved.c_str(), 1);
+  no_store.reset();
   expect_all_ranks_ok(failure);
 }
 

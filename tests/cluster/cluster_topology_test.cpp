@@ -18,6 +18,7 @@
 #include "loom/algorithm.hpp"
 #include "loom/algorithm_selector.hpp"
 #include "loom/topology.hpp"
+#include "scoped_env.hpp"
 
 namespace loom {
 namespace {
@@ -91,9 +92,10 @@ TEST(ClusterTopology, HierarchicalAllreduceIsExact) {
   Backend& b = world();
   const int n = b.world_size();
   const Topology& t = b.topology();
-  ::setenv("LOOM_ALLREDUCE", "hierarchical:0-max", 1);
-  const AlgorithmSelector selector = AlgorithmSelector::from_environment();
-  ::unsetenv("LOOM_ALLREDUCE");
+  const AlgorithmSelector selector = [] {
+    test::ScopedEnv env("LOOM_ALLREDUCE", "hierarchical:0-max");
+    return AlgorithmSelector::from_environment();
+  }();
   const bool can = t.node_count() < n;
   std::string failure;
   for (std::size_t count : {std::size_t{1}, std::size_t{3}, std::size_t{7}, std::size_t{1} << 20,

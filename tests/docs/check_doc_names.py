@@ -17,10 +17,12 @@ What a doc may name, and where it must exist:
   markdown links and images (`[x](../bench/RESULTS.md#2-scheduler)`, outside code fences)
       the file or folder, resolved from the doc's own folder; an #anchor must be the GitHub
       anchor of a heading of the target (of the doc itself when no file is given)
-A doc that does not exist is a failure (a check of nothing must not pass). With --comments, the
-comments of every source file (C++, CMake, shell, Python) are checked too: the paths they name
-(files, and folders under a top-level folder) must exist. Every missing name is reported with
-its line. Standard library only.
+Every line of docs/ARCHITECTURE.md is at most 400 characters (MAX_LINE_LENGTH): a table row that
+says more is split into rows, one per concern; a longer line is reported with its number and
+length. A doc that does not exist is a failure (a check of nothing must not pass). With
+--comments, the comments of every source file (C++, CMake, shell, Python) are checked too: the
+paths they name (files, and folders under a top-level folder) must exist. Every missing name is
+reported with its line. Standard library only.
 """
 import argparse
 import functools
@@ -43,6 +45,8 @@ CPP_COMMENT = re.compile(r"//(.*)$")
 CODE_SPAN = re.compile(r"`([^`]+)`")
 LINK = re.compile(r"\]\(([^)\s]+)\)")  # [text](target) and ![alt](target)
 FENCE = re.compile(r"^\s*(`{3,}|~{3,})")
+# Docs whose every line has a maximum length, by path from the root.
+MAX_LINE_LENGTH = {pathlib.PurePosixPath("docs/ARCHITECTURE.md"): 400}
 HEADING = re.compile(r"^#{1,6}\s+(.*?)[\s#]*$")
 GTEST = re.compile(r"^(?:(?P<binary>\w+):\s*)?(?:\w+/)?(?P<suite>[A-Z]\w*)\.(?P<test>[A-Z]\w*)"
                    r"(?:/\S*)?$")
@@ -265,6 +269,15 @@ def links_on(doc, line):
     return found
 
 
+def max_line_length(root, path):
+    """The most characters a line of the doc at `path` may have (None: no limit)."""
+    try:
+        relative = pathlib.PurePosixPath(path.resolve().relative_to(root).as_posix())
+    except ValueError:
+        return None
+    return MAX_LINE_LENGTH.get(relative)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", required=True, type=pathlib.Path)
@@ -284,7 +297,12 @@ def main():
             print("%s: the document does not exist" % doc)
             continue
         checked, in_fence = 0, False
+        max_length = max_line_length(args.root.resolve(), path)
         for number, line in enumerate(path.read_text().splitlines(), 1):
+            if max_length is not None and len(line) > max_length:
+                failures += 1
+                print("%s:%d: the line has %d characters, more than %d: split it (a table row "
+                      "into rows, one per concern)" % (doc, number, len(line), max_length))
             links, text = [], line
             if FENCE.match(line):
                 in_fence = not in_fence
@@ -312,7 +330,7 @@ def main():
                               (source.relative_to(tree.root), number, what, line.strip()))
         print("source comments: %d paths checked" % checked)
     if failures:
-        print("%d names in the docs do not exist" % failures)
+        print("%d names in the docs do not exist or lines are too long" % failures)
         return 1
     print("every file and test the docs name exists")
     return 0

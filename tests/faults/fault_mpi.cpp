@@ -22,6 +22,7 @@
 #include "loom/executor.hpp"
 #include "loom/gradient_reducer.hpp"
 #include "loom/reducer_prediction.hpp"
+#include "scoped_env.hpp"
 
 namespace {
 
@@ -117,7 +118,8 @@ int main(int argc, char** argv) {
     if (mode == "skip" || mode == "reorder" || mode == "priority" || mode == "tuning") {
       // Each of these makes the victim's compiled sequence differ: compile's cross-rank check
       // must refuse on every rank, naming the first difference.
-      if (victim && mode == "tuning") ::setenv("LOOM_ALLREDUCE", "ring:0-max", 1);
+      std::optional<loom::test::ScopedEnv> tuning;
+      if (victim && mode == "tuning") tuning.emplace("LOOM_ALLREDUCE", "ring:0-max");
       two = std::make_unique<TwoCollectives>(mode, victim);
       if (victim) announce(rank, 0, ("compiling a different graph: " + mode).c_str());
       ex = std::make_unique<loom::Executor>(two->graph, *backend);

@@ -19,6 +19,7 @@
 #include "loom/error.hpp"
 #include "loom/local.hpp"
 #include "loom/nccl.hpp"
+#include "scoped_env.hpp"
 
 namespace loom {
 namespace {
@@ -100,21 +101,23 @@ TEST(NcclWithoutDevice, EveryRankFailsAlikeInsteadOfHanging) {
 }
 
 TEST(NcclConfig, EnvironmentIsParsedAndBadValuesNamed) {
-  ::setenv("LOOM_NCCL_DEVICE", "3", 1);
-  ::setenv("LOOM_TIMEOUT_S", "2.5", 1);
-  const auto config = NcclConfig::from_env();
-  EXPECT_EQ(config.device, 3);
-  EXPECT_EQ(config.timeout, std::chrono::milliseconds(2500));
-  ::setenv("LOOM_NCCL_DEVICE", "gpu1", 1);
-  EXPECT_NE(message_of([] { NcclConfig::from_env(); }, ErrorCode::invalid_argument)
-                .find("LOOM_NCCL_DEVICE='gpu1'"),
-            std::string::npos);
-  ::unsetenv("LOOM_NCCL_DEVICE");
-  ::setenv("LOOM_TIMEOUT_S", "-1", 1);
+  {
+    test::ScopedEnv device("LOOM_NCCL_DEVICE", "3");
+    test::ScopedEnv timeout("LOOM_TIMEOUT_S", "2.5");
+    const auto config = NcclConfig::from_env();
+    EXPECT_EQ(config.device, 3);
+    EXPECT_EQ(config.timeout, std::chrono::milliseconds(2500));
+  }
+  {
+    test::ScopedEnv device("LOOM_NCCL_DEVICE", "gpu1");
+    EXPECT_NE(message_of([] { NcclConfig::from_env(); }, ErrorCode::invalid_argument)
+                  .find("LOOM_NCCL_DEVICE='gpu1'"),
+              std::string::npos);
+  }
+  test::ScopedEnv timeout("LOOM_TIMEOUT_S", "-1");
   EXPECT_NE(message_of([] { NcclConfig::from_env(); }, ErrorCode::invalid_argument)
                 .find("LOOM_TIMEOUT_S='-1'"),
             std::string::npos);
-  ::unsetenv("LOOM_TIMEOUT_S");
 }
 
 // ---- on a GPU ----

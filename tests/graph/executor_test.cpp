@@ -562,10 +562,12 @@ TEST(Executor, WatchdogNamesTheCollectiveAndItsIssueIndex) {
 }
 
 TEST(ExecutorOptions, TimeoutEnvironmentIsParsedStrictly) {
-  ::setenv("LOOM_TIMEOUT_S", "2.5", 1);
-  EXPECT_DOUBLE_EQ(ExecutorOptions{}.resolved().timeout->count(), 2.5);
+  {
+    test::ScopedEnv env("LOOM_TIMEOUT_S", "2.5");
+    EXPECT_DOUBLE_EQ(ExecutorOptions{}.resolved().timeout->count(), 2.5);
+  }
   for (const char* bad : {"abc", "10s", "-1", " 3", "nan"}) {
-    ::setenv("LOOM_TIMEOUT_S", bad, 1);
+    test::ScopedEnv env("LOOM_TIMEOUT_S", bad);
     try {
       (void)ExecutorOptions{}.resolved();
       ADD_FAILURE() << "accepted LOOM_TIMEOUT_S=" << bad;
@@ -574,7 +576,7 @@ TEST(ExecutorOptions, TimeoutEnvironmentIsParsedStrictly) {
       EXPECT_NE(e.message().find("LOOM_TIMEOUT_S"), std::string::npos) << e.what();
     }
   }
-  ::unsetenv("LOOM_TIMEOUT_S");
+  test::ScopedEnv env("LOOM_TIMEOUT_S", nullptr);
   ExecutorOptions explicit_options;
   explicit_options.timeout = std::chrono::duration<double>(7);
   EXPECT_DOUBLE_EQ(explicit_options.resolved().timeout->count(), 7);

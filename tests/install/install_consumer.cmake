@@ -14,3 +14,14 @@ foreach(step
     message(FATAL_ERROR "step failed (${rc}): ${step}\n${err}")
   endif()
 endforeach()
+# The tools installed with the library run from the prefix (their RPATH finds its libloom).
+foreach(tool loom-tune loom-predict)
+  if(EXISTS ${BUILD_DIR}/bin/${tool})
+    execute_process(COMMAND ${prefix}/bin/${tool} --help RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                    ERROR_VARIABLE err)
+    if(NOT rc EQUAL 0 OR NOT out MATCHES "usage: ${tool}")
+      message(FATAL_ERROR "installed ${tool} --help failed (${rc}): ${out}${err}")
+    endif()
+    message("installed ${tool}: runs")
+  endif()
+endforeach()

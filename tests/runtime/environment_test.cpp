@@ -11,15 +11,10 @@
 #include <string>
 
 #include "loom/error.hpp"
+#include "scoped_env.hpp"
 
 namespace loom {
 namespace {
-
-struct ScopedVariable {
-  ScopedVariable(const char* name, const char* value) : name(name) { ::setenv(name, value, 1); }
-  ~ScopedVariable() { ::unsetenv(name); }
-  const char* name;
-};
 
 std::string error_of(auto&& call) {
   try {
@@ -32,9 +27,9 @@ std::string error_of(auto&& call) {
 }
 
 TEST(Environment, UnsetAndEmptyAreTheSame) {
-  ::unsetenv("LOOM_TEST_VALUE");
+  test::ScopedEnv no_loom_test_value("LOOM_TEST_VALUE", nullptr);
   EXPECT_FALSE(environment::text("LOOM_TEST_VALUE"));
-  ScopedVariable empty("LOOM_TEST_VALUE", "");
+  test::ScopedEnv empty("LOOM_TEST_VALUE", "");
   EXPECT_FALSE(environment::text("LOOM_TEST_VALUE"));
   EXPECT_FALSE(environment::seconds("LOOM_TEST_VALUE"));
   EXPECT_FALSE(environment::flag("LOOM_TEST_VALUE"));
@@ -44,11 +39,11 @@ TEST(Environment, UnsetAndEmptyAreTheSame) {
 TEST(Environment, SecondsAcceptPlainDecimalsOnly) {
   for (const auto& [text, expected] :
        std::map<std::string, double>{{"30", 30}, {"0.5", 0.5}, {"0", 0}, {"1e3", 1000}}) {
-    ScopedVariable v("LOOM_TEST_SECONDS", text.c_str());
+    test::ScopedEnv v("LOOM_TEST_SECONDS", text.c_str());
     EXPECT_EQ(environment::seconds("LOOM_TEST_SECONDS"), expected) << text;
   }
   for (const char* bad : {"abc", "-1", "inf", "nan", " 5", "5 ", "+5", "0x10", "5s"}) {
-    ScopedVariable v("LOOM_TEST_SECONDS", bad);
+    test::ScopedEnv v("LOOM_TEST_SECONDS", bad);
     EXPECT_EQ(error_of([] { environment::seconds("LOOM_TEST_SECONDS"); }),
               std::string("LOOM_TEST_SECONDS='") + bad +
                   "' is not a number of seconds (expected e.g. 30 or 0.5; 0 disables the "
@@ -58,25 +53,25 @@ TEST(Environment, SecondsAcceptPlainDecimalsOnly) {
 
 TEST(Environment, FlagsAreZeroOrOne) {
   {
-    ScopedVariable v("LOOM_TEST_FLAG", "1");
+    test::ScopedEnv v("LOOM_TEST_FLAG", "1");
     EXPECT_EQ(environment::flag("LOOM_TEST_FLAG"), true);
   }
   {
-    ScopedVariable v("LOOM_TEST_FLAG", "0");
+    test::ScopedEnv v("LOOM_TEST_FLAG", "0");
     EXPECT_EQ(environment::flag("LOOM_TEST_FLAG"), false);
   }
-  ScopedVariable v("LOOM_TEST_FLAG", "yes");
+  test::ScopedEnv v("LOOM_TEST_FLAG", "yes");
   EXPECT_EQ(error_of([] { environment::flag("LOOM_TEST_FLAG"); }),
             "LOOM_TEST_FLAG='yes' is not valid (expected 0 or 1)");
 }
 
 TEST(Environment, IntegersNameTheirRange) {
   {
-    ScopedVariable v("LOOM_TEST_INT", "7");
+    test::ScopedEnv v("LOOM_TEST_INT", "7");
     EXPECT_EQ(environment::integer("LOOM_TEST_INT", 0, 1024), 7);
   }
   for (const char* bad : {"-1", "1025", "3.5", "x"}) {
-    ScopedVariable v("LOOM_TEST_INT", bad);
+    test::ScopedEnv v("LOOM_TEST_INT", bad);
     EXPECT_EQ(error_of([] { environment::integer("LOOM_TEST_INT", 0, 1024); }),
               std::string("LOOM_TEST_INT='") + bad +
                   "' is not valid (expected an integer from 0 to 1024)");
@@ -84,18 +79,18 @@ TEST(Environment, IntegersNameTheirRange) {
 }
 
 TEST(Environment, TimeoutZeroDisablesAndHugeValuesAreCapped) {
-  ::unsetenv("LOOM_TIMEOUT_S");
+  test::ScopedEnv no_loom_timeout_s("LOOM_TIMEOUT_S", nullptr);
   EXPECT_EQ(environment::timeout(), std::chrono::seconds(300));
   {
-    ScopedVariable v("LOOM_TIMEOUT_S", "0");
+    test::ScopedEnv v("LOOM_TIMEOUT_S", "0");
     EXPECT_EQ(environment::timeout().count(), 0);
   }
   {
-    ScopedVariable v("LOOM_TIMEOUT_S", "2.5");
+    test::ScopedEnv v("LOOM_TIMEOUT_S", "2.5");
     EXPECT_EQ(environment::timeout(), std::chrono::milliseconds(2500));
   }
   {
-    ScopedVariable v("LOOM_TIMEOUT_S", "1e300");
+    test::ScopedEnv v("LOOM_TIMEOUT_S", "1e300");
     EXPECT_EQ(environment::timeout(), std::chrono::seconds(1'000'000'000));
   }
   EXPECT_EQ(error_of([] { environment::timeout_from_seconds(-1, "ExecutorOptions::timeout"); }),
@@ -103,26 +98,26 @@ TEST(Environment, TimeoutZeroDisablesAndHugeValuesAreCapped) {
 }
 
 TEST(Environment, LauncherRanksComeFromTheLaunchersVariables) {
-  ::unsetenv("OMPI_COMM_WORLD_LOCAL_RANK");
-  ::unsetenv("MPI_LOCALRANKID");
-  ::unsetenv("LOCAL_RANK");
+  test::ScopedEnv no_ompi_comm_world_local_rank("OMPI_COMM_WORLD_LOCAL_RANK", nullptr);
+  test::ScopedEnv no_mpi_localrankid("MPI_LOCALRANKID", nullptr);
+  test::ScopedEnv no_local_rank("LOCAL_RANK", nullptr);
   EXPECT_FALSE(environment::launcher_local_rank());
-  ScopedVariable v("LOCAL_RANK", "3");
+  test::ScopedEnv v("LOCAL_RANK", "3");
   EXPECT_EQ(environment::launcher_local_rank(), 3);
 }
 
 TEST(Environment, TheJobsSizeComesFromTheLaunchersVariablesAndIsACount) {
-  ::unsetenv("OMPI_COMM_WORLD_SIZE");
-  ::unsetenv("PMIX_SIZE");
-  ::unsetenv("PMI_SIZE");
+  test::ScopedEnv no_ompi_comm_world_size("OMPI_COMM_WORLD_SIZE", nullptr);
+  test::ScopedEnv no_pmix_size("PMIX_SIZE", nullptr);
+  test::ScopedEnv no_pmi_size("PMI_SIZE", nullptr);
   EXPECT_FALSE(environment::launcher_world_size());
   {
-    ScopedVariable v("PMI_SIZE", "5");
+    test::ScopedEnv v("PMI_SIZE", "5");
     EXPECT_EQ(environment::launcher_world_size(), 5);
-    ScopedVariable open_mpi("OMPI_COMM_WORLD_SIZE", "3");  // Open MPI's comes first
+    test::ScopedEnv open_mpi("OMPI_COMM_WORLD_SIZE", "3");  // Open MPI's comes first
     EXPECT_EQ(environment::launcher_world_size(), 3);
   }
-  ScopedVariable garbage("PMIX_SIZE", "4 ranks");  // not a count: ignored (atoi read 4)
+  test::ScopedEnv garbage("PMIX_SIZE", "4 ranks");  // not a count: ignored (atoi read 4)
   EXPECT_FALSE(environment::launcher_world_size());
 }
 

@@ -12,6 +12,7 @@
 
 #include "loom/executor.hpp"
 #include "loom/local.hpp"
+#include "scoped_env.hpp"
 #include "soak/soak.hpp"
 
 namespace loom {
@@ -32,7 +33,7 @@ TEST(Soak, ProfiledRunsWithTraceKeepMemoryFlat) {
   const long runs = test::sanitized_build ? 20000 : 40000;
   const long warmup = runs / 10;
   const std::string trace = testing::TempDir() + "soak_profiled_trace.json";
-  ::setenv("LOOM_TRACE", trace.c_str(), 1);
+  std::optional<test::ScopedEnv> tracing(std::in_place, "LOOM_TRACE", trace.c_str());
   std::mutex mutex;
   std::vector<std::string> failures;
   LocalWorld::run(2, [&](Backend& backend) {
@@ -76,7 +77,7 @@ TEST(Soak, ProfiledRunsWithTraceKeepMemoryFlat) {
       failures.push_back("rank " + std::to_string(backend.rank()) + ":" + failure);
     }
   });
-  ::unsetenv("LOOM_TRACE");
+  tracing.reset();
   EXPECT_TRUE(failures.empty()) << failures.front();
   for (int r = 0; r < 2; ++r)
     std::remove(

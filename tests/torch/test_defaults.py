@@ -8,7 +8,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import loom_torch
-from test_parallelize import OPTIMIZERS, assert_like_ddp, data, flat, fresh, loss_of
+from helpers import OPTIMIZERS, assert_like_ddp, data, flat, fresh, loss_of
 
 
 def ddp_run(name, optimizer, rank, steps, gloo, zero="opt"):

@@ -4,13 +4,12 @@ Each case trains the same model (same seed, same per-rank data) with Distributed
 the job's Gloo group and with loom_torch.parallelize on the default loom group, with the
 wrappers' default arguments unless the pattern needs an option, and compares what the loop
 produces (parameters, gradient norms, learning rates, EMA weights, evaluation losses): fp32
-parameters through test_parallelize's assert_like_ddp (rtol 1e-5, atol 1e-6, and bit-identical
+parameters through helpers.assert_like_ddp (rtol 1e-5, atol 1e-6, and bit-identical
 on every rank). bf16 autocast and torch.compile, which amplify last-bit differences, are held
 to "as close to DDP as DDP is to itself with other buckets" (assert_as_close_as_ddp_to_itself).
 Every rank runs every case in the same order (no rank-dependent skip), so the collectives
 match.
 """
-import copy
 import os
 import shutil
 import tempfile
@@ -25,8 +24,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import loom_torch
-from test_parallelize import (OPTIMIZERS, STEPS, Encoder, assert_like_ddp, data, flat,
-                              fresh, identical_on_every_rank, loss_of)
+from helpers import (OPTIMIZERS, STEPS, Encoder, assert_like_ddp, data, flat,
+                     fresh, identical_on_every_rank, loss_of)
 
 TINY_CAP_MB = 0.002  # DDP with a few KiB per bucket: the "DDP against itself" reference
 

@@ -5,9 +5,13 @@
 
 Importing loom_torch registers the backend "loom" with torch.distributed (a c10d Backend for
 cpu and cuda: "loom" and "cpu:loom,cuda:loom" both work, and subgroups from new_group and
-DeviceMesh). Under mpirun, RANK, WORLD_SIZE and LOCAL_RANK are taken from the launcher when
-unset, and MASTER_ADDR/MASTER_PORT (for torch's store) are agreed over loom's mpi backend: rank
-0's host name and a free port.
+DeviceMesh) and an atexit hook that stops every loom group's threads before Python finalises.
+Under mpirun, RANK, WORLD_SIZE and LOCAL_RANK are taken from the launcher when unset, and
+MASTER_ADDR/MASTER_PORT (for torch's store) are agreed over loom's mpi backend: rank 0's host
+name and a free port, in one MPI broadcast. That broadcast must happen at import: torch's env://
+rendezvous reads MASTER_ADDR/MASTER_PORT inside init_process_group, before any backend of ours
+is made, so every rank imports loom_torch before init_process_group (as it must to name the
+backend). The first loom group made also wraps sys.excepthook (_exit_after_loom_timeout).
 """
 import atexit
 import os
@@ -84,9 +88,16 @@ def setup_environment():
     os.environ.setdefault("MASTER_PORT", port)
 
 
+_excepthook_installed = False
+
+
 def _create(options, backend_options=None):
     # torch's extended creator API: the group's store, rank, size, timeout, its name and the
     # job's ranks in it (empty for the default group).
+    global _excepthook_installed
+    if not _excepthook_installed:
+        sys.excepthook = _exit_after_loom_timeout(sys.excepthook)
+        _excepthook_installed = True
     return ProcessGroupLoom(options.store, options.group_rank, options.group_size, options.timeout,
                             [int(r) for r in (options.global_ranks_in_group or [])],
                             str(options.group_id or ""))
@@ -117,7 +128,6 @@ def _exit_after_loom_timeout(previous):
 
 if "LOOM" not in dist.Backend._plugins:
     dist.Backend.register_backend("loom", _create, extended_api=True, devices=["cpu", "cuda"])
-    sys.excepthook = _exit_after_loom_timeout(sys.excepthook)
     # Before Python finalises: every group's progress thread stopped, so none drops a tensor's
     # last reference (which takes the GIL) while the interpreter ends its threads (a group the
     # program never destroyed: PyTorch Lightning leaves the default group to the exit).

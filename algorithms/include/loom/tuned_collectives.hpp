@@ -1,7 +1,6 @@
 // TunedCollectives: a backend's collectives called without a graph, each through the algorithm
 // the AlgorithmSelector picks for it (as Open MPI's "tuned" component picks by decision rules),
-// reported to a profiler, with pinned staging memory from a PinnedPool. Seed 000 called this
-// CommunicationOptimizer; it optimises nothing beyond that choice, so it is named for what it is.
+// reported to a profiler, with pinned staging memory from a PinnedPool.
 #pragma once
 
 #include <memory>

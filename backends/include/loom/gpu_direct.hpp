@@ -37,7 +37,7 @@ struct GpuDirectCapabilities {
 GpuDirectCapabilities detect_gpu_direct();
 
 /// @brief Throws ErrorCode::unsupported listing every missing piece when `caps` cannot do
-/// CUDA-aware MPI (seed 000's EnableGPUDirect on an unsupported system).
+/// CUDA-aware MPI.
 void require_gpu_direct(const GpuDirectCapabilities& caps);
 
 }  // namespace loom

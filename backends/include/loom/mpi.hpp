@@ -9,7 +9,7 @@
 
 namespace loom {
 
-/// @brief How loom uses MPI (seed 001's MPIConfig); from_env() reads LOOM_MPI_* variables.
+/// @brief How loom uses MPI; from_env() reads LOOM_MPI_* variables.
 struct MpiConfig {
   /// @brief Pass device buffers straight to MPI when it reports CUDA support.
   bool use_cuda_aware = true;

@@ -7,7 +7,7 @@
 // (the running plan, then the best predicted plan for each in-flight limit, then the next best)
 // round-robin and keeps the running plan unless a plan measured faster by more than
 // plan_switch_gain, decided on rank 0's figures: a fitted wire misjudges what few cores and TCP
-// do to small messages (bench/results/2026-11-22_to_2026-11-24.md, "Automatic plan").
+// do to small messages.
 #pragma once
 
 #include <chrono>

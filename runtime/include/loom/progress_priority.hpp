@@ -10,15 +10,14 @@ namespace loom {
 /// With every core computing, a progress thread at normal priority waits up to a scheduler
 /// slice (milliseconds) each time it wakes to poll, and a transport that moves data only when
 /// polled (Open MPI over TCP: rendezvous handshakes, socket reads) then idles the wire: a 1 MiB
-/// allreduce on a 2 Gbit/s link took 12-16 ms beside backward against 8.4 ms alone
-/// (bench/results/2026-11-22_to_2026-11-24.md, "The progress thread's priority").
+/// allreduce on a 2 Gbit/s link took 12-16 ms beside backward against 8.4 ms alone.
 enum class ProgressPriority {
   /// realtime where the process may (root, CAP_SYS_NICE or RLIMIT_RTPRIO >= 1), else
   /// short_slice where the kernel has it, else normal; never an error. Three exceptions:
   /// normal when the host is oversubscribed (the launcher puts more ranks on it than the
   /// process may use CPUs, or than are online when it is bound to one): every core then already
   /// runs several ranks, and a progress thread that preempts them makes each step slower
-  /// (shared memory, 3-4 ranks on 2 cores: 8-15%, bench/results/2026-11-22_to_2026-11-24.md);
+  /// (shared memory, 3-4 ranks on 2 cores: 8-15%);
   /// normal when there are as many ranks as CPUs and the compute runs outside loom
   /// (ComputeBeside::outside); and no realtime when the process is bound to one CPU (see
   /// realtime)
@@ -41,15 +40,14 @@ enum class ProgressPriority {
 /// ProgressPriority::automatic weighs when the launcher puts as many ranks on the host as it has
 /// CPUs (each rank's compute then fills a core, and a thread above it preempts it).
 enum class ComputeBeside {
-  /// loom's own workers run the step's compute (an Executor whose graph has no external node:
-  /// DataParallelStep, a C++ user's step): automatic takes realtime, which completes each
-  /// collective as soon as the transport can move it (loom-overlap's MLP on 2 ranks on 2 cores,
-  /// 2 Gbit/s: 0.85x DDP's step with it, 0.90x at normal, bench/results/2026-11-27_mlp_lead.md)
+  /// loom's own workers run the step's compute (an Executor whose graph has no external
+  /// node): automatic takes realtime, which completes each collective as soon as the transport
+  /// can move it (an MLP step on 2 ranks on 2 cores at 2 Gbit/s: 0.85x DDP's step with it,
+  /// 0.90x at normal)
   loom_workers,
-  /// the compute runs outside loom (an autograd engine hands gradients over: an Executor with
-  /// external nodes, the torch process group): automatic stays normal there (parallelize's
-  /// transformer on 2 ranks on 2 cores, 6 launches each: 0.83x DDP's step at normal, 0.88x
-  /// with realtime, by the medians; same file)
+  /// the compute runs outside loom (an autograd engine hands gradients over to an Executor
+  /// with external nodes, or to a process group): automatic stays normal there (a transformer
+  /// trained on 2 ranks on 2 cores: 0.83x DDP's step at normal, 0.88x with realtime)
   outside,
 };
 
