@@ -16,6 +16,9 @@
 #include <stop_token>
 #include <string>
 
+#include "device_staging.hpp"
+#include "loom/config.hpp"
+#include "loom/cuda_device.hpp"
 #include "loom/error.hpp"
 
 namespace loom {
@@ -28,24 +31,81 @@ PointToPointBackend::PointToPointBackend(CollectiveStarter collectives)
                 "loom::start_on_algorithms)");
 }
 
+void PointToPointBackend::stage_device_buffers([[maybe_unused]] std::size_t chunk_bytes,
+                                               [[maybe_unused]] cuda::NativeStream input_stream) {
+#if LOOM_HAVE_CUDA
+  _staging = std::make_shared<DeviceStaging>(chunk_bytes, input_stream);
+#else
+  throw Error(ErrorCode::unavailable,
+              where("stage device buffers") + ": loom was built without CUDA");
+#endif
+}
+
+bool PointToPointBackend::supports(Device device) const noexcept {
+  if (device.kind == DeviceKind::cpu) return true;
+  return _staging && device.kind == DeviceKind::cuda && device.index >= 0 &&
+         device.index < cuda::device_count();
+}
+
+bool PointToPointBackend::staged(Buffer buffer) const noexcept {
+  return _staging && buffer.device().kind == DeviceKind::cuda && !buffer.empty();
+}
+
+std::unique_ptr<Work> PointToPointBackend::stage([[maybe_unused]] StagingRequest request) {
+#if LOOM_HAVE_CUDA
+  return _staging->run(std::move(request));
+#else
+  throw Error(ErrorCode::internal, request.description + ": staging without CUDA");
+#endif
+}
+
+// A device buffer's operation runs on its host copy: the same call, on the host views the
+// staging hands each chunk.
 std::unique_ptr<Work> PointToPointBackend::start_broadcast(Buffer buffer, int root) {
+  if (staged(buffer)) {
+    const bool is_root = rank() == root;
+    return stage({where("broadcast") + ": " + buffer.describe() + " staged",
+                  is_root ? buffer : Buffer(), is_root ? Buffer() : buffer, true, true,
+                  [this, root](Buffer, Buffer host) { return start_broadcast(host, root); }});
+  }
   return _collectives(*this, {Collective::broadcast, buffer, buffer, ReduceOp::sum, root});
 }
 std::unique_ptr<Work> PointToPointBackend::start_reduce(Buffer send, Buffer recv, ReduceOp op,
                                                         int root) {
+  const bool is_root = rank() == root;
+  if (staged(send) || (is_root && staged(recv)))
+    return stage({where("reduce") + ": " + send.describe() + " staged", send,
+                  is_root ? recv : Buffer(), true, is_root && send.data() == recv.data(),
+                  [this, op, root](Buffer in, Buffer out) {
+                    return start_reduce(in, out.empty() ? in : out, op, root);
+                  }});
   return _collectives(*this, {Collective::reduce, send, recv, op, root});
 }
 std::unique_ptr<Work> PointToPointBackend::start_allreduce(Buffer send, Buffer recv, ReduceOp op) {
+  if (staged(send) || staged(recv))
+    return stage({where("allreduce") + ": " + send.describe() + " staged", send, recv, true,
+                  send.data() == recv.data(),
+                  [this, op](Buffer in, Buffer out) { return start_allreduce(in, out, op); }});
   return _collectives(*this, {Collective::allreduce, send, recv, op, 0});
 }
 std::unique_ptr<Work> PointToPointBackend::start_allgather(Buffer send, Buffer recv) {
+  if (staged(send) || staged(recv))
+    return stage({where("allgather") + ": " + send.describe() + " staged", send, recv, false, false,
+                  [this](Buffer in, Buffer out) { return start_allgather(in, out); }});
   return _collectives(*this, {Collective::allgather, send, recv, ReduceOp::sum, 0});
 }
 std::unique_ptr<Work> PointToPointBackend::start_reduce_scatter(Buffer send, Buffer recv,
                                                                 ReduceOp op) {
+  if (staged(send) || staged(recv))
+    return stage({where("reduce_scatter") + ": " + send.describe() + " staged", send, recv, false,
+                  false,
+                  [this, op](Buffer in, Buffer out) { return start_reduce_scatter(in, out, op); }});
   return _collectives(*this, {Collective::reduce_scatter, send, recv, op, 0});
 }
 std::unique_ptr<Work> PointToPointBackend::start_alltoall(Buffer send, Buffer recv) {
+  if (staged(send) || staged(recv))
+    return stage({where("alltoall") + ": " + send.describe() + " staged", send, recv, false, false,
+                  [this](Buffer in, Buffer out) { return start_alltoall(in, out); }});
   return _collectives(*this, {Collective::alltoall, send, recv, ReduceOp::sum, 0});
 }
 std::unique_ptr<Work> PointToPointBackend::start_barrier() {
@@ -53,9 +113,17 @@ std::unique_ptr<Work> PointToPointBackend::start_barrier() {
   return _collectives(*this, {Collective::barrier, none, none, ReduceOp::sum, 0});
 }
 std::unique_ptr<Work> PointToPointBackend::start_send(Buffer buffer, int peer, int tag) {
+  if (staged(buffer))
+    return stage({where("send") + ": " + buffer.describe() + " staged", buffer, Buffer(), false,
+                  false,
+                  [this, peer, tag](Buffer in, Buffer) { return start_send(in, peer, tag); }});
   return start_message(MessageChannel::user, true, buffer, peer, tag);
 }
 std::unique_ptr<Work> PointToPointBackend::start_recv(Buffer buffer, int peer, int tag) {
+  if (staged(buffer))
+    return stage({where("recv") + ": " + buffer.describe() + " staged", Buffer(), buffer, false,
+                  false,
+                  [this, peer, tag](Buffer, Buffer out) { return start_recv(out, peer, tag); }});
   return start_message(MessageChannel::user, false, buffer, peer, tag);
 }
 std::unique_ptr<Work> PointToPointBackend::start_algorithm_send(Buffer buffer, int peer, int tag) {

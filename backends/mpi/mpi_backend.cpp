@@ -17,9 +17,9 @@
 #include <utility>
 #include <vector>
 
+#include "../device_staging.hpp"
 #include "communicator.hpp"
 #include "construction_watch.hpp"
-#include "device_staging.hpp"
 #include "loom/call_watchdog.hpp"
 #include "loom/config.hpp"
 #include "loom/cuda_device.hpp"
@@ -81,7 +81,7 @@ class MpiBackend final : public Backend {
     set_rank_board(std::move(board));
     set_topology(std::move(topology));
 #if LOOM_HAVE_CUDA
-    _staging = std::make_unique<mpi::DeviceStaging>(
+    _staging = std::make_unique<DeviceStaging>(
         config.staging_chunk_bytes, static_cast<cuda::NativeStream>(config.staging_input_stream));
 #endif
     _construction.reset();  // every collective step of the construction returned
@@ -433,7 +433,7 @@ class MpiBackend final : public Backend {
   bool must_stage(Buffer buffer) const noexcept {
     return on_device(buffer) && !cuda_aware() && !buffer.empty();
   }
-  std::unique_ptr<Work> stage([[maybe_unused]] mpi::StagingRequest request) {
+  std::unique_ptr<Work> stage([[maybe_unused]] StagingRequest request) {
 #if LOOM_HAVE_CUDA
     return _staging->run(std::move(request));
 #else
@@ -518,7 +518,7 @@ class MpiBackend final : public Backend {
   MpiConfig _config;
   const mpi::MpiRuntime& _runtime;
 #if LOOM_HAVE_CUDA
-  std::unique_ptr<mpi::DeviceStaging> _staging;
+  std::unique_ptr<DeviceStaging> _staging;
 #endif
   std::shared_ptr<const Communicator> _communicator;
   std::shared_ptr<const Communicator> _algorithm_communicator;

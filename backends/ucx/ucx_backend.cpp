@@ -7,6 +7,7 @@
 #include <string>
 #include <utility>
 
+#include "loom/config.hpp"
 #include "loom/environment.hpp"
 #include "loom/error.hpp"
 #include "ucx_transport.hpp"
@@ -48,15 +49,30 @@ class UcxBackend final : public PointToPointBackend {
     set_timeout(timeout_of(setup));
     set_topology(_rendezvous.topology());
     set_rank_board(_board.make_board());
+#if LOOM_HAVE_CUDA
+    // UCX here moves host memory only: CUDA buffers go through pinned copies, 4 MiB chunks
+    // pipelined as the mpi backend's default.
+    stage_device_buffers(std::size_t{4} << 20, setup.device_stream);
+#endif
   }
 
-  int rank() const noexcept override { return _transport.rank(); }
-  int world_size() const noexcept override { return _transport.world_size(); }
-  std::string_view name() const noexcept override { return "ucx"; }
-  int max_tag() const noexcept override { return INT_MAX; }
+  int rank() const noexcept override {
+    return _transport.rank();
+  }
+  int world_size() const noexcept override {
+    return _transport.world_size();
+  }
+  std::string_view name() const noexcept override {
+    return "ucx";
+  }
+  int max_tag() const noexcept override {
+    return INT_MAX;
+  }
 
   /// @brief UCX's lanes to `peer` ("sysv/memory (am am_bw), cma/memory (rma_bw)").
-  std::string route_to(int peer) const override { return _transport.lanes(peer); }
+  std::string route_to(int peer) const override {
+    return _transport.lanes(peer);
+  }
 
  protected:
   std::unique_ptr<Work> start_message(MessageChannel channel, bool send, Buffer buffer, int peer,

@@ -92,8 +92,9 @@ run() {
   t loom-bench-nccl 180 ./loom-bench-nccl --max-bytes 268435456 --iterations 50
   t loom-overlap.cuda.np2 240 $MR -np 2 ./loom-overlap --device cuda --input 1024 --output 1024 --width 1024 --depth 8 --batch 16384 --bucket-cap-kb 4096 --threads 8
   # loom_torch on this machine's python and torch (its NCCL loaded by torch), then its CUDA
-  # tests: 2 and 3 ranks sharing the GPU (the staged path), each safeguard switched off (the
-  # stream-order tests must then see the wrong result), NCCL at world size 1 under torchrun.
+  # tests: 2 and 3 ranks sharing the GPU under mpirun (mpi's staged path) and 2 under torchrun
+  # (ucx's), each safeguard switched off (the stream-order tests must then see the wrong
+  # result), NCCL at world size 1 under torchrun.
   local PKG=/tmp/loom_torch_pkg
   t build_loom_torch 300 python3 "$R/bench/gpu/build_loom_torch.py" --lib "$B/lib" \
     --config "$B/include" --out "$PKG"
@@ -108,6 +109,9 @@ run() {
       -x LOOM_TORCH_UNSAFE_SKIP=$s -np 2 python3 mpi_pytest.py --log-dir "$O/torch_cuda.skip_$s" \
       -- -x -q -p no:cacheprovider test_cuda.py -k "stream_order or input_kept"
   done
+  # torchrun, 2 ranks on the one GPU: the ucx transport's staged path (NCCL refuses them).
+  t torch_cuda.torchrun2 300 python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
+    -m pytest -x -q -p no:cacheprovider test_cuda.py
   t torch_nccl_ws1 300 python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
     "$R/bench/gpu/torch_nccl_overhead.py" --json "$O/torch_nccl_ws1.json"
   cd "$B/bin"

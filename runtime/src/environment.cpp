@@ -25,7 +25,7 @@ constexpr std::array<Variable, 22> all_variables{{
      "300", "decimal seconds >= 0; 0 disables"},
     {"LOOM_TORCH_CUDA_PATH",
      "how a loom torch group moves CUDA tensors: `nccl` (one rank per GPU) or `staged` through "
-     "pinned host memory on the mpi transport (docs/torch.md)",
+     "pinned host memory on the mpi or ucx transport (docs/torch.md)",
      "auto: nccl where built and not refused, else staged", "auto, nccl, staged"},
     {"LOOM_TORCH_UNSAFE_SKIP",
      "test switch: turns off loom_torch's stream wait or input hold so that "

@@ -25,7 +25,7 @@ SKIP = os.environ.get("LOOM_TORCH_UNSAFE_SKIP", "")
     (None, True, True, True, "staged", ""),
     (None, False, True, False, "staged", ""),
     (None, True, False, True, None, "NCCL refused the group (two ranks on one GPU), and staging "
-                                    "through pinned memory needs the mpi transport"),
+                                    "through pinned memory needs loom's mpi or ucx transport"),
     (None, False, False, False, None, "this loom_torch was built without NCCL, and staging"),
     ("nccl", False, True, False, None, "LOOM_TORCH_CUDA_PATH=nccl, but this loom_torch was "
                                        "built without NCCL"),
@@ -33,8 +33,8 @@ SKIP = os.environ.get("LOOM_TORCH_UNSAFE_SKIP", "")
     ("nccl", True, False, False, "nccl", ""),
     ("staged", True, True, False, "staged", ""),
     ("staged", True, False, False, None, "LOOM_TORCH_CUDA_PATH=staged: staging through pinned "
-                                         "memory needs the mpi transport (launch with mpirun); "
-                                         "the ucx transport does not stage CUDA tensors yet"),
+                                         "memory needs loom's mpi or ucx transport built with "
+                                         "CUDA"),
 ])
 def test_device_path_rule(wanted, nccl, stages, refused, path, why):
     got, reason = _C._choose_device_path(wanted, nccl, stages, refused)
@@ -70,7 +70,7 @@ def test_cpu_group_has_no_device_path(world, loom_backend):
 
 
 def device():
-    return torch.device("cuda", int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"))
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))
                         % torch.cuda.device_count())
 
 

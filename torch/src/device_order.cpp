@@ -23,8 +23,7 @@ std::optional<DevicePath> choose_device_path(std::optional<DevicePath> wanted, b
                                              std::string& why) {
   why.clear();
   const std::string staged_missing =
-      "staging through pinned memory needs the mpi transport (launch with mpirun); the ucx "
-      "transport does not stage CUDA tensors yet";
+      "staging through pinned memory needs loom's mpi or ucx transport built with CUDA";
   if (wanted == DevicePath::nccl) {
     if (!have_nccl) {
       why = "LOOM_TORCH_CUDA_PATH=nccl, but this loom_torch was built without NCCL";

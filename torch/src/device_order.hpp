@@ -15,8 +15,8 @@
 namespace loom::torch {
 
 /// @brief How a CUDA tensor travels through a torch group: on NCCL (one rank per GPU), or
-/// staged through pinned host memory on the group's host transport (mpi; any number of ranks
-/// per GPU).
+/// staged through pinned host memory on the group's host transport (mpi or ucx; any number of
+/// ranks per GPU).
 enum class DevicePath { nccl, staged };
 
 /// @brief LOOM_TORCH_CUDA_PATH: "nccl", "staged", or unset/"auto" (nullopt: NCCL where loom
@@ -26,7 +26,7 @@ std::optional<DevicePath> device_path_from_environment();
 
 /// @brief The path a group's CUDA tensors take, or "" and the reason in `why` when none can:
 /// `wanted` (nullopt: automatic), whether this loom has NCCL, whether the group's host
-/// transport stages device buffers (mpi does, ucx not yet), and whether NCCL refused the
+/// transport stages device buffers (mpi and ucx do in CUDA builds), and whether NCCL refused the
 /// group (two ranks on one GPU: NCCL's own refusal, found by trying).
 std::optional<DevicePath> choose_device_path(std::optional<DevicePath> wanted, bool have_nccl,
                                              bool host_stages, bool nccl_refused, std::string& why);

@@ -662,8 +662,9 @@ loom::Backend& ProcessGroupLoom::device_backend(int device, const std::string& w
   const std::optional<DevicePath> wanted = device_path_from_environment();
   const auto built = built_backends();
   const bool have_nccl = std::find(built.begin(), built.end(), "nccl") != built.end();
-  // mpi stages device buffers through pinned memory where loom has CUDA; ucx does not yet.
-  const bool host_stages = _backend->name() == "mpi" && cuda::built_with_cuda();
+  // mpi and ucx stage device buffers through pinned memory where loom has CUDA.
+  const bool host_stages =
+      (_backend->name() == "mpi" || _backend->name() == "ucx") && cuda::built_with_cuda();
   bool nccl_refused = false;
   std::string why;
   std::optional<DevicePath> path =

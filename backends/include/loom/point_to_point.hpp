@@ -25,18 +25,31 @@ enum class MessageChannel : unsigned char { user, algorithm };
 using CollectiveStarter =
     std::function<std::unique_ptr<Work>(Backend& backend, const CollectiveArgs& args)>;
 
+class DeviceStaging;
+struct StagingRequest;
+
 /// @brief A Backend whose transport has no collectives. A transport implements rank(),
 /// world_size(), name(), start_message() (both channels), poll_probe(), receive_message() and
 /// max_tag(); everything else (validation, the flight record, the rank board, the watchdog,
 /// agreement, timeouts) is Backend's, and every collective is the CollectiveStarter's, so the
 /// selector's `native` for such a backend is loom's algorithms (start_on_algorithms' choice).
+/// With stage_device_buffers, operations on CUDA buffers run on pinned host copies.
 class PointToPointBackend : public Backend {
  public:
   bool has_algorithm_channel() const noexcept final { return true; }
+  /// @brief The CPU; and this process's CUDA devices once stage_device_buffers was called.
+  bool supports(Device device) const noexcept override;
 
  protected:
   /// @brief `collectives` must not be empty (ErrorCode::invalid_argument).
   explicit PointToPointBackend(CollectiveStarter collectives);
+
+  /// @brief Moves CUDA buffers through pinned host memory (CUDA builds): each operation on a
+  /// device buffer copies it down after the work enqueued on `input_stream` so far (nullptr:
+  /// the legacy default stream), runs on the host copy (allreduce, reduce and broadcast in
+  /// chunks of `chunk_bytes`, pipelined with the copies; the others whole), and completes when
+  /// the result is back on the device. Without CUDA: ErrorCode::unavailable.
+  void stage_device_buffers(std::size_t chunk_bytes, cuda::NativeStream input_stream);
 
   /// @brief Starts sending (`send`) or receiving exactly buffer.bytes() into `buffer`, to or
   /// from `peer` (a receive: or any_source) with `tag` (a receive: or any_tag) on `channel`;
@@ -58,7 +71,11 @@ class PointToPointBackend : public Backend {
   std::unique_ptr<Work> start_algorithm_send(Buffer buffer, int peer, int tag) final;
   std::unique_ptr<Work> start_algorithm_recv(Buffer buffer, int peer, int tag) final;
 
+  bool staged(Buffer buffer) const noexcept;
+  std::unique_ptr<Work> stage(StagingRequest request);
+
   CollectiveStarter _collectives;
+  std::shared_ptr<DeviceStaging> _staging;  // shared_ptr: no complete type needed where unused
 };
 
 /// @brief The rank board of a job that met through a store, as the MPI backend's shared window:

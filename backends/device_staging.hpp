@@ -1,6 +1,7 @@
-// DeviceStaging: device buffers through an MPI that cannot take them, by way of pinned host
-// memory, chunked and pipelined (device-to-host of chunk k+1 while MPI moves chunk k, and
-// host-to-device of chunk k as soon as MPI is done with it). CUDA builds only.
+// DeviceStaging: device buffers through a transport that cannot take them (an MPI that is not
+// CUDA-aware, ucx), by way of pinned host memory, chunked and pipelined (device-to-host of chunk
+// k+1 while the transport moves chunk k, and host-to-device of chunk k as soon as it is done
+// with it). CUDA builds only.
 #pragma once
 
 #include <cstddef>
@@ -15,7 +16,7 @@
 #include "loom/pinned_pool.hpp"
 #include "loom/work.hpp"
 
-namespace loom::mpi {
+namespace loom {
 
 /// @brief Starts the host operation on one chunk: `in` holds the chunk's input (already on the
 /// host), `out` receives its output (may be the same memory as `in`).
@@ -33,7 +34,8 @@ struct StagingRequest {
   StartChunk start_chunk;
 };
 
-/// @brief One per MPI backend: its pinned pool (cudaHostAlloc) and per-device copy streams.
+/// @brief One per backend that stages: its pinned pool (cudaHostAlloc) and per-device copy
+/// streams.
 class DeviceStaging {
  public:
   /// @brief `input_stream`: device inputs are read after the work enqueued on it so far.
@@ -41,9 +43,10 @@ class DeviceStaging {
   ~DeviceStaging();
 
   /// @brief Issues every chunk's host operation, in chunk order, before returning (so the
-  /// order of MPI calls is the caller's order on every rank); the returned Work finishes when
-  /// the last output chunk is back on the device. The caller thread waits only for each
-  /// chunk's device-to-host copy, which overlaps with MPI moving the chunk before it.
+  /// order of the transport's calls is the caller's order on every rank); the returned Work
+  /// finishes when the last output chunk is back on the device. The caller thread waits only for
+  /// each chunk's device-to-host copy, which overlaps with the transport moving the chunk before
+  /// it.
   std::unique_ptr<Work> run(StagingRequest request);
 
   std::size_t chunk_bytes() const noexcept { return _chunk_bytes; }
@@ -63,4 +66,4 @@ class DeviceStaging {
   std::map<int, std::unique_ptr<Streams>> _streams;
 };
 
-}  // namespace loom::mpi
+}  // namespace loom

@@ -1,4 +1,4 @@
-// Staging device buffers through pinned host memory for an MPI that is not CUDA-aware.
+// Staging device buffers through pinned host memory for a transport that cannot take them.
 #include "device_staging.hpp"
 
 #include <cuda_runtime.h>
@@ -13,13 +13,13 @@
 #include "loom/cuda_device.hpp"
 #include "loom/error.hpp"
 
-namespace loom::mpi {
+namespace loom {
 namespace {
 
 // One chunk: its host views, its device output slice and where it is in the pipeline.
 struct Chunk {
   Buffer host_in, host_out, device_out;
-  std::unique_ptr<Work> host;             // the MPI operation on the host views
+  std::unique_ptr<Work> host;             // the transport's operation on the host views
   std::unique_ptr<cuda::Event> uploaded;  // behind the host-to-device copy
   bool upload_issued = false;
 };
@@ -35,10 +35,10 @@ class StagedWork final : public Work {
         _up(up),
         _device(device) {}
 
-  // The pinned blocks must outlive every copy and MPI operation that uses them.
+  // The pinned blocks must outlive every copy and host operation that uses them.
   ~StagedWork() override {
     for (Chunk& c : _chunks) {
-      c.host.reset();  // a host Work's destructor waits for (or cancels) its MPI request
+      c.host.reset();  // a host Work's destructor waits for (or cancels) its request
       if (c.upload_issued && c.uploaded) {
         try {
           c.uploaded->synchronize();
@@ -154,7 +154,7 @@ std::unique_ptr<Work> DeviceStaging::run(StagingRequest r) {
   }
 
   // Every device-to-host copy is queued at once; the copy engine runs them back to back while
-  // the loop below hands each finished chunk to MPI.
+  // the loop below hands each finished chunk to the transport.
   std::vector<std::unique_ptr<cuda::Event>> downloaded;
   cuda::DeviceGuard guard(device);
   try {
@@ -181,7 +181,7 @@ std::unique_ptr<Work> DeviceStaging::run(StagingRequest r) {
     }
     for (std::size_t k = 0; k < chunks.size(); ++k) {
       if (!downloaded.empty()) {
-        // Poll the copy (and earlier chunks' MPI requests, so they progress meanwhile).
+        // Poll the copy (and earlier chunks' host operations, so they progress meanwhile).
         for (auto pause = std::chrono::microseconds(1); !downloaded[k]->complete();
              pause = std::min(pause * 2, std::chrono::microseconds(100))) {
           for (std::size_t j = 0; j < k; ++j) chunks[j].host->test();
@@ -204,4 +204,4 @@ std::unique_ptr<Work> DeviceStaging::run(StagingRequest r) {
                                       device);
 }
 
-}  // namespace loom::mpi
+}  // namespace loom
