@@ -107,6 +107,9 @@ class Registry {
     _entries.emplace_back("mpi", [](const BackendSetup& setup) -> std::shared_ptr<Backend> {
       MpiConfig config = MpiConfig::from_env();
       config.staging_input_stream = setup.device_stream;
+      // A CUDA-aware MPI reads device memory when called, outside any stream's order: with a
+      // stream to follow, device buffers are staged (after it).
+      if (setup.device_stream) config.use_cuda_aware = false;
       return make_mpi_backend(config);
     });
 #endif

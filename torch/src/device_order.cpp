@@ -4,6 +4,7 @@
 #include <c10/core/Stream.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include "loom/cuda_device.hpp"
 #include "loom/environment.hpp"
 #include "loom/error.hpp"
 
@@ -82,6 +83,7 @@ cuda::NativeStream DeviceOrder::stream(int device, std::string_view where) {
                     " (one device per process and group: torch.cuda.set_device(LOCAL_RANK) "
                     "before init_process_group)");
   if (!_stream) {
+    const cuda::DeviceGuard guard(device);  // the caller's current device is left as it was
     _stream = std::make_unique<cuda::Stream>(device, cuda::Stream::Priority::high);
     _event = std::make_unique<cuda::Event>(device);
     _device = device;

@@ -291,6 +291,7 @@ std::shared_ptr<Backend> ProcessGroupLoom::open_backend(const std::string& suffi
       // The same on the group's ranks, different between groups made at once.
       config.group_tag = static_cast<int>(std::hash<std::string>{}(_group_name + suffix) % 32768);
       config.staging_input_stream = device_stream;
+      if (device_stream) config.use_cuda_aware = false;  // as the mpi factory: staged, in order
       return make_mpi_backend(config);
 #else
       break;  // refused by the constructor

@@ -353,9 +353,10 @@ struct BackendSetup {
   std::string group = "world";
   std::chrono::nanoseconds timeout{0};
   /// @brief Operations on device buffers read their input, and write their output, after the
-  /// work enqueued on this stream when they start (mpi's staging, nccl; an event, no host
-  /// wait); nullptr: the legacy default stream. The caller keeps the stream alive as long as
-  /// the backend.
+  /// work enqueued on this stream when they start (staging on mpi and ucx, nccl; an event, no
+  /// host wait); nullptr: the legacy default stream. With a stream, mpi stages device buffers
+  /// even where MPI is CUDA-aware (which reads device memory outside any stream's order). The
+  /// caller keeps the stream alive as long as the backend.
   cuda::NativeStream device_stream = nullptr;
 };
 
