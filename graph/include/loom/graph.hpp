@@ -19,7 +19,6 @@ namespace loom {
 
 class Graph;
 class Executor;
-class Bucketer;
 namespace detail {
 struct GraphState;
 struct NodeData;
@@ -204,7 +203,7 @@ class Graph {
 
   /// @brief Task ids in the executor's deterministic schedule order: a topological order, ties
   /// broken by priority, then insertion order (the same on every rank for the same graph).
-  /// The order Executor fixes collectives' issue indices in and Bucketer's ready order uses.
+  /// The order Executor fixes collectives' issue indices in and the bucketer's ready order uses.
   /// ErrorCode::graph_invalid naming a cycle.
   std::vector<std::size_t> topological_order() const;
 
