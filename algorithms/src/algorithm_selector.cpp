@@ -18,7 +18,7 @@
 #include "ceil_log2.hpp"
 #include "loom/environment.hpp"
 #include "loom/error.hpp"
-#include "step_work.hpp"
+#include "stepwise_algorithm.hpp"
 
 namespace loom {
 

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "loom/backend.hpp"
-#include "step_work.hpp"
+#include "stepwise_algorithm.hpp"
 
 namespace loom::algorithms {
 

@@ -34,10 +34,10 @@ class TreeBroadcastSteps {
   int _vr, _world, _steps;
 };
 
-class TreeCollective final : public StepWork {
+class TreeCollective final : public StepwiseAlgorithm {
  public:
   TreeCollective(Backend& backend, const CollectiveArgs& args, const WorkLabel& what)
-      : StepWork(backend, what),
+      : StepwiseAlgorithm(backend, what),
         _kind(args.op),
         _op(args.reduce_op),
         _root(args.op == Collective::allreduce ? 0 : args.root),

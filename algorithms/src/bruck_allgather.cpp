@@ -6,10 +6,10 @@
 namespace loom::algorithms {
 namespace {
 
-class BruckAllgather final : public StepWork {
+class BruckAllgather final : public StepwiseAlgorithm {
  public:
   BruckAllgather(Backend& backend, const CollectiveArgs& args, const WorkLabel& what)
-      : StepWork(backend, what),
+      : StepwiseAlgorithm(backend, what),
         _out(args.recv),
         _block(args.send.count()),
         _gathered(scratch(args.recv.count(), args.recv.dtype())) {

@@ -7,11 +7,11 @@
 namespace loom::algorithms {
 namespace {
 
-class DisseminationBarrier final : public StepWork {
+class DisseminationBarrier final : public StepwiseAlgorithm {
  public:
   DisseminationBarrier(Backend& backend, const WorkLabel& what)
-      : StepWork(backend, what),
-        // One byte each way: a transfer of nothing is skipped (StepWork), and the token's
+      : StepwiseAlgorithm(backend, what),
+        // One byte each way: a transfer of nothing is skipped (StepwiseAlgorithm), and the token's
         // value is never read.
         _token(scratch(2, DType::uint8)) {
     *static_cast<unsigned char*>(_token.data()) = 1;

@@ -1,7 +1,7 @@
 // Fold: the renumbering that lets power-of-two algorithms run on any rank count.
 #include "fold.hpp"
 
-#include "step_work.hpp"
+#include "stepwise_algorithm.hpp"
 
 namespace loom::algorithms {
 

@@ -9,10 +9,10 @@ namespace {
 
 // Step 0: the gather to the leader; steps 1..N-1: the leaders' ring (step s moves node
 // (v - s + 1)'s blocks to the next leader); step N: the leader's result to its node.
-class HierarchicalAllgather final : public StepWork {
+class HierarchicalAllgather final : public StepwiseAlgorithm {
  public:
   HierarchicalAllgather(Backend& backend, const CollectiveArgs& args, const WorkLabel& what)
-      : StepWork(backend, what),
+      : StepwiseAlgorithm(backend, what),
         _in(args.send),
         _out(args.recv),
         _topology(backend.topology()),

@@ -36,10 +36,10 @@ namespace {
 // each stage's in a fixed peer order, the same on every rank, so messages between two ranks
 // match in order. Every chunk at a step is at another stage: the scratch of the inter-node
 // stages is one slot per stage.
-class HierarchicalAllreduce final : public StepWork {
+class HierarchicalAllreduce final : public StepwiseAlgorithm {
  public:
   HierarchicalAllreduce(Backend& backend, const CollectiveArgs& args, const WorkLabel& what)
-      : StepWork(backend, what),
+      : StepwiseAlgorithm(backend, what),
         _in(args.send),
         _out(args.recv),
         _op(args.reduce_op),

@@ -9,10 +9,10 @@ namespace {
 
 // Steps 0..K-1: the tree among the nodes' heads (largest mask first, nodes renumbered so that
 // the root's node is 0); step K: each head to the rest of its node.
-class HierarchicalBroadcast final : public StepWork {
+class HierarchicalBroadcast final : public StepwiseAlgorithm {
  public:
   HierarchicalBroadcast(Backend& backend, const CollectiveArgs& args, const WorkLabel& what)
-      : StepWork(backend, what),
+      : StepwiseAlgorithm(backend, what),
         _data(args.send),
         _root(args.root),
         _topology(backend.topology()),

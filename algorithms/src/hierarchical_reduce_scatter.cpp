@@ -13,10 +13,10 @@ namespace {
 // Step 0: the node's vectors to the leader, reduced there; steps 1..N-1: the leaders' ring
 // (step s sends segment v - s of the partial sums and adds the one of v - s - 1 received);
 // step N: each rank's block from its leader.
-class HierarchicalReduceScatter final : public StepWork {
+class HierarchicalReduceScatter final : public StepwiseAlgorithm {
  public:
   HierarchicalReduceScatter(Backend& backend, const CollectiveArgs& args, const WorkLabel& what)
-      : StepWork(backend, what),
+      : StepwiseAlgorithm(backend, what),
         _in(args.send),
         _out(args.recv),
         _op(args.reduce_op),

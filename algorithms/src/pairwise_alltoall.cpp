@@ -7,10 +7,10 @@
 namespace loom::algorithms {
 namespace {
 
-class PairwiseAlltoall final : public StepWork {
+class PairwiseAlltoall final : public StepwiseAlgorithm {
  public:
   PairwiseAlltoall(Backend& backend, const CollectiveArgs& args, const WorkLabel& what)
-      : StepWork(backend, what),
+      : StepwiseAlgorithm(backend, what),
         _send(args.send),
         _recv(args.recv),
         _block(args.send.count() / static_cast<std::size_t>(backend.world_size())) {

@@ -11,10 +11,10 @@ namespace {
 
 // Steps: 0 fold; 1..L halving (mask p2/2 .. 1); L+1..2L doubling (mask 1 .. p2/2); 2L+1
 // unfold. Participant v owns, after the halving, block v of the vector cut into p2 blocks.
-class RabenseifnerAllreduce final : public StepWork {
+class RabenseifnerAllreduce final : public StepwiseAlgorithm {
  public:
   RabenseifnerAllreduce(Backend& backend, const CollectiveArgs& args, const WorkLabel& what)
-      : StepWork(backend, what),
+      : StepwiseAlgorithm(backend, what),
         _in(args.send),
         _out(args.recv),
         _source(args.send),

@@ -5,10 +5,10 @@
 namespace loom::algorithms {
 namespace {
 
-class RecursiveDoublingAllgather final : public StepWork {
+class RecursiveDoublingAllgather final : public StepwiseAlgorithm {
  public:
   RecursiveDoublingAllgather(Backend& backend, const CollectiveArgs& args, const WorkLabel& what)
-      : StepWork(backend, what), _out(args.recv), _block(args.send.count()) {
+      : StepwiseAlgorithm(backend, what), _out(args.recv), _block(args.send.count()) {
     copy(blocks(rank(), 1), args.send);
   }
 

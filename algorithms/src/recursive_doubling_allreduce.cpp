@@ -9,10 +9,10 @@ namespace loom::algorithms {
 namespace {
 
 // Steps: 0 the fold, 1..L the exchanges (partner = newrank ^ 2^(k-1)), L+1 the unfold.
-class RecursiveDoublingAllreduce final : public StepWork {
+class RecursiveDoublingAllreduce final : public StepwiseAlgorithm {
  public:
   RecursiveDoublingAllreduce(Backend& backend, const CollectiveArgs& args, const WorkLabel& what)
-      : StepWork(backend, what),
+      : StepwiseAlgorithm(backend, what),
         _out(args.recv),
         _op(args.reduce_op),
         _fold(rank(), world()),

@@ -9,10 +9,10 @@ namespace loom::algorithms {
 namespace {
 
 // Steps: 0 fold (whole input), 1..L halving, L+1 hand the sitting-out rank its block.
-class RecursiveHalvingReduceScatter final : public StepWork {
+class RecursiveHalvingReduceScatter final : public StepwiseAlgorithm {
  public:
   RecursiveHalvingReduceScatter(Backend& backend, const CollectiveArgs& args, const WorkLabel& what)
-      : StepWork(backend, what),
+      : StepwiseAlgorithm(backend, what),
         _out(args.recv),
         _op(args.reduce_op),
         _fold(rank(), world()),

@@ -15,10 +15,10 @@ Buffer RingAllgatherSteps::block(int index, int world) const {
 
 namespace {
 
-class RingAllgather final : public StepWork {
+class RingAllgather final : public StepwiseAlgorithm {
  public:
   RingAllgather(Backend& backend, const CollectiveArgs& args, const WorkLabel& what)
-      : StepWork(backend, what), _blocks(args.recv, args.send.count(), true) {
+      : StepwiseAlgorithm(backend, what), _blocks(args.recv, args.send.count(), true) {
     copy(_blocks.block(rank(), world()), args.send);
   }
 

@@ -43,10 +43,10 @@ class RingAllreduce final : public ChannelWork {
     const int total = 2 * _steps_units;
     for (bool progress = true; progress;) {
       progress = false;
-      // Only the oldest unfinished send and receive are tested, as StepWork does: transfers
-      // to one peer complete in the order they were started (MPI's non-overtaking order on one
-      // channel), and each test of an MPI request runs a whole progress pass (over TCP a poll()
-      // of every socket). Testing every transfer in flight (up to 12 at 2 ranks) made ring
+      // Only the oldest unfinished send and receive are tested, as StepwiseAlgorithm does:
+      // transfers to one peer complete in the order they were started (MPI's non-overtaking order
+      // on one channel), and each test of an MPI request runs a whole progress pass (over TCP a
+      // poll() of every socket). Testing every transfer in flight (up to 12 at 2 ranks) made ring
       // spend 2.2-2.4x Rabenseifner's CPU per 1 MiB allreduce over TCP for the same wire time.
       while (_oldest_send < _next_send &&
              (_sent[_oldest_send] || done_in_collective(*_send[_oldest_send]))) {

@@ -7,10 +7,10 @@
 namespace loom::algorithms {
 namespace {
 
-class RingReduceScatter final : public StepWork {
+class RingReduceScatter final : public StepwiseAlgorithm {
  public:
   RingReduceScatter(Backend& backend, const CollectiveArgs& args, const WorkLabel& what)
-      : StepWork(backend, what),
+      : StepwiseAlgorithm(backend, what),
         _send(args.send),
         _out(args.recv),
         _op(args.reduce_op),

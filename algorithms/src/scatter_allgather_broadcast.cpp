@@ -7,10 +7,10 @@ namespace {
 
 // Steps: 0 the scatter (linear: at most a handful of ranks per node in loom's use), then the
 // p-1 ring steps over uneven blocks.
-class ScatterAllgatherBroadcast final : public StepWork {
+class ScatterAllgatherBroadcast final : public StepwiseAlgorithm {
  public:
   ScatterAllgatherBroadcast(Backend& backend, const CollectiveArgs& args, const WorkLabel& what)
-      : StepWork(backend, what), _root(args.root), _blocks(args.send, 0, false) {}
+      : StepwiseAlgorithm(backend, what), _root(args.root), _blocks(args.send, 0, false) {}
 
  protected:
   bool begin_step(int step) override {

@@ -1,4 +1,4 @@
-// StepWork: the state machine loom's algorithms run on (post a step's transfers on the
+// StepwiseAlgorithm: the state machine loom's algorithms run on (post a step's transfers on the
 // algorithm channel, finish the step when they complete, go on), and the helpers they share.
 #pragma once
 
@@ -120,7 +120,7 @@ class ChannelWork : public Work {
 
 /// @brief An algorithm as a sequence of steps: each posts transfers, and runs its local work
 /// (reductions, copies) once they have all completed. poll() runs as many steps as are ready.
-class StepWork : public ChannelWork {
+class StepwiseAlgorithm : public ChannelWork {
  public:
   using ChannelWork::ChannelWork;
 

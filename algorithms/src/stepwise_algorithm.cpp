@@ -1,5 +1,5 @@
-// StepWork: posting, testing and finishing the steps of an algorithm; shared helpers.
-#include "step_work.hpp"
+// StepwiseAlgorithm: posting, testing and finishing the steps of an algorithm; shared helpers.
+#include "stepwise_algorithm.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -146,15 +146,15 @@ void ChannelWork::finish_average(Buffer result, ReduceOp op) const {
     kernels::average(result.data(), result.count(), result.dtype(), _world);
 }
 
-void StepWork::send(Buffer buffer, int peer) {
+void StepwiseAlgorithm::send(Buffer buffer, int peer) {
   if (buffer.count() != 0) _transfers.push_back(start_send(buffer, peer));
 }
 
-void StepWork::recv(Buffer buffer, int peer) {
+void StepwiseAlgorithm::recv(Buffer buffer, int peer) {
   if (buffer.count() != 0) _transfers.push_back(start_recv(buffer, peer));
 }
 
-bool StepWork::poll() {
+bool StepwiseAlgorithm::poll() {
   for (;;) {
     if (!_in_step) {
       if (!begin_step(_step)) return true;
