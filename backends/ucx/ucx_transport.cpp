@@ -113,10 +113,35 @@ struct Transport::State {
     if (context != nullptr) ucp_cleanup(context);
   }
 
-  std::string failed_text(int peer) const {
-    return "rank " + std::to_string(peer) + " (host " + hosts[static_cast<std::size_t>(peer)] +
-           ") failed: " + peers[static_cast<std::size_t>(peer)].failure;
+  // "rank 2 (host h) failed: <UCX's reason>", for an operation of this rank that fails with
+  // it; where that peer had itself failed first on another peer's failure and said so on the
+  // store, that failure too: a rank that ends on its error closes its endpoints, and the ranks
+  // waiting on it then name where it began. Published in turn (the first one only).
+  std::string failed_text(int peer) {
+    std::string text = "rank " + std::to_string(peer) + " (host " +
+                       hosts[static_cast<std::size_t>(peer)] +
+                       ") failed: " + peers[static_cast<std::size_t>(peer)].failure;
+    if (store != nullptr) try {
+        if (const auto seen = store->try_get(failure_key(peer)); seen && !seen->empty())
+          text += " (rank " + std::to_string(peer) + " had failed first on: " +
+                  std::string(reinterpret_cast<const char*>(seen->data()), seen->size()) + ")";
+      } catch (...) {  // the store unreachable: UCX's reason alone
+      }
+    publish_failure(text);  // every caller fails one of this rank's operations with it
+    return text;
   }
+  std::string failure_key(int r) const { return teardown_key + "/failure/" + std::to_string(r); }
+  // Says on the store the first peer failure this rank fails a receive with (once).
+  void publish_failure(const std::string& text) {
+    if (published_failure || store == nullptr) return;
+    published_failure = true;
+    try {
+      store->set(failure_key(rank),
+                 std::span(reinterpret_cast<const std::byte*>(text.data()), text.size()));
+    } catch (...) {  // the store unreachable: the peers name this rank alone
+    }
+  }
+  bool published_failure = false;
   // Whether a peer whose endpoint failed had announced that it closes its transport: a rank
   // that finished (all its receives done) closes without waiting for the others, and a receive
   // from any source on another rank must not fail for it.

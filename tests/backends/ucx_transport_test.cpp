@@ -325,5 +325,46 @@ TEST(UcxTransportFailure, KilledPeerFailsPostedReceives) {
   }
 }
 
+// A rank that ends on a peer's failure closes its endpoints abruptly (its process exits): a rank
+// waiting on it names the peer that failed first, which that rank left on the store.
+void cascaded_failure(int rank, Transport& transport, Store& store, Report& report) {
+  std::uint64_t token = 0;
+  auto send = transport.send(&token, sizeof token, (rank + 1) % 3, 1);
+  auto receive = transport.recv(&token, sizeof token, (rank + 2) % 3, 1);
+  wait(*send, "warm-up send");
+  wait(*receive, "warm-up recv");
+  const std::byte one[1] = {std::byte{1}};
+  char buffer[64];
+  if (rank == 2) {
+    const std::vector<std::string> posted = {"test/posted/1"};
+    if (!store.wait(posted, Clock::now() + 20s).empty()) fail("rank 1 did not post");
+    std::raise(SIGKILL);
+  }
+  if (rank == 0) {
+    auto from_two = transport.recv(buffer, sizeof buffer, 2, 7);
+    expect_failure(*from_two, ErrorCode::peer_failed, {"rank 2 (host ", ") failed: "},
+                   "recv from rank 2");
+    ::_exit(0);  // as a program that ends on its error: no teardown, no report
+  }
+  auto from_zero = transport.recv(buffer, sizeof buffer, 0, 11);
+  store.set("test/posted/1", one);
+  expect_failure(*from_zero, ErrorCode::peer_failed,
+                 {"rank 0 (host ", "(rank 0 had failed first on: rank 2 (host "},
+                 "recv from rank 0");
+  try {
+    from_zero->wait();
+  } catch (const Error& e) {
+    report.notes << "error: " << e.what() << "\n";
+  }
+}
+
+TEST(UcxTransportFailure, ARankEndingOnAPeersFailureNamesThatPeerToTheOthers) {
+  TempDir dir;
+  const Outcome outcome = run_ranks(dir.path, 3, cascaded_failure);
+  const auto& report = outcome.reports[1];
+  std::cout << "rank 1: " << report;
+  EXPECT_EQ(report.rfind("ok\n", 0), 0u) << report;
+}
+
 }  // namespace
 }  // namespace loom::ucx
