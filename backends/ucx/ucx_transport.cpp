@@ -83,8 +83,9 @@ struct Transport::State {
     State* state = nullptr;
     int rank = 0;
     ucp_ep_h endpoint = nullptr;
-    std::string failure;    // UCX's reason, empty while alive
-    bool departed = false;  // closed its transport after announcing it (not a failure)
+    std::string failure;       // UCX's reason, empty while alive
+    bool departed = false;     // closed its transport after announcing it (not a failure)
+    std::string failed_first;  // the failure it left on the store, once read
   };
 
   mutable std::mutex mutex;
@@ -121,12 +122,14 @@ struct Transport::State {
     std::string text = "rank " + std::to_string(peer) + " (host " +
                        hosts[static_cast<std::size_t>(peer)] +
                        ") failed: " + peers[static_cast<std::size_t>(peer)].failure;
-    if (store != nullptr) try {
+    std::string& first = peers[static_cast<std::size_t>(peer)].failed_first;
+    if (first.empty() && store != nullptr) try {  // read once: every failed operation asks
         if (const auto seen = store->try_get(failure_key(peer)); seen && !seen->empty())
-          text += " (rank " + std::to_string(peer) + " had failed first on: " +
-                  std::string(reinterpret_cast<const char*>(seen->data()), seen->size()) + ")";
+          first.assign(reinterpret_cast<const char*>(seen->data()), seen->size());
       } catch (...) {  // the store unreachable: UCX's reason alone
       }
+    if (!first.empty())
+      text += " (rank " + std::to_string(peer) + " had failed first on: " + first + ")";
     publish_failure(text);  // every caller fails one of this rank's operations with it
     return text;
   }
