@@ -5,8 +5,9 @@ the job's Gloo group and with loom_torch.parallelize on the default loom group, 
 wrappers' default arguments unless the pattern needs an option, and compares what the loop
 produces (parameters, gradient norms, learning rates, EMA weights, evaluation losses): fp32
 parameters through helpers.assert_like_ddp (rtol 1e-5, atol 1e-6, and bit-identical
-on every rank). bf16 autocast and torch.compile, which amplify last-bit differences, are held
-to "as close to DDP as DDP is to itself with other buckets" (assert_as_close_as_ddp_to_itself).
+on every rank). bf16 autocast, fp16 autocast with a GradScaler and torch.compile, which amplify
+last-bit differences, are held to "as close to DDP as DDP is to itself with other buckets"
+(assert_as_close_as_ddp_to_itself).
 Every rank runs every case in the same order (no rank-dependent skip), so the collectives
 match.
 """
@@ -111,7 +112,7 @@ def test_clip_grad_norm_is_named_by_default_and_like_ddp_with_defer_updates(worl
     assert_like_ddp(loom.model, ddp.model, gloo, n)
 
 
-# 2. bf16 autocast -------------------------------------------------------------------------
+# 2. autocast: bf16; fp16 with a GradScaler ------------------------------------------------
 
 def autocast_loop(net, opt, model, kind, step):
     x, y = data(kind, dist.get_rank(), step)
@@ -137,6 +138,142 @@ def test_bf16_autocast_is_as_close_to_ddp_as_ddp_to_itself(world, name, optimize
     assert loom.seen[0] == ddp.seen[0]  # the same weights at step 0
     # every step's loss tracked DDP's (loosely: bf16 activations; the weights are the test)
     assert loom.seen == pytest.approx(ddp.seen, rel=1e-2)
+
+
+# fp16 autocast with torch.amp.GradScaler. The first scale (2**20) overflows the fp16 backward
+# and the scale doubles after every 3 clean steps, so steps are skipped at the start and again
+# later, once the optimizer has state.
+SCALER = {"init_scale": 2.0 ** 20, "growth_interval": 3}
+
+
+def optimizer_state(opt):
+    """A copy of the optimizer's state: (parameter, key, value) in order."""
+    state = opt.state_dict()["state"]
+    return [(i, key, value.clone() if isinstance(value, torch.Tensor) else value)
+            for i in sorted(state) for key, value in sorted(state[i].items())]
+
+
+def assert_same_state(mine, want):
+    assert [entry[:2] for entry in mine] == [entry[:2] for entry in want]
+    for (i, key, a), (_, _, b) in zip(mine, want):
+        same = torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+        assert same, "the optimizer's state %d '%s' changed" % (i, key)
+
+
+def scaled_loop(clip):
+    """The GradScaler loop (clip: scaler.unscale_ and clip_grad_norm_ before scaler.step);
+    each step returns (loss, the scale it ran with, whether the scaler skipped it, the norm)
+    and checks that a skipped step changed neither the parameters nor the optimizer's state
+    and that a step not skipped changed the parameters."""
+    scaler = torch.amp.GradScaler("cpu", **SCALER)
+
+    def loop(net, opt, model, kind, step):
+        x, y = data(kind, dist.get_rank(), step)
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            out = net(x)
+            loss = loss_of(kind, out, y)
+        assert out.dtype == torch.float16  # the Linear layers ran in fp16
+        scaler.scale(loss).backward()
+        norm = None
+        if clip:
+            scaler.unscale_(opt)
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1).item()
+        weights, state = flat(model), optimizer_state(opt)
+        scale = scaler.get_scale()
+        scaler.step(opt)
+        scaler.update()
+        skipped = scaler.get_scale() < scale  # (the scale backs off only after an overflow)
+        if skipped:
+            assert torch.equal(flat(model), weights)
+            # (a fused optimizer makes its state, zeros, in a skipped first step, as without
+            # loom; every later skipped step must leave it as it was)
+            if state or not opt.defaults.get("fused"):
+                assert_same_state(optimizer_state(opt), state)
+        else:
+            assert not torch.equal(flat(model), weights)
+        return loss.item(), scale, skipped, norm
+    return loop
+
+
+@pytest.mark.parametrize("name,optimizer,clip", [("mlp", "sgd", False), ("encoder", "adam", False),
+                                                 ("mlp", "adam", True), ("encoder", "sgd", True),
+                                                 ("mlp", "adam_fused", False)])
+def test_fp16_grad_scaler_with_defer_updates_is_as_close_to_ddp_as_ddp_to_itself(
+        world, name, optimizer, clip):
+    rank, n, gloo = world
+    ddp = run(name, optimizer, gloo, False, scaled_loop(clip))
+    tiny = run(name, optimizer, gloo, False, scaled_loop(clip),
+               ddp_options={"bucket_cap_mb": TINY_CAP_MB})
+    loom = run(name, optimizer, gloo, True, scaled_loop(clip), defer_updates=True)
+    skipped = [seen[2] for seen in ddp.seen]
+    first_stepped = skipped.index(False)
+    # overflowed at the start, and again once the optimizer had state
+    assert skipped[0] and any(skipped[first_stepped:]), skipped
+    # the scaler saw the same overflows and ran with the same scales under both
+    assert [seen[1:3] for seen in loom.seen] == [seen[1:3] for seen in ddp.seen]
+    assert_as_close_as_ddp_to_itself(flat(loom.model), flat(ddp.model), flat(tiny.model),
+                                     gloo, n)
+    assert loom.seen[0][0] == ddp.seen[0][0]  # the same weights at step 0
+    assert [seen[0] for seen in loom.seen] == pytest.approx([seen[0] for seen in ddp.seen],
+                                                            rel=1e-3)
+    if clip:
+        norms = [(seen[3], want[3]) for seen, want in zip(loom.seen, ddp.seen) if not want[2]]
+        assert all(want > 0.1 for _, want in norms)  # every step taken was clipped
+        assert [mine for mine, _ in norms] == pytest.approx([want for _, want in norms],
+                                                            rel=1e-3)
+
+
+@pytest.mark.parametrize("how", ["scaler.step", "unscale_ and clip_grad_norm_", "overflowed",
+                                 "fused Adam"])
+def test_grad_scaler_is_named_without_defer_updates(world, how):
+    # Each bucket's update was applied during backward, before the scaler could unscale it or
+    # skip the step: named at the first scaler.step(), also when it would have skipped it.
+    # (torch's in-place unscaling leaves .grad's version counter as it was: without the name it
+    # would be a silent update with the scaled gradients.)
+    rank, n, gloo = world
+    model, kind = fresh("mlp")
+    optimizer = "adam_fused" if how == "fused Adam" else "adam"
+    net, opt = loom_torch.parallelize(model, OPTIMIZERS[optimizer](model.parameters()))
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** (40 if how == "overflowed" else 8))
+    x, y = data(kind, rank, 0)
+    opt.zero_grad()
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = loss_of(kind, net(x), y)
+    scaler.scale(loss).backward()
+    finite = all(bool(torch.isfinite(p.grad).all()) for p in model.parameters())
+    assert finite == (how != "overflowed")
+    if how == "unscale_ and clip_grad_norm_":
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+    with pytest.raises(RuntimeError, match=r"optimizer\.step\(\) on rank %d was called by a "
+                                           r"torch\.amp\.GradScaler .*updates were made with the "
+                                           r"scaled gradients\. Wrap with parallelize\(\.\.\., "
+                                           r"defer_updates=True\)" % rank):
+        scaler.step(opt)
+    del net, opt, model  # perhaps unusable now
+
+
+def test_grad_scaler_works_once_the_model_is_wrapped_again_with_defer_updates(world):
+    # The first wrapper (updates during backward) hands GradScaler's steps to itself; once it
+    # lets go of the optimizer, the scaler unscales and skips for the optimizer's own step()
+    # again.
+    rank, n, gloo = world
+    out = []
+    for use_loom in (False, True):
+        model, kind = fresh("mlp")
+        net, opt = wrap(model, OPTIMIZERS["sgd"](model.parameters()), gloo, use_loom)
+        one_step(net, opt, kind, rank, 0)
+        if use_loom:
+            net, opt = loom_torch.parallelize(model, opt, defer_updates=True)
+        loop = scaled_loop(False)
+        seen = [loop(net, opt, model, kind, step) for step in range(1, 8)]
+        synchronize(net)
+        out.append((model, net, seen))
+    (ddp_model, _, ddp_seen), (loom_model, _, loom_seen) = out
+    assert ddp_seen[0][2]  # the first scaled step overflowed and was skipped
+    assert [seen[1:3] for seen in loom_seen] == [seen[1:3] for seen in ddp_seen]
+    assert_like_ddp(loom_model, ddp_model, gloo, n)
 
 
 # 3. LR schedulers -------------------------------------------------------------------------

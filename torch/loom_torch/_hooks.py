@@ -78,6 +78,24 @@ class _EngineHook:
         return _InertHook()
 
 
+class _AmpScalingInStep:
+    """An optimizer's _step_supports_amp_scaling while an engine that applies the updates
+    during backward (without defer_updates) drives it. True: torch.amp.GradScaler then calls
+    optimizer.step() itself, with its found_inf set on the optimizer, even on a step whose
+    gradients overflowed, where the engine names the scaler (the updates it would unscale or
+    skip were applied during backward). False once the engine is closed or freed, so that the
+    scaler unscales and skips as usual for the optimizer's own step()."""
+
+    __slots__ = ("engine",)
+
+    def __init__(self, engine):
+        self.engine = weakref.ref(engine)
+
+    def __bool__(self):
+        engine = self.engine()
+        return engine is not None and not engine.closed
+
+
 class _InertHook:
     def __call__(self, *args):
         return None

@@ -210,6 +210,17 @@ class _Updates:
             # DDP's semantics: the averages are in .grad (backward waited for them).
             self.awaiting_step = False
             return self.step_function(self.optimizer, closure)
+        if getattr(self.optimizer, "found_inf", None) is not None:
+            # torch.amp.GradScaler's step(): it sets found_inf on an optimizer whose
+            # _step_supports_amp_scaling is true (_AmpScalingInStep) and calls its step() even
+            # when the gradients overflowed.
+            raise RuntimeError(
+                "loom_torch.parallelize: optimizer.step() on rank %d was called by a "
+                "torch.amp.GradScaler (scaler.step()); parallelize applies each bucket's update "
+                "as it lands, during backward, before the scaler can unscale the gradients or "
+                "skip a step whose gradients overflowed, so this backward's updates were made "
+                "with the scaled gradients. Wrap with parallelize(..., defer_updates=True) to "
+                "train with a GradScaler, as with DDP" % self.rank)
         if (not self.awaiting_step and not self.optimizer.state
                 and all(g.get("lr", 1.0) == 0 for g in self.optimizer.param_groups)):
             # torch.distributed.checkpoint's _init_optim_state: a step at learning rate 0 with

@@ -32,13 +32,13 @@ What happens underneath, each step:
 
 Rules, each a named error rather than a hang: one optimizer.step() per backward (accumulate with
 `with net.no_sync():`), nothing between backward and step that changes what an update uses
-(gradients in place, hyperparameters, param groups), no write through the unwrapped model while
-an update is pending, every rank runs backward every step, a parameter that gets no gradient
-needs find_unused_parameters=True, the same model on every rank (checked when wrapped), and the
-model's parameters must not be moved, replaced or re-registered after wrapping (wrap it after
-.to(...)). defer_updates=True gives DDP's semantics instead (backward waits for every bucket and
-leaves the averages in .grad; opt.step() runs the optimizer), where the first three rules do not
-apply.
+(gradients in place, a GradScaler's unscaling and skipped steps, hyperparameters, param groups),
+no write through the unwrapped model while an update is pending, every rank runs backward every
+step, a parameter that gets no gradient needs find_unused_parameters=True, the same model on
+every rank (checked when wrapped), and the model's parameters must not be moved, replaced or
+re-registered after wrapping (wrap it after .to(...)). defer_updates=True gives DDP's semantics
+instead (backward waits for every bucket and leaves the averages in .grad; opt.step() runs the
+optimizer), where the first three rules do not apply.
 """
 import contextlib
 import time
@@ -51,7 +51,8 @@ import torch.distributed as dist
 from ._compress import compression_name
 from ._engine import _Engine
 from ._groups import backend_of
-from ._hooks import (_FRESH_READS, _EngineHook, _FreshRead, _eager, _first_tensor_needing_grad,
+from ._hooks import (_FRESH_READS, _AmpScalingInStep, _EngineHook, _FreshRead, _eager,
+                     _first_tensor_needing_grad,
                      _inert_hook)  # noqa: F401  (_inert_hook: named by pickles of wrapped models)
 from ._model_checks import _agree_on_model, _local_problem, broadcast_state, broadcast_tensors
 
@@ -95,11 +96,14 @@ def parallelize(model, optimizer, process_group=None, bucket_cap_mb=None, compre
     defer_updates: DDP's semantics: backward ends once every bucket has landed, with the averaged
     gradients in .grad, and opt.step() updates the parameters itself. Code that reads or changes
     the gradients or the param groups between backward and step (clip_grad_norm_, a learning
-    rate set right before step(), add_param_group), several backwards before one step, and a
-    backward through this model that its optimizer does not step (a GAN's generator step through
-    the discriminator) then work as with DDP; the communication still overlaps backward in
-    loom's buckets and order, but no update overlaps it and the next forward waits for nothing.
-    (False: each bucket's update is applied as it lands; those uses are named errors.)
+    rate set right before step(), add_param_group), torch.amp.GradScaler (float16 autocast: its
+    unscale_(), and the steps it skips when the gradients overflowed), several backwards before
+    one step, and a backward through this model that its optimizer does not step (a GAN's
+    generator step through the discriminator) then work as with DDP; the communication still
+    overlaps backward in loom's buckets and order, but no update overlaps it and the next
+    forward waits for nothing. (False: each bucket's update is applied as it lands; those uses
+    are named errors, a GradScaler's at its first scaler.step(), when the first backward's
+    updates were made with the scaled gradients.)
     gradient_as_bucket_view: as DDP's: once handed over, each .grad is the parameter's slot in
     loom's bucket memory (one copy of the gradients, and no copy of the average back into .grad);
     False: .grad stays the tensor autograd made, the average copied into it.
@@ -222,6 +226,14 @@ class ParallelModule(torch.nn.Module):
         optimizer.state_dict = through("state_dict")
         optimizer.zero_grad = through("zero_grad")
         optimizer.load_state_dict = through("load_state_dict")
+        if not defer_updates and not getattr(optimizer, "_step_supports_amp_scaling", False):
+            # A GradScaler unscales .grad, or skips a step whose gradients overflowed, after
+            # backward, where the updates were applied already: its unscaling in place leaves
+            # .grad's version counter as it was, and a skipped step never calls step(). Its
+            # contract with optimizers that handle its scaling in step() brings every
+            # scaler.step() to the engine's step(), which names it (an optimizer that handles
+            # the scaling itself, as fused Adam, is named there as it is).
+            optimizer._step_supports_amp_scaling = _AmpScalingInStep(engine)
 
     def forward(self, *inputs, **kwargs):
         # torch.compile(net) compiles the model's own forward; loom's bookkeeping around it
