@@ -19,6 +19,8 @@ function(loom_add_layer name)
     target_link_libraries(${target} PUBLIC loom_${below})
   endforeach()
   target_compile_features(${target} PUBLIC cxx_std_20)
-  target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic>)
+  # -Werror=switch: a switch over one of loom's enums that misses a value does not build.
+  target_compile_options(${target} PRIVATE
+                         $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Werror=switch>)
   set_property(GLOBAL APPEND PROPERTY LOOM_LAYERS ${target})
 endfunction()

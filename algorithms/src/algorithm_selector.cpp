@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <exception>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <string>
@@ -52,13 +53,15 @@ void AlgorithmSelector::index_measurements() {
       auto at = std::lower_bound(sizes.begin(), sizes.end(), m.bytes,
                                  [](const MeasuredSize& s, std::size_t b) { return s.bytes < b; });
       if (at == sizes.end() || at->bytes != m.bytes) {
-        MeasuredSize row{m.bytes, {}, {}};
-        row.seconds.fill(-1);
-        row.spread_seconds.fill(0);
-        at = sizes.insert(at, row);
+        at = sizes.insert(at, MeasuredSize{m.bytes, {}});
       }
-      at->seconds[static_cast<std::size_t>(m.algorithm)] = m.seconds;
-      at->spread_seconds[static_cast<std::size_t>(m.algorithm)] = m.spread_seconds;
+      auto same =
+          std::find_if(at->algorithms.begin(), at->algorithms.end(),
+                       [&](const MeasuredAlgorithm& a) { return a.algorithm == m.algorithm; });
+      if (same == at->algorithms.end())
+        at->algorithms.push_back({m.algorithm, m.seconds, m.spread_seconds});
+      else
+        *same = {m.algorithm, m.seconds, m.spread_seconds};
     }
 }
 
@@ -247,6 +250,76 @@ void AlgorithmSelector::set_override(Collective collective, std::vector<Algorith
   _overrides[static_cast<std::size_t>(collective)] = std::move(ranges);
 }
 
+namespace {
+
+// The topology of `world` ranks on one node, made once per thread and world size.
+const Topology& flat_topology(int world) {
+  thread_local std::vector<std::pair<int, std::unique_ptr<const Topology>>> made;
+  for (const auto& [w, t] : made)
+    if (w == world) return *t;
+  return *made.emplace_back(world, std::make_unique<const Topology>(Topology::single_node(world)))
+              .second;
+}
+
+}  // namespace
+
+// The selector's reading of a schedule (Thakur, Rabenseifner & Gropp's alpha-beta-gamma model):
+// within a part, a rank pays alpha per message piece and beta per byte for what it sends and,
+// apart, for what it receives, the slower of the two; a message between nodes instead loads
+// its nodes' links (alpha once, beta on the most bytes a link carries one way, at the inter
+// level). A step lasts as long as its slowest part, then its reduction (gamma per byte) and
+// its local copies (a quarter of gamma per byte: one read and one write, against a
+// reduction's two reads and a write over arithmetic), `repeat` times over.
+double AlgorithmSelector::schedule_seconds(Algorithm algorithm, Collective collective,
+                                           std::size_t bytes, const Topology& topology,
+                                           const CostParameters& intra,
+                                           const CostParameters& inter) {
+  const AlgorithmInfo* row = find_algorithm(algorithm);
+  const AlgorithmImplementation* run = row != nullptr ? row->implementation(collective) : nullptr;
+  if (run == nullptr || run->schedule == nullptr) return std::numeric_limits<double>::infinity();
+  thread_local MessageSchedule schedule;
+  thread_local std::vector<double> sent, received, out, in;
+  schedule.clear();
+  if (!run->schedule(topology, static_cast<double>(bytes), schedule))
+    return std::numeric_limits<double>::infinity();
+  const auto ranks = static_cast<std::size_t>(topology.world_size());
+  const auto nodes = static_cast<std::size_t>(topology.node_count());
+  double total = 0;
+  for (const MessageSchedule::Step& step : schedule.steps()) {
+    double slowest = 0;
+    for (const MessageSchedule::Part& part : schedule.parts(step)) {
+      sent.assign(ranks, 0.0);
+      received.assign(ranks, 0.0);
+      out.assign(nodes, 0.0);
+      in.assign(nodes, 0.0);
+      bool crosses = false;
+      for (const ScheduledMessage& m : schedule.messages(part)) {
+        const int a = topology.node_of(m.from), b = topology.node_of(m.to);
+        if (a == b) {
+          const double t = m.pieces * intra.alpha_s + m.bytes * intra.beta_s_per_byte;
+          sent[static_cast<std::size_t>(m.from)] += t;
+          received[static_cast<std::size_t>(m.to)] += t;
+        } else {
+          out[static_cast<std::size_t>(a)] += m.bytes;
+          in[static_cast<std::size_t>(b)] += m.bytes;
+          crosses = true;
+        }
+      }
+      double part_s = 0;
+      for (std::size_t r = 0; r < ranks; ++r) part_s = std::max({part_s, sent[r], received[r]});
+      if (crosses) {
+        double link = 0;
+        for (std::size_t n = 0; n < nodes; ++n) link = std::max({link, out[n], in[n]});
+        part_s = std::max(part_s, inter.alpha_s + link * inter.beta_s_per_byte);
+      }
+      slowest = std::max(slowest, part_s);
+    }
+    total += step.repeat * (slowest + step.reduced * intra.gamma_s_per_byte +
+                            step.copied * intra.gamma_s_per_byte / 4);
+  }
+  return total;
+}
+
 // Thakur, Rabenseifner & Gropp, "Optimization of Collective Communication Operations in
 // MPICH" (2005), with the fold for non-power-of-two rank counts; n in bytes.
 double AlgorithmSelector::predict(Algorithm algorithm, Collective collective, std::size_t bytes,
@@ -267,10 +340,7 @@ bool two_levels(const Topology& t) {
 double AlgorithmSelector::predict(Algorithm algorithm, Collective collective, std::size_t bytes,
                                   const Topology& topology) const {
   const int world = topology.world_size();
-  if (!two_levels(topology)) {
-    if (algorithm == Algorithm::hierarchical) return std::numeric_limits<double>::infinity();
-    return predict(algorithm, collective, bytes, world);
-  }
+  if (!two_levels(topology)) return predict(algorithm, collective, bytes, world);
   // The inter-node level: measured (TuningParameters::inter_node), else modelled as the
   // intra-node one with beta inter_node_beta_factor times higher.
   CostParameters inter = _tuning.cost;
@@ -280,174 +350,38 @@ double AlgorithmSelector::predict(Algorithm algorithm, Collective collective, st
   } else {
     inter.beta_s_per_byte *= inter_node_beta_factor;
   }
-  if (algorithm != Algorithm::hierarchical)
+  const AlgorithmInfo* row = find_algorithm(algorithm);
+  if (row == nullptr || !row->follows_topology)
     return predict_with(inter, algorithm, collective, bytes, world);
-  const double a = _tuning.cost.alpha_s;
-  const double ai = inter.alpha_s;
-  const double b = _tuning.cost.beta_s_per_byte;
-  const double g = _tuning.cost.gamma_s_per_byte;
-  const double n = static_cast<double>(bytes);
-  const int nodes = topology.node_count();
-  std::size_t fewest = topology.ranks_of_node(0).size(), most = fewest;
-  for (int node = 1; node < nodes; ++node) {
-    fewest = std::min(fewest, topology.ranks_of_node(node).size());
-    most = std::max(most, topology.ranks_of_node(node).size());
-  }
-  const double m = static_cast<double>(fewest), k = static_cast<double>(most);
-  const double bi = inter.beta_s_per_byte;
-  const double N = nodes, block = n / world;
-  // hierarchical_{broadcast,allgather,reduce_scatter}.cpp: through each node's leader (k - 1
-  // messages in its memory), a tree (broadcast) or a ring (N - 1 steps, a node's k blocks per
-  // step) of the leaders.
-  switch (collective) {
-    case Collective::broadcast:
-      return ceil_log2(nodes) * (ai + n * bi) + a + (k - 1) * n * b;
-    case Collective::allgather:  // n: the gathered buffer
-      return a + (k - 1) * block * b + (N - 1) * (ai + k * block * bi) + a + (k - 1) * n * b;
-    case Collective::reduce_scatter:  // n: the whole send buffer
-      return a + (k - 1) * n * (b + g) + (N - 1) * (ai + k * block * bi + k * block * g) + a +
-             (k - 1) * block * b;
-    case Collective::allreduce:
-      break;
-    default:
-      return std::numeric_limits<double>::infinity();
-  }
-  // hierarchical_allreduce.cpp: an intra-node reduce-scatter into m shards (an owner takes
-  // k - 1 pieces of a shard), then between nodes either a ring of each shard (2(N - 1) steps,
-  // the node's m owners sending a block of 1/N together per step) or recursive doubling (the
-  // fold and unfold, moving a shard where nodes are not a power of two, and log2 exchanges, the
-  // node's m owners sharing its link: a whole chunk per exchange), an intra-node allgather (a
-  // chunk in). The vector runs as C pipelined chunks: at step s chunk c is at stage s - c, a
-  // step lasts as long as its slowest stage, and the reductions run between steps.
-  const int C = hierarchical_chunks(bytes);
-  const double nc = n / C;
-  const bool ring = hierarchical_inter_ring(topology, bytes);
-  const int p2 = algorithms::power_of_two_below(nodes);
-  const int L = ceil_log2(p2);
-  const bool folds = p2 != nodes;
-  const int T = (ring ? 2 * (nodes - 1) : L + 2) + 2;  // stages of a chunk
-  const double scatter = a + (k - 1) * (nc / m) * b, gather = a + nc * b;
-  const double ring_step = ai + (nc / N) * bi, exchange = ai + nc * bi;
-  const double fold = folds ? exchange : 0;
-  auto slowest = [&](int lo, int hi) {  // the costliest stage of lo..hi
-    double worst = 0;
-    if (lo == 0) worst = scatter;
-    if (hi == T - 1) worst = std::max(worst, gather);
-    const int ilo = std::max(lo, 1), ihi = std::min(hi, T - 2);
-    if (ilo > ihi) return worst;
-    if (ring) return std::max(worst, ring_step);
-    if (ilo == 1 || ihi == L + 2) worst = std::max(worst, fold);
-    if (std::max(ilo, 2) <= std::min(ihi, L + 1)) worst = std::max(worst, exchange);
-    return worst;
-  };
-  double total = 0;
-  for (int step = 0; step < C + T - 1; ++step)
-    total += slowest(std::max(0, step - C + 1), std::min(step, T - 1));
-  // Reduced on arrival: the fold's shard (not the unfold's) and each exchange's.
-  const double reduced_shards = L + (folds ? 1 : 0);
-  const double reductions =
-      (k - 1) * (n / m) * g + (ring ? (N - 1) * (n / m / N) * g : reduced_shards * (n / m) * g);
-  return total + reductions;
+  // An algorithm that follows the nodes (hierarchical): its schedule on the topology, messages
+  // inside a node at the tuning's alpha and beta, those between nodes at the inter-node
+  // level's, sharing their node's link.
+  return schedule_seconds(algorithm, collective, bytes, topology, _tuning.cost, inter);
 }
 
 double AlgorithmSelector::predict_with(const CostParameters& cost, Algorithm algorithm,
                                        Collective collective, std::size_t bytes, int world) const {
-  const double a = cost.alpha_s;
-  const double b = cost.beta_s_per_byte;
-  const double g = cost.gamma_s_per_byte;
   const double n = static_cast<double>(bytes);
-  const double p = world;
   if (world <= 1) return 0;
-  const int p2i = algorithms::power_of_two_below(world);
-  const double p2 = p2i;
-  const double lg = ceil_log2(world);
-  const double lg2 = ceil_log2(p2i);
-  const bool fold = p2i != world;
-  const double share = (p - 1) / p;
   if (algorithm == Algorithm::native) {
     for (const NativeFit& f : _tuning.native)
       if (f.collective == collective && f.world == world) return f.alpha_s + n * f.beta_s_per_byte;
     // No fit: the library is assumed to run the best of the same algorithms, minus loom's
     // per-message overhead, which alpha includes; for allreduce, the best of the latency-optimal
-    // ones only (recursive doubling, binomial tree). Measured (Open MPI 4.1, vader, 2 ranks):
-    // MPI_Allreduce and
-    // MPI_Iallreduce take 2-3x loom's ring and Rabenseifner from 4 MiB up, as a library moving the
-    // whole buffer per step does, so an untuned model that let native tie with the
-    // bandwidth-optimal algorithms (and win the tie) chose the slowest candidate for every large
-    // allreduce. loom-tune's fit replaces this.
+    // ones only (no row marked bandwidth_optimal). Measured (Open MPI 4.1, vader, 2 ranks):
+    // MPI_Allreduce and MPI_Iallreduce take 2-3x loom's ring and Rabenseifner from 4 MiB up, as a
+    // library moving the whole buffer per step does, so an untuned model that let native tie with
+    // the bandwidth-optimal algorithms (and win the tie) chose the slowest candidate for every
+    // large allreduce. loom-tune's fit replaces this.
     double best = std::numeric_limits<double>::infinity();
     for (Algorithm c : candidates(collective)) {
       if (c == Algorithm::native) continue;
-      if (collective == Collective::allreduce &&
-          (c == Algorithm::ring || c == Algorithm::rabenseifner))
-        continue;
+      if (collective == Collective::allreduce && find_algorithm(c)->bandwidth_optimal) continue;
       best = std::min(best, predict_with(cost, c, collective, bytes, world));
     }
-    return std::isfinite(best) ? best : lg * a + n * b;
+    return std::isfinite(best) ? best : ceil_log2(world) * cost.alpha_s + n * cost.beta_s_per_byte;
   }
-  switch (collective) {
-    case Collective::allreduce:
-      switch (algorithm) {
-        case Algorithm::ring: {
-          // Each of the 2(p - 1) steps is cut into chunks (ring_allreduce.cpp: about 8 per
-          // block, 64 KiB to 4 MiB each), each a message of its own: alpha per chunk. Without
-          // it ring tied with Rabenseifner on 2 ranks and won the tie, though on Open MPI's
-          // shared memory its many rendezvous messages made it measurably slower.
-          const double block = std::ceil(n / p);
-          const double chunk = std::clamp(std::ceil(block / 8), 64.0 * 1024, 4.0 * 1024 * 1024);
-          const double chunks = std::max(1.0, std::ceil(block / chunk));
-          return 2 * (p - 1) * chunks * a + 2 * share * n * b + share * n * g;
-        }
-        case Algorithm::recursive_doubling:
-          return lg2 * (a + n * b + n * g) + (fold ? 2 * (a + n * b) + n * g : 0);
-        case Algorithm::rabenseifner:
-          return 2 * lg2 * a + 2 * (p2 - 1) / p2 * n * b + (p2 - 1) / p2 * n * g +
-                 (fold ? 2 * (a + n * b) + n * g : 0);
-        case Algorithm::binomial_tree:
-          return 2 * lg * (a + n * b) + lg * n * g;
-        default:
-          break;
-      }
-      break;
-    case Collective::allgather:  // n: the gathered buffer
-      switch (algorithm) {
-        case Algorithm::ring:
-          return (p - 1) * a + share * n * b;
-        case Algorithm::recursive_doubling:
-          return lg * a + share * n * b;
-        case Algorithm::bruck:
-          return lg * a + share * n * b + n * g / 4;  // plus the final rotation copy
-        default:
-          break;
-      }
-      break;
-    case Collective::reduce_scatter:  // n: the whole send buffer
-      switch (algorithm) {
-        case Algorithm::ring:
-          return (p - 1) * a + share * n * (b + g);
-        case Algorithm::recursive_halving:
-          return lg2 * a + (p2 - 1) / p2 * n * (b + g) + (fold ? 2 * a + n * (b + g) : 0);
-        default:
-          break;
-      }
-      break;
-    case Collective::broadcast:
-      switch (algorithm) {
-        case Algorithm::binomial_tree:
-          return lg * (a + n * b);
-        case Algorithm::scatter_allgather:
-          return 2 * (p - 1) * a + 2 * share * n * b;
-        default:
-          break;
-      }
-      break;
-    case Collective::reduce:
-      if (algorithm == Algorithm::binomial_tree) return lg * (a + n * b + n * g);
-      break;
-    default:
-      break;
-  }
-  return std::numeric_limits<double>::infinity();
+  return schedule_seconds(algorithm, collective, bytes, flat_topology(world), cost, cost);
 }
 
 // The time of `algorithm` at `bytes` from loom-tune's table, with its spread. Between two
@@ -474,12 +408,14 @@ std::optional<AlgorithmSelector::MeasuredTime> AlgorithmSelector::measured(Algor
     group = find(form == TimingForm::blocking ? TimingForm::asynchronous : TimingForm::blocking);
   if (group == _measured.end() || group->second.empty()) return std::nullopt;
   const auto& sizes = group->second;
-  const auto index = static_cast<std::size_t>(algorithm);
   auto at = std::lower_bound(sizes.begin(), sizes.end(), bytes,
                              [](const MeasuredSize& s, std::size_t b) { return s.bytes < b; });
   auto time_at = [&](const MeasuredSize* s) -> std::optional<MeasuredTime> {
-    if (s == nullptr || s->seconds[index] < 0) return std::nullopt;
-    return MeasuredTime{s->seconds[index], s->spread_seconds[index]};
+    if (s == nullptr) return std::nullopt;
+    for (const MeasuredAlgorithm& a : s->algorithms)
+      if (a.algorithm == algorithm && a.seconds >= 0)
+        return MeasuredTime{a.seconds, a.spread_seconds};
+    return std::nullopt;
   };
   if (at != sizes.end() && at->bytes == bytes) return time_at(&*at);
   const MeasuredSize* above = at == sizes.end() ? nullptr : &*at;

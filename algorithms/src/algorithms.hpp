@@ -5,6 +5,7 @@
 #include <string>
 
 #include "loom/backend.hpp"
+#include "schedule_steps.hpp"
 #include "stepwise_algorithm.hpp"
 
 namespace loom::algorithms {
@@ -59,6 +60,28 @@ std::unique_ptr<ChannelWork> ring_reduce_scatter(Backend& b, const CollectiveArg
                                                  const WorkLabel& what);
 std::unique_ptr<ChannelWork> recursive_halving_reduce_scatter(Backend& b, const CollectiveArgs& a,
                                                               const WorkLabel& what);
+// Each algorithm's messages (AlgorithmInfo's schedule), in the file of its factory.
+bool ring_allreduce_schedule(const Topology& t, double n, MessageSchedule& s);
+bool recursive_doubling_allreduce_schedule(const Topology& t, double n, MessageSchedule& s);
+bool rabenseifner_allreduce_schedule(const Topology& t, double n, MessageSchedule& s);
+bool tree_allreduce_schedule(const Topology& t, double n, MessageSchedule& s);
+bool tree_reduce_schedule(const Topology& t, double n, MessageSchedule& s);
+bool tree_broadcast_schedule(const Topology& t, double n, MessageSchedule& s);
+bool ring_allgather_schedule(const Topology& t, double n, MessageSchedule& s);
+bool recursive_doubling_allgather_schedule(const Topology& t, double n, MessageSchedule& s);
+bool bruck_allgather_schedule(const Topology& t, double n, MessageSchedule& s);
+bool ring_reduce_scatter_schedule(const Topology& t, double n, MessageSchedule& s);
+bool recursive_halving_reduce_scatter_schedule(const Topology& t, double n, MessageSchedule& s);
+bool scatter_allgather_broadcast_schedule(const Topology& t, double n, MessageSchedule& s);
+bool hierarchical_allreduce_schedule(const Topology& t, double n, MessageSchedule& s);
+bool hierarchical_allgather_schedule(const Topology& t, double n, MessageSchedule& s);
+bool hierarchical_reduce_scatter_schedule(const Topology& t, double n, MessageSchedule& s);
+bool hierarchical_broadcast_schedule(const Topology& t, double n, MessageSchedule& s);
+/// @brief The leaders' ring of hierarchical allgather and reduce_scatter: N - 1 steps, leader v
+/// sending node (v - k)'s segment (`per_rank` bytes per rank of it) to leader v + 1, reduced on
+/// arrival when `reduces`.
+void leaders_ring_steps(MessageSchedule& s, const Topology& t, double per_rank, bool reduces);
+
 // The alltoall and barrier of a backend without collectives of its own (start_on_algorithms).
 std::unique_ptr<ChannelWork> pairwise_alltoall(Backend& b, const CollectiveArgs& a,
                                                const WorkLabel& what);

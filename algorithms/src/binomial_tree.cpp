@@ -111,4 +111,20 @@ std::unique_ptr<ChannelWork> tree_broadcast(Backend& b, const CollectiveArgs& a,
   return std::make_unique<TreeCollective>(b, a, what);
 }
 
+bool tree_allreduce_schedule(const Topology& topology, double n, MessageSchedule& s) {
+  tree_reduce_steps(s, topology.world_size(), n);
+  tree_broadcast_steps(s, topology.world_size(), n);
+  return true;
+}
+
+bool tree_reduce_schedule(const Topology& topology, double n, MessageSchedule& s) {
+  tree_reduce_steps(s, topology.world_size(), n);
+  return true;
+}
+
+bool tree_broadcast_schedule(const Topology& topology, double n, MessageSchedule& s) {
+  tree_broadcast_steps(s, topology.world_size(), n);
+  return true;
+}
+
 }  // namespace loom::algorithms

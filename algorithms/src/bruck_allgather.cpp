@@ -1,6 +1,8 @@
 // Bruck's allgather: ceil(log2 p) steps for any rank count. Rank r collects blocks r, r+1, ...
 // in scratch (step k: send the first min(2^k, p-2^k) blocks to r-2^k, receive as many from
 // r+2^k behind them), then rotates them into place.
+#include <algorithm>
+
 #include "algorithms.hpp"
 
 namespace loom::algorithms {
@@ -49,6 +51,16 @@ class BruckAllgather final : public StepwiseAlgorithm {
 std::unique_ptr<ChannelWork> bruck_allgather(Backend& b, const CollectiveArgs& a,
                                              const WorkLabel& what) {
   return std::make_unique<BruckAllgather>(b, a, what);
+}
+
+bool bruck_allgather_schedule(const Topology& topology, double n, MessageSchedule& s) {
+  const int p = topology.world_size();
+  for (int distance = 1; distance < p; distance *= 2) {
+    s.step();
+    shifted(s, p, -distance, n * std::min(distance, p - distance) / p);
+  }
+  s.copy(n);  // the final rotation into rank order
+  return true;
 }
 
 }  // namespace loom::algorithms

@@ -2,6 +2,8 @@
 // blocks, the leaders pass the nodes' blocks around a ring (a node's blocks cross its link once
 // each way per step, N - 1 steps), and each leader sends the gathered result to the rest of its
 // node. A node's ranks need not be consecutive: blocks travel one message per rank.
+#include <algorithm>
+
 #include "algorithms.hpp"
 
 namespace loom::algorithms {
@@ -72,6 +74,33 @@ class HierarchicalAllgather final : public StepwiseAlgorithm {
 std::unique_ptr<ChannelWork> hierarchical_allgather(Backend& b, const CollectiveArgs& a,
                                                     const WorkLabel& what) {
   return std::make_unique<HierarchicalAllgather>(b, a, what);
+}
+
+// Blocks to each node's leader, the leaders' ring, the result from the leader to its node.
+bool hierarchical_allgather_schedule(const Topology& t, double n, MessageSchedule& s) {
+  if (t.node_count() < 2 || t.node_count() == t.world_size()) return false;
+  const double block = n / t.world_size();
+  s.step();
+  for (int q = 0; q < t.world_size(); ++q) s.message(q, t.leader_of_node(t.node_of(q)), block);
+  leaders_ring_steps(s, t, block, false);
+  s.step();
+  for (int q = 0; q < t.world_size(); ++q) s.message(t.leader_of_node(t.node_of(q)), q, n);
+  return true;
+}
+
+void leaders_ring_steps(MessageSchedule& s, const Topology& t, double per_rank, bool reduces) {
+  const int nodes = t.node_count();
+  for (int k = 0; k < nodes - 1; ++k) {
+    s.step();
+    double reduced = 0;
+    for (int v = 0; v < nodes; ++v) {
+      const int segment = ((v - k) % nodes + nodes) % nodes;
+      const double bytes = per_rank * static_cast<double>(t.ranks_of_node(segment).size());
+      s.message(t.leader_of_node(v), t.leader_of_node((v + 1) % nodes), bytes);
+      reduced = std::max(reduced, bytes);
+    }
+    if (reduces) s.reduce(reduced);
+  }
 }
 
 }  // namespace loom::algorithms

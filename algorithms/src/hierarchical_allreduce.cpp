@@ -11,6 +11,7 @@
 // the inter-node link, each with 1/m of the vector: the node's link carries the vector once
 // per exchange instead of the flat ring's 2(p-1)/p of it.
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "algorithms.hpp"
@@ -231,6 +232,112 @@ int hierarchical_shards(const Topology& topology) {
 std::unique_ptr<ChannelWork> hierarchical_allreduce(Backend& b, const CollectiveArgs& a,
                                                     const WorkLabel& what) {
   return std::make_unique<HierarchicalAllreduce>(b, a, what);
+}
+
+namespace {
+
+// One stage of a chunk's way through hierarchical allreduce: what it sends and what the
+// busiest rank then reduces.
+struct Stage {
+  std::vector<ScheduledMessage> messages;
+  double reduced = 0;
+};
+
+// Recursive doubling among the nodes with the fold (the fold and the unfold only where there is
+// a remainder), as stages: node a sends node b `owners(a, b)` in one exchange, each reduced
+// (`reduced` bytes) on arrival.
+template <typename Owners>
+void nodes_fold_and_exchange(std::vector<Stage>& stages, int nodes, const Owners& owners,
+                             double reduced) {
+  const Fold f(0, nodes);
+  auto nodes_stage = [&](const std::vector<std::pair<int, int>>& pairs, double reduce) {
+    Stage stage;
+    for (auto [a, b] : pairs)
+      for (const ScheduledMessage& x : owners(a, b)) stage.messages.push_back(x);
+    stage.reduced = pairs.empty() ? 0 : reduce;
+    stages.push_back(std::move(stage));
+  };
+  std::vector<std::pair<int, int>> pairs;
+  for (int v = 0; v < 2 * f.rem; v += 2) pairs.push_back({v, v + 1});
+  if (f.rem > 0) nodes_stage(pairs, reduced);
+  for (int k = 0; k < f.steps; ++k) {
+    std::vector<std::pair<int, int>> x;
+    for (int v = 0; v < f.p2; ++v) x.push_back({f.real(v), f.real(v ^ (1 << k))});
+    nodes_stage(x, reduced);
+  }
+  for (auto& [a, b] : pairs) std::swap(a, b);
+  if (f.rem > 0) nodes_stage(pairs, 0);
+}
+
+}  // namespace
+
+// A node-local reduce-scatter into m shards (m the fewest ranks any node holds; local ranks
+// 0..m-1 own one each), between the nodes' owners of the same index a ring of each shard
+// (hierarchical_inter_ring) or the fold and recursive doubling, the node-local allgather; the
+// vector in hierarchical_chunks pipelined chunks, chunk c at stage g - c in step g: a step's
+// parts are its chunks' stages, one chunk's intra-node messages beside another's inter-node ones.
+bool hierarchical_allreduce_schedule(const Topology& t, double n, MessageSchedule& s) {
+  const int nodes = t.node_count();
+  if (nodes < 2 || nodes == t.world_size()) return false;
+  std::size_t fewest = t.ranks_of_node(0).size(), most = fewest;
+  for (int node = 1; node < nodes; ++node) {
+    fewest = std::min(fewest, t.ranks_of_node(node).size());
+    most = std::max(most, t.ranks_of_node(node).size());
+  }
+  const int m = static_cast<int>(fewest);
+  const int chunks = hierarchical_chunks(static_cast<std::size_t>(n));
+  const double shard = n / chunks / m;
+  std::vector<Stage> stages(1);
+  for (int node = 0; node < nodes; ++node) {
+    const auto ranks = t.ranks_of_node(node);
+    for (int from : ranks)
+      for (int j = 0; j < m; ++j)
+        if (from != ranks[j]) stages[0].messages.push_back({from, ranks[j], shard});
+  }
+  stages[0].reduced = static_cast<double>(most - 1) * shard;
+  auto owners = [&](int node_from, int node_to, double bytes) {
+    std::vector<ScheduledMessage> msgs;
+    for (int j = 0; j < m; ++j)
+      msgs.push_back({t.ranks_of_node(node_from)[j], t.ranks_of_node(node_to)[j], bytes});
+    return msgs;
+  };
+  if (hierarchical_inter_ring(t, static_cast<std::size_t>(n))) {
+    // Between nodes: a ring of every shard's owners, a block of shard / N per step, reduced in
+    // the first N - 1 steps (the reduce-scatter), copied in the next N - 1 (the allgather).
+    const double block = shard / nodes;
+    for (int k = 0; k < 2 * (nodes - 1); ++k) {
+      Stage stage;
+      for (int v = 0; v < nodes; ++v)
+        for (const ScheduledMessage& x : owners(v, (v + 1) % nodes, block))
+          stage.messages.push_back(x);
+      stage.reduced = k < nodes - 1 ? block : 0;
+      stages.push_back(std::move(stage));
+    }
+  } else {
+    nodes_fold_and_exchange(
+        stages, nodes, [&](int a, int b) { return owners(a, b, shard); }, shard);
+  }
+  Stage back;
+  for (int node = 0; node < nodes; ++node) {
+    const auto ranks = t.ranks_of_node(node);
+    for (int j = 0; j < m; ++j)
+      for (int to : ranks)
+        if (to != ranks[j]) back.messages.push_back({ranks[j], to, shard});
+  }
+  stages.push_back(std::move(back));
+  const int count = static_cast<int>(stages.size());
+  for (int g = 0; g < chunks + count - 1; ++g) {
+    s.step();
+    bool first = true;
+    for (int k = std::max(0, g - chunks + 1); k <= std::min(g, count - 1); ++k) {
+      if (!first) s.part();
+      first = false;
+      for (const ScheduledMessage& x : stages[k].messages)
+        s.message(x.from, x.to, x.bytes, x.pieces);
+      s.reduce(stages[k].reduced);
+    }
+  }
+  return true;
 }
 
 }  // namespace loom::algorithms

@@ -66,4 +66,20 @@ std::unique_ptr<ChannelWork> hierarchical_broadcast(Backend& b, const Collective
   return std::make_unique<HierarchicalBroadcast>(b, a, what);
 }
 
+// From rank 0: a binomial tree of the nodes' leaders, then each leader to its node.
+bool hierarchical_broadcast_schedule(const Topology& t, double n, MessageSchedule& s) {
+  const int nodes = t.node_count();
+  if (nodes < 2 || nodes == t.world_size()) return false;
+  const int steps = ceil_log2(nodes);
+  for (int k = 0; k < steps; ++k) {
+    const int mask = 1 << (steps - 1 - k);
+    s.step();
+    for (int v = 0; v + mask < nodes; v += 2 * mask)
+      s.message(t.leader_of_node(v), t.leader_of_node(v + mask), n);
+  }
+  s.step();
+  for (int q = 0; q < t.world_size(); ++q) s.message(t.leader_of_node(t.node_of(q)), q, n);
+  return true;
+}
+
 }  // namespace loom::algorithms

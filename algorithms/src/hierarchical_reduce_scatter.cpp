@@ -122,4 +122,20 @@ std::unique_ptr<ChannelWork> hierarchical_reduce_scatter(Backend& b, const Colle
   return std::make_unique<HierarchicalReduceScatter>(b, a, what);
 }
 
+// Vectors to each node's leader (reduced there), the leaders' ring, each rank's block from its
+// leader.
+bool hierarchical_reduce_scatter_schedule(const Topology& t, double n, MessageSchedule& s) {
+  const int nodes = t.node_count();
+  if (nodes < 2 || nodes == t.world_size()) return false;
+  const double block = n / t.world_size();
+  std::size_t most = 0;
+  for (int node = 0; node < nodes; ++node) most = std::max(most, t.ranks_of_node(node).size());
+  s.step(static_cast<double>(most - 1) * n);
+  for (int q = 0; q < t.world_size(); ++q) s.message(q, t.leader_of_node(t.node_of(q)), n);
+  leaders_ring_steps(s, t, block, true);
+  s.step();
+  for (int q = 0; q < t.world_size(); ++q) s.message(t.leader_of_node(t.node_of(q)), q, block);
+  return true;
+}
+
 }  // namespace loom::algorithms

@@ -97,4 +97,20 @@ std::unique_ptr<ChannelWork> rabenseifner_allreduce(Backend& b, const Collective
   return std::make_unique<RabenseifnerAllreduce>(b, a, what);
 }
 
+bool rabenseifner_allreduce_schedule(const Topology& topology, double n, MessageSchedule& s) {
+  const Fold f(0, topology.world_size());
+  fold_step(s, f, n, false, n);
+  for (int k = 1; k <= f.steps; ++k) {  // recursive halving: half of what is left each step
+    const double half = n / (1 << k);
+    s.step(half);
+    exchange(s, f, f.p2 >> k, half);
+  }
+  for (int k = 0; k < f.steps; ++k) {  // recursive doubling of the reduced blocks
+    s.step();
+    exchange(s, f, 1 << k, n * (1 << k) / f.p2);
+  }
+  fold_step(s, f, n, true, 0);
+  return true;
+}
+
 }  // namespace loom::algorithms

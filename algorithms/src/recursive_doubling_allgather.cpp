@@ -39,4 +39,15 @@ std::unique_ptr<ChannelWork> recursive_doubling_allgather(Backend& b, const Coll
   return std::make_unique<RecursiveDoublingAllgather>(b, a, what);
 }
 
+bool recursive_doubling_allgather_schedule(const Topology& topology, double n, MessageSchedule& s) {
+  const int p = topology.world_size();
+  if ((p & (p - 1)) != 0) return false;
+  const Fold f(0, p);
+  for (int k = 0; k < f.steps; ++k) {
+    s.step();
+    exchange(s, f, 1 << k, n * (1 << k) / p);
+  }
+  return true;
+}
+
 }  // namespace loom::algorithms

@@ -69,4 +69,15 @@ std::unique_ptr<ChannelWork> recursive_doubling_allreduce(Backend& b, const Coll
   return std::make_unique<RecursiveDoublingAllreduce>(b, a, what);
 }
 
+bool recursive_doubling_allreduce_schedule(const Topology& topology, double n, MessageSchedule& s) {
+  const Fold f(0, topology.world_size());
+  fold_step(s, f, n, false, n);
+  for (int k = 0; k < f.steps; ++k) {
+    s.step(n);
+    exchange(s, f, 1 << k, n);
+  }
+  fold_step(s, f, n, true, 0);
+  return true;
+}
+
 }  // namespace loom::algorithms

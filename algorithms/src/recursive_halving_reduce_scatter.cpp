@@ -88,4 +88,18 @@ std::unique_ptr<ChannelWork> recursive_halving_reduce_scatter(Backend& b, const 
   return std::make_unique<RecursiveHalvingReduceScatter>(b, a, what);
 }
 
+bool recursive_halving_reduce_scatter_schedule(const Topology& topology, double n,
+                                               MessageSchedule& s) {
+  const int p = topology.world_size();
+  const Fold f(0, p);
+  fold_step(s, f, n, false, n);  // the whole vector handed over
+  for (int k = 1; k <= f.steps; ++k) {
+    const double half = n / (1 << k);
+    s.step(half);
+    exchange(s, f, f.p2 >> k, half);
+  }
+  fold_step(s, f, n / p, true, 0);  // the folded ranks' blocks back
+  return true;
+}
+
 }  // namespace loom::algorithms

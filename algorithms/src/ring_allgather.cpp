@@ -42,4 +42,9 @@ std::unique_ptr<ChannelWork> ring_allgather(Backend& b, const CollectiveArgs& a,
   return std::make_unique<RingAllgather>(b, a, what);
 }
 
+bool ring_allgather_schedule(const Topology& topology, double n, MessageSchedule& s) {
+  ring_allgather_steps(s, topology.world_size(), n);
+  return true;
+}
+
 }  // namespace loom::algorithms

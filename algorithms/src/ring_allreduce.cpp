@@ -4,6 +4,7 @@
 // reduction writes send (op) received into the result (every block of the result is either
 // reduced here once or received in the allgather).
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "algorithms.hpp"
@@ -145,6 +146,20 @@ class RingAllreduce final : public ChannelWork {
 std::unique_ptr<ChannelWork> ring_allreduce(Backend& b, const CollectiveArgs& a,
                                             const WorkLabel& what) {
   return std::make_unique<RingAllreduce>(b, a, what);
+}
+
+bool ring_allreduce_schedule(const Topology& topology, double n, MessageSchedule& s) {
+  const int p = topology.world_size();
+  // Each step's block in chunks as RingAllreduce cuts it (about 8, 64 KiB to 4 MiB each), each
+  // a message of its own; the reduction of a chunk overlaps the next ones on the wire.
+  const double block = std::ceil(n / p);
+  const double chunk = std::clamp(std::ceil(block / 8), 64.0 * 1024, 4.0 * 1024 * 1024);
+  const double chunks = std::max(1.0, std::ceil(block / chunk));
+  s.step(n / p, p - 1, true);
+  shifted(s, p, 1, n / p, chunks);
+  s.step(0, p - 1, true);
+  shifted(s, p, 1, n / p, chunks);
+  return true;
 }
 
 }  // namespace loom::algorithms

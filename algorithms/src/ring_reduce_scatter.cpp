@@ -60,4 +60,11 @@ std::unique_ptr<ChannelWork> ring_reduce_scatter(Backend& b, const CollectiveArg
   return std::make_unique<RingReduceScatter>(b, a, what);
 }
 
+bool ring_reduce_scatter_schedule(const Topology& topology, double n, MessageSchedule& s) {
+  const int p = topology.world_size();
+  s.step(n / p, p - 1);
+  shifted(s, p, 1, n / p);
+  return true;
+}
+
 }  // namespace loom::algorithms

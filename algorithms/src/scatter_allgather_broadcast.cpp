@@ -43,4 +43,12 @@ std::unique_ptr<ChannelWork> scatter_allgather_broadcast(Backend& b, const Colle
   return std::make_unique<ScatterAllgatherBroadcast>(b, a, what);
 }
 
+bool scatter_allgather_broadcast_schedule(const Topology& topology, double n, MessageSchedule& s) {
+  const int p = topology.world_size();
+  s.step();
+  for (int to = 1; to < p; ++to) s.message(0, to, n / p);
+  ring_allgather_steps(s, p, n);
+  return true;
+}
+
 }  // namespace loom::algorithms

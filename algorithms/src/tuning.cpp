@@ -78,9 +78,7 @@ Algorithm algorithm(std::string_view token, const std::string& where) {
   try {
     return parse_algorithm(token);
   } catch (const Error&) {
-    bad(where + ": '" + std::string(token) +
-        "' is not an algorithm (native, ring, rd, rabenseifner, tree, bruck, halving, "
-        "scatter_allgather, hierarchical)");
+    bad(where + ": '" + std::string(token) + "' is not an algorithm (" + algorithm_names() + ")");
   }
 }
 
@@ -282,9 +280,8 @@ std::vector<AlgorithmRange> parse_algorithm_ranges(std::string_view text) {
     try {
       range.algorithm = parse_algorithm(entry.substr(0, colon));
     } catch (const Error&) {
-      bad("'" + std::string(entry.substr(0, colon)) + "' in '" + token +
-          "' is not an algorithm (native, ring, rd, rabenseifner, tree, bruck, halving, "
-          "scatter_allgather, hierarchical)");
+      bad("'" + std::string(entry.substr(0, colon)) + "' in '" + token + "' is not an algorithm (" +
+          algorithm_names() + ")");
     }
     const std::string_view span = entry.substr(colon + 1);
     const auto dash = span.find('-');

@@ -44,10 +44,7 @@ std::string build_config() {
 
 void print_info(const Backend& backend) {
   std::string algorithms = "native";
-  if (backend.has_algorithm_channel())
-    algorithms +=
-        ", ring, rd, rabenseifner, tree, bruck, halving, scatter_allgather, "
-        "hierarchical, auto";
+  if (backend.has_algorithm_channel()) algorithms = algorithm_names() + ", auto";
   if (LOOM_HAVE_MPI && backend.name() == "mpi") algorithms += ", mpi-raw";
   std::printf("backend: %s\nranks: %d\nbuild: %s\nalgorithms available: %s\n",
               std::string(backend.name()).c_str(), backend.world_size(), build_config().c_str(),

@@ -9,9 +9,30 @@
 #include <boost/program_options.hpp>
 
 #include "layout.hpp"
+#include "loom/algorithm.hpp"
 #include "loom/error.hpp"
 
 namespace loom::bench {
+
+std::vector<std::string> known_algorithms() {
+  std::vector<std::string> names;
+  for (const AlgorithmInfo& row : algorithm_table()) names.emplace_back(row.name);
+  names.emplace_back("auto");
+  names.emplace_back("mpi-raw");
+  return names;
+}
+
+namespace {
+
+// "ring, rd, ...": the table's rows but native.
+std::string loom_algorithms() {
+  std::string names;
+  for (const AlgorithmInfo& row : algorithm_table())
+    if (row.id != Algorithm::native) names += (names.empty() ? "" : ", ") + std::string(row.name);
+  return names;
+}
+
+}  // namespace
 namespace po = boost::program_options;
 namespace {
 
@@ -42,10 +63,10 @@ po::options_description describe_options() {
        "round (default 1)")
       ("check,c", po::value<std::string>(), "1: verify every result element, 0: not (default 1)")
       ("algo,a", po::value<std::string>(),
-       "comma list of native (loom's backend call), loom's algorithms (ring, rd, "
-       "rabenseifner, tree, bruck, halving, scatter_allgather, hierarchical), auto (the "
-       "algorithm "
-       "selector's choice), mpi-raw (the MPI call made directly), or all (default native)")
+       ("comma list of native (loom's backend call), loom's algorithms (" + loom_algorithms() +
+        "), auto (the algorithm selector's choice), mpi-raw (the MPI call made directly), or "
+        "all (default native)")
+           .c_str())
       ("json", po::value<std::string>(), "also write the rows to this file, as a JSON array")
       ("backend", po::value<std::string>(),
        "local, mpi or ucx (default: mpi under mpirun when built, ucx with LOOM_STORE set (loom-launch), else local)")
@@ -204,21 +225,18 @@ Options parse_options(int argc, const char* const* argv) {
     for (const auto& name : split(*v)) {
       if (name == "all") {
         options.all_algorithms = true;
-        for (const auto& known : known_algorithms)
+        for (const auto& known : known_algorithms())
           if (std::find(options.algorithms.begin(), options.algorithms.end(), known) ==
               options.algorithms.end())
             options.algorithms.push_back(known);
         continue;
       }
-      if (std::find(known_algorithms.begin(), known_algorithms.end(), name) ==
-          known_algorithms.end())
-        throw UsageError(
-            bad_value("-a/--algo", *v,
-                      "'" + name +
-                          "' is not an algorithm (expected native, ring, rd, "
-                          "rabenseifner, tree, bruck, halving, "
-                          "scatter_allgather, hierarchical, auto, mpi-raw, all or a comma "
-                          "list of them)"));
+      const std::vector<std::string> known = known_algorithms();
+      if (std::find(known.begin(), known.end(), name) == known.end())
+        throw UsageError(bad_value("-a/--algo", *v,
+                                   "'" + name + "' is not an algorithm (expected " +
+                                       algorithm_names() +
+                                       ", auto, mpi-raw, all or a comma list of them)"));
       if (std::find(options.algorithms.begin(), options.algorithms.end(), name) ==
           options.algorithms.end())
         options.algorithms.push_back(name);

@@ -65,8 +65,8 @@ constexpr std::array<Variable, 22> all_variables{{
      "unset", "letters, digits, `-`, `_` (others become `_`)"},
     {"LOOM_ALLREDUCE",
      "algorithms by size range for allreduce, e.g. "
-     "\"rd:0-8K;rabenseifner:8K-1M;ring:1M-max\" (names: native, ring, rd, rabenseifner, tree, "
-     "hierarchical)",
+     "\"rd:0-8K;rabenseifner:8K-1M;ring:1M-max\" (names: the algorithm table's, as "
+     "loom-collectives --info lists them)",
      "unset: the selector decides", "name:lo-hi;... (K, M, G, max)"},
     {"LOOM_ALLGATHER", "the same for allgather", "unset", "as LOOM_ALLREDUCE"},
     {"LOOM_REDUCE_SCATTER", "the same for reduce_scatter", "unset", "as LOOM_ALLREDUCE"},

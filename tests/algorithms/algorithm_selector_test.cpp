@@ -184,29 +184,29 @@ TEST(AlgorithmSelector, HierarchicalAllreducePipelinesAndRingsBetweenThreeNodesO
   {  // 64 MiB on 3 x 2: 16 chunks, 6 stages, 21 steps: the scatter alone, 19 steps with a ring
      // step (the slowest), the gather alone.
     const double n = big, c = n / 16;
-    const double by_hand =
-        (a + c / 2 * b) + 19 * (a + c / 3 * bi) + (a + c * b) + (n / 2) * g + 2 * (n / 2 / 3) * g;
+    const double by_hand = (a + c / 2 * b) + 19 * (a + c / 3 * bi) + (a + c / 2 * b) + (n / 2) * g +
+                           2 * (n / 2 / 3) * g;
     EXPECT_NEAR(model(big, three_by_two), by_hand, 1e-9 * by_hand);
     // Unpipelined recursive doubling would carry the vector across 3 times (3 n 10 b).
     EXPECT_LT(by_hand, 3 * n * bi / 2);
   }
   {  // 384 KiB: one chunk, the ring (blocks of 64 KiB).
     const double n = edge;
-    const double by_hand =
-        (a + n / 2 * b) + 4 * (a + n / 3 * bi) + (a + n * b) + (n / 2) * g + 2 * (n / 2 / 3) * g;
+    const double by_hand = (a + n / 2 * b) + 4 * (a + n / 3 * bi) + (a + n / 2 * b) + (n / 2) * g +
+                           2 * (n / 2 / 3) * g;
     EXPECT_NEAR(model(edge, three_by_two), by_hand, 1e-9 * by_hand);
   }
   {  // 8 bytes less: recursive doubling.
     const double n = edge - 8;
     const double by_hand =
-        (a + n / 2 * b) + 3 * (a + n * bi) + (a + n * b) + (n / 2) * g + 2 * (n / 2) * g;
+        (a + n / 2 * b) + 3 * (a + n * bi) + (a + n / 2 * b) + (n / 2) * g + 2 * (n / 2) * g;
     EXPECT_NEAR(model(edge - 8, three_by_two), by_hand, 1e-9 * by_hand);
   }
-  {  // 64 MiB on 2 x 2: stages scatter, fold (empty), exchange, unfold (empty), gather; 20
-     // steps: two with the scatter alone, 16 with an exchange, two with the gather alone.
+  {  // 64 MiB on 2 x 2: stages scatter, exchange, gather (no fold: 2 is a power of two); 18
+     // steps: the scatter alone, 16 with an exchange, the gather alone.
     const double n = big, c = n / 16;
     const double by_hand =
-        2 * (a + c / 2 * b) + 16 * (a + c * bi) + 2 * (a + c * b) + (n / 2) * g + (n / 2) * g;
+        (a + c / 2 * b) + 16 * (a + c * bi) + (a + c / 2 * b) + (n / 2) * g + (n / 2) * g;
     EXPECT_NEAR(model(big, Topology::blocks(4, 2)), by_hand, 1e-9 * by_hand);
   }
 }
@@ -394,17 +394,21 @@ TEST(AlgorithmSelector, OverridesWinAndFallBackWhenTheyCannotRun) {
 
 TEST(AlgorithmSelector, ModelFallsBackPastACandidateThatCannotRun) {
   TuningParameters t = simple_model();
-  t.native.push_back({Collective::allgather, 5, 1.0, 0});  // make native unattractive
-  t.cost.gamma_s_per_byte = 0;
+  t.native.push_back({Collective::allreduce, 5, 1.0, 0});  // make native unattractive
+  t.cost.alpha_s = 0;
+  t.cost.beta_s_per_byte = 0;
   const AlgorithmSelector s(t);
-  LocalWorld world(5);  // ring: 4 alpha; rd and Bruck: 3 alpha
-  std::vector<float> send(4), recv(20);
-  const CollectiveArgs args{Collective::allgather, Buffer::of(std::span(send)),
+  LocalWorld world(5);
+  std::vector<float> send(3), recv(3);
+  const CollectiveArgs args{Collective::allreduce, Buffer::of(std::span(send)),
                             Buffer::of(std::span(recv)), ReduceOp::sum, 0};
   const auto c = s.choose(args, world.backend(0));
-  // rd is the cheapest formula but needs a power-of-two rank count.
-  EXPECT_EQ(c.algorithm, Algorithm::bruck);
-  EXPECT_NE(c.reason.find("fallback: rd cannot run"), std::string::npos) << c.reason;
+  // Reductions alone: ring reduces (p-1)/p n, Rabenseifner 3/4 n + the fold's n, rd and the
+  // tree 3 n each; ring and Rabenseifner need an element per rank, and 3 < 5.
+  EXPECT_EQ(c.algorithm, Algorithm::recursive_doubling);
+  EXPECT_NE(c.reason.find("fallback: ring cannot run (count 3 < 5 ranks"), std::string::npos)
+      << c.reason;
+  EXPECT_NE(c.reason.find("fallback: rabenseifner cannot run"), std::string::npos) << c.reason;
 }
 
 TEST(AlgorithmSelector, EnvironmentOverridesAndTuningFile) {

@@ -8,34 +8,40 @@
 #include <string>
 #include <string_view>
 
+#include "loom/algorithm_info.hpp"
 #include "loom/backend.hpp"
 
 namespace loom {
 
 /// @brief How a collective is performed: the backend's own call or one of loom's algorithms.
+/// The value is the algorithm's id in the algorithm table (algorithm_info.hpp): stable across
+/// ranks and releases. The names below are loom's own rows; a row registered with
+/// register_algorithm has an id of its own (any value no row has), and is an Algorithm too.
 enum class Algorithm : unsigned char {
-  native,              ///< the backend's call (MPI_Iallreduce, the local rendezvous, ...)
-  ring,                ///< allreduce (chunked, pipelined), allgather, reduce_scatter
-  recursive_doubling,  ///< "rd": allreduce (non-power-of-two fold), allgather (power of two)
-  rabenseifner,        ///< allreduce: recursive-halving reduce-scatter + rd allgather
-  binomial_tree,       ///< "tree": reduce, broadcast, allreduce (reduce + broadcast)
-  bruck,               ///< allgather, any rank count
-  recursive_halving,   ///< "halving": reduce_scatter (non-power-of-two fold)
-  scatter_allgather,   ///< broadcast: scatter from the root + ring allgather
-  hierarchical,        ///< over the Topology (needs several nodes, one with several ranks):
-                       ///< allreduce (intra-node reduce-scatter, inter-node allreduce per
-                       ///< shard, intra-node allgather), allgather and reduce_scatter (through
-                       ///< each node's leader, a ring of leaders), broadcast (a tree of nodes)
+  native = 0,              ///< the backend's call (MPI_Iallreduce, the local rendezvous, ...)
+  ring = 1,                ///< allreduce (chunked, pipelined), allgather, reduce_scatter
+  recursive_doubling = 2,  ///< "rd": allreduce (non-power-of-two fold), allgather (power of two)
+  rabenseifner = 3,        ///< allreduce: recursive-halving reduce-scatter + rd allgather
+  binomial_tree = 4,       ///< "tree": reduce, broadcast, allreduce (reduce + broadcast)
+  bruck = 5,               ///< allgather, any rank count
+  recursive_halving = 6,   ///< "halving": reduce_scatter (non-power-of-two fold)
+  scatter_allgather = 7,   ///< broadcast: scatter from the root + ring allgather
+  hierarchical = 8,        ///< over the Topology (needs several nodes, one with several ranks):
+                           ///< allreduce (intra-node reduce-scatter, inter-node allreduce per
+                           ///< shard, intra-node allgather), allgather and reduce_scatter (through
+                           ///< each node's leader, a ring of leaders), broadcast (a tree of nodes)
 };
 
-/// @brief The short name used in LOOM_<COLL> ranges, tuning files and -a: "native", "ring",
-/// "rd", "rabenseifner", "tree", "bruck", "halving", "scatter_allgather", "hierarchical".
+/// @brief The row's name, used in LOOM_<COLL> ranges, tuning files and -a: "native", "ring",
+/// "rd", "rabenseifner", "tree", "bruck", "halving", "scatter_allgather", "hierarchical", or a
+/// registered row's; "unknown" for an id no row has.
 std::string_view to_string(Algorithm algorithm) noexcept;
-/// @brief Parses a short name (also "recursive_doubling", "binomial", "recursive_halving");
-/// throws ErrorCode::invalid_argument naming the token otherwise.
+/// @brief Parses a row's name or alias ("recursive_doubling", "binomial", "binomial_tree",
+/// "recursive_halving"); throws ErrorCode::invalid_argument naming the token and the names
+/// expected otherwise.
 Algorithm parse_algorithm(std::string_view name);
 
-/// @brief The algorithms that implement `collective`, native first.
+/// @brief The rows that implement `collective`, native first.
 std::span<const Algorithm> candidates(Collective collective) noexcept;
 
 /// @brief Why `algorithm` cannot perform `args` on `backend` ("count 3 < 4 ranks", "not a

@@ -120,13 +120,21 @@ class AlgorithmSelector {
   // The measurements by (collective, world, form: blocking or asynchronous, a line without a
   // form in both), sizes ascending: choose() runs per call, so it binary-searches instead of
   // scanning the file's records.
+  struct MeasuredAlgorithm {
+    Algorithm algorithm;
+    double seconds;
+    double spread_seconds;
+  };
   struct MeasuredSize {
     std::size_t bytes;
-    std::array<double, 9> seconds;  // by Algorithm; negative where not measured
-    std::array<double, 9> spread_seconds;
+    std::vector<MeasuredAlgorithm> algorithms;  // those measured at this size
   };
   double predict_with(const CostParameters& cost, Algorithm algorithm, Collective collective,
                       std::size_t bytes, int world) const;
+  // `algorithm`'s schedule (its AlgorithmInfo row) for `collective` on `topology`, timed.
+  static double schedule_seconds(Algorithm algorithm, Collective collective, std::size_t bytes,
+                                 const Topology& topology, const CostParameters& intra,
+                                 const CostParameters& inter);
   void index_measurements();
   void read_overrides();
 

@@ -41,18 +41,16 @@ struct ClusterCost {
 };
 
 /// @brief `algorithm` performing `collective` on `bytes` (selection_bytes: the send buffer's,
-/// allgather's gathered buffer) over `cluster`. The algorithm's messages are replayed step by
-/// step with the peers and sizes algorithms/src/ gives them (the fold for non-power-of-two
-/// counts included; broadcast and reduce from root 0); a step takes, over every node, the
-/// longest of its link's bytes out, its link's bytes in (at the link rate, plus the link's
-/// latency where a message crosses) and its memory's bytes (at the intra rate, plus the intra
-/// latency), then its largest reduction at gamma (the ring allreduce overlaps the two: it is
-/// pipelined). Hierarchical allgather, reduce_scatter and broadcast as in
-/// algorithms/src/hierarchical_allgather.cpp, hierarchical_reduce_scatter.cpp and
-/// hierarchical_broadcast.cpp (through each node's leader). Infinite where the algorithm
-/// cannot run: native (the library's own, not modelled here), hierarchical on one node or on
-/// one rank per node, rd allgather at a non-power-of-two count. Throws ErrorCode::invalid_argument
-/// when `algorithm` does not implement `collective`.
+/// allgather's gathered buffer) over `cluster`: its row's schedule (AlgorithmInfo, the messages
+/// the algorithm sends, with the fold for non-power-of-two counts; broadcast and reduce from root
+/// 0) replayed step by step. A step takes, over every node, the longest of its link's bytes
+/// out, its link's bytes in (at the link rate, plus the link's latency where a message crosses)
+/// and its memory's bytes (at the intra rate, plus the intra latency), then its largest
+/// reduction at gamma (overlapped with the wire where the step is pipelined, as ring allreduce's
+/// are). Infinite where the algorithm cannot run: native (the library's own, not modelled here),
+/// and where its schedule refuses the topology (hierarchical on one node or on one rank per
+/// node, rd allgather at a non-power-of-two count). Throws ErrorCode::invalid_argument when
+/// `algorithm` does not implement `collective`.
 ClusterCost cluster_cost(const ClusterNetwork& cluster, Algorithm algorithm, Collective collective,
                          std::size_t bytes);
 
