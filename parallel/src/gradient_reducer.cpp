@@ -38,12 +38,7 @@ void check_order(const std::vector<std::size_t>& order, std::size_t n, const cha
 }
 
 void check_plan(const ReducerPlan& plan, std::size_t n, const char* call) {
-  if (plan.bucket_cap_bytes == 0 || plan.first_bucket_bytes == 0)
-    invalid(std::string(call) + "bucket_cap_bytes and first_bucket_bytes must be > 0 (" +
-            describe(plan) + ")");
-  if (!(plan.wire_ratio > 0))
-    invalid(std::string(call) + "wire_ratio must be > 0 (got " + std::to_string(plan.wire_ratio) +
-            ")");
+  plan.check(*call ? "GradientReducer: replan" : "GradientReducer");
   check_order(plan.ready_order, n, (std::string(call) + "ready_order").c_str());
   check_order(plan.forward_order, n, (std::string(call) + "forward_order").c_str());
 }

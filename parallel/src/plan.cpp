@@ -41,7 +41,26 @@ PlanSearch PlanSearch::for_gradient_reducer() {
   search.caps_bytes = {std::size_t{1} << 20,  std::size_t{2} << 20,  std::size_t{4} << 20,
                        std::size_t{10} << 20, std::size_t{25} << 20, std::size_t{50} << 20};
   search.max_in_flight = 3;
+  search.profile_runs = 3;
+  search.shortlist = 3;
+  search.trial_runs = 5;
   return search;
+}
+
+void ReducerPlan::check(const std::string& who) const {
+  const auto bad = [&](const std::string& what) { throw_invalid_argument(who + ": " + what); };
+  if (bucket_cap_bytes == 0 || first_bucket_bytes == 0)
+    bad("bucket_cap_bytes and first_bucket_bytes must be > 0 (" + describe(*this) + ")");
+  if (!(wire_ratio > 0) || !std::isfinite(wire_ratio))
+    bad("wire_ratio must be > 0 (got " + std::to_string(wire_ratio) + ")");
+  if (priority != IssuePriority::ready && priority != IssuePriority::forward)
+    bad("priority must be 'forward' or 'ready' (got #" +
+        std::to_string(static_cast<int>(priority)) + ")");
+  std::vector<std::size_t> sorted = issue_order;
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
+    bad("issue_order names bucket #" +
+        std::to_string(*std::adjacent_find(sorted.begin(), sorted.end())) + " twice");
 }
 
 int PlanSearch::runs_to_decide() const {

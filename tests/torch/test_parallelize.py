@@ -211,6 +211,45 @@ def test_misuse_is_a_named_error(world):
                                priority="size")
 
 
+def test_parallelize_arguments_are_the_typed_plan_field_for_field(world):
+    model = Mlp()
+    net, _ = loom_torch.parallelize(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                    bucket_cap_mb=2, first_bucket_mb=0.5, partition_large=True,
+                                    collectives_in_flight=2, compression="bf16",
+                                    find_unused_parameters=True, priority="forward")
+    plan = net.reducer_plan
+    assert isinstance(plan, loom_torch._C.ReducerPlan)
+    assert (plan.bucket_cap_mb, plan.first_bucket_mb, plan.partition_large,
+            plan.collectives_in_flight, plan.compression, plan.track_usage,
+            plan.priority) == (2.0, 0.5, True, 2, "bfloat16", True, "forward")
+    assert plan.describe() == net.plan()[0]
+    # replan() changes the fields given and keeps the rest.
+    net.replan(bucket_cap_mb=1, priority="ready")
+    after = net.reducer_plan
+    assert (after.bucket_cap_mb, after.first_bucket_mb, after.priority,
+            after.compression) == (1.0, 0.5, "ready", "bfloat16")
+    assert after != plan and after == net.reducer_plan
+    # One check, with the field named, whoever builds the plan.
+    with pytest.raises(ValueError, match="parallelize: bucket_cap_bytes and first_bucket_bytes "
+                                         "must be > 0 \\(cap 0 B"):
+        loom_torch.parallelize(Mlp(), torch.optim.SGD(Mlp().parameters(), lr=0.1),
+                               bucket_cap_mb=0)
+    with pytest.raises(ValueError, match="replan: wire_ratio must be > 0"):
+        bad = net.reducer_plan
+        bad.wire_ratio = float("nan")
+        bad.check("replan")
+    with pytest.raises(ValueError, match="issue_order names bucket #1 twice"):
+        twice = net.reducer_plan
+        twice.issue_order = [0, 1, 1]
+        twice.check()
+    with pytest.raises(ValueError, match="unknown compression 'int8'"):
+        loom_torch._C.ReducerPlan(compression="int8")
+    # The automatic plan's constants, in one place (PlanSearch::for_gradient_reducer).
+    search = loom_torch._C.PlanSearch.for_gradient_reducer()
+    assert (search.profile_runs, search.shortlist, search.trial_runs) == (3, 3, 5)
+    assert search.caps_mb == [1.0, 2.0, 4.0, 10.0, 25.0, 50.0]
+
+
 def test_a_parameter_without_gradient_is_named_without_find_unused(world):
     rank, n, gloo = world
     torch.manual_seed(0)

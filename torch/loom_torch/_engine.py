@@ -49,9 +49,7 @@ class _Engine(_Planning, _Updates, _Join):
         self.world = dist.get_world_size(group)
         self.reducer = _C.GradientReducer(
             backend_of(group), self.names, [owner.get(id(p), "") for p in self.params], self.params,
-            plan["bucket_cap_mb"], plan["first_bucket_mb"], plan["partition_large"],
-            plan["collectives_in_flight"], plan["compression"], plan["track_usage"], profile,
-            plan["priority"])
+            plan, profile)
         # gradient_as_bucket_view (DDP's): each .grad is its parameter's slot in loom's bucket
         # memory once handed over (autograd then accumulates into the bucket itself), not a
         # tensor beside it; a parameter whose memory is not contiguous keeps its own .grad (the
@@ -227,7 +225,7 @@ class _Engine(_Planning, _Updates, _Join):
         self.awaiting_step = False
         for i in self.reducer.missing():  # the same communication as the ranks that went on
             self.reducer.mark_unused(i)
-        if self.plan["track_usage"]:
+        if self.plan.track_usage:
             self.reducer.backward_done()
         # Every update is applied (gradients that never came count as zero), as on a peer whose
         # backward went on: which buckets landed before the failure depends on timing, so only
@@ -259,7 +257,7 @@ class _Engine(_Planning, _Updates, _Join):
         self._record_step(now)
         if self.rebuild_pending:
             self._rebuild_buckets()
-        if self.automatic and self.steps_since_plan >= self.AUTO_PLAN_AFTER:
+        if self.automatic and self.steps_since_plan >= self.search.profile_runs:
             self._plan_automatically()
         elif self.reducer.timing_plans() and self.last_period is not None:
             self._time_plans()
@@ -316,14 +314,14 @@ class _Engine(_Planning, _Updates, _Join):
         missing = self.reducer.missing()
         for i in missing:  # every rank hands every gradient over: the same communication
             grad = self.params[i].grad
-            if grad is not None and self.plan["track_usage"]:
+            if grad is not None and self.plan.track_usage:
                 # Unused here in this backward, but this rank holds a gradient (accumulated
                 # under no_sync): DDP sends it; it does not count as a use.
                 self._hand_over(i, grad, used=False)
             else:
                 self.reducer.mark_unused(i)
         self.reducer.backward_done()
-        if missing and not self.plan["track_usage"]:
+        if missing and not self.plan.track_usage:
             raise RuntimeError(
                 "loom_torch.parallelize: on rank %d, %d parameter(s) received no gradient in this "
                 "backward: %s. Pass find_unused_parameters=True to parallelize() if the model "

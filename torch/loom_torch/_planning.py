@@ -1,24 +1,18 @@
 """The engine's plan: DDP's rebuild of the buckets after the first step, and the automatic plan
 (the default, bucket_cap_mb="auto"): profiled steps ranked by the step simulator, the shortlist
 timed one step per plan in turn, the fastest kept, at the same step on every rank."""
+from . import _C
 
 
 class _Planning:
     """Mixed into _Engine (_engine.py): the plan in force and how it changes between steps."""
 
-    # bucket_cap_mb="auto": the plan is made once this many steps were profiled under the
-    # starting plan (after DDP's rebuild of the buckets in the observed order, when enabled).
-    AUTO_PLAN_AFTER = 3
-    # Then the running plan and the best predicted that beat it (AUTO_SHORTLIST in all) run one
-    # step each in turn, AUTO_TRIAL_ROUNDS rounds (the first not counted), and rank 0's periods
-    # decide, each plan's taken against the running plan's in the same round
-    # (PlanTrials::steps_s): the simulator ranks, the clock chooses.
-    AUTO_SHORTLIST = 3
-    # Five: a median of four same-round ratios per plan. With two counted steps one noisy step
-    # on a loaded host decided (the MLP's chosen plan timed 15% faster in its trials and ran 13%
-    # slower after); with three raw medians the transformer kept a 4 MiB cap whose last bucket
-    # left 30 ms exposed where 1 and 2 MiB caps left 15 ms.
-    AUTO_TRIAL_ROUNDS = 5
+    # bucket_cap_mb="auto": what is searched, after how many profiled steps, and how the
+    # shortlist is timed (PlanSearch::for_gradient_reducer, the C++ side's one definition): the
+    # running plan and the best predicted that beat it run one step each in turn, the first
+    # round not counted, and rank 0's periods decide, each plan's taken against the running
+    # plan's in the same round (PlanTrials::steps_s): the simulator ranks, the clock chooses.
+    search = _C.PlanSearch.for_gradient_reducer()
 
     def _record_step(self, now):
         # The step that just finished, up to now (the next begin()), for the simulator.
@@ -44,7 +38,7 @@ class _Planning:
         self.automatic = False
         self.last_period = None
         self._release_views()
-        chosen = self.reducer.shortlist_plans(self.AUTO_SHORTLIST, self.AUTO_TRIAL_ROUNDS)
+        chosen = self.reducer.shortlist_plans(self.search)
         if chosen is not None:  # no plan predicted faster than the running one: nothing to time
             self._decided(chosen)
 
@@ -60,10 +54,8 @@ class _Planning:
             self._decided(chosen)
 
     def _decided(self, chosen):
-        self.automatic_plan = chosen
-        for key in ("bucket_cap_mb", "first_bucket_mb", "partition_large",
-                    "collectives_in_flight", "priority", "wire_ratio"):
-            self.plan[key] = chosen[key]
+        self.automatic_plan = chosen.summary()
+        self.plan = chosen.plan
         self.steps_since_plan = 0
         self._layout()
 
@@ -81,10 +73,10 @@ class _Planning:
         order = self.reducer.observed_ready_order()
         if order:  # rank 0's, so that every rank builds the same buckets
             order = self.reducer.agreed(order)
-        p = self.plan
+        plan = self.plan.copy()
+        plan.ready_order = list(order)
+        plan.issue_order = list(issue_order)
         self._release_views()
-        self.reducer.replan(p["bucket_cap_mb"], p["first_bucket_mb"], p["partition_large"],
-                            p["collectives_in_flight"], p["compression"], p["track_usage"],
-                            order, list(issue_order), p["priority"], p["wire_ratio"])
+        self.reducer.replan(plan)
         self.steps_since_plan = 0
         self._layout()

@@ -37,7 +37,7 @@ class _Updates:
 
     def _copy_average(self, k, missing_only=False):
         # Group k's averages into .grad (only where there is none: missing_only).
-        track = self.plan["track_usage"]
+        track = self.plan.track_usage
         for i in self.groups[k]:
             if track and self.reducer.globally_unused(i):
                 continue  # as DDP: its .grad is left as it was
@@ -156,7 +156,7 @@ class _Updates:
         self.applied[k] = True
         self._scale_landed(k)
         swapped = []
-        track = self.plan["track_usage"]
+        track = self.plan.track_usage
         for i in self.groups[k]:
             p = self.params[i]
             if track and self.reducer.globally_unused(i):

@@ -48,6 +48,7 @@ import weakref
 import torch
 import torch.distributed as dist
 
+from . import _C
 from ._compress import compression_name
 from ._engine import _Engine
 from ._groups import backend_of
@@ -127,9 +128,6 @@ def parallelize(model, optimizer, process_group=None, bucket_cap_mb=None, compre
                              "MiB")
         profile = True
         bucket_cap_mb = 25  # DDP's, until the plan is made
-    if priority not in ("forward", "ready"):
-        raise ValueError("parallelize: priority must be 'forward' or 'ready', not %r"
-                         % (priority,))
     if partition_large is None:
         partition_large = priority == "forward" and int(collectives_in_flight) > 0
     compression = compression_name(compression, "parallelize")
@@ -155,11 +153,13 @@ def parallelize(model, optimizer, process_group=None, bucket_cap_mb=None, compre
         # Wrapping a model again (a new optimizer, other options): the previous wrapper lets go
         # of the model (its pending updates applied, its hooks removed) and refuses to run.
         previous.close()
-    net = ParallelModule(model, optimizer, group, dict(
+    # parallelize's arguments, one to one (find_unused_parameters counts usage).
+    plan = _C.ReducerPlan(
         bucket_cap_mb=float(bucket_cap_mb), first_bucket_mb=float(first_bucket_mb),
         partition_large=bool(partition_large), collectives_in_flight=int(collectives_in_flight),
-        compression=compression, track_usage=bool(find_unused_parameters),
-        priority=priority, wire_ratio=1.0),
+        compression=compression, track_usage=bool(find_unused_parameters), priority=priority)
+    plan.check("parallelize")
+    net = ParallelModule(model, optimizer, group, plan,
         overlap_forward=overlap_forward, broadcast_buffers=broadcast_buffers,
         rebuild_buckets=rebuild_buckets, profile=profile, automatic=automatic,
         defer_updates=bool(defer_updates), gradient_as_bucket_view=bool(gradient_as_bucket_view))
@@ -380,6 +380,14 @@ class ParallelModule(torch.nn.Module):
         self._loom.synchronize()
         return self._loom.reducer.explain()
 
+    @property
+    def reducer_plan(self):
+        """The plan in force, a loom_torch._C.ReducerPlan (a copy): parallelize's bucket_cap_mb,
+        first_bucket_mb, partition_large, collectives_in_flight, compression,
+        find_unused_parameters (track_usage) and priority, as given or as the automatic plan
+        chose them."""
+        return self._loom.reducer.plan()
+
     def plan(self):
         """The bucketing plan in force ("cap 25 MiB, first 1 MiB, ...") and its bucket sizes."""
         return self._loom.reducer.describe_plan(), self._loom.reducer.bucket_bytes()
@@ -390,15 +398,21 @@ class ParallelModule(torch.nn.Module):
         same arguments). The hook a planner (bucket_cap_mb="auto") drives."""
         engine = self._loom
         engine.synchronize()
-        p = engine.plan
-        for key, value in (("bucket_cap_mb", bucket_cap_mb), ("first_bucket_mb", first_bucket_mb),
-                           ("partition_large", partition_large),
-                           ("collectives_in_flight", collectives_in_flight),
-                           ("priority", priority)):
-            if value is not None:
-                p[key] = value
+        p = engine.plan.copy()
+        if bucket_cap_mb is not None:
+            p.bucket_cap_mb = bucket_cap_mb
+        if first_bucket_mb is not None:
+            p.first_bucket_mb = first_bucket_mb
+        if partition_large is not None:
+            p.partition_large = partition_large
+        if collectives_in_flight is not None:
+            p.collectives_in_flight = collectives_in_flight
+        if priority is not None:
+            p.priority = priority
         if compression is not None:
-            p["compression"] = compression_name(compression, "replan")
+            p.compression = compression_name(compression, "replan")
+        p.check("replan")
+        engine.plan = p
         engine.replan_agreed(issue_order)
 
     def predict(self):

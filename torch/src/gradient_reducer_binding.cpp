@@ -142,10 +142,11 @@ class TorchReducer {
   /// bucket_cap_mb="auto", timed: the shortlist (collective), then one trial step per plan in
   /// turn (PlanTrials), then rank 0's trial steps decide (collective).
   /// Returns the decision when there is nothing to time (only the running plan shortlisted).
-  std::optional<PlanDecision> shortlist_plans(std::size_t keep, int rounds) {
+  std::optional<PlanDecision> shortlist_plans(const PlanSearch& search) {
+    search.check("shortlist_plans");
     const std::vector<ReducerStepRecord> steps = records();
-    PlanShortlist list =
-        shortlist_reducer_plans(*_reducer, steps, PlanSearch::for_gradient_reducer(), keep);
+    PlanShortlist list = shortlist_reducer_plans(*_reducer, steps, search, search.shortlist);
+    const int rounds = search.trial_runs;
     _records.clear();
     if (list.plans.size() == 1) {
       const double measured = list.measured_step_s;
@@ -188,6 +189,10 @@ class TorchReducer {
   std::optional<PlanTrials> _trials;
 };
 
+double bytes_to_mib(std::size_t bytes) {
+  return static_cast<double>(bytes) / (1 << 20);
+}
+
 py::dict automatic_plan_dict(const PlanDecision& chosen) {
   py::dict d;
   d["plan"] = describe(chosen.plan);
@@ -196,8 +201,9 @@ py::dict automatic_plan_dict(const PlanDecision& chosen) {
   d["replaced_measured_ms"] = chosen.measured_step_s * 1e3;
   d["candidates"] = chosen.candidates;
   d["changed"] = chosen.changed;
-  d["bucket_cap_mb"] = static_cast<double>(chosen.plan.bucket_cap_bytes) / (1 << 20);
-  d["first_bucket_mb"] = static_cast<double>(chosen.plan.first_bucket_bytes) / (1 << 20);
+  // The plan's fields as plain values (the dict is the user's record, saved as JSON).
+  d["bucket_cap_mb"] = bytes_to_mib(chosen.plan.bucket_cap_bytes);
+  d["first_bucket_mb"] = bytes_to_mib(chosen.plan.first_bucket_bytes);
   d["partition_large"] = chosen.plan.partition_large;
   d["collectives_in_flight"] = chosen.plan.collectives_in_flight;
   d["priority"] = std::string(to_string(chosen.plan.priority));
@@ -236,37 +242,133 @@ py::dict prediction_dict(const PlanPrediction& p, std::size_t steps) {
   return d;
 }
 
-ReducerPlan make_plan(double cap_mb, double first_mb, bool partition, std::size_t in_flight,
-                      const std::string& compression, bool track_usage,
-                      std::vector<std::size_t> ready_order, std::vector<std::size_t> issue_order,
-                      const std::string& priority, double wire_ratio = 1.0) {
-  if (priority != "forward" && priority != "ready")
-    throw Error(ErrorCode::invalid_argument,
-                "parallelize: priority must be 'forward' or 'ready', not '" + priority + "'");
-  if (!(cap_mb > 0) || !(first_mb > 0))
-    throw Error(ErrorCode::invalid_argument,
-                "parallelize: bucket_cap_mb and first_bucket_mb must be > 0 (got " +
-                    std::to_string(cap_mb) + " and " + std::to_string(first_mb) + ")");
-  ReducerPlan plan;
-  plan.bucket_cap_bytes = static_cast<std::size_t>(cap_mb * (1 << 20));
-  plan.first_bucket_bytes = static_cast<std::size_t>(first_mb * (1 << 20));
-  if (plan.bucket_cap_bytes == 0) plan.bucket_cap_bytes = 1;
-  if (plan.first_bucket_bytes == 0) plan.first_bucket_bytes = 1;
-  plan.partition_large = partition;
-  plan.collectives_in_flight = in_flight;
-  plan.compression = parse_compression(compression);
-  plan.track_usage = track_usage;
-  plan.external_updates = true;
-  plan.ready_order = std::move(ready_order);
-  plan.issue_order = std::move(issue_order);
-  plan.priority = priority == "forward" ? IssuePriority::forward : IssuePriority::ready;
-  plan.wire_ratio = wire_ratio;
-  return plan;
+// A loom::Error for bad input, as Python's ValueError (what a bad argument raises in Python).
+template <typename F>
+auto as_value_error(F&& f) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::invalid_argument) throw py::value_error(e.what());
+    throw;
+  }
+}
+
+std::size_t mib_to_bytes(double mb) {
+  if (!(mb > 0)) return 0;  // check() names it
+  const auto bytes = static_cast<std::size_t>(mb * (1 << 20));
+  return bytes == 0 ? 1 : bytes;
+}
+
+IssuePriority parse_priority(const std::string& name) {
+  if (name == "forward") return IssuePriority::forward;
+  if (name == "ready") return IssuePriority::ready;
+  throw py::value_error("ReducerPlan: priority must be 'forward' or 'ready', not '" + name + "'");
+}
+
+// ReducerPlan as Python sees it: sizes in MiB, compression and priority by name.
+void bind_plan(py::module_& m) {
+  py::class_<ReducerPlan>(
+      m, "ReducerPlan",
+      "How parallelize buckets, orders and reduces (loom's ReducerPlan): parallelize's "
+      "bucket_cap_mb, first_bucket_mb, partition_large, collectives_in_flight, compression, "
+      "find_unused_parameters (track_usage) and priority, field for field")
+      .def(py::init([](double cap_mb, double first_mb, bool partition, std::size_t in_flight,
+                       const std::string& compression, bool track_usage,
+                       const std::string& priority, double wire_ratio) {
+             ReducerPlan plan;
+             plan.bucket_cap_bytes = mib_to_bytes(cap_mb);
+             plan.first_bucket_bytes = mib_to_bytes(first_mb);
+             plan.partition_large = partition;
+             plan.collectives_in_flight = in_flight;
+             plan.compression = as_value_error([&] { return parse_compression(compression); });
+             plan.track_usage = track_usage;
+             plan.priority = parse_priority(priority);
+             plan.wire_ratio = wire_ratio;
+             plan.external_updates = true;
+             return plan;
+           }),
+           py::kw_only(), py::arg("bucket_cap_mb") = 25.0, py::arg("first_bucket_mb") = 1.0,
+           py::arg("partition_large") = false, py::arg("collectives_in_flight") = 0,
+           py::arg("compression") = "none", py::arg("track_usage") = false,
+           py::arg("priority") = "ready", py::arg("wire_ratio") = 1.0)
+      .def_property(
+          "bucket_cap_mb", [](const ReducerPlan& p) { return bytes_to_mib(p.bucket_cap_bytes); },
+          [](ReducerPlan& p, double mb) { p.bucket_cap_bytes = mib_to_bytes(mb); })
+      .def_property(
+          "first_bucket_mb",
+          [](const ReducerPlan& p) { return bytes_to_mib(p.first_bucket_bytes); },
+          [](ReducerPlan& p, double mb) { p.first_bucket_bytes = mib_to_bytes(mb); })
+      .def_readwrite("partition_large", &ReducerPlan::partition_large)
+      .def_readwrite("collectives_in_flight", &ReducerPlan::collectives_in_flight)
+      .def_property(
+          "compression", [](const ReducerPlan& p) { return std::string(to_string(p.compression)); },
+          [](ReducerPlan& p, const std::string& name) {
+            p.compression = as_value_error([&] { return parse_compression(name); });
+          })
+      .def_readwrite("track_usage", &ReducerPlan::track_usage)
+      .def_property(
+          "priority", [](const ReducerPlan& p) { return std::string(to_string(p.priority)); },
+          [](ReducerPlan& p, const std::string& name) { p.priority = parse_priority(name); })
+      .def_readwrite("wire_ratio", &ReducerPlan::wire_ratio)
+      .def_readwrite("ready_order", &ReducerPlan::ready_order)
+      .def_readwrite("issue_order", &ReducerPlan::issue_order)
+      .def_readwrite("forward_order", &ReducerPlan::forward_order)
+      .def(
+          "check",
+          [](const ReducerPlan& p, const std::string& who) {
+            as_value_error([&] {
+              p.check(who);
+              return 0;
+            });
+          },
+          py::arg("who") = "ReducerPlan", "ValueError naming the first bad field, '<who>: ...'")
+      .def("describe", [](const ReducerPlan& p) { return describe(p); })
+      .def("__repr__", [](const ReducerPlan& p) { return "ReducerPlan(" + describe(p) + ")"; })
+      .def("copy", [](const ReducerPlan& p) { return p; })
+      .def("__copy__", [](const ReducerPlan& p) { return p; })
+      .def("__deepcopy__", [](const ReducerPlan& p, py::dict) { return p; })
+      .def("__eq__", [](const ReducerPlan& a, const ReducerPlan& b) {
+        return same_plan(a, b) && a.compression == b.compression &&
+               a.track_usage == b.track_usage && a.ready_order == b.ready_order &&
+               a.forward_order == b.forward_order;
+      });
+
+  py::class_<PlanSearch>(
+      m, "PlanSearch", "What bucket_cap_mb='auto' searches and how it decides (loom's PlanSearch)")
+      .def_static("for_gradient_reducer", &PlanSearch::for_gradient_reducer)
+      .def_property_readonly("caps_mb",
+                             [](const PlanSearch& s) {
+                               std::vector<double> out;
+                               for (std::size_t c : s.caps_bytes) out.push_back(bytes_to_mib(c));
+                               return out;
+                             })
+      .def_readwrite("max_in_flight", &PlanSearch::max_in_flight)
+      .def_readwrite("profile_runs", &PlanSearch::profile_runs)
+      .def_readwrite("shortlist", &PlanSearch::shortlist)
+      .def_readwrite("trial_runs", &PlanSearch::trial_runs)
+      .def_readwrite("shortlist_margin", &PlanSearch::shortlist_margin)
+      .def(
+          "check",
+          [](const PlanSearch& s, const std::string& who) {
+            as_value_error([&] {
+              s.check(who);
+              return 0;
+            });
+          },
+          py::arg("who") = "PlanSearch");
+
+  py::class_<PlanDecision>(m, "PlanDecision", "What the automatic plan decided")
+      .def_readonly("plan", &PlanDecision::plan)
+      .def_readonly("changed", &PlanDecision::changed)
+      .def("summary", &automatic_plan_dict,
+           "net.automatic_plan's dict: the plan, its predicted and replaced steps, the "
+           "candidates and what was timed");
 }
 
 }  // namespace
 
 void bind_gradient_reducer(py::module_& m) {
+  bind_plan(m);
   using Self = std::shared_ptr<TorchReducer>;
   py::class_<TorchReducer, Self>(
       m, "GradientReducer",
@@ -275,19 +377,16 @@ void bind_gradient_reducer(py::module_& m) {
       "communicator, released per update group as their buckets land")
       .def(py::init([](ProcessGroupLoom& group, const std::vector<std::string>& names,
                        const std::vector<std::string>& modules,
-                       const std::vector<at::Tensor>& parameters, double cap_mb, double first_mb,
-                       bool partition, std::size_t in_flight, const std::string& compression,
-                       bool track_usage, std::optional<bool> profile, const std::string& priority) {
-             const ReducerPlan plan = make_plan(cap_mb, first_mb, partition, in_flight, compression,
-                                                track_usage, {}, {}, priority);
+                       const std::vector<at::Tensor>& parameters, const ReducerPlan& plan,
+                       std::optional<bool> profile) {
              py::gil_scoped_release no_gil;
              return std::make_shared<TorchReducer>(group, names, modules, parameters, plan,
                                                    profile);
            }),
            py::arg("group"), py::arg("names"), py::arg("modules"), py::arg("parameters"),
-           py::arg("bucket_cap_mb"), py::arg("first_bucket_mb"), py::arg("partition_large"),
-           py::arg("collectives_in_flight"), py::arg("compression"), py::arg("track_usage"),
-           py::arg("profile"), py::arg("priority") = "ready")
+           py::arg("plan"), py::arg("profile"))
+      .def(
+          "plan", [](TorchReducer& r) { return r.reducer().plan(); }, "The plan in force (a copy)")
       .def("begin", [](TorchReducer& r) { r.reducer().begin(); })
       .def("in_step", [](TorchReducer& r) { return r.reducer().in_step(); })
       .def("ready", &TorchReducer::ready, py::arg("parameter"), py::arg("gradient"),
@@ -342,19 +441,11 @@ void bind_gradient_reducer(py::module_& m) {
           py::call_guard<py::gil_scoped_release>())
       .def(
           "replan",
-          [](TorchReducer& r, double cap_mb, double first_mb, bool partition, std::size_t in_flight,
-             const std::string& compression, bool track_usage, std::vector<std::size_t> ready_order,
-             std::vector<std::size_t> issue_order, const std::string& priority, double wire_ratio) {
-            const ReducerPlan plan =
-                make_plan(cap_mb, first_mb, partition, in_flight, compression, track_usage,
-                          std::move(ready_order), std::move(issue_order), priority, wire_ratio);
+          [](TorchReducer& r, const ReducerPlan& plan) {
             py::gil_scoped_release no_gil;
             r.replan(plan);
           },
-          py::arg("bucket_cap_mb"), py::arg("first_bucket_mb"), py::arg("partition_large"),
-          py::arg("collectives_in_flight"), py::arg("compression"), py::arg("track_usage"),
-          py::arg("ready_order"), py::arg("issue_order"), py::arg("priority") = "ready",
-          py::arg("wire_ratio") = 1.0,
+          py::arg("plan"),
           "Rebuilds the buckets with a new plan (collective: every rank, between steps)")
       .def("issue_order", [](TorchReducer& r) { return r.reducer().executor().issue_order(); })
       .def(
@@ -449,36 +540,26 @@ void bind_gradient_reducer(py::module_& m) {
               chosen = choose_reducer_plan(r.reducer(), records);
             }
             r.clear_records();
-            return automatic_plan_dict(chosen);
+            return chosen;
           },
           "Collective: rank 0 predicts the candidate plans from its recorded steps and every "
           "rank replans to its fastest")
       .def(
           "shortlist_plans",
-          [](TorchReducer& r, std::size_t keep, int rounds) -> py::object {
-            std::optional<PlanDecision> chosen;
-            {
-              py::gil_scoped_release no_gil;
-              chosen = r.shortlist_plans(keep, rounds);
-            }
-            if (!chosen) return py::none();
-            return automatic_plan_dict(*chosen);
+          [](TorchReducer& r, const PlanSearch& search) {
+            py::gil_scoped_release no_gil;
+            return r.shortlist_plans(search);
           },
-          py::arg("keep"), py::arg("rounds"),
+          py::arg("search"),
           "Collective: rank 0 predicts the candidate plans from its recorded steps and shares "
           "its shortlist (the running plan first), timed one step each in turn, `rounds` "
           "rounds, through trial_step() (None); or, no plan predicted faster than the running "
           "one, keeps it (the decision, a dict)")
       .def(
           "trial_step",
-          [](TorchReducer& r, double period_s) -> py::object {
-            std::optional<PlanDecision> chosen;
-            {
-              py::gil_scoped_release no_gil;
-              chosen = r.trial_step(period_s);
-            }
-            if (!chosen) return py::none();
-            return automatic_plan_dict(*chosen);
+          [](TorchReducer& r, double period_s) {
+            py::gil_scoped_release no_gil;
+            return r.trial_step(period_s);
           },
           py::arg("period_s"),
           "Collective, between steps: records the period of the step the current trial plan "

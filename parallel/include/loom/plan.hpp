@@ -66,6 +66,12 @@ struct ReducerPlan {
   /// @brief Add an external node per update group, which the client signals with updated()
   /// once it applied the update: the run then spans the updates, and the trace shows them.
   bool external_updates = true;
+
+  /// @brief ErrorCode::invalid_argument, "<who>: ...", naming the first bad field: a cap or
+  /// first bucket of 0 bytes, a wire_ratio not finite and > 0, an issue order that repeats a
+  /// bucket. The orders' lengths are checked against the parameters by the reducer that runs
+  /// the plan.
+  void check(const std::string& who) const;
 };
 
 /// @brief "cap 25 MiB, first 1 MiB, partition, float16, in flight 1, planned order".
@@ -113,14 +119,14 @@ struct PlanSearch {
   /// bench/torch/real_models.py kept DDP's 25 MiB, no plan predicted faster, where smaller caps
   /// ran faster).
   double shortlist_margin = 1.10;
-  /// @brief DataParallelStep: profiled runs the plans are predicted from.
+  /// @brief Profiled runs (steps) the plans are predicted from.
   int profile_runs = 2;
-  /// @brief DataParallelStep: plans timed (0 or 1: the best predicted is taken untimed).
+  /// @brief Plans timed, the running plan among them for the GradientReducer (0 or 1: the best
+  /// predicted is taken untimed).
   std::size_t shortlist = 4;
-  /// @brief DataParallelStep: rounds over the shortlist (each plan runs once per round,
-  /// round-robin, so a noisy machine disturbs them alike); the first round (new executors, new
-  /// bucket memory) is not counted; PlanTrials::steps_s (each plan against the first in the
-  /// same rounds) decides.
+  /// @brief Rounds over the shortlist (each plan runs once per round, round-robin, so a noisy
+  /// machine disturbs them alike); the first round (new executors, new bucket memory) is not
+  /// counted; PlanTrials::steps_s (each plan against the first in the same rounds) decides.
   int trial_runs = 4;
   /// @brief Per-message latency of the fitted wire (seconds).
   double latency_s = 50e-6;
@@ -132,7 +138,11 @@ struct PlanSearch {
   double cores = 0;
   double comm_cpu = 0;
 
-  /// @brief The GradientReducer's search: caps 1, 2, 4, 10, 25 and 50 MiB, in flight 0..3.
+  /// @brief The GradientReducer's search (loom_torch.parallelize's bucket_cap_mb="auto"): caps
+  /// 1, 2, 4, 10, 25 and 50 MiB, in flight 0..3; planned after 3 profiled steps, the running
+  /// plan and the two fastest predicted timed 5 rounds. Five: a median of four same-round
+  /// ratios per plan (with two counted steps one noisy step on a loaded host decided: the MLP's
+  /// chosen plan timed 15% faster in its trials and ran 13% slower after).
   static PlanSearch for_gradient_reducer();
   /// @brief Runs DataParallelStep's automatic plan takes before its final plan runs
   /// (profile_runs, then every timed plan's trial_runs).
