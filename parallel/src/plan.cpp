@@ -3,11 +3,13 @@
 #include "loom/plan.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <sstream>
 
 #include "bytes_text.hpp"
 #include "invalid_argument.hpp"
+#include "loom/error.hpp"
 
 namespace loom {
 
@@ -80,6 +82,74 @@ void PlanSearch::check(const std::string& who) const {
         std::to_string(profile_runs) + " and " + std::to_string(trial_runs) + ")");
   if (latency_s < 0 || cores < 0 || comm_cpu < 0 || workers < 0)
     bad("PlanSearch's latency_s, cores, comm_cpu and workers must be >= 0");
+}
+
+std::vector<ReducerPlan> PlanSearch::bucketings(const ReducerPlan& base,
+                                                std::size_t largest_gradient_bytes) const {
+  std::vector<ReducerPlan> out;
+  for (std::size_t cap : caps_bytes) {
+    if (cap == 0) throw_invalid_argument("PlanSearch::bucketings: a bucket cap of 0 bytes");
+    std::vector<std::size_t> firsts{cap};
+    for (std::size_t f : first_bucket_bytes)
+      if (f > 0 && f < cap) firsts.push_back(f);
+    for (std::size_t first : firsts)
+      for (bool partition : {false, true}) {
+        if (partition && (!try_partition || largest_gradient_bytes <= cap)) continue;
+        ReducerPlan plan = base;
+        plan.bucket_cap_bytes = cap;
+        plan.first_bucket_bytes = first;
+        plan.partition_large = partition;
+        plan.issue_order.clear();
+        out.push_back(std::move(plan));
+      }
+  }
+  return out;
+}
+
+void encode_plan(const ReducerPlan& plan, std::vector<std::int64_t>& out) {
+  out.insert(
+      out.end(),
+      {static_cast<std::int64_t>(plan.bucket_cap_bytes),
+       static_cast<std::int64_t>(plan.first_bucket_bytes), plan.partition_large ? 1 : 0,
+       static_cast<std::int64_t>(plan.collectives_in_flight),
+       static_cast<std::int64_t>(plan.priority), std::bit_cast<std::int64_t>(plan.wire_ratio),
+       static_cast<std::int64_t>(plan.issue_order.size())});
+  out.insert(out.end(), plan.issue_order.begin(), plan.issue_order.end());
+}
+
+PlanReader::PlanReader(std::span<const std::int64_t> values, std::string who)
+    : _values(values), _who(std::move(who)) {}
+
+std::int64_t PlanReader::next() {
+  if (_at >= _values.size())
+    throw Error(ErrorCode::mismatch,
+                _who + ": rank 0's plans end after " + std::to_string(_at) + " values");
+  return _values[_at++];
+}
+
+double PlanReader::next_double() {
+  return std::bit_cast<double>(next());
+}
+
+ReducerPlan PlanReader::plan(ReducerPlan base) {
+  base.bucket_cap_bytes = static_cast<std::size_t>(next());
+  base.first_bucket_bytes = static_cast<std::size_t>(next());
+  base.partition_large = next() != 0;
+  base.collectives_in_flight = static_cast<std::size_t>(next());
+  const std::int64_t priority = next();
+  if (priority != static_cast<std::int64_t>(IssuePriority::ready) &&
+      priority != static_cast<std::int64_t>(IssuePriority::forward))
+    throw Error(ErrorCode::mismatch, _who + ": rank 0 sent priority #" + std::to_string(priority));
+  base.priority = static_cast<IssuePriority>(priority);
+  base.wire_ratio = next_double();
+  const std::int64_t order = next();
+  if (order < 0 || static_cast<std::size_t>(order) > _values.size() - _at)
+    throw Error(ErrorCode::mismatch,
+                _who + ": rank 0 sent an issue order of " + std::to_string(order) + " buckets");
+  base.issue_order.clear();
+  for (std::int64_t k = 0; k < order; ++k)
+    base.issue_order.push_back(static_cast<std::size_t>(next()));
+  return base;
 }
 
 PlanTrials::PlanTrials(std::size_t plans, int rounds)

@@ -21,32 +21,6 @@ namespace loom {
 
 namespace {
 
-// A plan as rank 0 sends it: the fields a search varies (its orders and compression are the
-// reducer's own, the same on every rank).
-constexpr std::size_t plan_fields = 6;
-
-void encode_plan(const ReducerPlan& plan, std::vector<std::int64_t>& out) {
-  out.push_back(static_cast<std::int64_t>(plan.bucket_cap_bytes));
-  out.push_back(static_cast<std::int64_t>(plan.first_bucket_bytes));
-  out.push_back(plan.partition_large ? 1 : 0);
-  out.push_back(static_cast<std::int64_t>(plan.collectives_in_flight));
-  out.push_back(static_cast<std::int64_t>(plan.priority));
-  out.push_back(std::bit_cast<std::int64_t>(plan.wire_ratio));
-}
-
-// The reducer's plan with the fields at `at` (plan_fields of them).
-ReducerPlan decode_plan(const GradientReducer& reducer, const std::int64_t* at) {
-  ReducerPlan plan = reducer.plan();
-  plan.bucket_cap_bytes = static_cast<std::size_t>(at[0]);
-  plan.first_bucket_bytes = static_cast<std::size_t>(at[1]);
-  plan.partition_large = at[2] != 0;
-  plan.collectives_in_flight = static_cast<std::size_t>(at[3]);
-  plan.priority = static_cast<IssuePriority>(at[4]);
-  plan.wire_ratio = std::bit_cast<double>(at[5]);
-  plan.issue_order.clear();
-  return plan;
-}
-
 std::chrono::nanoseconds agreement_limit(const GradientReducer& reducer) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(*reducer.executor_options().timeout);
 }
@@ -111,15 +85,15 @@ PlanDecision choose_reducer_plan(GradientReducer& reducer, std::span<const Reduc
         out.push_back(std::bit_cast<std::int64_t>(measured.step_s));
         out.push_back(change ? 1 : 0);
       },
-      [](const std::vector<std::int64_t>& zero) { return zero.size() == plan_fields + 5; });
-  const ReducerPlan plan = decode_plan(reducer, zero.data());
-  const std::int64_t* tail = zero.data() + plan_fields;
+      [](const std::vector<std::int64_t>& zero) { return !zero.empty(); });
+  PlanReader read(zero, "choose_reducer_plan on rank " + std::to_string(reducer.backend().rank()));
+  const ReducerPlan plan = read.plan(reducer.plan());
   PlanDecision chosen;
-  chosen.candidates = static_cast<std::size_t>(tail[0]);
-  chosen.predicted_step_s = std::bit_cast<double>(tail[1]);
-  chosen.current_predicted_step_s = std::bit_cast<double>(tail[2]);
-  chosen.measured_step_s = std::bit_cast<double>(tail[3]);
-  chosen.changed = tail[4] != 0;
+  chosen.candidates = static_cast<std::size_t>(read.next());
+  chosen.predicted_step_s = read.next_double();
+  chosen.current_predicted_step_s = read.next_double();
+  chosen.measured_step_s = read.next_double();
+  chosen.changed = read.next() != 0;
   if (chosen.changed) reducer.replan(plan);
   chosen.plan = reducer.plan();
   return chosen;
@@ -137,7 +111,6 @@ PlanShortlist shortlist_reducer_plans(GradientReducer& reducer,
   const double margin = search.shortlist_margin;
   if (reducer.in_step())
     throw_invalid_argument("shortlist_reducer_plans: a step is in progress (finish() it first)");
-  constexpr std::size_t per_plan = plan_fields + 2;
   // Rank 0's candidates' count, the running plan's measured step, then per plan its fields, its
   // prediction and its bucket count.
   const std::vector<std::int64_t> zero = predicted_on_rank_zero(
@@ -161,20 +134,24 @@ PlanShortlist shortlist_reducer_plans(GradientReducer& reducer,
           out.push_back(static_cast<std::int64_t>(p->buckets));
         }
       },
-      [](const std::vector<std::int64_t>& zero) {
-        return zero.size() >= 2 + per_plan && (zero.size() - 2) % per_plan == 0;
-      });
+      [](const std::vector<std::int64_t>& zero) { return !zero.empty(); });
+  PlanReader read(zero,
+                  "shortlist_reducer_plans on rank " + std::to_string(reducer.backend().rank()));
   PlanShortlist out;
-  out.candidates = static_cast<std::size_t>(zero[0]);
-  out.measured_step_s = std::bit_cast<double>(zero[1]);
-  for (std::size_t at = 2; at < zero.size(); at += per_plan) {
+  out.candidates = static_cast<std::size_t>(read.next());
+  out.measured_step_s = read.next_double();
+  while (!read.done()) {
     TimedPlan t;
-    t.plan = decode_plan(reducer, zero.data() + at);
-    t.predicted_step_s = std::bit_cast<double>(zero[at + plan_fields]);
-    t.buckets = static_cast<std::size_t>(zero[at + plan_fields + 1]);
+    t.plan = read.plan(reducer.plan());
+    t.predicted_step_s = read.next_double();
+    t.buckets = static_cast<std::size_t>(read.next());
     out.plans.push_back(std::move(t));
   }
-  // The running plan keeps its own orders (a planned issue order is not sent).
+  if (out.plans.empty())
+    throw Error(ErrorCode::mismatch, "shortlist_reducer_plans on rank " +
+                                         std::to_string(reducer.backend().rank()) +
+                                         ": rank 0's shortlist holds no plan");
+  // The running plan keeps its own orders (the ready and forward orders are not sent).
   out.plans.front().plan = reducer.plan();
   return out;
 }

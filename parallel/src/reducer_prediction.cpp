@@ -247,33 +247,18 @@ std::vector<PlanPrediction> rank_plans(const GradientReducer& reducer,
                           .seconds;
   const double wire_ratio = backward > 0 && wire > 0 ? wire / backward : 1.0;
 
-  for (std::size_t cap : search.caps_bytes) {
-    if (cap == 0) throw_invalid_argument("rank_plans: a bucket cap of 0 bytes");
-    std::vector<std::size_t> firsts{cap};
-    for (std::size_t f : search.first_bucket_bytes)
-      if (f > 0 && f < cap) firsts.push_back(f);
-    for (std::size_t first : firsts)
-      for (bool partition : {false, true}) {
-        // Partitioning changes nothing when no gradient exceeds the cap.
-        if (partition && (!search.try_partition || largest <= cap)) continue;
-        ReducerPlan shape = base;
-        shape.bucket_cap_bytes = cap;
-        shape.first_bucket_bytes = first;
-        shape.partition_large = partition;
-        shape.issue_order.clear();
-        const std::unique_ptr<Bucketer> bucketer = detail::make_reducer_bucketer(reducer, shape);
-        for (std::size_t in_flight = 0; in_flight <= search.max_in_flight; ++in_flight)
-          for (IssuePriority priority : {IssuePriority::ready, IssuePriority::forward}) {
-            if (priority == IssuePriority::forward &&
-                (in_flight == 0 || !search.try_forward_priority))
-              continue;
-            ReducerPlan plan = shape;
-            plan.collectives_in_flight = in_flight;
-            plan.priority = priority;
-            plan.wire_ratio = priority == IssuePriority::forward ? wire_ratio : base.wire_ratio;
-            out.push_back(simulate_step(
-                measured, plan, detail::build_reducer_step(reducer, measured, plan, *bucketer)));
-          }
+  for (const ReducerPlan& shape : search.bucketings(base, largest)) {
+    const std::unique_ptr<Bucketer> bucketer = detail::make_reducer_bucketer(reducer, shape);
+    for (std::size_t in_flight = 0; in_flight <= search.max_in_flight; ++in_flight)
+      for (IssuePriority priority : {IssuePriority::ready, IssuePriority::forward}) {
+        if (priority == IssuePriority::forward && (in_flight == 0 || !search.try_forward_priority))
+          continue;
+        ReducerPlan plan = shape;
+        plan.collectives_in_flight = in_flight;
+        plan.priority = priority;
+        plan.wire_ratio = priority == IssuePriority::forward ? wire_ratio : base.wire_ratio;
+        out.push_back(simulate_step(
+            measured, plan, detail::build_reducer_step(reducer, measured, plan, *bucketer)));
       }
   }
   std::stable_sort(out.begin(), out.end(), [](const PlanPrediction& a, const PlanPrediction& b) {

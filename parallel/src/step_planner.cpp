@@ -147,7 +147,7 @@ std::vector<TimedPlan> search_plans(const PlanSearch& search, const PlanInputs& 
   std::vector<LinearCost> cost(parts);
   for (std::size_t p = 0; p < parts; ++p) cost[p] = fit(measured[p]);
 
-  // Candidates: the running bucketing, then every cap x first bucket (<= cap) x partition.
+  // Candidates: the running bucketing, then the search's (PlanSearch::bucketings).
   struct Candidate {
     std::size_t cap, first;
     bool partition;
@@ -156,17 +156,15 @@ std::vector<TimedPlan> search_plans(const PlanSearch& search, const PlanInputs& 
   std::vector<Candidate> candidates{{running_options.bucket_cap_bytes,
                                      running_options.first_bucket_bytes,
                                      running_options.partition_large}};
-  for (std::size_t cap : search.caps_bytes) {
-    std::vector<std::size_t> firsts{cap};
-    for (std::size_t f : search.first_bucket_bytes)
-      if (f < cap) firsts.push_back(f);
-    for (std::size_t first : firsts)
-      for (bool partition : {false, true})
-        if ((!partition || search.try_partition) &&
-            std::none_of(candidates.begin(), candidates.end(), [&](const Candidate& x) {
-              return x.cap == cap && x.first == first && x.partition == partition;
-            }))
-          candidates.push_back({cap, first, partition});
+  std::size_t largest = 0;
+  for (std::size_t g = 0; g < bucketer.num_gradients(); ++g)
+    largest = std::max(largest, bucketer.spec(g).count * dtype_size(bucketer.spec(g).dtype));
+  for (const ReducerPlan& shape : search.bucketings(ReducerPlan{}, largest)) {
+    const Candidate c{shape.bucket_cap_bytes, shape.first_bucket_bytes, shape.partition_large};
+    if (std::none_of(candidates.begin(), candidates.end(), [&](const Candidate& x) {
+          return x.cap == c.cap && x.first == c.first && x.partition == c.partition;
+        }))
+      candidates.push_back(c);
   }
 
   for (std::size_t b : inputs.issue_order)
@@ -268,48 +266,29 @@ std::vector<TimedPlan> shortlist_plans(const std::vector<TimedPlan>& ranked, std
 
 std::vector<TimedPlan> agree_on_plans(Backend& backend, const std::vector<TimedPlan>& mine,
                                       std::chrono::nanoseconds limit) {
-  // One message: the count, then per plan a fixed header (so the order's length is known), its
-  // prediction and measurement (bit patterns) and its order.
+  // One message: the count, then per plan its encoding (encode_plan), its bucket count, its
+  // prediction and its measurement (bit patterns).
   std::vector<std::int64_t> wire{static_cast<std::int64_t>(mine.size())};
   for (const TimedPlan& timed : mine) {
-    const ReducerPlan& plan = timed.plan;
-    wire.insert(wire.end(),
-                {static_cast<std::int64_t>(plan.bucket_cap_bytes),
-                 static_cast<std::int64_t>(plan.first_bucket_bytes), plan.partition_large ? 1 : 0,
-                 static_cast<std::int64_t>(plan.collectives_in_flight),
-                 static_cast<std::int64_t>(timed.buckets),
-                 static_cast<std::int64_t>(plan.issue_order.size()),
-                 std::bit_cast<std::int64_t>(timed.predicted_step_s),
-                 std::bit_cast<std::int64_t>(timed.measured_step_s)});
-    wire.insert(wire.end(), plan.issue_order.begin(), plan.issue_order.end());
+    encode_plan(timed.plan, wire);
+    wire.insert(wire.end(), {static_cast<std::int64_t>(timed.buckets),
+                             std::bit_cast<std::int64_t>(timed.predicted_step_s),
+                             std::bit_cast<std::int64_t>(timed.measured_step_s)});
   }
   const std::vector<std::int64_t> root = backend.agree_on_root(
       "agree_on_plans",
       backend.rank() == 0 ? std::span<const std::int64_t>(wire) : std::span<const std::int64_t>(),
       limit, [&] { return "agree_on_plans on rank " + std::to_string(backend.rank()); });
   std::vector<TimedPlan> plans;
-  std::size_t at = 0;
-  const auto next = [&] {
-    if (at >= root.size())
-      throw Error(ErrorCode::mismatch, "agree_on_plans on rank " + std::to_string(backend.rank()) +
-                                           ": rank 0's plans end after " + std::to_string(at) +
-                                           " values");
-    return root[at++];
-  };
-  const std::int64_t count = root.empty() ? 0 : next();
+  if (root.empty()) return plans;
+  PlanReader read(root, "agree_on_plans on rank " + std::to_string(backend.rank()));
+  const std::int64_t count = read.next();
   for (std::int64_t i = 0; i < count; ++i) {
     TimedPlan timed;
-    ReducerPlan& plan = timed.plan;
-    plan.bucket_cap_bytes = static_cast<std::size_t>(next());
-    plan.first_bucket_bytes = static_cast<std::size_t>(next());
-    plan.partition_large = next() != 0;
-    plan.collectives_in_flight = static_cast<std::size_t>(next());
-    timed.buckets = static_cast<std::size_t>(next());
-    const std::int64_t order = next();
-    timed.predicted_step_s = std::bit_cast<double>(next());
-    timed.measured_step_s = std::bit_cast<double>(next());
-    for (std::int64_t k = 0; k < order; ++k)
-      plan.issue_order.push_back(static_cast<std::size_t>(next()));
+    timed.plan = read.plan(ReducerPlan{});
+    timed.buckets = static_cast<std::size_t>(read.next());
+    timed.predicted_step_s = read.next_double();
+    timed.measured_step_s = read.next_double();
     plans.push_back(std::move(timed));
   }
   return plans;

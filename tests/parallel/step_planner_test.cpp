@@ -106,8 +106,9 @@ TEST(StepPlanner, RanksEveryCandidateAndPrefersBucketsThatOverlapBackward) {
   inputs.ranks = 2;
   inputs.workers = 1;
   const std::vector<TimedPlan> plans = search_plans(search, inputs, make_bucketer, build);
-  // Candidates: (25 MiB, 25 MiB) running; 256 KiB; 512 KiB x first {512, 256}; 25 MiB x first
-  // 256 KiB; each with and without partition: 1 + 1*2 + 2*2 + 1*2 - (running's own, none) ...
+  // Candidates (PlanSearch::bucketings, shared with the GradientReducer's search): the running
+  // (25 MiB, 25 MiB), then cap x first (<= cap); partitioned only where a gradient exceeds the
+  // cap, which none of these does.
   std::set<std::tuple<std::size_t, std::size_t, bool>> bucketings;
   for (const TimedPlan& p : plans) {
     bucketings.insert({p.plan.bucket_cap_bytes, p.plan.first_bucket_bytes, p.plan.partition_large});
@@ -122,8 +123,9 @@ TEST(StepPlanner, RanksEveryCandidateAndPrefersBucketsThatOverlapBackward) {
     EXPECT_LE(p.plan.collectives_in_flight, 1u);
     EXPECT_GT(p.predicted_step_s, 0);
   }
-  // cap x first (<= cap) x partition: 256K {256K} x2, 512K {512K, 256K} x2, 25M {25M, 256K} x2.
-  EXPECT_EQ(bucketings.size(), 10u);
+  // cap x first (<= cap): 256K {256K}, 512K {512K, 256K}, 25M {25M, 256K}.
+  EXPECT_EQ(bucketings.size(), 5u);
+  for (const auto& [cap, first, partition] : bucketings) EXPECT_FALSE(partition) << cap;
   // The running plan as it runs first, then every bucketing at in flight 0 and 1.
   EXPECT_EQ(plans.size(), 1 + bucketings.size() * 2);
   EXPECT_EQ(plans.front().buckets, 1u);
@@ -325,6 +327,76 @@ TEST(StepPlanner, AgreeOnRootNamesRanksWithAnotherLength) {
                              ": ranks hold between 3 and 5 values"),
               std::string::npos)
         << errors[r];
+}
+
+TEST(PlanSearch, BucketingsAreTheOneEnumerationEveryPlannerSearches) {
+  constexpr std::size_t K = 1024, M = 1024 * 1024;
+  PlanSearch search;
+  search.caps_bytes = {1 * M, 4 * M};
+  search.first_bucket_bytes = {256 * K, 2 * M};
+  ReducerPlan base;
+  base.collectives_in_flight = 2;
+  base.issue_order = {1, 0};
+  using Shape = std::tuple<std::size_t, std::size_t, bool>;
+  auto shapes = [&](std::size_t largest) {
+    std::vector<Shape> out;
+    for (const ReducerPlan& p : search.bucketings(base, largest)) {
+      EXPECT_EQ(p.collectives_in_flight, 2u);  // the rest of the base is kept
+      EXPECT_TRUE(p.issue_order.empty());
+      out.emplace_back(p.bucket_cap_bytes, p.first_bucket_bytes, p.partition_large);
+    }
+    return out;
+  };
+  // A 3 MiB gradient exceeds the 1 MiB cap only: partitioning is tried there alone.
+  EXPECT_EQ(shapes(3 * M), (std::vector<Shape>{{M, M, false},
+                                               {M, M, true},
+                                               {M, 256 * K, false},
+                                               {M, 256 * K, true},
+                                               {4 * M, 4 * M, false},
+                                               {4 * M, 256 * K, false},
+                                               {4 * M, 2 * M, false}}));
+  search.try_partition = false;
+  EXPECT_EQ(shapes(3 * M).size(), 5u);
+  search.caps_bytes.push_back(0);
+  test::expect_error(ErrorCode::invalid_argument, "PlanSearch::bucketings: a bucket cap of 0 bytes",
+                     [&] { shapes(M); });
+}
+
+TEST(PlanSearch, APlanCrossesTheWireInOneEncoding) {
+  ReducerPlan plan;
+  plan.bucket_cap_bytes = 3 << 20;
+  plan.first_bucket_bytes = 1 << 18;
+  plan.partition_large = true;
+  plan.collectives_in_flight = 2;
+  plan.priority = IssuePriority::forward;
+  plan.wire_ratio = 0.37;
+  plan.issue_order = {2, 0, 1};
+  std::vector<std::int64_t> wire;
+  encode_plan(plan, wire);
+  wire.push_back(42);
+  ReducerPlan base;
+  base.compression = Compression::bfloat16;  // not on the wire: the receiver's own
+  base.ready_order = {1, 2, 0};
+  PlanReader read(wire, "test");
+  const ReducerPlan back = read.plan(base);
+  EXPECT_TRUE(same_plan(back, plan)) << describe(back);
+  EXPECT_EQ(back.wire_ratio, 0.37);
+  EXPECT_EQ(back.compression, Compression::bfloat16);
+  EXPECT_EQ(back.ready_order, base.ready_order);
+  EXPECT_EQ(read.next(), 42);
+  EXPECT_TRUE(read.done());
+  test::expect_error(ErrorCode::mismatch, "test: rank 0's plans end after 11 values",
+                     [&] { read.next(); });
+  std::vector<std::int64_t> cut(wire.begin(), wire.begin() + 8);  // the order's length, 1 entry
+  test::expect_error(ErrorCode::mismatch, "cut: rank 0 sent an issue order of 3 buckets", [&] {
+    PlanReader r(cut, "cut");
+    r.plan({});
+  });
+  wire[4] = 7;
+  test::expect_error(ErrorCode::mismatch, "bad: rank 0 sent priority #7", [&] {
+    PlanReader r(wire, "bad");
+    r.plan({});
+  });
 }
 
 TEST(StepPlanner, TimingsCarryTaskIdsAndTheGraphSaysItsScheduleOrder) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
@@ -76,6 +77,31 @@ struct ReducerPlan {
 
 /// @brief "cap 25 MiB, first 1 MiB, partition, float16, in flight 1, planned order".
 std::string describe(const ReducerPlan& plan);
+
+/// @brief A plan on the wire (rank 0's decisions reach the other ranks so): the fields a search
+/// varies (cap, first bucket, partition, collectives in flight, priority, wire_ratio) and the
+/// issue order, appended to `out`. The one encoding every planner uses; PlanReader reads it.
+void encode_plan(const ReducerPlan& plan, std::vector<std::int64_t>& out);
+
+/// @brief Reads, in order, values that encode_plan and the planner's own values make up.
+class PlanReader {
+ public:
+  /// @brief `who` names the reader in its errors ("agree_on_plans on rank 1").
+  PlanReader(std::span<const std::int64_t> values, std::string who);
+  /// @brief The next value; ErrorCode::mismatch naming who and where when there is none.
+  std::int64_t next();
+  /// @brief The next value as the double whose bits it holds.
+  double next_double();
+  /// @brief A plan encode_plan wrote: `base` with the encoded fields read into it.
+  ReducerPlan plan(ReducerPlan base);
+  /// @brief Whether every value was read.
+  bool done() const noexcept { return _at == _values.size(); }
+
+ private:
+  std::span<const std::int64_t> _values;
+  std::size_t _at = 0;
+  std::string _who;
+};
 
 /// @brief Whether two plans run the same: bucketing, collectives in flight, priority (and
 /// wire_ratio where it is used) and issue order.
@@ -149,6 +175,13 @@ struct PlanSearch {
   int runs_to_decide() const;
   /// @brief ErrorCode::invalid_argument, "<who>: ...", naming the first bad field.
   void check(const std::string& who) const;
+  /// @brief The bucketings this search tries, the one enumeration every planner uses: each cap,
+  /// with the cap itself and each smaller first_bucket_bytes as its first bucket, unpartitioned
+  /// and then (try_partition, where a gradient of `largest_gradient_bytes` exceeds the cap:
+  /// otherwise partitioning changes nothing) partitioned. Each is `base` with those three
+  /// fields set and no issue order. ErrorCode::invalid_argument for a cap of 0 bytes.
+  std::vector<ReducerPlan> bucketings(const ReducerPlan& base,
+                                      std::size_t largest_gradient_bytes) const;
 };
 
 /// @brief A plan as a search found it: the plan, its bucket count, the simulator's step for it
