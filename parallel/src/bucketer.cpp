@@ -22,7 +22,7 @@ namespace loom {
 
 namespace {
 
-std::string quoted(const GradientSpec& g, std::size_t index) {
+std::string quoted(const ParameterSpec& g, std::size_t index) {
   return "gradient '" + g.name + "' (#" + std::to_string(index) + ")";
 }
 
@@ -150,7 +150,7 @@ Compression parse_compression(std::string_view name) {
 }
 
 struct Bucketer::State {
-  std::vector<GradientSpec> gradients;
+  std::vector<ParameterSpec> gradients;
   BucketerOptions options;
   // Declared before the blocks: blocks go back to the pool before the pool dies.
   std::unique_ptr<PinnedPool> own_pool;
@@ -219,7 +219,7 @@ void Bucketer::State::assign(std::span<const std::size_t> order) {
   }
 }
 
-Bucketer::Bucketer(std::vector<GradientSpec> gradients, BucketerOptions options)
+Bucketer::Bucketer(std::vector<ParameterSpec> gradients, BucketerOptions options)
     : _state(std::make_unique<State>()) {
   if (gradients.empty()) throw_invalid_argument("Bucketer: no gradients to bucket");
   if (options.bucket_cap_bytes == 0)
@@ -229,7 +229,7 @@ Bucketer::Bucketer(std::vector<GradientSpec> gradients, BucketerOptions options)
   std::unordered_map<std::string, std::size_t> names;
   std::size_t with_storage = 0;
   for (std::size_t i = 0; i < gradients.size(); ++i) {
-    const GradientSpec& g = gradients[i];
+    const ParameterSpec& g = gradients[i];
     if (g.name.empty())
       throw_invalid_argument("Bucketer: gradient #" + std::to_string(i) + " has no name");
     if (auto [it, fresh] = names.emplace(g.name, i); !fresh)
@@ -278,7 +278,7 @@ Bucketer::~Bucketer() = default;
 Bucketer::Bucketer(Bucketer&&) noexcept = default;
 Bucketer& Bucketer::operator=(Bucketer&&) noexcept = default;
 
-std::vector<Bucket> Bucketer::assign(std::span<const GradientSpec> gradients,
+std::vector<Bucket> Bucketer::assign(std::span<const ParameterSpec> gradients,
                                      std::span<const std::size_t> order,
                                      const BucketerOptions& options) {
   check_permutation(order, gradients.size(), "Bucketer::assign: order");
@@ -292,7 +292,7 @@ std::vector<Bucket> Bucketer::assign(std::span<const GradientSpec> gradients,
   std::vector<GroupKey> first_seen;
   std::vector<Bucket> result;
   for (std::size_t g : order) {
-    const GradientSpec& spec = gradients[g];
+    const ParameterSpec& spec = gradients[g];
     const GroupKey key = key_of(spec.dtype, spec.device);
     auto [it, fresh] = groups.try_emplace(key);
     if (fresh) first_seen.push_back(key);
@@ -339,7 +339,7 @@ std::size_t Bucketer::num_gradients() const noexcept {
   return _state->gradients.size();
 }
 
-const GradientSpec& Bucketer::spec(std::size_t gradient) const {
+const ParameterSpec& Bucketer::spec(std::size_t gradient) const {
   if (gradient >= _state->gradients.size())
     throw_invalid_argument("Bucketer: gradient #" + std::to_string(gradient) +
                            " does not exist (there are " +
@@ -356,7 +356,7 @@ bool Bucketer::gradients_are_views() const noexcept {
 }
 
 Buffer Bucketer::gradient(std::size_t gradient) const {
-  const GradientSpec& g = spec(gradient);
+  const ParameterSpec& g = spec(gradient);
   return _state->views ? _state->gradient_views[gradient] : g.storage;
 }
 

@@ -185,10 +185,10 @@ void DataParallelStep::State::check_model() {
 // A Bucketer of the model's gradients (in the gradients' ready order after a rebuild).
 std::unique_ptr<Bucketer> DataParallelStep::State::make_bucketer(
     const BucketerOptions& bucketing) const {
-  std::vector<GradientSpec> specs;
+  std::vector<ParameterSpec> specs;
   for (std::size_t p = 0; p < params.size(); ++p) {
     const StepParameter& param = parameter(p);
-    GradientSpec spec;
+    ParameterSpec spec;
     spec.name = param.name;
     spec.count = param.values.count();
     spec.dtype = param.values.dtype();

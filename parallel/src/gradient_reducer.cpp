@@ -224,16 +224,13 @@ struct GradientReducer::State {
 
 void GradientReducer::State::build() {
   const std::size_t n = parameters.size();
-  std::vector<GradientSpec> specs;
-  for (const ParameterSpec& p : parameters)
-    specs.push_back({p.name, p.count, p.dtype, Device::cpu(), {}});
   BucketerOptions options;
   options.bucket_cap_bytes = plan.bucket_cap_bytes;
   options.first_bucket_bytes = plan.first_bucket_bytes;
   options.partition_large = plan.partition_large;
   options.compression = plan.compression;
   options.average = false;  // the 1 / world size is applied as each gradient is copied in
-  bucketer = std::make_unique<Bucketer>(std::move(specs), options);
+  bucketer = std::make_unique<Bucketer>(parameters, options);
   if (!plan.ready_order.empty()) bucketer->rebuild(plan.ready_order);
 
   Graph g;
@@ -291,6 +288,14 @@ GradientReducer::GradientReducer(std::vector<ParameterSpec> parameters, Backend&
       invalid("parameters #" + std::to_string(it->second) + " and #" + std::to_string(p) +
               " are both named '" + spec.name + "'");
     if (spec.count == 0) invalid("parameter '" + spec.name + "' has no elements");
+    // ready() copies each gradient into loom's bucket memory on the host.
+    if (!spec.storage.empty())
+      invalid("parameter '" + spec.name +
+              "' has storage: the reducer owns the gradients' memory (ready() hands each over)");
+    if (spec.device.kind != DeviceKind::cpu)
+      throw Error(ErrorCode::unsupported, "GradientReducer: parameter '" + spec.name + "' is on " +
+                                              to_string(spec.device) +
+                                              "; the reducer's buckets are in host memory");
   }
   check_plan(plan, parameters.size(), "");
   _state =

@@ -18,15 +18,6 @@ namespace loom {
 
 namespace {
 
-std::vector<GradientSpec> gradient_specs(const GradientReducer& reducer) {
-  std::vector<GradientSpec> specs;
-  for (std::size_t p = 0; p < reducer.num_parameters(); ++p) {
-    const ParameterSpec& s = reducer.parameter(p);
-    specs.push_back({s.name, s.count, s.dtype, Device::cpu(), {}});
-  }
-  return specs;
-}
-
 std::vector<ParameterSpec> parameters_of(const GradientReducer& reducer) {
   std::vector<ParameterSpec> out;
   for (std::size_t p = 0; p < reducer.num_parameters(); ++p) out.push_back(reducer.parameter(p));
@@ -49,7 +40,7 @@ std::unique_ptr<Bucketer> make_reducer_bucketer(const GradientReducer& reducer,
   options.partition_large = plan.partition_large;
   options.compression = plan.compression;
   options.average = false;
-  auto bucketer = std::make_unique<Bucketer>(gradient_specs(reducer), options);
+  auto bucketer = std::make_unique<Bucketer>(parameters_of(reducer), options);
   if (!plan.ready_order.empty()) bucketer->rebuild(plan.ready_order);
   return bucketer;
 }

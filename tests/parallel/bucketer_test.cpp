@@ -20,10 +20,10 @@
 namespace loom {
 namespace {
 
-std::vector<GradientSpec> float_gradients(std::vector<std::size_t> counts) {
-  std::vector<GradientSpec> out;
+std::vector<ParameterSpec> float_gradients(std::vector<std::size_t> counts) {
+  std::vector<ParameterSpec> out;
   for (std::size_t i = 0; i < counts.size(); ++i)
-    out.push_back({"g" + std::to_string(i), counts[i], DType::float32});
+    out.push_back({"g" + std::to_string(i), "", counts[i], DType::float32});
   return out;
 }
 
@@ -120,10 +120,10 @@ TEST(Bucketer, SplitKeepsTheLastBucketSmall) {
 }
 
 TEST(Bucketer, GroupsByDtypeEachWithItsFirstBucket) {
-  std::vector<GradientSpec> grads{{"a", 20, DType::float32},
-                                  {"b", 10, DType::float64},
-                                  {"c", 20, DType::float32},
-                                  {"d", 10, DType::float64}};
+  std::vector<ParameterSpec> grads{{"a", "", 20, DType::float32},
+                                   {"b", "", 10, DType::float64},
+                                   {"c", "", 20, DType::float32},
+                                   {"d", "", 10, DType::float64}};
   BucketerOptions options{.bucket_cap_bytes = 1000, .first_bucket_bytes = 64};
   // d (80 B) closes float64's first bucket, c (80 B) float32's; b and a stay open, float64
   // first because it was seen first.
@@ -321,7 +321,7 @@ TEST_P(BucketerRoundTrip, AveragesEveryGradient) {
   int wrong = 0, runs_checked = 0;
   LocalWorld::run(ranks, [&](Backend& backend) {
     std::vector<std::vector<float>> own(counts.size());
-    std::vector<GradientSpec> specs = float_gradients(counts);
+    std::vector<ParameterSpec> specs = float_gradients(counts);
     if (!mode.views)
       for (std::size_t i = 0; i < counts.size(); ++i) {
         own[i].assign(counts[i], -1.0f);
@@ -470,9 +470,9 @@ TEST_P(BucketerExact, EveryModeComputesWhatItDefines) {
   std::vector<std::string> wrong;
   LocalWorld::run(ranks, [&](Backend& backend) {
     std::vector<std::vector<std::byte>> own(counts.size());
-    std::vector<GradientSpec> specs;
+    std::vector<ParameterSpec> specs;
     for (std::size_t i = 0; i < counts.size(); ++i) {
-      specs.push_back({"g" + std::to_string(i), counts[i], c.dtype});
+      specs.push_back({"g" + std::to_string(i), "", counts[i], c.dtype});
       if (!c.views) {
         own[i].resize(counts[i] * dtype_size(c.dtype));
         specs[i].storage = Buffer(own[i].data(), counts[i], c.dtype);
@@ -536,35 +536,35 @@ using test::expect_error;
 TEST(Bucketer, BadInputNamesWhatIsWrong) {
   expect_error(ErrorCode::invalid_argument, "no gradients", [] { Bucketer({}); });
   expect_error(ErrorCode::invalid_argument, "'w' (#1) has no elements", [] {
-    Bucketer({{"v", 3}, {"w", 0}});
+    Bucketer({{"v", "", 3}, {"w", "", 0}});
   });
   expect_error(ErrorCode::invalid_argument, "#0 and #1 are both named 'v'", [] {
-    Bucketer({{"v", 3}, {"v", 4}});
+    Bucketer({{"v", "", 3}, {"v", "", 4}});
   });
   expect_error(ErrorCode::invalid_argument, "bucket_cap_bytes must be > 0", [] {
-    Bucketer({{"v", 3}}, {.bucket_cap_bytes = 0});
+    Bucketer({{"v", "", 3}}, {.bucket_cap_bytes = 0});
   });
   expect_error(ErrorCode::unsupported, "'v' (#0) is on cuda:0", [] {
-    Bucketer({{"v", 3, DType::float32, Device::cuda(0)}});
+    Bucketer({{"v", "", 3, DType::float32, Device::cuda(0)}});
   });
   expect_error(ErrorCode::unsupported, "compression float16 casts float32 gradients", [] {
-    Bucketer({{"v", 3, DType::float64}}, {.compression = Compression::float16});
+    Bucketer({{"v", "", 3, DType::float64}}, {.compression = Compression::float16});
   });
   expect_error(ErrorCode::unsupported, "average is not defined for gradient 'i' (#0)", [] {
-    Bucketer({{"i", 3, DType::int32}});
+    Bucketer({{"i", "", 3, DType::int32}});
   });
   std::vector<float> a(3), b(4);
   expect_error(ErrorCode::invalid_argument, "1 of 2 gradients have storage", [&] {
-    Bucketer({{"a", 3, DType::float32, Device::cpu(), Buffer::of(std::span(a))}, {"b", 4}});
+    Bucketer({{"a", "", 3, DType::float32, Device::cpu(), Buffer::of(std::span(a))}, {"b", "", 4}});
   });
   expect_error(ErrorCode::invalid_argument, "declared float32[3] but its storage is float32[4]",
                [&] {
-                 Bucketer({{"a", 3, DType::float32, Device::cpu(), Buffer::of(std::span(b))}});
+                 Bucketer({{"a", "", 3, DType::float32, Device::cpu(), Buffer::of(std::span(b))}});
                });
   expect_error(ErrorCode::invalid_argument, "unknown compression 'fp8'",
                [] { parse_compression("fp8"); });
 
-  Bucketer bucketer({{"a", 3}, {"b", 4}});
+  Bucketer bucketer({{"a", "", 3}, {"b", "", 4}});
   expect_error(ErrorCode::invalid_argument, "names gradient #1 twice", [&] {
     const std::vector<std::size_t> order{1, 1};
     bucketer.rebuild(order);
@@ -595,8 +595,8 @@ TEST(Bucketer, BadInputNamesWhatIsWrong) {
   });
   // Packing two gradients of one bucket that share memory would unpack into it twice.
   std::vector<float> shared(4);
-  Bucketer aliased({{"x", 4, DType::float32, Device::cpu(), Buffer::of(std::span(shared))},
-                    {"y", 4, DType::float32, Device::cpu(), Buffer::of(std::span(shared))}});
+  Bucketer aliased({{"x", "", 4, DType::float32, Device::cpu(), Buffer::of(std::span(shared))},
+                    {"y", "", 4, DType::float32, Device::cpu(), Buffer::of(std::span(shared))}});
   expect_error(ErrorCode::invalid_argument, "bucket0: the storage of its gradients overlaps", [&] {
     const std::vector<Task> producers{pa, pa};
     aliased.attach(g, producers, 2);

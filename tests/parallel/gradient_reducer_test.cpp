@@ -400,6 +400,17 @@ TEST(GradientReducer, BadHandOversAreNamedErrors) {
   expect_error(ErrorCode::invalid_argument, "parameters #0 and #1 are both named 'a'", [&] {
     GradientReducer({{"a", "", 1}, {"a", "", 2}}, *backend);
   });
+  // The one descriptor's fields the Bucketer reads and the reducer does not take.
+  std::vector<float> own(3);
+  expect_error(
+      ErrorCode::invalid_argument,
+      "GradientReducer: parameter 'a' has storage: the reducer owns the gradients' memory", [&] {
+        GradientReducer({{"a", "", 3, DType::float32, Device::cpu(), Buffer::of(std::span(own))}},
+                        *backend);
+      });
+  expect_error(ErrorCode::unsupported, "GradientReducer: parameter 'a' is on cuda:0", [&] {
+    GradientReducer({{"a", "", 3, DType::float32, Device::cuda(0)}}, *backend);
+  });
 }
 
 TEST(GradientReducer, ReplansFromTheObservedOrderAndExplainsBuckets) {

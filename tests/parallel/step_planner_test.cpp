@@ -25,8 +25,9 @@ constexpr std::size_t kGradients = 4;
 constexpr std::size_t kCount = 65536;  // 256 KiB of float32 each
 
 std::unique_ptr<Bucketer> make_bucketer(const BucketerOptions& options) {
-  std::vector<GradientSpec> specs;
-  for (std::size_t i = 0; i < kGradients; ++i) specs.push_back({"g" + std::to_string(i), kCount});
+  std::vector<ParameterSpec> specs;
+  for (std::size_t i = 0; i < kGradients; ++i)
+    specs.push_back({"g" + std::to_string(i), "", kCount});
   return std::make_unique<Bucketer>(std::move(specs), options);
 }
 

@@ -18,10 +18,11 @@ namespace loom {
 class PinnedPool;
 struct NodeTiming;
 
-/// @brief One gradient the Bucketer reduces. Gradients are given in registration order (the
-/// order the model declared its parameters).
-struct GradientSpec {
-  std::string name;
+/// @brief One parameter whose gradient is bucketed and averaged, in the model's registration
+/// order: the one descriptor the Bucketer, the GradientReducer and DataParallelStep share.
+struct ParameterSpec {
+  std::string name;    ///< "layers.2.self_attn.in_proj_weight"
+  std::string module;  ///< the module that registers it: "layers.2.self_attn" ("" for the root)
   std::size_t count = 0;
   DType dtype = DType::float32;
   Device device = Device::cpu();
@@ -132,7 +133,7 @@ class Bucketer {
   /// duplicate names, storage on some gradients but not others, storage that does not match
   /// its spec, a zero cap) or ErrorCode::unsupported (device memory, compression of a
   /// non-float32 gradient, average of an integer gradient), naming the gradient.
-  explicit Bucketer(std::vector<GradientSpec> gradients, BucketerOptions options = {});
+  explicit Bucketer(std::vector<ParameterSpec> gradients, BucketerOptions options = {});
   ~Bucketer();
   Bucketer(Bucketer&&) noexcept;
   Bucketer& operator=(Bucketer&&) noexcept;
@@ -141,13 +142,13 @@ class Bucketer {
 
   /// @brief The assignment rule alone: buckets of `gradients` taken in `order` (indices into
   /// gradients; a permutation), against the caps and split setting of `options`.
-  static std::vector<Bucket> assign(std::span<const GradientSpec> gradients,
+  static std::vector<Bucket> assign(std::span<const ParameterSpec> gradients,
                                     std::span<const std::size_t> order,
                                     const BucketerOptions& options);
 
   const std::vector<Bucket>& buckets() const noexcept;
   std::size_t num_gradients() const noexcept;
-  const GradientSpec& spec(std::size_t gradient) const;
+  const ParameterSpec& spec(std::size_t gradient) const;
   const BucketerOptions& options() const noexcept;
   /// @brief Whether gradients are views into their buckets (loom owns the memory).
   bool gradients_are_views() const noexcept;

@@ -19,14 +19,6 @@
 
 namespace loom {
 
-/// @brief One parameter whose gradient the reducer averages, in the model's registration order.
-struct ParameterSpec {
-  std::string name;    ///< "layers.2.self_attn.in_proj_weight"
-  std::string module;  ///< the module that registers it: "layers.2.self_attn" ("" for the root)
-  std::size_t count = 0;
-  DType dtype = DType::float32;
-};
-
 /// @brief The issue order IssuePriority::forward gives `buckets` (filled from gradients of
 /// `bytes` each): the order ByteScheduler's priority queue would issue them in on a wire
 /// carrying one bucket at a time, if the gradients became ready at a uniform rate per byte in
