@@ -49,15 +49,15 @@ def test_fixed_plans_stay_available_and_profile_false_means_ddps_cap(world):
     model, _ = fresh("mlp")
     net, _ = loom_torch.parallelize(model, OPTIMIZERS["sgd"](model.parameters()),
                                     bucket_cap_mb=0.002)
-    assert not net._loom.automatic and net._loom.plan.bucket_cap_mb == pytest.approx(0.002, rel=1e-3)
+    assert not net.status().planning and net.reducer_plan.bucket_cap_mb == pytest.approx(0.002, rel=1e-3)
     model, _ = fresh("mlp")
     net, _ = loom_torch.parallelize(model, OPTIMIZERS["sgd"](model.parameters()),
                                     profile=False)
-    assert not net._loom.automatic and not net._loom.profiling
+    assert not net.status().planning and not net.status().profiling
     model, _ = fresh("mlp")
     net, _ = loom_torch.parallelize(model, OPTIMIZERS["sgd"](model.parameters()),
                                     defer_updates=True)
-    assert not net._loom.automatic  # DDP's semantics: DDP's 25 MiB cap
+    assert not net.status().planning  # DDP's semantics: DDP's 25 MiB cap
     with pytest.raises(ValueError, match="defer_updates=True give a bucket cap"):
         loom_torch.parallelize(model, OPTIMIZERS["sgd"](model.parameters()),
                                bucket_cap_mb="auto", defer_updates=True)
@@ -65,9 +65,9 @@ def test_fixed_plans_stay_available_and_profile_false_means_ddps_cap(world):
 
 def slots(net):
     """Each trained parameter's .grad is its slot in loom's bucket memory."""
-    engine = net._loom
+    params = [p for p in net.module.parameters() if p.requires_grad]
     return [p.grad is not None and p.grad.data_ptr() == v.data_ptr()
-            for p, v in zip(engine.params, engine.views)]
+            for p, v in zip(params, net.gradient_slots())]
 
 
 @pytest.mark.parametrize("zero", ["opt", "opt-in-place", "net-in-place", "model", "model-in-place"])
@@ -113,7 +113,8 @@ def test_gradient_as_bucket_view_false_keeps_gradients_apart(world):
         opt.step()
     net.synchronize()
     assert not any(slots(net))
-    for p, v in zip(net._loom.params, net._loom.views):
+    for p, v in zip([p for p in net.module.parameters() if p.requires_grad],
+                    net.gradient_slots()):
         torch.testing.assert_close(p.grad, v)  # the average, copied
 
 

@@ -113,7 +113,7 @@ def test_a_read_after_step_sees_the_updated_weights(world, read):
         loss.backward()
         before = snapshot(torch.nn.Module.parameters(model))
         opt.step()
-        pending = net._loom.updates_pending
+        pending = net.status().updates_pending
         got = read(model, net, x)
         net.synchronize()
         if not pending:

@@ -64,15 +64,14 @@ def test_priority_orders_identically_on_every_rank_and_keeps_the_numerics(world,
                                priority=priority)
     net.synchronize()
     plan, buckets = net.plan()
-    reducer = net._loom.reducer
-    order = reducer.bucket_issue_order()
+    order = net.bucket_issue_order()
     assert sorted(order) == list(range(len(buckets))), order
     if priority == "forward":  # partitioned by default with a limited wire
         assert "forward priority" in plan and "partition" in plan, plan
     else:
         assert "priority" not in plan and "partition" not in plan, plan
         assert order == list(range(len(buckets))), order
-    names = reducer.issue_order()
+    names = net.collective_issue_order()
     assert names == ["bucket%d.allreduce" % b for b in order], names
     everyone = [None] * n
     dist.all_gather_object(everyone, names, group=gloo)
@@ -359,7 +358,7 @@ def test_auto_plan_keeps_the_numerics_and_every_rank_ends_on_the_same_plan(world
     assert all(t["predicted_ms"] <= timed[0]["predicted_ms"] * margin for t in timed[1:]), chosen
     plan, buckets = net.plan()
     assert plan == chosen["plan"], (plan, chosen)
-    mine = (plan, buckets, net._loom.reducer.bucket_issue_order(), net._loom.reducer.issue_order(),
+    mine = (plan, buckets, net.bucket_issue_order(), net.collective_issue_order(),
             [(t["plan"], t["measured_ms"]) for t in timed])
     everyone = [None] * n
     dist.all_gather_object(everyone, mine, group=gloo)
@@ -586,7 +585,7 @@ def test_changes_between_backward_and_step_are_named_or_work_with_defer_updates(
         net, opt = loom_torch.parallelize(model, sgd(model), bucket_cap_mb=CAP_MB)
         with pytest.raises(RuntimeError, match=error):
             loop(net, opt, model, 0)
-        if net._loom.awaiting_step:
+        if net.status().awaiting_step:
             opt.step()
         net.synchronize()
     with pytest.raises(ValueError, match="with defer_updates=True give a bucket cap"):
@@ -606,7 +605,7 @@ def test_a_write_through_the_model_while_its_update_is_pending_is_named(world):
     loss.backward()
     opt.step()
     if rank == 0:
-        assert not all(net._loom.applied)  # nothing could land: every update still pending
+        assert not all(net.status().updates_applied)  # nothing could land: every update still pending
         with torch.no_grad():
             model.fc1.weight.mul_(0.5)
         with pytest.raises(RuntimeError, match="parameter\\(s\\) 'fc1.weight' were written "
@@ -874,7 +873,7 @@ def test_wrapped_models_pickle_and_copy_without_the_wrapper(world):
     ema = copy.deepcopy(model)  # an EMA copy: its forward is not the wrapper's business
     with torch.no_grad():
         ema(x)
-    assert not net._loom.awaiting_step
+    assert not net.status().awaiting_step
 
 
 def test_replacing_a_gradient_between_backward_and_step_is_named(world):
@@ -974,7 +973,7 @@ def test_a_backward_that_fails_on_one_rank_leaves_every_rank_identical(world):
             hook.remove()
             with pytest.raises(ValueError, match="skips the batch"):
                 F.cross_entropy(out, y).backward()
-            assert net._loom.in_backward  # the step began: its end never ran
+            assert net.status().in_backward  # the step began: its end never ran
             continue
         F.cross_entropy(net(x), y).backward()
         opt.step()

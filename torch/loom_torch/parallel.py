@@ -380,6 +380,36 @@ class ParallelModule(torch.nn.Module):
         self._loom.synchronize()
         return self._loom.reducer.explain()
 
+    def status(self):
+        """Where the wrapper is in its step, for code that must know (a read-only snapshot):
+        in_backward (a backward began and has not ended), awaiting_step (a backward ended and
+        its opt.step() has not run; never with defer_updates=True), updates_pending
+        (opt.step() left updates to land in the next forward), updates_applied (per update
+        group, whether this step's update was applied), planning (bucket_cap_mb="auto" has not
+        decided yet) and profiling."""
+        engine = self._loom
+        return types.SimpleNamespace(
+            in_backward=engine.in_backward, awaiting_step=engine.awaiting_step,
+            updates_pending=engine.updates_pending, updates_applied=list(engine.applied),
+            planning=engine.automatic or engine.reducer.timing_plans(),
+            profiling=engine.profiling)
+
+    def bucket_issue_order(self):
+        """The buckets (indices, as net.plan() lists their sizes) in the order their
+        allreduces are issued, the same on every rank."""
+        return self._loom.reducer.bucket_issue_order()
+
+    def collective_issue_order(self):
+        """The step's collective nodes by name ("bucket3.allreduce", ...) in the order they
+        are issued, as net.dump_dot() and the trace name them."""
+        return self._loom.reducer.issue_order()
+
+    def gradient_slots(self):
+        """Each parameter's slot in loom's bucket memory (tensors shaped like the parameters,
+        in registration order): the average lands there; with gradient_as_bucket_view, .grad
+        is the slot itself once handed over."""
+        return list(self._loom.views)
+
     @property
     def reducer_plan(self):
         """The plan in force, a loom_torch._C.ReducerPlan (a copy): parallelize's bucket_cap_mb,
