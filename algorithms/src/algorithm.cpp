@@ -3,6 +3,7 @@
 #include "loom/algorithm.hpp"
 
 #include <limits>
+#include <utility>
 
 #include "algorithms.hpp"
 #include "loom/algorithm_selector.hpp"
@@ -73,21 +74,61 @@ bool run_trivially(Backend& backend, const CollectiveArgs& a) {
   }
 }
 
-// The state machine of `algorithm` for `args`, started (the caller records it).
-std::unique_ptr<Work> start_algorithm(Backend& backend, Algorithm algorithm,
-                                      const CollectiveArgs& args) {
-  backend.validate(args);
-  const algorithms::WorkLabel what(backend, algorithm, args);
-  if (const std::string why = cannot_run(algorithm, args, backend); !why.empty())
-    throw Error(
-        ErrorCode::unsupported,
-        what.where() + ": algorithm " + std::string(to_string(algorithm)) + " cannot run: " + why);
-  if (run_trivially(backend, args)) return std::make_unique<CompletedWork>(what.describe());
-
+// The state machine of `algorithm` for `args`, which Backend::validate accepted and which
+// cannot_run allows, started (the caller records it).
+std::unique_ptr<Work> start_runnable(Backend& backend, Algorithm algorithm,
+                                     const CollectiveArgs& args) {
+  if (run_trivially(backend, args))
+    return std::make_unique<CompletedWork>(
+        algorithms::WorkLabel(backend, algorithm, args).describe());
   return find_algorithm(algorithm)->implementation(args.op)->start(backend, args);
 }
 
+// start_runnable for arguments nobody has checked yet: validated, then refused with
+// ErrorCode::unsupported where cannot_run says why.
+std::unique_ptr<Work> start_algorithm(Backend& backend, Algorithm algorithm,
+                                      const CollectiveArgs& args) {
+  backend.validate(args);
+  if (const std::string why = cannot_run(algorithm, args, backend); !why.empty())
+    throw Error(ErrorCode::unsupported, algorithms::WorkLabel(backend, algorithm, args).where() +
+                                            ": algorithm " + std::string(to_string(algorithm)) +
+                                            " cannot run: " + why);
+  return start_runnable(backend, algorithm, args);
+}
+
+// `start()` (the algorithm's Work) recorded in the backend's flight recorder and on its rank
+// board as `name`, as the backend records its own asynchronous calls.
+template <class Start>
+std::unique_ptr<Work> record_algorithm(Backend& backend, Algorithm algorithm,
+                                       const CollectiveArgs& args, std::string_view name,
+                                       Backend::OperationRecord* operation, Start&& start) {
+  Backend::OperationRecord record;
+  return backend.start_recorded({name, to_string(args.op), args.send.dtype(), args.send.count(),
+                                 to_string(algorithm), -1, true},
+                                operation ? *operation : record, std::forward<Start>(start));
+}
+
 }  // namespace
+
+namespace algorithms {
+
+std::unique_ptr<Work> start_chosen(Backend& backend, Algorithm algorithm,
+                                   const CollectiveArgs& args, std::string_view name,
+                                   Backend::OperationRecord* operation) {
+  // native: the backend's recorded call validates the arguments (its only check).
+  if (algorithm == Algorithm::native) return backend.collective_async(args, name, operation);
+  return record_algorithm(backend, algorithm, args, name, operation, [&] {
+    backend.validate(args);
+    return start_runnable(backend, algorithm, args);
+  });
+}
+
+void run_chosen(Backend& backend, Algorithm algorithm, const CollectiveArgs& args) {
+  if (algorithm == Algorithm::native) return backend.collective(args);
+  start_chosen(backend, algorithm, args, {}, nullptr)->wait();
+}
+
+}  // namespace algorithms
 
 Algorithm algorithm_for_transport(const CollectiveArgs& args, const Backend& backend) {
   if (args.op == Collective::alltoall || args.op == Collective::barrier) return Algorithm::native;
@@ -111,8 +152,10 @@ Algorithm algorithm_for_transport(const CollectiveArgs& args, const Backend& bac
 }
 
 std::unique_ptr<Work> start_on_algorithms(Backend& backend, const CollectiveArgs& args) {
+  // The backend validated `args` before calling here, and algorithm_for_transport chose among
+  // the algorithms cannot_run allows: neither check is made again.
   const Algorithm algorithm = algorithm_for_transport(args, backend);
-  if (algorithm != Algorithm::native) return start_algorithm(backend, algorithm, args);
+  if (algorithm != Algorithm::native) return start_runnable(backend, algorithm, args);
   const algorithms::WorkLabel what(backend, algorithm, args);
   std::unique_ptr<algorithms::ChannelWork> work;
   if (args.op == Collective::barrier) {
@@ -138,11 +181,8 @@ std::unique_ptr<Work> start_collective(Backend& backend, Algorithm algorithm,
                                        const CollectiveArgs& args, std::string_view name,
                                        Backend::OperationRecord* operation) {
   if (algorithm == Algorithm::native) return backend.collective_async(args, name, operation);
-  Backend::OperationRecord record;
-  return backend.start_recorded({name, to_string(args.op), args.send.dtype(), args.send.count(),
-                                 to_string(algorithm), -1, true},
-                                operation ? *operation : record,
-                                [&] { return start_algorithm(backend, algorithm, args); });
+  return record_algorithm(backend, algorithm, args, name, operation,
+                          [&] { return start_algorithm(backend, algorithm, args); });
 }
 
 void run_collective(Backend& backend, Algorithm algorithm, const CollectiveArgs& args) {

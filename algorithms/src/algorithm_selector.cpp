@@ -513,4 +513,17 @@ AlgorithmChoice AlgorithmSelector::choose(const CollectiveArgs& args, const Back
   return {Algorithm::native, fallback + "native", 0};
 }
 
+std::unique_ptr<Work> AlgorithmSelector::start(Backend& backend, const CollectiveArgs& args,
+                                               AlgorithmChoice& choice, std::string_view name,
+                                               Backend::OperationRecord* operation) const {
+  choice = choose(args, backend);
+  return algorithms::start_chosen(backend, choice.algorithm, args, name, operation);
+}
+
+void AlgorithmSelector::run(Backend& backend, const CollectiveArgs& args,
+                            AlgorithmChoice& choice) const {
+  choice = choose(args, backend, TimingForm::blocking);
+  algorithms::run_chosen(backend, choice.algorithm, args);
+}
+
 }  // namespace loom

@@ -3,6 +3,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "loom/backend.hpp"
 #include "schedule_steps.hpp"
@@ -81,6 +82,19 @@ bool hierarchical_broadcast_schedule(const Topology& t, double n, MessageSchedul
 /// sending node (v - k)'s segment (`per_rank` bytes per rank of it) to leader v + 1, reduced on
 /// arrival when `reduces`.
 void leaders_ring_steps(MessageSchedule& s, const Topology& t, double per_rank, bool reduces);
+
+/// @brief Starts `args` with `algorithm`, which cannot_run allows for them (the selector chose
+/// it), recorded as start_collective records (`name`, `operation`), and returns its handle. The
+/// arguments are validated once, inside the record, as start_collective validates them (a bad
+/// call is a recorded failure); cannot_run is not evaluated again. native is the backend's
+/// recorded call (Backend::collective_async), whose own validation is that one. For
+/// AlgorithmSelector::start.
+std::unique_ptr<Work> start_chosen(Backend& backend, Algorithm algorithm,
+                                   const CollectiveArgs& args, std::string_view name,
+                                   Backend::OperationRecord* operation);
+/// @brief The blocking form, for AlgorithmSelector::run: native is the backend's blocking call
+/// (Backend::collective, validated there), an algorithm start_chosen(...)->wait().
+void run_chosen(Backend& backend, Algorithm algorithm, const CollectiveArgs& args);
 
 // The alltoall and barrier of a backend without collectives of its own (start_on_algorithms).
 std::unique_ptr<ChannelWork> pairwise_alltoall(Backend& b, const CollectiveArgs& a,

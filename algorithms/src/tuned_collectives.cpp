@@ -46,23 +46,23 @@ TunedCollectives::TunedCollectives(Backend& backend, TunedCollectivesOptions opt
 
 TunedCollectives::~TunedCollectives() = default;
 
-// The profiler's record of `args` with the last choice, started now; end_ns is set on completion.
-OperationRecord TunedCollectives::started(const CollectiveArgs& args) const {
+// The profiler's record of `args` with the last choice, started at `start_ns`; end_ns is set on
+// completion.
+OperationRecord TunedCollectives::started(const CollectiveArgs& args, std::int64_t start_ns) const {
   return {std::string(to_string(args.op)),
           std::string(to_string(args.op)),
           selection_bytes(args),
           _backend.world_size(),
           std::string(to_string(_last.algorithm)),
-          CommunicationProfiler::now_ns(),
+          start_ns,
           0};
 }
 
 std::unique_ptr<Work> TunedCollectives::collective_async(const CollectiveArgs& args) {
-  _last = _selector.choose(args, _backend);
-  if (!_profiler.enabled()) return start_collective(_backend, _last.algorithm, args);
-  OperationRecord record = started(args);
-  return std::make_unique<ProfiledWork>(start_collective(_backend, _last.algorithm, args),
-                                        _profiler, std::move(record));
+  if (!_profiler.enabled()) return _selector.start(_backend, args, _last);
+  const std::int64_t start_ns = CommunicationProfiler::now_ns();
+  std::unique_ptr<Work> work = _selector.start(_backend, args, _last);
+  return std::make_unique<ProfiledWork>(std::move(work), _profiler, started(args, start_ns));
 }
 
 std::unique_ptr<Work> TunedCollectives::allreduce_async(Buffer send, Buffer recv, ReduceOp op) {
@@ -70,10 +70,10 @@ std::unique_ptr<Work> TunedCollectives::allreduce_async(Buffer send, Buffer recv
 }
 
 void TunedCollectives::collective(const CollectiveArgs& args) {
-  _last = _selector.choose(args, _backend, TimingForm::blocking);
-  if (!_profiler.enabled()) return run_collective(_backend, _last.algorithm, args);
-  OperationRecord record = started(args);
-  run_collective(_backend, _last.algorithm, args);
+  if (!_profiler.enabled()) return _selector.run(_backend, args, _last);
+  const std::int64_t start_ns = CommunicationProfiler::now_ns();
+  _selector.run(_backend, args, _last);
+  OperationRecord record = started(args, start_ns);
   record.end_ns = CommunicationProfiler::now_ns();
   _profiler.record(std::move(record));
 }

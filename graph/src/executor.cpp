@@ -157,12 +157,22 @@ std::unique_ptr<Work> Executor::Impl::start_operation(std::uint32_t i) {
     throw Error(ErrorCode::internal, "start_operation on a compute node");
   // The selector decides now, at execution: every rank decides alike (same sizes, world,
   // tuning file and overrides; compile checked that they agree), so every rank runs the same
-  // algorithm.
-  AlgorithmChoice choice = algorithms.selector.choose(c, backend);
-  algorithms.algorithm_of[i] = choice.algorithm;
-  algorithms.reason_of_collective[static_cast<std::size_t>(plan.issue_index[i])] =
-      std::move(choice.reason);
-  return start_collective(backend, choice.algorithm, c, node.name, &operation);
+  // algorithm. What it chose is kept whether or not the start succeeds.
+  AlgorithmChoice choice;
+  auto keep_choice = [&] {
+    algorithms.algorithm_of[i] = choice.algorithm;
+    algorithms.reason_of_collective[static_cast<std::size_t>(plan.issue_index[i])] =
+        std::move(choice.reason);
+  };
+  std::unique_ptr<Work> work;
+  try {
+    work = algorithms.selector.start(backend, c, choice, node.name, &operation);
+  } catch (...) {
+    keep_choice();
+    throw;
+  }
+  keep_choice();
+  return work;
 }
 
 // Runs under the node's sequencer lock, on the thread that made the node's turn come.

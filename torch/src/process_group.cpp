@@ -441,13 +441,13 @@ std::unique_ptr<Work> ProcessGroupLoom::start(const CollectiveArgs& args, std::s
     std::lock_guard lock(_device_mutex);
     return start_collective(*_device_backend, Algorithm::native, args, name);
   }
-  const AlgorithmChoice choice = _selector.choose(args, *_backend);
   // The backend records it (flight recorder, rank board), as it does the executor's: the
   // collective_seq_id counts this backend's collectives, the same on every rank.
-  std::unique_ptr<Work> work = start_collective(*_backend, choice.algorithm, args, name);
+  AlgorithmChoice choice;
+  std::unique_ptr<Work> work = _selector.start(*_backend, args, choice, name);
   {
     std::lock_guard lock(_choice_mutex);
-    _last_choice = choice;
+    _last_choice = std::move(choice);
   }
   return work;
 }

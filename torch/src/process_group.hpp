@@ -29,8 +29,9 @@ namespace loom::torch {
 /// for cpu and cuda, so that torch's dispatcher (functional collectives, DTensor, DeviceMesh)
 /// reaches it through ProcessGroup::getBackend.
 ///
-/// Every collective is started through the algorithm the AlgorithmSelector picks (LOOM_TUNING_FILE,
-/// LOOM_<COLL> ranges) with loom::start_collective and handed to one ProgressEngine, which
+/// Every collective on host tensors is started with the algorithm the AlgorithmSelector picks
+/// (LOOM_TUNING_FILE, LOOM_<COLL> ranges) by AlgorithmSelector::start, one on device tensors by
+/// the device backend's own call, and each is handed to one ProgressEngine, which
 /// completes the returned LoomWork: no thread waits per operation. gather, scatter and the
 /// uneven all-to-alls, which loom has no collective for, are point-to-point exchanges on the
 /// backend's private channel, recorded as one collective each. Bad input throws loom::Error

@@ -6,8 +6,10 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -77,6 +79,24 @@ class AlgorithmSelector {
   /// a table timed in one form only serves both.
   AlgorithmChoice choose(const CollectiveArgs& args, const Backend& backend,
                          TimingForm form = TimingForm::asynchronous) const;
+
+  /// @brief Chooses the algorithm of `args` on `backend` (choose(), asynchronous form) into
+  /// `choice`, starts it and returns its handle: the one way the executor, the torch process
+  /// group and TunedCollectives start a collective. `choice` is written before the start, so it
+  /// names the algorithm also when the start throws. Recorded as start_collective records (in
+  /// the backend's flight recorder as `name`, empty: the collective's name, with the algorithm;
+  /// `operation`, when given, receives its record). The call is validated once, by
+  /// Backend::validate inside that record: a bad call throws the backend's named loom::Error
+  /// and is recorded as failed. The chosen algorithm's cannot_run, which choose() evaluated, is
+  /// not evaluated again.
+  std::unique_ptr<Work> start(Backend& backend, const CollectiveArgs& args, AlgorithmChoice& choice,
+                              std::string_view name = {},
+                              Backend::OperationRecord* operation = nullptr) const;
+  /// @brief The blocking form: chooses for TimingForm::blocking into `choice` (written before
+  /// the call), then performs `args` and returns when it is done, as run_collective does (native:
+  /// the backend's blocking call, Backend::collective; an algorithm: started as start() starts
+  /// it, then waited for). Validated once alike.
+  void run(Backend& backend, const CollectiveArgs& args, AlgorithmChoice& choice) const;
 
   /// @brief The model's time in seconds of `algorithm` for `collective` on `bytes` (the
   /// size of the buffer the *_async call gets as send; allgather: the gathered buffer) over

@@ -3,6 +3,7 @@
 // reported to a profiler, with pinned staging memory from a PinnedPool.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 
@@ -64,7 +65,7 @@ class TunedCollectives {
   Backend& backend() noexcept { return _backend; }
 
  private:
-  OperationRecord started(const CollectiveArgs& args) const;
+  OperationRecord started(const CollectiveArgs& args, std::int64_t start_ns) const;
 
   Backend& _backend;
   TunedCollectivesOptions _options;
