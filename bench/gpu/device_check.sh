@@ -114,6 +114,10 @@ run() {
     -m pytest -x -q -p no:cacheprovider test_cuda.py
   t torch_nccl_ws1 300 python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
     "$R/bench/gpu/torch_nccl_overhead.py" --json "$O/torch_nccl_ws1.json"
+  # The transformer step on CUDA, 2 ranks sharing the GPU: parallelize (staged through loom's
+  # host buckets) against DDP on Gloo, interleaved.
+  t torch_parallelize_cuda.np2 300 $MR -x PYTHONPATH -x LOOM_TIMEOUT_S -x UCX_MODULE_DIR -np 2 \
+    python3 "$R/bench/gpu/torch_parallelize_cuda.py" --json "$O/torch_parallelize_cuda.json"
   cd "$B/bin"
   echo "=== SUMMARY"; printf '%s\n' "${SUMMARY[@]}"
 }

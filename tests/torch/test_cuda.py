@@ -188,3 +188,38 @@ def test_input_kept_alive_while_read(world, loom_backend):
         # The staged path copies the input to the host before the call returns: its hold
         # cannot matter, and the test says so rather than pass for the wrong reason.
         pytest.skip("staged path: the input is on the host before the call returns")
+
+
+# parallelize on a CUDA model: the gradients staged through loom's host buckets (ready() copies
+# each in after torch's current stream; the average is copied back into .grad on it), against
+# DDP on Gloo with the same CUDA model, data and buckets. Ranks sharing one GPU time-slice it.
+@needs_gpu
+@pytest.mark.parametrize("name,optimizer", [("mlp", "sgd"), ("encoder", "adam"),
+                                            ("gpt", "adamw")])
+@pytest.mark.parametrize("defer", [False, True], ids=["overlapped", "defer_updates"])
+def test_parallelize_a_cuda_model_like_ddp(world, name, optimizer, defer):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from helpers import CAP_MB, OPTIMIZERS, assert_like_ddp, data, fresh, loss_of
+    rank, n, gloo = world
+    torch.cuda.set_device(device())
+
+    def run(use_loom):
+        model, kind = fresh(name)
+        model = model.to(device())
+        opt = OPTIMIZERS[optimizer](model.parameters())
+        if use_loom:
+            net, opt = loom_torch.parallelize(model, opt, bucket_cap_mb=CAP_MB,
+                                              first_bucket_mb=CAP_MB, defer_updates=defer)
+        else:
+            net = DDP(model, process_group=gloo, bucket_cap_mb=CAP_MB)
+        for step in range(6):
+            x, y = data(kind, rank, step)
+            opt.zero_grad()
+            loss_of(kind, net(x.to(device())), y.to(device())).backward()
+            opt.step()
+        if use_loom:
+            net.synchronize()
+            assert all(p.grad is None or p.grad.is_cuda for p in model.parameters())
+        return model
+
+    assert_like_ddp(run(True), run(False), gloo, n)

@@ -249,6 +249,18 @@ def test_parallelize_arguments_are_the_typed_plan_field_for_field(world):
     assert search.caps_mb == [1.0, 2.0, 4.0, 10.0, 25.0, 50.0]
 
 
+def test_a_model_on_another_device_or_on_two_devices_is_named(world):
+    # CUDA models are staged through host buckets (tests/torch/test_cuda.py); others are named.
+    meta = torch.nn.Linear(4, 4, device="meta")
+    with pytest.raises(ValueError, match="parameter 'weight' is on meta; parallelize trains "
+                                         "parameters on the CPU or on a CUDA device"):
+        loom_torch.parallelize(meta, torch.optim.SGD(meta.parameters(), lr=0.1))
+    mixed = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4, device="meta"))
+    with pytest.raises(ValueError, match="the trained parameters are on cpu and meta; "
+                                         "parallelize wraps a model on one device"):
+        loom_torch.parallelize(mixed, torch.optim.SGD(mixed.parameters(), lr=0.1))
+
+
 def test_a_parameter_without_gradient_is_named_without_find_unused(world):
     rank, n, gloo = world
     torch.manual_seed(0)

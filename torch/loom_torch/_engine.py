@@ -54,7 +54,10 @@ class _Engine(_Planning, _Updates, _Join):
         # memory once handed over (autograd then accumulates into the bucket itself), not a
         # tensor beside it; a parameter whose memory is not contiguous keeps its own .grad (the
         # slot is contiguous, and .grad's layout follows the parameter's).
-        self.as_bucket_view = [gradient_as_bucket_view and p.is_contiguous() for p in self.params]
+        # A CUDA parameter's slot is in the host bucket: its .grad stays on its device, the
+        # average copied in (staged, as DDP on Gloo does with CUDA tensors).
+        self.as_bucket_view = [gradient_as_bucket_view and p.is_contiguous()
+                               and p.device.type == "cpu" for p in self.params]
         # join(divide_by_initial_world_size=False): world / ranks training, for the step in
         # progress (its updates may land in the next forward) and for the next one.
         self.grad_scale = self.next_scale = 1.0

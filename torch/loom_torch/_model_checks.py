@@ -12,10 +12,14 @@ def _local_problem(model):
     trained = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     if not trained:
         return "parallelize: the model has no parameter that requires grad"
+    devices = sorted({str(p.device) for _, p in trained})
+    if len(devices) > 1:
+        return ("parallelize: the trained parameters are on %s; parallelize wraps a model on one "
+                "device, as DDP does (move it with .to(device) first)" % " and ".join(devices))
     for name, p in trained:
-        if p.device.type != "cpu":
-            return ("parallelize: parameter '%s' is on %s; loom_torch.parallelize reduces CPU "
-                    "parameters only so far" % (name, p.device))
+        if p.device.type not in ("cpu", "cuda"):
+            return ("parallelize: parameter '%s' is on %s; parallelize trains parameters on the "
+                    "CPU or on a CUDA device" % (name, p.device))
         if not p.is_floating_point():
             return ("parallelize: parameter '%s' is %s; only floating-point parameters are "
                     "trained" % (name, p.dtype))

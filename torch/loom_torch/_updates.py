@@ -43,7 +43,8 @@ class _Updates:
                 continue  # as DDP: its .grad is left as it was
             p = self.params[i]
             if p.grad is None:
-                p.grad = self.views[i] if self.as_bucket_view[i] else self.views[i].clone()
+                p.grad = (self.views[i] if self.as_bucket_view[i]
+                          else self.views[i].to(p.device, copy=True))
             elif not missing_only and p.grad is not self.views[i]:
                 p.grad.copy_(self.views[i])
 
@@ -172,7 +173,7 @@ class _Updates:
                 # zero_grad() or the user replaced .grad since backward: the average is lent
                 # for the update only.
                 swapped.append((p, grad))
-                p.grad = self.views[i]
+                p.grad = self.views[i] if p.device.type == "cpu" else self.views[i].to(p.device)
         groups = self.optimizer.param_groups
         # The groups as they were when backward began (a group added since gets nothing).
         narrowed = self.step_narrow[k]

@@ -42,14 +42,17 @@ class TorchReducer {
                   "GradientReducer: " + std::to_string(names.size()) + " names and " +
                       std::to_string(modules.size()) + " module names for " +
                       std::to_string(parameters.size()) + " parameters");
+    // The buckets are in host memory: a CUDA parameter's gradient is staged through its slot
+    // there (ready() copies it in after torch's current stream; the client copies the average
+    // back into .grad on that stream), as DDP on Gloo stages CUDA gradients.
     std::vector<ParameterSpec> specs;
     for (std::size_t p = 0; p < parameters.size(); ++p) {
       const at::Tensor& t = parameters[p];
       const std::string where = "parallelize: parameter '" + names[p] + "'";
-      if (!t.device().is_cpu())
+      if (!t.device().is_cpu() && !t.device().is_cuda())
         throw Error(ErrorCode::unsupported,
                     where + " is on " + t.device().str() +
-                        ": loom_torch.parallelize reduces CPU parameters only so far");
+                        ": parallelize trains parameters on the CPU or on a CUDA device");
       specs.push_back({names[p], modules[p], static_cast<std::size_t>(t.numel()),
                        to_loom(t.scalar_type(), where)});
     }
@@ -72,39 +75,62 @@ class TorchReducer {
                   where +
                       " is sparse; parallelize reduces dense gradients (DDP's sparse "
                       "gradients are not supported)");
+    if (gradient.is_cuda()) {
+      // Staged: straight into the parameter's slot of the host bucket (a copy that waits for
+      // torch's current stream, where autograd produced the gradient), scaled there in place.
+      const at::Tensor slot = slot_of(p);
+      if (gradient.sizes() != slot.sizes() || gradient.scalar_type() != slot.scalar_type())
+        throw Error(ErrorCode::invalid_argument,
+                    where + " is " + std::string(c10::toString(gradient.scalar_type())) +
+                        c10::str(gradient.sizes()) + "; the parameter is " +
+                        std::string(c10::toString(slot.scalar_type())) + c10::str(slot.sizes()));
+      {
+        py::gil_scoped_release no_gil;
+        slot.copy_(gradient);
+      }
+      const Buffer buffer = to_buffer(slot, *_backend, where, "gradient");
+      py::gil_scoped_release no_gil;
+      _reducer->ready(p, buffer, used);
+      return;
+    }
     const at::Tensor dense = gradient.is_contiguous() ? gradient : gradient.contiguous();
     const Buffer buffer = to_buffer(dense, *_backend, where, "gradient");
     py::gil_scoped_release no_gil;
     _reducer->ready(p, buffer, used);
   }
 
+  /// Parameter p's slot in the host bucket, shaped like p (valid until the next replan()).
+  at::Tensor slot_of(std::size_t p) const {
+    const Buffer g = _reducer->gradient(p);
+    return at::from_blob(g.data(), _shapes[p], at::TensorOptions().dtype(scalar_type_of(p)));
+  }
+
   /// Parameter p's averaged gradient: a view of loom's bucket memory shaped like p, which
   /// keeps the reducer alive.
   at::Tensor gradient(std::size_t p, const std::shared_ptr<TorchReducer>& self) {
     const Buffer g = _reducer->gradient(p);
-    at::ScalarType type = at::kFloat;
-    switch (g.dtype()) {
+    return at::from_blob(
+        g.data(), _shapes[p], [keep = self](void*) mutable { keep.reset(); },
+        at::TensorOptions().dtype(scalar_type_of(p)));
+  }
+
+  at::ScalarType scalar_type_of(std::size_t p) const {
+    const DType dtype = _reducer->parameter(p).dtype;
+    switch (dtype) {
       case DType::float32:
-        type = at::kFloat;
-        break;
+        return at::kFloat;
       case DType::float64:
-        type = at::kDouble;
-        break;
+        return at::kDouble;
       case DType::float16:
-        type = at::kHalf;
-        break;
+        return at::kHalf;
       case DType::bfloat16:
-        type = at::kBFloat16;
-        break;
+        return at::kBFloat16;
       default:
         throw Error(ErrorCode::unsupported, "parallelize: parameter '" +
                                                 _reducer->parameter(p).name + "' is " +
-                                                std::string(to_string(g.dtype())) +
+                                                std::string(to_string(dtype)) +
                                                 "; only floating-point parameters are trained");
     }
-    return at::from_blob(
-        g.data(), _shapes[p], [keep = self](void*) mutable { keep.reset(); },
-        at::TensorOptions().dtype(type));
   }
 
   std::string with_rank(const std::string& path) const {
