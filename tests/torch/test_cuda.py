@@ -223,3 +223,55 @@ def test_parallelize_a_cuda_model_like_ddp(world, name, optimizer, defer):
         return model
 
     assert_like_ddp(run(True), run(False), gloo, n)
+
+
+# Mixed precision on a CUDA model: bf16 autocast with the updates overlapped, and fp16 autocast
+# with a GradScaler (defer_updates=True: its found_inf is known only after the whole backward),
+# as close to DDP on Gloo as DDP with other buckets is to itself, the scaler skipping the same
+# steps under both.
+@needs_gpu
+@pytest.mark.parametrize("precision", ["bf16", "fp16_grad_scaler"])
+def test_parallelize_a_cuda_model_under_autocast_like_ddp(world, precision):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from helpers import (CAP_MB, OPTIMIZERS, assert_as_close_as_ddp_to_itself, data, flat, fresh,
+                         loss_of)
+    rank, n, gloo = world
+    torch.cuda.set_device(device())
+    fp16 = precision == "fp16_grad_scaler"
+
+    def run(use_loom, cap_mb=CAP_MB):
+        model, kind = fresh("encoder")
+        model = model.to(device())
+        opt = OPTIMIZERS["adam"](model.parameters())
+        if use_loom:
+            net, opt = loom_torch.parallelize(model, opt, bucket_cap_mb=cap_mb,
+                                              first_bucket_mb=cap_mb, defer_updates=fp16)
+        else:
+            net = DDP(model, process_group=gloo, bucket_cap_mb=cap_mb)
+        scaler = torch.amp.GradScaler("cuda", init_scale=2.0 ** 20, growth_interval=3)
+        skipped = []
+        for step in range(8):
+            x, y = data(kind, rank, step)
+            opt.zero_grad()
+            with torch.autocast("cuda", dtype=torch.float16 if fp16 else torch.bfloat16):
+                loss = loss_of(kind, net(x.to(device())), y.to(device()))
+            if fp16:
+                scaler.scale(loss).backward()
+                scale = scaler.get_scale()
+                scaler.step(opt)
+                scaler.update()
+                skipped.append(scaler.get_scale() < scale)
+            else:
+                loss.backward()
+                opt.step()
+        if use_loom:
+            net.synchronize()
+        return flat(model), skipped
+
+    loom, loom_skipped = run(True)
+    ddp, ddp_skipped = run(False)
+    other, _ = run(False, cap_mb=1.0)
+    assert loom_skipped == ddp_skipped
+    if fp16:
+        assert ddp_skipped[0], ddp_skipped  # the first steps overflowed at 2**20
+    assert_as_close_as_ddp_to_itself(loom, ddp, other, gloo, n)
