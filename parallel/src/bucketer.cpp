@@ -161,6 +161,10 @@ struct Bucketer::State {
   std::vector<Buffer> bucket_memory;   // per bucket: full precision (empty: copy mode, compressed)
   std::vector<Buffer> wire;            // per bucket: what the allreduce reduces
   std::vector<Buffer> gradient_views;  // per gradient (views only)
+  std::vector<Buffer> parameter_memory;  // per bucket (parameter_memory only)
+  std::vector<Buffer> parameter_views;   // per gradient (parameter_memory only)
+  // Per bucket, compressing with shard_multiple > 1: the 16-bit shard a reduce-scatter lands in.
+  std::vector<Buffer> shard_wire;
 
   PinnedPool& pool() const { return options.pool ? *options.pool : *own_pool; }
   Buffer acquire(std::size_t count, DType dtype) {
@@ -186,37 +190,51 @@ void Bucketer::State::assign(std::span<const std::size_t> order) {
   bucket_memory.clear();
   wire.clear();
   gradient_views.clear();
+  parameter_memory.clear();
+  parameter_views.clear();
+  shard_wire.clear();
   blocks.clear();
   buckets = std::move(fresh);
   bucket_memory.resize(buckets.size());
   wire.resize(buckets.size());
   if (views) {
-    // One arena per dtype and device holding its buckets back to back in bucket order: a
-    // gradient split across consecutive buckets of its group is then still contiguous.
+    // One arena per dtype and device holding its buckets (padded) back to back in bucket
+    // order: a gradient split across consecutive buckets of its group is then still contiguous
+    // (a split bucket needs no padding). The parameters' memory, if asked for, is laid out
+    // alike.
     std::map<GroupKey, std::size_t> group_count;
-    for (const Bucket& b : buckets) group_count[key_of(b.dtype, b.device)] += b.count;
-    std::map<GroupKey, std::pair<Buffer, std::size_t>> arena;  // memory, next free element
-    for (const auto& [key, count] : group_count)
-      arena[key] = {acquire(count, static_cast<DType>(std::get<0>(key))), 0};
-    gradient_views.assign(gradients.size(), Buffer{});
-    for (std::size_t b = 0; b < buckets.size(); ++b) {
-      auto& [memory, next] = arena[key_of(buckets[b].dtype, buckets[b].device)];
-      bucket_memory[b] = memory.slice(next, buckets[b].count);
-      for (const BucketPiece& p : buckets[b].pieces)
-        if (p.offset == 0)
-          gradient_views[p.gradient] =
-              memory.slice(next + p.bucket_offset, gradients[p.gradient].count);
-      next += buckets[b].count;
-    }
+    for (const Bucket& b : buckets) group_count[key_of(b.dtype, b.device)] += b.padded_count;
+    const auto lay_out = [&](std::vector<Buffer>& per_bucket, std::vector<Buffer>& per_gradient) {
+      std::map<GroupKey, std::pair<Buffer, std::size_t>> arena;  // memory, next free element
+      for (const auto& [key, count] : group_count)
+        arena[key] = {acquire(count, static_cast<DType>(std::get<0>(key))), 0};
+      per_bucket.assign(buckets.size(), Buffer{});
+      per_gradient.assign(gradients.size(), Buffer{});
+      for (std::size_t b = 0; b < buckets.size(); ++b) {
+        auto& [memory, next] = arena[key_of(buckets[b].dtype, buckets[b].device)];
+        per_bucket[b] = memory.slice(next, buckets[b].padded_count);
+        for (const BucketPiece& p : buckets[b].pieces)
+          if (p.offset == 0)
+            per_gradient[p.gradient] =
+                memory.slice(next + p.bucket_offset, gradients[p.gradient].count);
+        next += buckets[b].padded_count;
+      }
+    };
+    lay_out(bucket_memory, gradient_views);
+    if (options.parameter_memory) lay_out(parameter_memory, parameter_views);
   }
   for (std::size_t b = 0; b < buckets.size(); ++b) {
     if (options.compression != Compression::none)
-      wire[b] = acquire(buckets[b].count, wire_dtype(options.compression, buckets[b].dtype));
+      wire[b] = acquire(buckets[b].padded_count, wire_dtype(options.compression, buckets[b].dtype));
     else if (views)
       wire[b] = bucket_memory[b];
     else
-      wire[b] = bucket_memory[b] = acquire(buckets[b].count, buckets[b].dtype);
+      wire[b] = bucket_memory[b] = acquire(buckets[b].padded_count, buckets[b].dtype);
   }
+  if (options.compression != Compression::none && options.shard_multiple > 1)
+    for (const Bucket& b : buckets)
+      shard_wire.push_back(acquire(b.padded_count / options.shard_multiple,
+                                   wire_dtype(options.compression, b.dtype)));
 }
 
 Bucketer::Bucketer(std::vector<ParameterSpec> gradients, BucketerOptions options)
@@ -226,6 +244,8 @@ Bucketer::Bucketer(std::vector<ParameterSpec> gradients, BucketerOptions options
     throw_invalid_argument("Bucketer: bucket_cap_bytes must be > 0");
   if (options.first_bucket_bytes == 0)
     throw_invalid_argument("Bucketer: first_bucket_bytes must be > 0");
+  if (options.shard_multiple == 0)
+    throw_invalid_argument("Bucketer: shard_multiple must be > 0 (1: no padding)");
   std::unordered_map<std::string, std::size_t> names;
   std::size_t with_storage = 0;
   for (std::size_t i = 0; i < gradients.size(); ++i) {
@@ -268,6 +288,10 @@ Bucketer::Bucketer(std::vector<ParameterSpec> gradients, BucketerOptions options
   _state->gradients = std::move(gradients);
   _state->options = options;
   _state->views = with_storage == 0;
+  if (options.parameter_memory && !_state->views)
+    throw_invalid_argument(
+        "Bucketer: parameter_memory is laid out as the gradients' views, but the gradients have "
+        "storage of their own");
   if (!options.pool) _state->own_pool = std::make_unique<PinnedPool>();
   std::vector<std::size_t> reverse(_state->gradients.size());
   for (std::size_t k = 0; k < reverse.size(); ++k) reverse[k] = reverse.size() - 1 - k;
@@ -284,13 +308,20 @@ std::vector<Bucket> Bucketer::assign(std::span<const ParameterSpec> gradients,
   check_permutation(order, gradients.size(), "Bucketer::assign: order");
   if (options.bucket_cap_bytes == 0 || options.first_bucket_bytes == 0)
     throw_invalid_argument("Bucketer::assign: bucket_cap_bytes and first_bucket_bytes must be > 0");
+  std::vector<Bucket> result;
+  const std::size_t multiple = std::max<std::size_t>(1, options.shard_multiple);
+  const auto close = [&](Bucket& bucket, std::size_t limit) {
+    bucket.limit_bytes = limit;
+    bucket.padded_count = (bucket.count + multiple - 1) / multiple * multiple;
+    result.push_back(std::move(bucket));
+    bucket = Bucket{};
+  };
   struct Group {
     Bucket open;
     bool closed_one = false;  // after the first bucket, the cap applies
   };
   std::map<GroupKey, Group> groups;
   std::vector<GroupKey> first_seen;
-  std::vector<Bucket> result;
   for (std::size_t g : order) {
     const ParameterSpec& spec = gradients[g];
     const GroupKey key = key_of(spec.dtype, spec.device);
@@ -308,15 +339,21 @@ std::vector<Bucket> Bucketer::assign(std::span<const ParameterSpec> gradients,
       std::size_t take = spec.count - offset;
       if (options.partition_large)  // at least one element, so a limit below one element progresses
         take = std::min(take, std::max<std::size_t>(1, (limit - open.bytes()) / element));
+      const bool split = take < spec.count - offset;
+      if (split && multiple > 1) {
+        // The gradient goes on in the next bucket: cut it where this bucket's count is a
+        // multiple (down if that leaves a piece, else up), so that no padding comes between.
+        std::size_t end = (open.count + take) / multiple * multiple;
+        if (end <= open.count) end = (open.count / multiple + 1) * multiple;
+        take = std::min(end - open.count, spec.count - offset);
+      }
       open.pieces.push_back({g, offset, take, open.count});
       open.count += take;
       offset += take;
       // DDP's rule: close once the bucket holds at least the limit (it may overshoot by the
-      // last gradient unless splitting).
-      if (open.bytes() >= limit) {
-        open.limit_bytes = limit;
-        result.push_back(std::move(open));
-        open = Bucket{};
+      // last gradient unless splitting); a split bucket closes where it was cut.
+      if (open.bytes() >= limit || (split && multiple > 1 && offset < spec.count)) {
+        close(open, limit);
         group.closed_one = true;
       }
     }
@@ -324,9 +361,7 @@ std::vector<Bucket> Bucketer::assign(std::span<const ParameterSpec> gradients,
   for (const GroupKey& key : first_seen) {
     Group& group = groups[key];
     if (group.open.pieces.empty()) continue;
-    group.open.limit_bytes =
-        group.closed_one ? options.bucket_cap_bytes : options.first_bucket_bytes;
-    result.push_back(std::move(group.open));
+    close(group.open, group.closed_one ? options.bucket_cap_bytes : options.first_bucket_bytes);
   }
   return result;
 }
@@ -360,12 +395,42 @@ Buffer Bucketer::gradient(std::size_t gradient) const {
   return _state->views ? _state->gradient_views[gradient] : g.storage;
 }
 
-Buffer Bucketer::wire_buffer(std::size_t bucket) const {
-  if (bucket >= _state->buckets.size())
+namespace {
+
+void check_bucket(std::size_t bucket, std::size_t buckets) {
+  if (bucket >= buckets)
     throw_invalid_argument("Bucketer: bucket #" + std::to_string(bucket) +
-                           " does not exist (there are " + std::to_string(_state->buckets.size()) +
-                           ")");
+                           " does not exist (there are " + std::to_string(buckets) + ")");
+}
+
+}  // namespace
+
+Buffer Bucketer::wire_buffer(std::size_t bucket) const {
+  check_bucket(bucket, _state->buckets.size());
   return _state->wire[bucket];
+}
+
+Buffer Bucketer::bucket_buffer(std::size_t bucket) const {
+  check_bucket(bucket, _state->buckets.size());
+  if (!_state->views)
+    throw_invalid_argument("Bucketer::bucket_buffer: the gradients have storage of their own");
+  return _state->bucket_memory[bucket];
+}
+
+Buffer Bucketer::parameter_values(std::size_t gradient) const {
+  spec(gradient);
+  if (!_state->options.parameter_memory)
+    throw_invalid_argument("Bucketer::parameter_values: no parameter memory "
+                           "(BucketerOptions::parameter_memory)");
+  return _state->parameter_views[gradient];
+}
+
+Buffer Bucketer::parameter_bucket(std::size_t bucket) const {
+  check_bucket(bucket, _state->buckets.size());
+  if (!_state->options.parameter_memory)
+    throw_invalid_argument("Bucketer::parameter_bucket: no parameter memory "
+                           "(BucketerOptions::parameter_memory)");
+  return _state->parameter_memory[bucket];
 }
 
 std::vector<std::size_t> Bucketer::buckets_of(std::size_t gradient) const {
@@ -433,19 +498,78 @@ std::vector<BucketTasks> Bucketer::attach(Graph& graph, std::span<const Task> pr
   const Compression compression = s.options.compression;
   const bool average = s.options.average;
   const double factor = average ? 1.0 / world_size : 1.0;
+  const bool scatter = !options.scatter_into.empty();
+  if (scatter) {
+    if (options.scatter_into.size() != n)
+      throw_invalid_argument("Bucketer::attach: scatter_into has " +
+                             std::to_string(options.scatter_into.size()) + " buffers for " +
+                             std::to_string(n) + " buckets");
+    if (s.options.shard_multiple != static_cast<std::size_t>(world_size))
+      throw_invalid_argument("Bucketer::attach: buckets are reduce-scattered over " +
+                             std::to_string(world_size) + " ranks but padded to a multiple of " +
+                             std::to_string(s.options.shard_multiple) +
+                             " (BucketerOptions::shard_multiple must be the world size)");
+    for (std::size_t b = 0; b < n; ++b) {
+      const Buffer& into = options.scatter_into[b];
+      const std::size_t shard = s.buckets[b].padded_count / s.options.shard_multiple;
+      if (into.count() != shard || into.dtype() != s.buckets[b].dtype || into.data() == nullptr ||
+          into.device() != s.buckets[b].device)
+        throw_invalid_argument(
+            "Bucketer::attach: scatter_into[" + std::to_string(b) + "] is " + into.describe() +
+            " but bucket " + std::to_string(b) + "'s shard is " +
+            std::string(to_string(s.buckets[b].dtype)) + "[" + std::to_string(shard) + "] on " +
+            to_string(s.buckets[b].device));
+    }
+  }
+  // A bucket reduce-scattered into `into`: packed (or cast, the average folded in) into its
+  // wire, then this rank's shard lands in `into` (cast back when compressed).
+  const auto add_scatter = [&](const std::string& name, std::size_t b, Buffer into,
+                               const CommOptions& comm, BucketTasks& tasks) {
+    const std::vector<Copy> copies = s.copies(b);
+    std::vector<Buffer> full;
+    for (const Copy& c : copies) full.push_back(c.full);
+    const Buffer wire = s.wire[b];
+    if (compression != Compression::none) {
+      const Buffer shard = s.shard_wire[b];
+      tasks.pack = graph.compute(name + ".pack", [copies, factor] { compress(copies, factor); },
+                                 {.reads = full, .writes = {wire}, .group = name});
+      tasks.reduce = graph.reduce_scatter(name + ".reduce_scatter", wire, shard, ReduceOp::sum,
+                                          comm);
+      tasks.unpack = graph.compute(
+          name + ".unpack",
+          [shard, into] {
+            kernels::cast(shard.data(), shard.dtype(), into.data(), into.dtype(), into.count());
+          },
+          {.reads = {shard}, .writes = {into}, .group = name});
+      return;
+    }
+    if (!s.views) {
+      const kernels::PackPlan plan = pack_plan(copies, name);
+      tasks.pack = graph.compute(
+          name + ".pack", [plan, wire] { kernels::pack(plan, bytes_of(wire)); },
+          {.reads = full, .writes = {wire}, .group = name});
+    }
+    tasks.reduce = graph.reduce_scatter(name + ".reduce_scatter", wire, into,
+                                        average ? ReduceOp::avg : ReduceOp::sum, comm);
+  };
   std::vector<BucketTasks> out(n);
   for (std::size_t b = 0; b < n; ++b) {
     const Bucket& bucket = s.buckets[b];
     const std::string name = options.prefix + std::to_string(b);
     const Buffer wire = s.wire[b];
     BucketTasks& tasks = out[b];
-    ReduceOp op = ReduceOp::sum;
-    if (compression != Compression::none || !s.views)
-      add_pack_and_unpack(graph, name, s.copies(b), wire, compression, factor, tasks);
-    else if (average)
-      op = ReduceOp::avg;  // views, no pack/unpack: the reduction divides
-    tasks.reduce =
-        graph.allreduce(name + ".allreduce", wire, op, {.priority = priority[b], .group = name});
+    const CommOptions comm{.priority = priority[b], .group = name};
+    if (scatter) {
+      add_scatter(name, b, options.scatter_into[b], comm, tasks);
+    } else {
+      ReduceOp op = ReduceOp::sum;
+      if (compression != Compression::none || !s.views)
+        add_pack_and_unpack(graph, name, s.copies(b), wire, compression, factor, tasks);
+      else if (average)
+        op = ReduceOp::avg;  // views, no pack/unpack: the reduction divides
+      // The padding (zero) is not reduced.
+      tasks.reduce = graph.allreduce(name + ".allreduce", wire.slice(0, bucket.count), op, comm);
+    }
     if (tasks.pack.valid()) tasks.pack.precede(tasks.reduce);
     if (tasks.unpack.valid()) tasks.reduce.precede(tasks.unpack);
     std::set<std::size_t> linked;

@@ -16,6 +16,7 @@
 #include "invalid_argument.hpp"
 #include "loom/error.hpp"
 #include "loom/kernels/reduce.hpp"
+#include "loom/pinned_pool.hpp"
 
 namespace loom {
 
@@ -157,6 +158,52 @@ UpdateGroups make_update_groups(const Bucketer& bucketer,
   return out;
 }
 
+UpdateGroups make_shard_groups(const Bucketer& bucketer,
+                               const std::vector<std::size_t>& issue_order) {
+  const std::size_t buckets = bucketer.buckets().size();
+  const std::size_t n = bucketer.num_gradients();
+  if (issue_order.size() != buckets)
+    invalid("make_shard_groups: an issue order of " + std::to_string(issue_order.size()) +
+            " buckets for " + std::to_string(buckets));
+  std::vector<std::size_t> position(buckets);
+  for (std::size_t k = 0; k < buckets; ++k) position[issue_order[k]] = k;
+  // Buckets sharing a parameter are one component (union-find).
+  std::vector<std::size_t> parent(buckets);
+  std::iota(parent.begin(), parent.end(), 0);
+  const auto root = [&](std::size_t b) {
+    while (parent[b] != b) b = parent[b] = parent[parent[b]];
+    return b;
+  };
+  std::vector<std::vector<std::size_t>> buckets_of(n);
+  for (std::size_t p = 0; p < n; ++p) {
+    buckets_of[p] = bucketer.buckets_of(p);
+    for (std::size_t b : buckets_of[p]) parent[root(b)] = root(buckets_of[p].front());
+  }
+  // Each component in issue order, placed where its last bucket is issued.
+  std::vector<std::vector<std::size_t>> members(buckets);
+  for (std::size_t k = 0; k < buckets; ++k) members[root(issue_order[k])].push_back(issue_order[k]);
+  std::vector<std::size_t> components;
+  for (std::size_t b = 0; b < buckets; ++b)
+    if (!members[b].empty()) components.push_back(b);
+  std::sort(components.begin(), components.end(), [&](std::size_t a, std::size_t b) {
+    return position[members[a].back()] < position[members[b].back()];
+  });
+  UpdateGroups out;
+  std::vector<std::size_t> group_of_root(buckets, 0);
+  for (std::size_t c : components) {
+    group_of_root[c] = out.buckets.size();
+    out.buckets.push_back(members[c]);
+    out.parameters.emplace_back();
+  }
+  out.group_of.assign(n, 0);
+  for (std::size_t p = 0; p < n; ++p) {
+    const std::size_t k = group_of_root[root(buckets_of[p].front())];
+    out.group_of[p] = k;
+    out.parameters[k].push_back(p);
+  }
+  return out;
+}
+
 struct GradientReducer::State {
   std::vector<ParameterSpec> parameters;
   Backend& backend;
@@ -164,8 +211,17 @@ struct GradientReducer::State {
   ExecutorOptions executor_options;
   double factor = 1.0;  // 1 / world size, applied as each gradient is copied in (as DDP)
 
-  // The compiled step (rebuilt by replan). The bucketer owns the memory the graph refers to.
+  // The compiled step (rebuilt by replan). The bucketer owns the memory the graph refers to;
+  // the pool (the bucketer's and the shards') outlives it.
+  std::unique_ptr<PinnedPool> pool = std::make_unique<PinnedPool>();
   std::unique_ptr<Bucketer> bucketer;
+  // Sharded plans: per bucket, the rank's shard of the averaged gradients (gradients level) and
+  // of the updated parameters (what the all-gather sends); per group, the rank's pieces; per
+  // bucket, the all-gather.
+  std::vector<PinnedBlock> shard_blocks;
+  std::vector<Buffer> gradient_shards, parameter_shards;
+  std::vector<std::vector<ShardPiece>> pieces;
+  std::vector<Task> gathers;
   Graph graph;
   std::unique_ptr<Executor> executor;
   std::vector<Task> gradient_nodes;  // per parameter
@@ -224,14 +280,45 @@ struct GradientReducer::State {
 
 void GradientReducer::State::build() {
   const std::size_t n = parameters.size();
+  const bool sharded = plan.shard != ShardLevel::none;
+  const std::size_t world = static_cast<std::size_t>(backend.world_size());
+  const std::size_t rank = static_cast<std::size_t>(backend.rank());
   BucketerOptions options;
   options.bucket_cap_bytes = plan.bucket_cap_bytes;
   options.first_bucket_bytes = plan.first_bucket_bytes;
   options.partition_large = plan.partition_large;
   options.compression = plan.compression;
   options.average = false;  // the 1 / world size is applied as each gradient is copied in
-  bucketer = std::make_unique<Bucketer>(parameters, options);
-  if (!plan.ready_order.empty()) bucketer->rebuild(plan.ready_order);
+  options.pool = pool.get();
+  options.shard_multiple = sharded ? world : 1;
+  options.parameter_memory = sharded;
+  auto fresh = std::make_unique<Bucketer>(parameters, options);
+  if (!plan.ready_order.empty()) fresh->rebuild(plan.ready_order);
+  // The parameters' values move with a replan (a sharded plan's memory is the parameters').
+  if (bucketer && bucketer->options().parameter_memory && sharded)
+    for (std::size_t p = 0; p < n; ++p) {
+      const Buffer from = bucketer->parameter_values(p), to = fresh->parameter_values(p);
+      std::memcpy(to.data(), from.data(), from.bytes());
+    }
+  executor.reset();  // the old executor refers to the old graph's memory
+  bucketer = std::move(fresh);
+  shard_blocks.clear();
+  gradient_shards.clear();
+  parameter_shards.clear();
+  pieces.clear();
+  gathers.clear();
+  const std::vector<Bucket>& all = bucketer->buckets();
+  const auto shard_memory = [&](const Bucket& b) {
+    const std::size_t count = b.padded_count / world;
+    PinnedBlock& block = shard_blocks.emplace_back(pool->acquire(count * dtype_size(b.dtype)));
+    std::memset(block.data(), 0, count * dtype_size(b.dtype));
+    return Buffer(block.data(), count, b.dtype);
+  };
+  if (sharded)
+    for (const Bucket& b : all) {
+      parameter_shards.push_back(shard_memory(b));
+      if (plan.shard == ShardLevel::gradients) gradient_shards.push_back(shard_memory(b));
+    }
 
   Graph g;
   gradient_nodes.clear();
@@ -240,9 +327,12 @@ void GradientReducer::State::build() {
   AttachOptions attach;
   attach.order = BucketOrder::bucket;  // every gradient node is a source: the plan orders
   attach.issue_order = planned_issue_order(bucketer->buckets(), parameters, plan);
+  attach.scatter_into = gradient_shards;
+  if (sharded) attach.priority_base = static_cast<int>(bucketer->buckets().size());
   bucket_tasks = bucketer->attach(g, gradient_nodes, backend.world_size(), attach);
   issue = attach.issue_order;
-  UpdateGroups update_groups = make_update_groups(*bucketer, issue);
+  UpdateGroups update_groups =
+      sharded ? make_shard_groups(*bucketer, issue) : make_update_groups(*bucketer, issue);
   groups = std::move(update_groups.parameters);
   group_buckets = std::move(update_groups.buckets);
   group_of = std::move(update_groups.group_of);
@@ -266,7 +356,61 @@ void GradientReducer::State::build() {
       update_nodes.push_back(update);
     }
   }
-  executor.reset();  // the old executor refers to the old graph's memory
+  if (sharded) {
+    gathers.assign(all.size(), Task{});
+    // The all-gathers are issued after every bucket's reduction (priorities below the
+    // reductions', which attach() raised by the bucket count: a gather that waits for its update must never
+    // hold up a reduction behind it in the collectives' fixed order, which with deferred
+    // updates would wait for ever), in the order the next forward needs their parameters.
+    std::vector<std::size_t> forward_position(n);
+    for (std::size_t k = 0; k < n; ++k)
+      forward_position[plan.forward_order.empty() ? k : plan.forward_order[k]] = k;
+    std::vector<std::size_t> first_needed(all.size(), n), by_need(all.size());
+    for (std::size_t b = 0; b < all.size(); ++b)
+      for (const BucketPiece& piece : all[b].pieces)
+        first_needed[b] = std::min(first_needed[b], forward_position[piece.gradient]);
+    std::iota(by_need.begin(), by_need.end(), 0);
+    std::stable_sort(by_need.begin(), by_need.end(), [&](std::size_t a, std::size_t b) {
+      return first_needed[a] < first_needed[b];
+    });
+    std::vector<int> priority(all.size());
+    for (std::size_t k = 0; k < by_need.size(); ++k)
+      priority[by_need[k]] = static_cast<int>(by_need.size() - k);
+    for (std::size_t k = 0; k < groups.size(); ++k) {
+      std::vector<ShardPiece>& mine = pieces.emplace_back();
+      for (std::size_t b : group_buckets[k]) {
+        const Bucket& bucket = all[b];
+        const std::size_t shard = bucket.padded_count / world;
+        const std::size_t lo = rank * shard, hi = lo + shard;
+        const Buffer values = bucketer->parameter_bucket(b);
+        for (const BucketPiece& piece : bucket.pieces) {
+          const std::size_t from = std::max(lo, piece.bucket_offset);
+          const std::size_t to = std::min(hi, piece.bucket_offset + piece.count);
+          if (from >= to) continue;
+          ShardPiece out;
+          out.parameter = piece.gradient;
+          out.offset = piece.offset + (from - piece.bucket_offset);
+          out.count = to - from;
+          out.bucket = b;
+          out.values = values.slice(from, out.count);
+          out.gradient = plan.shard == ShardLevel::gradients
+                             ? gradient_shards[b].slice(from - lo, out.count)
+                             : bucketer->bucket_buffer(b).slice(from, out.count);
+          mine.push_back(out);
+        }
+        // The rank's updated shard, copied out of the parameter memory the all-gather writes.
+        const std::string name = "bucket" + std::to_string(b);
+        const Buffer own = values.slice(lo, shard), send = parameter_shards[b];
+        Task copy = g.compute(
+            name + ".shard", [own, send] { std::memcpy(send.data(), own.data(), own.bytes()); },
+            {.reads = {own}, .writes = {send}, .group = name});
+        update_nodes[k].precede(copy);
+        gathers[b] =
+            g.allgather(name + ".allgather", send, values, {.priority = priority[b], .group = name});
+        copy.precede(gathers[b]);
+      }
+    }
+  }
   ExecutorOptions compile_options = executor_options;
   if (plan.collectives_in_flight)
     compile_options.collectives_in_flight = plan.collectives_in_flight;
@@ -296,6 +440,11 @@ GradientReducer::GradientReducer(std::vector<ParameterSpec> parameters, Backend&
       throw Error(ErrorCode::unsupported, "GradientReducer: parameter '" + spec.name + "' is on " +
                                               to_string(spec.device) +
                                               "; the reducer's buckets are in host memory");
+    if (plan.shard != ShardLevel::none && !is_floating(spec.dtype))
+      throw Error(ErrorCode::unsupported, "GradientReducer: parameter '" + spec.name + "' is " +
+                                              std::string(to_string(spec.dtype)) + "; shard '" +
+                                              to_string(plan.shard) +
+                                              "' updates floating-point parameters only");
   }
   check_plan(plan, parameters.size(), "");
   _state =
@@ -474,6 +623,49 @@ void GradientReducer::updated(std::size_t k) {
     invalid("updated: update group #" + std::to_string(k) + " was already updated in this step");
   s.signalled[k] = 1;
   if (s.plan.external_updates) s.executor->signal(s.update_nodes[k]);
+}
+
+namespace {
+
+void check_sharded(const ReducerPlan& plan, const char* call) {
+  if (plan.shard == ShardLevel::none)
+    invalid(std::string(call) + ": the plan is not sharded (ReducerPlan::shard is none)");
+}
+
+}  // namespace
+
+const std::vector<ShardPiece>& GradientReducer::shard_pieces(std::size_t k) const {
+  check_sharded(_state->plan, "shard_pieces");
+  update_group(k);
+  return _state->pieces[k];
+}
+
+Buffer GradientReducer::parameter_values(std::size_t p) const {
+  check_sharded(_state->plan, "parameter_values");
+  _state->check_parameter(p, "parameter_values");
+  return _state->bucketer->parameter_values(p);
+}
+
+void GradientReducer::wait_gathered(std::size_t k) {
+  State& s = *_state;
+  check_sharded(s.plan, "wait_gathered");
+  update_group(k);
+  if (!s.in_step) invalid("wait_gathered: no step in progress (begin() starts one)");
+  if (!s.signalled[k])
+    invalid("wait_gathered: update group #" + std::to_string(k) +
+            " was not updated in this step (updated() comes first: the all-gather sends the "
+            "updated shard)");
+  for (std::size_t b : s.group_buckets[k]) s.executor->wait(s.gathers[b]);
+}
+
+bool GradientReducer::gathered(std::size_t k) const {
+  const State& s = *_state;
+  check_sharded(s.plan, "gathered");
+  update_group(k);
+  if (!s.in_step) return false;
+  for (std::size_t b : s.group_buckets[k])
+    if (!s.executor->done(s.gathers[b])) return false;
+  return true;
 }
 
 bool GradientReducer::globally_unused(std::size_t p) const {

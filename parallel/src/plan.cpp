@@ -17,6 +17,25 @@ const char* to_string(IssuePriority priority) noexcept {
   return priority == IssuePriority::forward ? "forward" : "ready";
 }
 
+const char* to_string(ShardLevel level) noexcept {
+  switch (level) {
+    case ShardLevel::none:
+      return "none";
+    case ShardLevel::optimizer:
+      return "optimizer";
+    case ShardLevel::gradients:
+      return "gradients";
+  }
+  return "unknown";
+}
+
+ShardLevel parse_shard_level(std::string_view name) {
+  for (ShardLevel level : {ShardLevel::none, ShardLevel::optimizer, ShardLevel::gradients})
+    if (name == to_string(level)) return level;
+  throw_invalid_argument("unknown shard level '" + std::string(name) +
+                         "' (expected none, optimizer or gradients)");
+}
+
 std::string describe(const ReducerPlan& plan) {
   std::string s =
       "cap " + bytes_text(plan.bucket_cap_bytes) + ", first " + bytes_text(plan.first_bucket_bytes);
@@ -28,6 +47,7 @@ std::string describe(const ReducerPlan& plan) {
   else if (plan.priority == IssuePriority::forward && plan.collectives_in_flight)
     s += ", forward priority";
   if (plan.track_usage) s += ", usage counted";
+  if (plan.shard != ShardLevel::none) s += ", shard " + std::string(to_string(plan.shard));
   return s;
 }
 
@@ -63,6 +83,12 @@ void ReducerPlan::check(const std::string& who) const {
   if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
     bad("issue_order names bucket #" +
         std::to_string(*std::adjacent_find(sorted.begin(), sorted.end())) + " twice");
+  if (shard != ShardLevel::none && shard != ShardLevel::optimizer && shard != ShardLevel::gradients)
+    bad("shard must be 'none', 'optimizer' or 'gradients' (got #" +
+        std::to_string(static_cast<int>(shard)) + ")");
+  if (shard != ShardLevel::none && !external_updates)
+    bad(std::string("shard '") + to_string(shard) +
+        "' needs external_updates (the updated shards are all-gathered after the client's update)");
 }
 
 int PlanSearch::runs_to_decide() const {
@@ -113,7 +139,7 @@ void encode_plan(const ReducerPlan& plan, std::vector<std::int64_t>& out) {
        static_cast<std::int64_t>(plan.first_bucket_bytes), plan.partition_large ? 1 : 0,
        static_cast<std::int64_t>(plan.collectives_in_flight),
        static_cast<std::int64_t>(plan.priority), std::bit_cast<std::int64_t>(plan.wire_ratio),
-       static_cast<std::int64_t>(plan.issue_order.size())});
+       static_cast<std::int64_t>(plan.shard), static_cast<std::int64_t>(plan.issue_order.size())});
   out.insert(out.end(), plan.issue_order.begin(), plan.issue_order.end());
 }
 
@@ -142,6 +168,10 @@ ReducerPlan PlanReader::plan(ReducerPlan base) {
     throw Error(ErrorCode::mismatch, _who + ": rank 0 sent priority #" + std::to_string(priority));
   base.priority = static_cast<IssuePriority>(priority);
   base.wire_ratio = next_double();
+  const std::int64_t shard = next();
+  if (shard < 0 || shard > static_cast<std::int64_t>(ShardLevel::gradients))
+    throw Error(ErrorCode::mismatch, _who + ": rank 0 sent shard level #" + std::to_string(shard));
+  base.shard = static_cast<ShardLevel>(shard);
   const std::int64_t order = next();
   if (order < 0 || static_cast<std::size_t>(order) > _values.size() - _at)
     throw Error(ErrorCode::mismatch,
@@ -211,7 +241,7 @@ bool same_plan(const ReducerPlan& a, const ReducerPlan& b) {
          a.partition_large == b.partition_large &&
          a.collectives_in_flight == b.collectives_in_flight && a.priority == b.priority &&
          (a.priority != IssuePriority::forward || a.wire_ratio == b.wire_ratio) &&
-         a.issue_order == b.issue_order;
+         a.shard == b.shard && a.issue_order == b.issue_order;
 }
 
 }  // namespace loom

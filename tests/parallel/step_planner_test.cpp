@@ -371,6 +371,7 @@ TEST(PlanSearch, APlanCrossesTheWireInOneEncoding) {
   plan.collectives_in_flight = 2;
   plan.priority = IssuePriority::forward;
   plan.wire_ratio = 0.37;
+  plan.shard = ShardLevel::gradients;
   plan.issue_order = {2, 0, 1};
   std::vector<std::int64_t> wire;
   encode_plan(plan, wire);
@@ -382,13 +383,20 @@ TEST(PlanSearch, APlanCrossesTheWireInOneEncoding) {
   const ReducerPlan back = read.plan(base);
   EXPECT_TRUE(same_plan(back, plan)) << describe(back);
   EXPECT_EQ(back.wire_ratio, 0.37);
+  EXPECT_EQ(back.shard, ShardLevel::gradients);
   EXPECT_EQ(back.compression, Compression::bfloat16);
   EXPECT_EQ(back.ready_order, base.ready_order);
   EXPECT_EQ(read.next(), 42);
   EXPECT_TRUE(read.done());
-  test::expect_error(ErrorCode::mismatch, "test: rank 0's plans end after 11 values",
+  test::expect_error(ErrorCode::mismatch, "test: rank 0's plans end after 12 values",
                      [&] { read.next(); });
-  std::vector<std::int64_t> cut(wire.begin(), wire.begin() + 8);  // the order's length, 1 entry
+  std::vector<std::int64_t> bad_shard = wire;
+  bad_shard[6] = 7;
+  test::expect_error(ErrorCode::mismatch, "shard: rank 0 sent shard level #7", [&] {
+    PlanReader r(bad_shard, "shard");
+    r.plan({});
+  });
+  std::vector<std::int64_t> cut(wire.begin(), wire.begin() + 9);  // the order's length, 1 entry
   test::expect_error(ErrorCode::mismatch, "cut: rank 0 sent an issue order of 3 buckets", [&] {
     PlanReader r(cut, "cut");
     r.plan({});

@@ -61,6 +61,15 @@ struct BucketerOptions {
   /// @brief Where bucket, pack and compression buffers come from; nullptr: a pool the
   /// Bucketer owns. A given pool must outlive the Bucketer.
   PinnedPool* pool = nullptr;
+  /// @brief Pad every bucket to a multiple of this many elements (the world size, where buckets
+  /// are reduce-scattered into equal shards); the padding is zero and never reduced into a
+  /// gradient. A gradient split across buckets is cut where its first bucket's count is a
+  /// multiple, so it stays contiguous. 1: no padding.
+  std::size_t shard_multiple = 1;
+  /// @brief Also allocate parameter memory laid out as the gradients' (gradients as views
+  /// only): parameter_values() and parameter_bucket(), for a sharded update whose updated
+  /// shards are all-gathered into the parameters.
+  bool parameter_memory = false;
 };
 
 /// @brief The elements [offset, offset + count) of one gradient, placed in a bucket.
@@ -76,6 +85,8 @@ struct Bucket {
   DType dtype = DType::float32;
   Device device = Device::cpu();
   std::size_t count = 0;  ///< elements
+  /// @brief count rounded up to BucketerOptions::shard_multiple: the bucket's memory.
+  std::size_t padded_count = 0;
   /// @brief The byte limit the bucket was filled against (first bucket or cap).
   std::size_t limit_bytes = 0;
   std::vector<BucketPiece> pieces;
@@ -99,8 +110,15 @@ struct AttachOptions {
   /// @brief When not empty: the buckets' issue order itself (a permutation of the bucket
   /// indices, e.g. a plan from a profiled run), in place of `order`. The same on every rank.
   std::vector<std::size_t> issue_order;
-  /// @brief Node names are "<prefix><b>.pack", "<prefix><b>.allreduce", "<prefix><b>.unpack".
+  /// @brief Node names are "<prefix><b>.pack", "<prefix><b>.allreduce" (or
+  /// ".reduce_scatter"), "<prefix><b>.unpack".
   std::string prefix = "bucket";
+  /// @brief When not empty (one per bucket): each bucket is reduce-scattered instead of
+  /// all-reduced, and this rank's shard (Bucket::padded_count / world size elements of the
+  /// bucket's dtype, the elements [rank * shard, (rank + 1) * shard) of the bucket) lands in
+  /// scatter_into[b]; the gradients themselves are not written back. Needs shard_multiple
+  /// equal to the world size.
+  std::vector<Buffer> scatter_into;
   /// @brief Priorities given to the buckets' collectives are priority_base + 1 ... + buckets;
   /// raise it to issue buckets before other collectives of the graph.
   int priority_base = 0;
@@ -109,7 +127,7 @@ struct AttachOptions {
 /// @brief The nodes attach() added for one bucket.
 struct BucketTasks {
   Task pack;    ///< invalid when there is nothing to pack (gradients are views, no compression)
-  Task reduce;  ///< the allreduce
+  Task reduce;  ///< the allreduce (or reduce-scatter)
   Task unpack;  ///< invalid likewise
   /// @brief The first node of the chain (pack, else reduce): it runs after the producers.
   Task first() const { return pack.valid() ? pack : reduce; }
@@ -154,8 +172,16 @@ class Bucketer {
   bool gradients_are_views() const noexcept;
   /// @brief Where backward must write gradient `gradient`: its storage, or its view.
   Buffer gradient(std::size_t gradient) const;
-  /// @brief The memory bucket `bucket` is reduced in (16-bit when compressing).
+  /// @brief The memory bucket `bucket` is reduced in (16-bit when compressing; padded_count
+  /// elements).
   Buffer wire_buffer(std::size_t bucket) const;
+  /// @brief Bucket `bucket`'s full-precision memory (padded_count elements; gradients as views
+  /// only): where its gradients are.
+  Buffer bucket_buffer(std::size_t bucket) const;
+  /// @brief With BucketerOptions::parameter_memory: parameter `gradient`'s values, laid out as
+  /// its gradient view, and bucket `bucket`'s parameter memory (padded_count elements).
+  Buffer parameter_values(std::size_t gradient) const;
+  Buffer parameter_bucket(std::size_t bucket) const;
   /// @brief The bucket of each element range of gradient `gradient` (several when split).
   std::vector<std::size_t> buckets_of(std::size_t gradient) const;
 
@@ -164,7 +190,8 @@ class Bucketer {
   /// producers of its gradients. Pack and unpack declare what they read and write, so the
   /// graph's race check sees them. `world_size` is the ranks the graph will run on (for the
   /// average). Throws ErrorCode::invalid_argument for a wrong number of producers, an invalid
-  /// task or a task of another graph, or a world size below 1.
+  /// task or a task of another graph, a world size below 1, or scatter_into buffers that do
+  /// not match the buckets' shards.
   std::vector<BucketTasks> attach(Graph& graph, std::span<const Task> producers, int world_size,
                                   const AttachOptions& options = {}) const;
 

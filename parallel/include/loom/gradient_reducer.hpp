@@ -53,6 +53,28 @@ struct UpdateGroups {
 UpdateGroups make_update_groups(const Bucketer& bucketer,
                                 const std::vector<std::size_t>& issue_order);
 
+/// @brief The update groups of a sharded plan: every bucket is updated exactly once (its shard),
+/// so buckets that share a (split) parameter go in one group; a group comes where the last of
+/// its buckets is issued, and holds every parameter with elements in its buckets.
+UpdateGroups make_shard_groups(const Bucketer& bucketer,
+                               const std::vector<std::size_t>& issue_order);
+
+/// @brief What one rank updates of one parameter under a sharded plan: the elements
+/// [offset, offset + count) of the parameter, which lie in this rank's shard of `bucket`.
+struct ShardPiece {
+  std::size_t parameter = 0;
+  std::size_t offset = 0;  ///< first element of the parameter in this piece
+  std::size_t count = 0;   ///< elements
+  std::size_t bucket = 0;
+  /// @brief The piece's values in loom's parameter memory (parameter_values()): the update
+  /// writes them, and the all-gather sends them to every rank.
+  Buffer values;
+  /// @brief The piece's averaged gradient once its group's update is ready (wait_update()):
+  /// a slice of the all-reduced bucket (ShardLevel::optimizer) or of this rank's
+  /// reduce-scattered shard (ShardLevel::gradients).
+  Buffer gradient;
+};
+
 /// @brief Averages the gradients of a model whose backward happens outside loom.
 ///
 /// The step is a Graph compiled once: one external node per gradient ("grad.<name>", in the
@@ -63,7 +85,17 @@ UpdateGroups make_update_groups(const Bucketer& bucketer,
 /// thread; a bucket's allreduce is issued, in the fixed order, once its gradients are in; the
 /// client polls (poll()) or waits (wait_update()) for update groups whose buckets landed,
 /// applies its optimizer to their parameters reading the averaged gradient (gradient(p)), and
-/// says so with updated(k); finish() ends the step. Every wait has the executor's timeout;
+/// says so with updated(k); finish() ends the step.
+///
+/// Sharded (ReducerPlan::shard): every bucket is padded to a multiple of the world size and
+/// rank r owns the r-th of its equal shards. The reducer owns the parameters' memory too
+/// (parameter_values(): the client copies the values in once and makes the parameters views of
+/// it). Each bucket is all-reduced (optimizer) or reduce-scattered into the rank's shard
+/// (gradients); update group k then holds every bucket that shares a parameter with another of
+/// the group, and its update is the client's optimizer applied to shard_pieces(k) only, so its
+/// state is for the shard. After updated(k), "<b>.shard" copies the rank's updated shard out and
+/// "<b>.allgather" gathers every rank's into the parameter memory: the client waits for that
+/// with wait_gathered(k) before the parameters are read (the next forward). Every wait has the executor's timeout;
 /// failures are loom::Error naming the node, parameter and rank. The plan can change between
 /// steps (replan()); the graph, trace, DOT and "why exposed" report are the executor's.
 class GradientReducer {
@@ -85,7 +117,8 @@ class GradientReducer {
   /// @brief The buckets in the order their allreduces are issued (the same on every rank).
   const std::vector<std::size_t>& issue_order() const noexcept;
   /// @brief Where parameter p's averaged gradient is once its buckets landed (loom's memory,
-  /// valid until the next replan()).
+  /// valid until the next replan()). Under ShardLevel::gradients only this rank's shard is
+  /// averaged (ShardPiece::gradient); this memory then holds the rank's own scaled gradient.
   Buffer gradient(std::size_t p) const;
 
   /// @brief Update groups: the parameters updated together, in the order their buckets are
@@ -120,6 +153,19 @@ class GradientReducer {
   void wait_update(std::size_t k);
   /// @brief The client applied update group k (external_updates: signals its node).
   void updated(std::size_t k);
+  /// @brief Sharded plans: this rank's pieces of update group k (what its optimizer updates);
+  /// ErrorCode::invalid_argument for an unsharded plan.
+  const std::vector<ShardPiece>& shard_pieces(std::size_t k) const;
+  /// @brief Sharded plans: parameter p's values in loom's memory (zero until the client copies
+  /// them in; kept across replan(), where the memory moves). After a step's wait_gathered(k)
+  /// they hold every rank's updated shard.
+  Buffer parameter_values(std::size_t p) const;
+  /// @brief Sharded plans: waits (the executor's timeout) until update group k's updated shards
+  /// were all-gathered into the parameter memory; the client signalled updated(k) before.
+  void wait_gathered(std::size_t k);
+  /// @brief Sharded plans: whether update group k's all-gathers ended in this step (never
+  /// waits).
+  bool gathered(std::size_t k) const;
   /// @brief track_usage, after an update group's wait: whether p was unused on every rank.
   bool globally_unused(std::size_t p) const;
   /// @brief Ends the step (Executor::wait): throws the run's failure, if any.

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "loom/bucketer.hpp"
@@ -27,6 +28,25 @@ enum class IssuePriority : unsigned char {
 };
 
 const char* to_string(IssuePriority priority) noexcept;
+
+/// @brief What each rank keeps whole and what it keeps only a shard of (its 1 / world size of
+/// every bucket, counts padded to the world size): ZeRO's stages 1 and 2.
+enum class ShardLevel : unsigned char {
+  /// @brief Every rank holds whole gradients and updates every parameter (DDP).
+  none,
+  /// @brief Gradients are all-reduced whole; each rank updates only its shard of every bucket
+  /// (its optimizer state is for the shard), and the updated shards are all-gathered into the
+  /// parameters (ZeRO-1, ZeroRedundancyOptimizer).
+  optimizer,
+  /// @brief Gradients are reduce-scattered: each rank receives only its shard's average, updates
+  /// it, and the updated shards are all-gathered (ZeRO-2).
+  gradients,
+};
+
+const char* to_string(ShardLevel level) noexcept;
+/// @brief Parses "none|optimizer|gradients"; ErrorCode::invalid_argument naming the token
+/// otherwise.
+ShardLevel parse_shard_level(std::string_view name);
 
 /// @brief How a step buckets, orders and reduces: the plan a planner (or the user) picks. A
 /// GradientReducer runs all of it; a DataParallelStep takes the bucketing (cap, first bucket,
@@ -67,20 +87,24 @@ struct ReducerPlan {
   /// @brief Add an external node per update group, which the client signals with updated()
   /// once it applied the update: the run then spans the updates, and the trace shows them.
   bool external_updates = true;
+  /// @brief Shard the update (and with ShardLevel::gradients the averaged gradients) across the
+  /// ranks; needs external_updates (the all-gather follows the update).
+  ShardLevel shard = ShardLevel::none;
 
   /// @brief ErrorCode::invalid_argument, "<who>: ...", naming the first bad field: a cap or
   /// first bucket of 0 bytes, a wire_ratio not finite and > 0, an issue order that repeats a
-  /// bucket. The orders' lengths are checked against the parameters by the reducer that runs
+  /// bucket, a shard level without external_updates. The orders' lengths are checked against the parameters by the reducer that runs
   /// the plan.
   void check(const std::string& who) const;
 };
 
-/// @brief "cap 25 MiB, first 1 MiB, partition, float16, in flight 1, planned order".
+/// @brief "cap 25 MiB, first 1 MiB, partition, float16, in flight 1, planned order, shard
+/// gradients".
 std::string describe(const ReducerPlan& plan);
 
 /// @brief A plan on the wire (rank 0's decisions reach the other ranks so): the fields a search
-/// varies (cap, first bucket, partition, collectives in flight, priority, wire_ratio) and the
-/// issue order, appended to `out`. The one encoding every planner uses; PlanReader reads it.
+/// varies (cap, first bucket, partition, collectives in flight, priority, wire_ratio, shard
+/// level) and the issue order, appended to `out`. The one encoding every planner uses; PlanReader reads it.
 void encode_plan(const ReducerPlan& plan, std::vector<std::int64_t>& out);
 
 /// @brief Reads, in order, values that encode_plan and the planner's own values make up.
@@ -104,7 +128,7 @@ class PlanReader {
 };
 
 /// @brief Whether two plans run the same: bucketing, collectives in flight, priority (and
-/// wire_ratio where it is used) and issue order.
+/// wire_ratio where it is used), shard level and issue order.
 bool same_plan(const ReducerPlan& a, const ReducerPlan& b);
 
 /// @brief How much faster (a fraction of the running plan's measured step) a timed plan must be
