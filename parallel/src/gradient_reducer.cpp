@@ -222,6 +222,7 @@ struct GradientReducer::State {
   std::vector<Buffer> gradient_shards, parameter_shards;
   std::vector<std::vector<ShardPiece>> pieces;
   std::vector<Task> gathers;
+  std::vector<std::size_t> gather_order;  // update groups in the order they are all-gathered
   Graph graph;
   std::unique_ptr<Executor> executor;
   std::vector<Task> gradient_nodes;  // per parameter
@@ -307,6 +308,7 @@ void GradientReducer::State::build() {
   parameter_shards.clear();
   pieces.clear();
   gathers.clear();
+  gather_order.clear();
   const std::vector<Bucket>& all = bucketer->buckets();
   const auto shard_memory = [&](const Bucket& b) {
     const std::size_t count = b.padded_count / world;
@@ -365,17 +367,25 @@ void GradientReducer::State::build() {
     std::vector<std::size_t> forward_position(n);
     for (std::size_t k = 0; k < n; ++k)
       forward_position[plan.forward_order.empty() ? k : plan.forward_order[k]] = k;
-    std::vector<std::size_t> first_needed(all.size(), n), by_need(all.size());
+    std::vector<std::size_t> first_needed(all.size(), n);
     for (std::size_t b = 0; b < all.size(); ++b)
       for (const BucketPiece& piece : all[b].pieces)
         first_needed[b] = std::min(first_needed[b], forward_position[piece.gradient]);
-    std::iota(by_need.begin(), by_need.end(), 0);
-    std::stable_sort(by_need.begin(), by_need.end(), [&](std::size_t a, std::size_t b) {
-      return first_needed[a] < first_needed[b];
+    // Per update group (its buckets' gathers one after another), groups by the first
+    // parameter the forward needs of them.
+    std::vector<std::size_t> group_need(groups.size(), n);
+    for (std::size_t k = 0; k < groups.size(); ++k)
+      for (std::size_t b : group_buckets[k])
+        group_need[k] = std::min(group_need[k], first_needed[b]);
+    gather_order.resize(groups.size());
+    std::iota(gather_order.begin(), gather_order.end(), 0);
+    std::stable_sort(gather_order.begin(), gather_order.end(), [&](std::size_t a, std::size_t b) {
+      return group_need[a] < group_need[b];
     });
     std::vector<int> priority(all.size());
-    for (std::size_t k = 0; k < by_need.size(); ++k)
-      priority[by_need[k]] = static_cast<int>(by_need.size() - k);
+    int next_priority = static_cast<int>(all.size());
+    for (std::size_t k : gather_order)
+      for (std::size_t b : group_buckets[k]) priority[b] = next_priority--;
     for (std::size_t k = 0; k < groups.size(); ++k) {
       std::vector<ShardPiece>& mine = pieces.emplace_back();
       for (std::size_t b : group_buckets[k]) {
@@ -656,6 +666,11 @@ void GradientReducer::wait_gathered(std::size_t k) {
             " was not updated in this step (updated() comes first: the all-gather sends the "
             "updated shard)");
   for (std::size_t b : s.group_buckets[k]) s.executor->wait(s.gathers[b]);
+}
+
+const std::vector<std::size_t>& GradientReducer::gather_order() const {
+  check_sharded(_state->plan, "gather_order");
+  return _state->gather_order;
 }
 
 bool GradientReducer::gathered(std::size_t k) const {

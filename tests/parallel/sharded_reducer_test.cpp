@@ -229,6 +229,43 @@ TEST(ShardedReducer, TheGraphReduceScattersOrAllReducesThenAllGathers) {
   });
 }
 
+// The all-gathers go in the order the next forward needs the groups: registration order, or the
+// plan's forward_order; a client that updates in that order and waits for each group's gather
+// before the next forward's module never waits on an update it has yet to make.
+TEST(ShardedReducer, GathersFollowTheForwardOrder) {
+  LocalWorld::run(2, [&](Backend& backend) {
+    for (bool reversed : {false, true}) {
+      ReducerPlan plan = sharded(ShardLevel::optimizer, 1024);
+      if (reversed) plan.forward_order = {5, 4, 3, 2, 1, 0};
+      GradientReducer reducer(model(), backend, plan, options());
+      const std::vector<std::size_t>& order = reducer.gather_order();
+      ASSERT_EQ(order.size(), reducer.num_update_groups());
+      std::size_t last = 0;
+      for (std::size_t k : order) {
+        std::size_t first = reducer.num_parameters();
+        for (std::size_t p : reducer.update_group(k))
+          first = std::min(first, reversed ? 5 - p : p);
+        EXPECT_GE(first, last) << "group " << k;
+        last = first;
+      }
+      // Updated and gathered in that order, group by group.
+      std::vector<std::vector<float>> grads;
+      reducer.begin();
+      for (std::size_t p = 0; p < reducer.num_parameters(); ++p) {
+        grads.emplace_back(reducer.parameter(p).count, 1.0f);
+        reducer.ready(p, Buffer::of(std::span(grads.back())));
+      }
+      for (std::size_t k : order) {
+        reducer.wait_update(k);
+        reducer.updated(k);
+        reducer.wait_gathered(k);
+        EXPECT_TRUE(reducer.gathered(k));
+      }
+      reducer.finish();
+    }
+  });
+}
+
 TEST(ShardedReducer, ReplanKeepsTheParameterValues) {
   LocalWorld::run(3, [&](Backend& backend) {
     GradientReducer reducer(model(), backend, sharded(ShardLevel::optimizer), options());

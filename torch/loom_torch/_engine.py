@@ -13,10 +13,11 @@ from ._hooks import (_FRESH_READS, _PENDING, _EngineHook, _FreshRead, _WrittenWh
                      _autograd_running)
 from ._join import _Join
 from ._planning import _Planning
+from ._shards import _Shards, check_shardable
 from ._updates import _Updates
 
 
-class _Engine(_Planning, _Updates, _Join):
+class _Engine(_Planning, _Updates, _Join, _Shards):
     """The per-step state machine between autograd, the optimizer and loom's GradientReducer
     (its plan: _planning.py; its updates and the optimizer: _updates.py; join(): _join.py)."""
 
@@ -47,6 +48,13 @@ class _Engine(_Planning, _Updates, _Join):
         self.index = {id(p): i for i, p in enumerate(self.params)}
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
+        # shard="optimizer" | "gradients" (_shards.py): the parameters become views of loom's
+        # memory, and the optimizer steps this rank's pieces of them.
+        self.sharded = plan.shard != "none"
+        self.shard_gradients = plan.shard == "gradients"
+        self.carried_state = None
+        if self.sharded:
+            check_shardable(optimizer, module, self.params, self.names, plan.shard)
         self.reducer = _C.GradientReducer(
             backend_of(group), self.names, [owner.get(id(p), "") for p in self.params], self.params,
             plan, profile)
@@ -56,14 +64,19 @@ class _Engine(_Planning, _Updates, _Join):
         # slot is contiguous, and .grad's layout follows the parameter's).
         # A CUDA parameter's slot is in the host bucket: its .grad stays on its device, the
         # average copied in (staged, as DDP on Gloo does with CUDA tensors).
+        # shard="gradients": the average exists only for this rank's shard; .grad is dropped
+        # once handed over (the gradient's memory is the bucket's, until its reduce-scatter).
         self.as_bucket_view = [gradient_as_bucket_view and p.is_contiguous()
-                               and p.device.type == "cpu" for p in self.params]
+                               and p.device.type == "cpu" and not self.shard_gradients
+                               for p in self.params]
         # join(divide_by_initial_world_size=False): world / ranks training, for the step in
         # progress (its updates may land in the next forward) and for the next one.
         self.grad_scale = self.next_scale = 1.0
         self.joining = None          # the options of the join() in force
         self.last_active = None      # join(): which ranks trained in the last step
         self._layout()
+        if self.sharded:
+            self._adopt_optimizer_state()
         # The step's timeline for the simulator (net.predict(), bucket_cap_mb="auto"): what
         # this thread did, in ns since the step's begin(); kept only while profiling.
         self.profiling = self.reducer.profiling()
@@ -140,11 +153,17 @@ class _Engine(_Planning, _Updates, _Join):
                 self.group_of[i] = k
         self.views = [self.reducer.gradient(i) for i in range(len(self.params))]
         self.applied = [True] * len(self.groups)
+        self.gathered = [True] * len(self.groups)
         self.narrow_key = None
+        if self.sharded:
+            self._shard_layout(first=not hasattr(self, "pieces"))
 
     def _release_views(self):
         """Before the buckets are rebuilt (their memory freed): a .grad that is a bucket slot
-        becomes a tensor of its own, with the same values."""
+        becomes a tensor of its own, with the same values; a sharded optimizer's state is
+        gathered whole (a collective), for the new pieces."""
+        if self.sharded:
+            self._carry_state_over_replan()
         for i, p in enumerate(self.params):
             grad = p.grad
             if grad is not None and grad is self.views[i]:
@@ -279,6 +298,7 @@ class _Engine(_Planning, _Updates, _Join):
         self.reducer.begin()
         self.steps_since_plan += 1
         self.applied = [False] * len(self.groups)
+        self.gathered = [not self.sharded] * len(self.groups)
         self.in_backward = True
         if not shadow:
             Variable._execution_engine.queue_callback(self._end_backward)
@@ -305,6 +325,11 @@ class _Engine(_Planning, _Updates, _Join):
 
     def _hand_over(self, i, grad, used=True):
         self.reducer.ready(i, grad, used=used)  # (in place when .grad is the slot already)
+        if self.shard_gradients:
+            # Only this rank's shard will be averaged: there is no whole gradient to keep.
+            self.params[i].grad = None
+            self.seen[i] = None
+            return
         if self.as_bucket_view[i] and grad is not self.views[i]:
             grad = self.views[i]
             self.params[i].grad = grad  # autograd's tensor is freed: one copy of the gradients
@@ -339,6 +364,25 @@ class _Engine(_Planning, _Updates, _Join):
                 self._copy_average(k, missing_only=True)  # as DDP, .grad where none was
 
     def before_module(self, indices):
+        if self.sharded:
+            # The module's parameters are read whole: their shards' updates applied, and
+            # all-gathered from every rank.
+            if self.in_backward or all(self.gathered[self.group_of[i]] for i in indices):
+                return
+            if self.defer_updates and self.awaiting_step:
+                return  # (a forward between backward and step reads the old parameters)
+            # The all-gathers go in a fixed order (gather_order, the forward's by registration):
+            # a group's is issued once the groups before it were updated, so those updates are
+            # applied first (a module can run before one registered ahead of it).
+            needed = {self.group_of[i] for i in indices}
+            last = max(self.gather_position[k] for k in needed)
+            for k in self.gather_sequence[:last + 1]:
+                self.wait_and_apply(k)
+            for k in sorted(needed):
+                if not self.gathered[k]:
+                    self.reducer.wait_gathered(k)
+                    self.gathered[k] = True
+            return
         if self.in_backward or all(self.applied[self.group_of[i]] for i in indices):
             return
         if self.defer_updates:  # a backward that raised before it landed its buckets
@@ -375,7 +419,9 @@ class _Engine(_Planning, _Updates, _Join):
             return
         if self.in_backward:
             raise RuntimeError("loom_torch.parallelize: synchronize() during backward")
-        if self.defer_updates:
+        if self.sharded and self.defer_updates and self.awaiting_step:
+            return  # backward landed every average; opt.step() updates, then all-gathers
+        if self.defer_updates and not self.sharded:
             self._land_all()  # the averages into .grad; opt.step() updates
             return
         written = False
@@ -395,6 +441,7 @@ class _Engine(_Planning, _Updates, _Join):
             else:
                 self.reducer.finish()
             if not written:
+                self.gathered = [True] * len(self.groups)
                 self.updates_pending = False
                 for target in self.read_targets:
                     target.__dict__.pop(_PENDING, None)
@@ -409,6 +456,12 @@ class _Engine(_Planning, _Updates, _Join):
                                "again after step()")
         self.synchronize()
         self._release_views()  # (the reducer's memory is not the model's any more)
+        if self.carried_state is not None:
+            # A sharded optimizer's state, gathered whole, goes back to the whole parameters
+            # (which stay views of loom's memory, kept alive by them).
+            for i, state in self.carried_state.items():
+                self.optimizer.state[self.params[i]] = state
+            self.carried_state = None
         for handle in self.handles:
             handle.remove()
         self.handles, self.accumulators = [], []

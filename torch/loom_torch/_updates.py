@@ -13,6 +13,13 @@ class _Updates:
     def _land_all(self):
         # defer_updates: as DDP's backward, this one ends with every average in .grad; the
         # optimizer runs in opt.step() on the whole model.
+        if self.sharded:
+            # Every bucket's reduction landed (the all-gathers wait for opt.step()'s updates):
+            # with shard="optimizer" the averages are in .grad, as DDP's.
+            for k in range(len(self.groups)):
+                self.reducer.wait_update(k)
+                self._copy_average(k)
+            return
         try:
             for k in range(len(self.groups)):
                 self.reducer.wait_update(k)
@@ -37,6 +44,8 @@ class _Updates:
 
     def _copy_average(self, k, missing_only=False):
         # Group k's averages into .grad (only where there is none: missing_only).
+        if self.shard_gradients:
+            return  # only this rank's shard is averaged (the pieces' .grad)
         track = self.plan.track_usage
         for i in self.groups[k]:
             if track and self.reducer.globally_unused(i):
@@ -158,7 +167,7 @@ class _Updates:
         self._scale_landed(k)
         swapped = []
         track = self.plan.track_usage
-        for i in self.groups[k]:
+        for i in (() if self.shard_gradients else self.groups[k]):
             p = self.params[i]
             if track and self.reducer.globally_unused(i):
                 continue  # as DDP: its .grad is left as it was
@@ -177,6 +186,8 @@ class _Updates:
         groups = self.optimizer.param_groups
         # The groups as they were when backward began (a group added since gets nothing).
         narrowed = self.step_narrow[k]
+        if self.sharded:  # this rank's pieces of them
+            narrowed = self._shard_step(k, narrowed)
         saved = []
         try:
             for gi, g in enumerate(groups):
@@ -207,6 +218,22 @@ class _Updates:
             self._apply(k)
 
     def optimizer_step(self, closure=None):
+        if self.defer_updates and self.sharded and self.awaiting_step:
+            # The averages landed in backward; each group's pieces are updated now, and the
+            # all-gathers land before the next forward reads the parameters.
+            if closure is not None:
+                raise RuntimeError("loom_torch.parallelize: optimizer.step(closure) is not "
+                                   "supported with a sharded plan (the closure's forward would "
+                                   "read parameters whose update is in flight)")
+            self.awaiting_step = False
+            self.hyper = [{key: value for key, value in g.items() if key != "params"}
+                          for g in self.optimizer.param_groups]
+            self.step_narrow = self._narrowed()
+            for k in range(len(self.groups)):
+                self._apply(k)
+            self._step_outside()
+            self._leave_pending()
+            return None
         if self.defer_updates:
             # DDP's semantics: the averages are in .grad (backward waited for them).
             self.awaiting_step = False
@@ -245,9 +272,13 @@ class _Updates:
         if not self.overlap_forward:
             self.synchronize()
             return
-        # What a write through the unwrapped model would overtake: named when it lands.
+        self._leave_pending()
+
+    def _leave_pending(self):
+        # What a write through the unwrapped model would overtake: named when it lands. A
+        # sharded plan's all-gathers are pending even once every update is applied.
         for k, done in enumerate(self.applied):
-            if not done:
+            if not done or not self.gathered[k]:
                 self.updates_pending = True
                 for i in self.groups[k]:
                     self.pending_versions[i] = self.params[i]._version

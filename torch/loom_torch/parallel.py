@@ -64,7 +64,7 @@ def parallelize(model, optimizer, process_group=None, bucket_cap_mb=None, compre
                 find_unused_parameters=False, first_bucket_mb=1, partition_large=None,
                 collectives_in_flight=0, overlap_forward=True, broadcast_buffers=True,
                 rebuild_buckets=True, profile=None, priority="forward", defer_updates=False,
-                gradient_as_bucket_view=True):
+                gradient_as_bucket_view=True, shard="none"):
     """Wraps `model` and `optimizer` for data-parallel training on a loom process group.
 
     Returns (net, optimizer): net is a module wrapping `model` (as DDP's, its state_dict keys
@@ -109,6 +109,13 @@ def parallelize(model, optimizer, process_group=None, bucket_cap_mb=None, compre
     loom's bucket memory (one copy of the gradients, and no copy of the average back into .grad);
     False: .grad stays the tensor autograd made, the average copied into it.
     Uneven inputs: `with net.join():` around the loop (DDP's join(); ParallelModule.join).
+    shard: "none" (every rank holds and updates the whole model, as DDP), "optimizer" (ZeRO-1:
+    gradients all-reduced whole, each rank's optimizer updates only its 1/world-size shard of
+    every bucket, so its state is for the shard, and the updated shards are all-gathered into
+    the parameters ahead of the next forward, layer by layer) or "gradients" (ZeRO-2: each
+    bucket reduce-scattered, so a rank holds only its shard's average and .grad is None after
+    backward; net.clip_grad_norm_() clips over the shards). Element-wise optimizers only (SGD,
+    Adam, AdamW, Adagrad, RMSprop, ...); the parameters become views of loom's host memory.
     """
     if bucket_cap_mb is None:
         # The default: loom plans the buckets itself, unless defer_updates asks for DDP's
@@ -154,10 +161,14 @@ def parallelize(model, optimizer, process_group=None, bucket_cap_mb=None, compre
         # of the model (its pending updates applied, its hooks removed) and refuses to run.
         previous.close()
     # parallelize's arguments, one to one (find_unused_parameters counts usage).
+    if shard not in ("none", "optimizer", "gradients"):
+        raise ValueError("parallelize: shard must be 'none', 'optimizer' or 'gradients', not %r"
+                         % (shard,))
     plan = _C.ReducerPlan(
         bucket_cap_mb=float(bucket_cap_mb), first_bucket_mb=float(first_bucket_mb),
         partition_large=bool(partition_large), collectives_in_flight=int(collectives_in_flight),
-        compression=compression, track_usage=bool(find_unused_parameters), priority=priority)
+        compression=compression, track_usage=bool(find_unused_parameters), priority=priority,
+        shard=shard)
     plan.check("parallelize")
     net = ParallelModule(model, optimizer, group, plan,
         overlap_forward=overlap_forward, broadcast_buffers=broadcast_buffers,
@@ -316,6 +327,10 @@ class ParallelModule(torch.nn.Module):
         if not enable or engine.world == 1:
             yield
             return
+        if engine.sharded:
+            raise RuntimeError("loom_torch.parallelize: join() with shard=%r is not supported: a "
+                               "rank whose inputs ended would still own shards to update; use "
+                               "shard='none' with uneven inputs" % engine.plan.shard)
         if engine.joining is not None:
             raise RuntimeError("loom_torch.parallelize: join() is already in force for this "
                                "model (one join() at a time)")
@@ -342,6 +357,30 @@ class ParallelModule(torch.nn.Module):
     def synchronize(self):
         """Applies every update still pending (the tail of the last step's communication)."""
         self._loom.synchronize()
+
+    def clip_grad_norm_(self, max_norm, norm_type=2.0):
+        """torch.nn.utils.clip_grad_norm_ over the averaged gradients, between backward and
+        opt.step() (defer_updates=True): the total norm of every parameter's gradient, clipped
+        in place; returns the norm. With shard="gradients" the gradients exist only as each
+        rank's shard: the norm is taken over every rank's shard (a collective), as FSDP's."""
+        engine = self._loom
+        if not engine.defer_updates:
+            raise RuntimeError("loom_torch.parallelize: clip_grad_norm_ between backward and "
+                               "optimizer.step() needs defer_updates=True (otherwise each "
+                               "bucket's update is applied as it lands, during backward)")
+        if not engine.shard_gradients:
+            return torch.nn.utils.clip_grad_norm_(
+                [p for p in self.module.parameters() if p.grad is not None], max_norm,
+                norm_type)
+        if not engine.awaiting_step:
+            raise RuntimeError("loom_torch.parallelize: clip_grad_norm_ comes after a reduced "
+                               "backward and before optimizer.step()")
+        total, grads = engine._shard_norm(norm_type)
+        coefficient = float(max_norm) / (float(total) + 1e-6)
+        if coefficient < 1.0:
+            for g in grads:
+                g.mul_(coefficient)
+        return total.to(torch.float32)
 
     def zero_grad(self, set_to_none=True):
         """As Module.zero_grad; zeroing in place (set_to_none=False) first applies the updates

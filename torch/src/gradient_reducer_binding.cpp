@@ -114,6 +114,33 @@ class TorchReducer {
         at::TensorOptions().dtype(scalar_type_of(p)));
   }
 
+  /// A sharded plan's parameter p in loom's memory, shaped like p (the parameters become views
+  /// of it), which keeps the reducer alive.
+  at::Tensor parameter_values(std::size_t p, const std::shared_ptr<TorchReducer>& self) {
+    const Buffer v = _reducer->parameter_values(p);
+    return at::from_blob(
+        v.data(), _shapes[p], [keep = self](void*) mutable { keep.reset(); },
+        at::TensorOptions().dtype(scalar_type_of(p)));
+  }
+
+  /// Update group k's pieces on this rank: (parameter, offset, count, values, gradient), the
+  /// tensors 1-D views of loom's memory that keep the reducer alive.
+  std::vector<std::tuple<std::size_t, std::size_t, std::size_t, at::Tensor, at::Tensor>>
+  shard_pieces(std::size_t k, const std::shared_ptr<TorchReducer>& self) {
+    std::vector<std::tuple<std::size_t, std::size_t, std::size_t, at::Tensor, at::Tensor>> out;
+    for (const ShardPiece& piece : _reducer->shard_pieces(k)) {
+      const auto view = [&](const Buffer& b) {
+        return at::from_blob(
+            b.data(), {static_cast<std::int64_t>(piece.count)},
+            [keep = self](void*) mutable { keep.reset(); },
+            at::TensorOptions().dtype(scalar_type_of(piece.parameter)));
+      };
+      out.emplace_back(piece.parameter, piece.offset, piece.count, view(piece.values),
+                       view(piece.gradient));
+    }
+    return out;
+  }
+
   at::ScalarType scalar_type_of(std::size_t p) const {
     const DType dtype = _reducer->parameter(p).dtype;
     switch (dtype) {
@@ -234,6 +261,7 @@ py::dict automatic_plan_dict(const PlanDecision& chosen) {
   d["collectives_in_flight"] = chosen.plan.collectives_in_flight;
   d["priority"] = std::string(to_string(chosen.plan.priority));
   d["wire_ratio"] = chosen.plan.wire_ratio;
+  d["shard"] = std::string(to_string(chosen.plan.shard));
   py::list timed;
   for (const TimedPlan& t : chosen.timed) {
     py::dict e;
@@ -297,10 +325,10 @@ void bind_plan(py::module_& m) {
       m, "ReducerPlan",
       "How parallelize buckets, orders and reduces (loom's ReducerPlan): parallelize's "
       "bucket_cap_mb, first_bucket_mb, partition_large, collectives_in_flight, compression, "
-      "find_unused_parameters (track_usage) and priority, field for field")
+      "find_unused_parameters (track_usage), priority and shard, field for field")
       .def(py::init([](double cap_mb, double first_mb, bool partition, std::size_t in_flight,
                        const std::string& compression, bool track_usage,
-                       const std::string& priority, double wire_ratio) {
+                       const std::string& priority, double wire_ratio, const std::string& shard) {
              ReducerPlan plan;
              plan.bucket_cap_bytes = mib_to_bytes(cap_mb);
              plan.first_bucket_bytes = mib_to_bytes(first_mb);
@@ -311,12 +339,18 @@ void bind_plan(py::module_& m) {
              plan.priority = parse_priority(priority);
              plan.wire_ratio = wire_ratio;
              plan.external_updates = true;
+             plan.shard = as_value_error([&] { return parse_shard_level(shard); });
              return plan;
            }),
            py::kw_only(), py::arg("bucket_cap_mb") = 25.0, py::arg("first_bucket_mb") = 1.0,
            py::arg("partition_large") = false, py::arg("collectives_in_flight") = 0,
            py::arg("compression") = "none", py::arg("track_usage") = false,
-           py::arg("priority") = "ready", py::arg("wire_ratio") = 1.0)
+           py::arg("priority") = "ready", py::arg("wire_ratio") = 1.0, py::arg("shard") = "none")
+      .def_property(
+          "shard", [](const ReducerPlan& p) { return std::string(to_string(p.shard)); },
+          [](ReducerPlan& p, const std::string& name) {
+            p.shard = as_value_error([&] { return parse_shard_level(name); });
+          })
       .def_property(
           "bucket_cap_mb", [](const ReducerPlan& p) { return bytes_to_mib(p.bucket_cap_bytes); },
           [](ReducerPlan& p, double mb) { p.bucket_cap_bytes = mib_to_bytes(mb); })
@@ -434,6 +468,23 @@ void bind_gradient_reducer(py::module_& m) {
           "wait_update", [](TorchReducer& r, std::size_t k) { r.reducer().wait_update(k); },
           py::call_guard<py::gil_scoped_release>())
       .def("updated", [](TorchReducer& r, std::size_t k) { r.reducer().updated(k); })
+      .def(
+          "shard_pieces", [](const Self& r, std::size_t k) { return r->shard_pieces(k, r); },
+          py::arg("group"),
+          "A sharded plan's pieces of update group k on this rank: (parameter, offset, count, "
+          "values, gradient), values and gradient 1-D views of loom's memory")
+      .def(
+          "parameter_values", [](const Self& r, std::size_t p) { return r->parameter_values(p, r); },
+          py::arg("parameter"),
+          "A sharded plan's parameter p in loom's memory (shaped like p): the parameter is made "
+          "a view of it, and each step's all-gathers write it")
+      .def(
+          "wait_gathered", [](TorchReducer& r, std::size_t k) { r.reducer().wait_gathered(k); },
+          py::call_guard<py::gil_scoped_release>())
+      .def("gathered", [](TorchReducer& r, std::size_t k) { return r.reducer().gathered(k); })
+      .def(
+          "gather_order", [](TorchReducer& r) { return r.reducer().gather_order(); },
+          "A sharded plan's update groups in the order their all-gathers are issued")
       .def("globally_unused",
            [](TorchReducer& r, std::size_t p) { return r.reducer().globally_unused(p); })
       .def(

@@ -166,6 +166,12 @@ class GradientReducer {
   /// @brief Sharded plans: whether update group k's all-gathers ended in this step (never
   /// waits).
   bool gathered(std::size_t k) const;
+  /// @brief Sharded plans: the update groups in the order their all-gathers are issued (the
+  /// same on every rank): by the first parameter the next forward needs of them
+  /// (ReducerPlan::forward_order, else registration order), after every reduction. A group's
+  /// all-gather is issued only once every group before it here was updated: a client that
+  /// waits for group k's first applies the updates of the groups before it.
+  const std::vector<std::size_t>& gather_order() const;
   /// @brief track_usage, after an update group's wait: whether p was unused on every rank.
   bool globally_unused(std::size_t p) const;
   /// @brief Ends the step (Executor::wait): throws the run's failure, if any.

@@ -1,0 +1,133 @@
+"""parallelize(..., shard="optimizer" | "gradients") (ZeRO-1 and 2) against DDP on Gloo, in the
+same job: the same model, data, optimizer and buckets; every rank's parameters equal DDP's
+(relative <= 1e-5) and identical on every rank, read through the unwrapped model right after
+opt.step() (the all-gathers still in flight); each rank's optimizer state is its shard only;
+clip_grad_norm_ over the shards equals DDP's; the misuses are named errors.
+"""
+import pytest
+import torch
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import loom_torch
+
+from helpers import (CAP_MB, OPTIMIZERS, assert_like_ddp, data, fresh, loss_of, train)
+
+LEVELS = ["optimizer", "gradients"]
+
+
+def count(model):
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("name,optimizer", [
+    ("mlp", "sgd"),
+    ("mlp", "adam"),
+    ("gpt", "adamw"),
+    ("encoder", "adam"),
+])
+def test_sharded_training_equals_ddp(world, level, name, optimizer):
+    rank, n, gloo = world
+    ddp_model, _, _ = train(name, optimizer, rank, 12, gloo=gloo, scheduler=True)
+    loom_model, net, opt = train(name, optimizer, rank, 12, scheduler=True, shard=level)
+    assert count(loom_model) % 2 == 1 or name != "gpt", count(loom_model)  # odd: padded shards
+    assert net.reducer_plan.shard == level
+    # Read right after opt.step(), the updates' all-gathers possibly in flight: fresh.
+    assert_like_ddp(loom_model, ddp_model, gloo, n)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_optimizer_state_is_this_ranks_shard_only(world, level):
+    rank, n, gloo = world
+    model, net, opt = train("gpt", "adam", rank, 3, shard=level)
+    net.synchronize()
+    total = count(model)
+    mine = sum(v.numel() for state in opt.state.values() for k, v in state.items()
+               if k == "exp_avg")
+    buckets = len(net.plan()[1])
+    # Each bucket's shard is its padded count over n: at most n - 1 padding elements a bucket.
+    assert total // n - buckets <= mine <= total // n + buckets, (mine, total, n)
+    everyone = [None] * n
+    torch.distributed.all_gather_object(everyone, mine, group=gloo)
+    assert sum(everyone) == total, everyone
+    if level == "gradients":
+        assert all(p.grad is None for p in model.parameters()), "a whole .grad was kept"
+
+
+@pytest.mark.parametrize("level", LEVELS + ["none"])
+def test_clip_grad_norm_over_the_shards_equals_ddp(world, level):
+    rank, n, gloo = world
+    norms = {}
+    weights = {}
+    for how in ("ddp", "loom"):
+        model, kind = fresh("mlp")
+        opt = OPTIMIZERS["adamw"](model.parameters())
+        if how == "ddp":
+            net = DDP(model, process_group=gloo, bucket_cap_mb=CAP_MB)
+        else:
+            net, opt = loom_torch.parallelize(model, opt, bucket_cap_mb=CAP_MB,
+                                              first_bucket_mb=CAP_MB, defer_updates=True,
+                                              shard=level)
+        seen = []
+        for step in range(6):
+            x, y = data(kind, rank, step)
+            opt.zero_grad()
+            loss_of(kind, net(x), y).mul(30.0).backward()
+            if how == "ddp":
+                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+            else:
+                norm = net.clip_grad_norm_(0.5)
+            seen.append(float(norm))
+            opt.step()
+        norms[how] = seen
+        weights[how] = model
+    assert max(norms["ddp"]) > 0.5, norms  # the clip did clip
+    for a, b in zip(norms["loom"], norms["ddp"]):
+        assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), norms
+    assert_like_ddp(weights["loom"], weights["ddp"], gloo, n)
+
+
+def test_a_whole_tensor_optimizer_and_other_misuses_are_named(world):
+    rank, n, gloo = world
+    model, _ = fresh("mlp")
+    lbfgs = torch.optim.LBFGS(model.parameters())
+    with pytest.raises(ValueError, match="shard='optimizer'.*element-wise.*LBFGS updates whole"):
+        loom_torch.parallelize(model, lbfgs, bucket_cap_mb=1, shard="optimizer")
+    if hasattr(torch.optim, "Adafactor"):
+        with pytest.raises(ValueError, match="Adafactor updates whole"):
+            loom_torch.parallelize(model, torch.optim.Adafactor(model.parameters()),
+                                   bucket_cap_mb=1, shard="gradients")
+    with pytest.raises(ValueError, match="shard must be 'none', 'optimizer' or 'gradients'"):
+        loom_torch.parallelize(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                               bucket_cap_mb=1, shard="zero3")
+    net, opt = loom_torch.parallelize(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                      bucket_cap_mb=1, shard="gradients")
+    if n > 1:
+        with pytest.raises(RuntimeError, match="join\\(\\) with shard='gradients'"):
+            with net.join():
+                pass
+    with pytest.raises(RuntimeError, match="needs defer_updates=True"):
+        net.clip_grad_norm_(1.0)
+
+
+def test_a_model_wrapped_again_keeps_its_optimizer_state(world):
+    """Wrapping again (shard none) after sharded steps: the state gathered whole (a collective)
+    goes back to the whole parameters, and training goes on as DDP's."""
+    rank, n, gloo = world
+    ddp_model, _, _ = train("mlp", "adam", rank, 6, gloo=gloo)
+    model, kind = fresh("mlp")
+    opt = OPTIMIZERS["adam"](model.parameters())
+    net, opt = loom_torch.parallelize(model, opt, bucket_cap_mb=CAP_MB, first_bucket_mb=CAP_MB,
+                                      shard="optimizer")
+    for step in range(6):
+        x, y = data(kind, rank, step)
+        if step == 3:
+            net, opt = loom_torch.parallelize(model, opt, bucket_cap_mb=CAP_MB,
+                                              first_bucket_mb=CAP_MB)
+            assert all(p in opt.state and opt.state[p]["exp_avg"].shape == p.shape
+                       for p in model.parameters())
+        opt.zero_grad()
+        loss_of(kind, net(x), y).backward()
+        opt.step()
+    assert_like_ddp(model, ddp_model, gloo, n)

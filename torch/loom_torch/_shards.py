@@ -1,0 +1,220 @@
+"""The engine's sharded plans (parallelize(..., shard="optimizer" | "gradients"): ZeRO-1 and 2).
+
+The parameters are views of loom's parameter memory (laid out as the buckets, padded to the
+world size); each rank's optimizer steps only its pieces of every bucket (1-D views of that
+memory, each with its slice of the averaged gradient as .grad), so its state is for the shard;
+loom all-gathers the updated shards into the parameters after every bucket's reduction, and the
+next forward's pre-hooks wait for their own parameters' all-gather. When the buckets change
+(DDP's rebuild, the automatic plan, replan()) the optimizer state is gathered whole and sliced
+again into the new pieces (a collective, at the same point on every rank)."""
+import torch
+import torch.distributed as dist
+
+# Optimizers whose update of an element reads only that element's parameter, gradient and
+# state: a shard is updated exactly as it would be in the whole tensor.
+ELEMENTWISE = ("SGD", "Adam", "AdamW", "Adagrad", "RMSprop", "Adadelta", "Adamax", "NAdam",
+               "RAdam", "ASGD", "Rprop")
+
+
+def check_shardable(optimizer, module, params, names, level):
+    kind = type(optimizer)
+    known = next((c.__name__ for c in kind.__mro__
+                  if c.__name__ in ELEMENTWISE and c.__module__.startswith("torch.optim")), None)
+    if known is None:
+        raise ValueError(
+            "parallelize: shard=%r updates each rank's shard of every parameter with its own "
+            "optimizer, which needs an element-wise optimizer (%s); %s updates whole tensors "
+            "(or is not known to loom), so its update of a shard would differ: use shard='none'"
+            % (level, ", ".join(ELEMENTWISE), kind.__name__))
+    for name, p in zip(names, params):
+        if p.device.type != "cpu":
+            raise ValueError("parallelize: shard=%r keeps the parameters in loom's host memory; "
+                             "parameter '%s' is on %s (use shard='none' for CUDA models)"
+                             % (level, name, p.device))
+        if not p.is_contiguous():
+            raise ValueError("parallelize: shard=%r makes each parameter a view of loom's "
+                             "memory, which is contiguous; parameter '%s' is not (make it "
+                             "contiguous before parallelize(), or use shard='none')"
+                             % (level, name))
+
+
+class _Shards:
+    """Mixed into _Engine (_engine.py)."""
+
+    def _shard_layout(self, first):
+        """The parameters as views of the reducer's parameter memory (their values copied in the
+        first time; a replan moved them already) and this rank's pieces per update group."""
+        for i, p in enumerate(self.params):
+            memory = self.reducer.parameter_values(i)
+            if first:
+                memory.copy_(p.detach())
+            p.data = memory
+        self.quick = [(p, p.data_ptr()) for p in self.params]
+        if not first:
+            self.signature = self._signature()
+        self.gather_sequence = self.reducer.gather_order()
+        self.gather_position = [0] * len(self.groups)
+        for position, k in enumerate(self.gather_sequence):
+            self.gather_position[k] = position
+        self.pieces = []           # per update group: [(parameter, offset, piece)]
+        self.pieces_of = {}        # parameter -> its pieces (all in one update group)
+        for k in range(len(self.groups)):
+            mine = []
+            for i, offset, count, values, gradient in self.reducer.shard_pieces(k):
+                values.grad = gradient  # the averaged gradient lands there
+                mine.append((i, offset, values))
+                self.pieces_of.setdefault(i, []).append(values)
+            self.pieces.append(mine)
+        if self.carried_state is not None:
+            state, self.carried_state = self.carried_state, None
+            self._load_full_state(state)
+
+    def _adopt_optimizer_state(self):
+        """State the optimizer holds for the whole parameters when wrapped (Adagrad makes its
+        sums in its constructor, a checkpoint may have been loaded): sliced into the pieces."""
+        full = {}
+        for i, p in enumerate(self.params):
+            state = self.optimizer.state.pop(p, None)
+            if state:
+                full[i] = state
+        if full:
+            self._load_full_state(full)
+
+    def _load_full_state(self, full):
+        """full: parameter index -> {key: value} for whole parameters; each piece takes its
+        slice of every tensor shaped like its parameter, and every other value whole."""
+        state = self.optimizer.state
+        for k, mine in enumerate(self.pieces):
+            for i, offset, piece in mine:
+                whole = full.get(i)
+                if not whole:
+                    continue
+                numel = self.params[i].numel()
+                taken = {}
+                for key, value in whole.items():
+                    if isinstance(value, torch.Tensor) and value.dim() > 0 \
+                            and value.numel() == numel:
+                        taken[key] = value.detach().reshape(-1)[offset:offset + piece.numel()] \
+                            .clone().to(piece.dtype if value.is_floating_point() else value.dtype)
+                    elif isinstance(value, torch.Tensor):
+                        taken[key] = value.detach().clone()
+                    else:
+                        taken[key] = value
+                state[piece] = taken
+
+    def _gather_full_state(self):
+        """Every parameter's optimizer state whole, on every rank (a collective on the group):
+        each state tensor shaped like its piece is summed over the ranks from zeros with each
+        rank's pieces in place (the pieces cover every element once), and a scalar comes from
+        the piece holding the parameter's first element."""
+        state = self.optimizer.state
+        elementwise, scalars = {}, {}   # key -> dtype, for every piece's state
+        others = {}                     # non-tensor values: key -> value (the same everywhere)
+        for mine in self.pieces:
+            for _, _, piece in mine:
+                for key, value in state.get(piece, {}).items():
+                    if isinstance(value, torch.Tensor) and value.dim() > 0 \
+                            and value.numel() == piece.numel():
+                        elementwise[key] = value.dtype
+                    elif isinstance(value, torch.Tensor) and value.numel() == 1:
+                        scalars[key] = value.dtype
+                    else:
+                        others[key] = value
+        # Which keys exist at all: every rank must run the same collectives.
+        keys = self._agreed_keys(sorted(elementwise), sorted(scalars))
+        sizes = [p.numel() for p in self.params]
+        starts = [0]
+        for n in sizes:
+            starts.append(starts[-1] + n)
+        full = {i: {} for i in range(len(self.params))}
+        have = [False] * len(self.params)
+        for key in keys["elementwise"]:
+            flat = torch.zeros(starts[-1], dtype=torch.float64)
+            for mine in self.pieces:
+                for i, offset, piece in mine:
+                    value = state.get(piece, {}).get(key)
+                    if value is not None:
+                        at = starts[i] + offset
+                        flat[at:at + piece.numel()] = value.detach().reshape(-1).double()
+                        have[i] = True
+            dist.all_reduce(flat, group=self.group)
+            dtype = elementwise.get(key, torch.float32)
+            for i, p in enumerate(self.params):
+                full[i][key] = flat[starts[i]:starts[i + 1]].to(dtype).reshape(p.shape).clone()
+        for key in keys["scalars"]:
+            values = torch.zeros(len(self.params), dtype=torch.float64)
+            for mine in self.pieces:
+                for i, offset, piece in mine:
+                    value = state.get(piece, {}).get(key)
+                    if value is not None and offset == 0:
+                        values[i] = float(value)
+            dist.all_reduce(values, group=self.group)
+            dtype = scalars.get(key, torch.float32)
+            for i in range(len(self.params)):
+                full[i][key] = torch.tensor(values[i].item(), dtype=dtype)
+        # Parameters without state on any rank (never stepped) get none.
+        known = torch.tensor([1.0 if h else 0.0 for h in have], dtype=torch.float64)
+        if keys["elementwise"]:
+            dist.all_reduce(known, group=self.group)
+        for i in range(len(self.params)):
+            if known[i] == 0 and keys["elementwise"]:
+                full[i] = {}
+            elif full[i]:
+                full[i].update(others)
+        return {i: s for i, s in full.items() if s}
+
+    def _agreed_keys(self, elementwise, scalars):
+        # The union over the ranks (a rank may hold no piece of some parameter, or none at all).
+        mine = [("e", key) for key in elementwise] + [("s", key) for key in scalars]
+        everyone = [None] * self.world
+        dist.all_gather_object(everyone, mine, group=self.group)
+        union = sorted({entry for rank in everyone for entry in rank})
+        return {"elementwise": [key for kind, key in union if kind == "e"],
+                "scalars": [key for kind, key in union if kind == "s"]}
+
+    def _carry_state_over_replan(self):
+        """Before the buckets change: the optimizer state gathered whole (collective), to be
+        sliced into the new pieces by _shard_layout."""
+        if not self._anyone_has_state():  # (a collective on every rank alike)
+            return
+        self.carried_state = self._gather_full_state()
+        for mine in self.pieces:
+            for _, _, piece in mine:
+                self.optimizer.state.pop(piece, None)
+
+    def _anyone_has_state(self):
+        mine = torch.tensor([1.0 if any(piece in self.optimizer.state for m in self.pieces
+                                        for _, _, piece in m) else 0.0])
+        dist.all_reduce(mine, group=self.group)
+        return bool(mine.item())
+
+    def _shard_step(self, k, narrowed):
+        """Update group k's pieces with the user's optimizer: each param group narrowed to the
+        pieces of its parameters in this group (a parameter unused on every rank is left out,
+        as DDP leaves it without a gradient)."""
+        track = self.plan.track_usage
+        pieces = []
+        for params in narrowed:
+            mine = []
+            for p in params:
+                i = self.index[id(p)]
+                if track and self.reducer.globally_unused(i):
+                    continue
+                mine.extend(self.pieces_of.get(i, ()))
+            pieces.append(mine)
+        return pieces
+
+    def _shard_norm(self, norm_type):
+        """The norm of the averaged gradients over every rank's shard (a collective)."""
+        grads = [piece.grad for mine in self.pieces for _, _, piece in mine]
+        norm_type = float(norm_type)
+        if norm_type == float("inf"):
+            local = max((g.abs().max() for g in grads if g.numel()), default=torch.tensor(0.0))
+            total = local.detach().double().reshape(1).clone()
+            dist.all_reduce(total, op=dist.ReduceOp.MAX, group=self.group)
+            return total[0], grads
+        local = sum((g.double().abs().pow(norm_type).sum() for g in grads),
+                    torch.tensor(0.0, dtype=torch.float64))
+        total = local.reshape(1).clone()
+        dist.all_reduce(total, group=self.group)
+        return total[0].pow(1.0 / norm_type), grads
