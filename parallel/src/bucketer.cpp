@@ -420,16 +420,18 @@ Buffer Bucketer::bucket_buffer(std::size_t bucket) const {
 Buffer Bucketer::parameter_values(std::size_t gradient) const {
   spec(gradient);
   if (!_state->options.parameter_memory)
-    throw_invalid_argument("Bucketer::parameter_values: no parameter memory "
-                           "(BucketerOptions::parameter_memory)");
+    throw_invalid_argument(
+        "Bucketer::parameter_values: no parameter memory "
+        "(BucketerOptions::parameter_memory)");
   return _state->parameter_views[gradient];
 }
 
 Buffer Bucketer::parameter_bucket(std::size_t bucket) const {
   check_bucket(bucket, _state->buckets.size());
   if (!_state->options.parameter_memory)
-    throw_invalid_argument("Bucketer::parameter_bucket: no parameter memory "
-                           "(BucketerOptions::parameter_memory)");
+    throw_invalid_argument(
+        "Bucketer::parameter_bucket: no parameter memory "
+        "(BucketerOptions::parameter_memory)");
   return _state->parameter_memory[bucket];
 }
 
@@ -514,11 +516,10 @@ std::vector<BucketTasks> Bucketer::attach(Graph& graph, std::span<const Task> pr
       const std::size_t shard = s.buckets[b].padded_count / s.options.shard_multiple;
       if (into.count() != shard || into.dtype() != s.buckets[b].dtype || into.data() == nullptr ||
           into.device() != s.buckets[b].device)
-        throw_invalid_argument(
-            "Bucketer::attach: scatter_into[" + std::to_string(b) + "] is " + into.describe() +
-            " but bucket " + std::to_string(b) + "'s shard is " +
-            std::string(to_string(s.buckets[b].dtype)) + "[" + std::to_string(shard) + "] on " +
-            to_string(s.buckets[b].device));
+        throw_invalid_argument("Bucketer::attach: scatter_into[" + std::to_string(b) + "] is " +
+                               into.describe() + " but bucket " + std::to_string(b) +
+                               "'s shard is " + std::string(to_string(s.buckets[b].dtype)) + "[" +
+                               std::to_string(shard) + "] on " + to_string(s.buckets[b].device));
     }
   }
   // A bucket reduce-scattered into `into`: packed (or cast, the average folded in) into its
@@ -533,21 +534,21 @@ std::vector<BucketTasks> Bucketer::attach(Graph& graph, std::span<const Task> pr
       const Buffer shard = s.shard_wire[b];
       tasks.pack = graph.compute(name + ".pack", [copies, factor] { compress(copies, factor); },
                                  {.reads = full, .writes = {wire}, .group = name});
-      tasks.reduce = graph.reduce_scatter(name + ".reduce_scatter", wire, shard, ReduceOp::sum,
-                                          comm);
-      tasks.unpack = graph.compute(
-          name + ".unpack",
-          [shard, into] {
-            kernels::cast(shard.data(), shard.dtype(), into.data(), into.dtype(), into.count());
-          },
-          {.reads = {shard}, .writes = {into}, .group = name});
+      tasks.reduce =
+          graph.reduce_scatter(name + ".reduce_scatter", wire, shard, ReduceOp::sum, comm);
+      tasks.unpack = graph.compute(name + ".unpack",
+                                   [shard, into] {
+                                     kernels::cast(shard.data(), shard.dtype(), into.data(),
+                                                   into.dtype(), into.count());
+                                   },
+                                   {.reads = {shard}, .writes = {into}, .group = name});
       return;
     }
     if (!s.views) {
       const kernels::PackPlan plan = pack_plan(copies, name);
-      tasks.pack = graph.compute(
-          name + ".pack", [plan, wire] { kernels::pack(plan, bytes_of(wire)); },
-          {.reads = full, .writes = {wire}, .group = name});
+      tasks.pack =
+          graph.compute(name + ".pack", [plan, wire] { kernels::pack(plan, bytes_of(wire)); },
+                        {.reads = full, .writes = {wire}, .group = name});
     }
     tasks.reduce = graph.reduce_scatter(name + ".reduce_scatter", wire, into,
                                         average ? ReduceOp::avg : ReduceOp::sum, comm);

@@ -361,8 +361,8 @@ void GradientReducer::State::build() {
   if (sharded) {
     gathers.assign(all.size(), Task{});
     // The all-gathers are issued after every bucket's reduction (priorities below the
-    // reductions', which attach() raised by the bucket count: a gather that waits for its update must never
-    // hold up a reduction behind it in the collectives' fixed order, which with deferred
+    // reductions', which attach() raised by the bucket count: a gather that waits for its update
+    // must never hold up a reduction behind it in the collectives' fixed order, which with deferred
     // updates would wait for ever), in the order the next forward needs their parameters.
     std::vector<std::size_t> forward_position(n);
     for (std::size_t k = 0; k < n; ++k)
@@ -379,9 +379,8 @@ void GradientReducer::State::build() {
         group_need[k] = std::min(group_need[k], first_needed[b]);
     gather_order.resize(groups.size());
     std::iota(gather_order.begin(), gather_order.end(), 0);
-    std::stable_sort(gather_order.begin(), gather_order.end(), [&](std::size_t a, std::size_t b) {
-      return group_need[a] < group_need[b];
-    });
+    std::stable_sort(gather_order.begin(), gather_order.end(),
+                     [&](std::size_t a, std::size_t b) { return group_need[a] < group_need[b]; });
     std::vector<int> priority(all.size());
     int next_priority = static_cast<int>(all.size());
     for (std::size_t k : gather_order)
@@ -411,12 +410,12 @@ void GradientReducer::State::build() {
         // The rank's updated shard, copied out of the parameter memory the all-gather writes.
         const std::string name = "bucket" + std::to_string(b);
         const Buffer own = values.slice(lo, shard), send = parameter_shards[b];
-        Task copy = g.compute(
-            name + ".shard", [own, send] { std::memcpy(send.data(), own.data(), own.bytes()); },
-            {.reads = {own}, .writes = {send}, .group = name});
+        Task copy = g.compute(name + ".shard",
+                              [own, send] { std::memcpy(send.data(), own.data(), own.bytes()); },
+                              {.reads = {own}, .writes = {send}, .group = name});
         update_nodes[k].precede(copy);
-        gathers[b] =
-            g.allgather(name + ".allgather", send, values, {.priority = priority[b], .group = name});
+        gathers[b] = g.allgather(name + ".allgather", send, values,
+                                 {.priority = priority[b], .group = name});
         copy.precede(gathers[b]);
       }
     }

@@ -172,14 +172,14 @@ TEST_P(Sharded, CompressedToFloat16) {
   train(world, plan, 2e-3f);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Levels, Sharded,
-    ::testing::Combine(::testing::Values(ShardLevel::optimizer, ShardLevel::gradients),
-                       ::testing::Values(2, 3, 5)),
-    [](const auto& info) {
-      return std::string(to_string(std::get<0>(info.param))) + "_" +
-             std::to_string(std::get<1>(info.param)) + "_ranks";
-    });
+INSTANTIATE_TEST_SUITE_P(Levels, Sharded,
+                         ::testing::Combine(::testing::Values(ShardLevel::optimizer,
+                                                              ShardLevel::gradients),
+                                            ::testing::Values(2, 3, 5)),
+                         [](const auto& info) {
+                           return std::string(to_string(std::get<0>(info.param))) + "_" +
+                                  std::to_string(std::get<1>(info.param)) + "_ranks";
+                         });
 
 TEST(ShardedReducer, PiecesCoverEveryElementOnceAcrossRanks) {
   for (const int world : {2, 3, 4}) {
@@ -200,13 +200,14 @@ TEST(ShardedReducer, PiecesCoverEveryElementOnceAcrossRanks) {
           EXPECT_EQ(reducer.update_group_of(piece.parameter), k);
           const float* base = reducer.parameter_values(piece.parameter).as<float>();
           EXPECT_EQ(piece.values.as<float>(), base + piece.offset);
-          for (std::size_t i = 0; i < piece.count; ++i) ++covered[piece.parameter][piece.offset + i];
+          for (std::size_t i = 0; i < piece.count; ++i)
+            ++covered[piece.parameter][piece.offset + i];
         }
     });
     for (std::size_t p = 0; p < covered.size(); ++p)
       for (std::size_t i = 0; i < covered[p].size(); ++i)
-        ASSERT_EQ(covered[p][i], 1) << "world " << world << ", parameter " << p << ", element "
-                                    << i;
+        ASSERT_EQ(covered[p][i], 1)
+            << "world " << world << ", parameter " << p << ", element " << i;
   }
 }
 
@@ -243,8 +244,7 @@ TEST(ShardedReducer, GathersFollowTheForwardOrder) {
       std::size_t last = 0;
       for (std::size_t k : order) {
         std::size_t first = reducer.num_parameters();
-        for (std::size_t p : reducer.update_group(k))
-          first = std::min(first, reversed ? 5 - p : p);
+        for (std::size_t p : reducer.update_group(k)) first = std::min(first, reversed ? 5 - p : p);
         EXPECT_GE(first, last) << "group " << k;
         last = first;
       }

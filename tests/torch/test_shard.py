@@ -151,3 +151,94 @@ def test_a_model_wrapped_again_keeps_its_optimizer_state(world):
         loss_of(kind, net(x), y).backward()
         opt.step()
     assert_like_ddp(model, ddp_model, gloo, n)
+
+
+def steps(net, opt, kind, rank, first, last):
+    for step in range(first, last):
+        x, y = data(kind, rank, step)
+        opt.zero_grad()
+        loss_of(kind, net(x), y).backward()
+        opt.step()
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_full_state_dict_saved_at_n_ranks_resumes_at_fewer(world, level):
+    """opt.state_dict() of a sharded optimizer is the whole state (a collective), in torch's
+    format: saved after 4 steps at n ranks, loaded at n - 1 ranks (a subgroup), and the next 4
+    steps there equal DDP's doing the same."""
+    rank, n, gloo = world
+    m = max(1, n - 1)
+    sub = torch.distributed.new_group(list(range(m)), backend="loom")
+    sub_gloo = torch.distributed.new_group(list(range(m)), backend="gloo")
+    out = {}
+    for how in ("ddp", "loom"):
+        model, kind = fresh("odd")
+        opt = OPTIMIZERS["adamw"](model.parameters())
+        if how == "ddp":
+            net = DDP(model, process_group=gloo, bucket_cap_mb=CAP_MB)
+        else:
+            net, opt = loom_torch.parallelize(model, opt, bucket_cap_mb=CAP_MB,
+                                              first_bucket_mb=CAP_MB, shard=level)
+        steps(net, opt, kind, rank, 0, 4)
+        saved = (net.state_dict(), opt.state_dict())  # every rank: a collective for loom
+        if how == "loom":
+            assert set(saved[1]["state"]) == set(range(len(list(model.parameters()))))
+            assert saved[1]["state"][0]["exp_avg"].shape == model.fc1.weight.shape
+        if rank >= m:
+            continue
+        torch.manual_seed(7)  # other initial weights: the checkpoint must bring them
+        again = OddMlp()
+        opt2 = OPTIMIZERS["adamw"](again.parameters())
+        if how == "ddp":
+            net2 = DDP(again, process_group=sub_gloo, bucket_cap_mb=CAP_MB)
+        else:
+            net2, opt2 = loom_torch.parallelize(again, opt2, process_group=sub,
+                                                bucket_cap_mb=CAP_MB, first_bucket_mb=CAP_MB,
+                                                shard=level)
+        net2.load_state_dict(saved[0])
+        opt2.load_state_dict(saved[1])
+        steps(net2, opt2, kind, rank, 4, 8)
+        out[how] = again
+    if rank < m:
+        assert_like_ddp(out["loom"], out["ddp"], sub_gloo, m)
+    torch.distributed.barrier(group=gloo)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_distributed_checkpoint_at_the_same_world_size_resumes_like_the_uninterrupted_run(
+        world, level):
+    import os
+    import shutil
+    import tempfile
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    rank, n, gloo = world
+    directory = [tempfile.mkdtemp(prefix="loom_shard_dcp_") if rank == 0 else None]
+    torch.distributed.broadcast_object_list(directory, src=0, group=gloo)
+    where = os.path.join(directory[0], level)
+    try:
+        def wrapped(seed):
+            torch.manual_seed(seed)
+            model = OddMlp()
+            return (model,) + loom_torch.parallelize(
+                model, OPTIMIZERS["adam"](model.parameters()), bucket_cap_mb=CAP_MB,
+                first_bucket_mb=CAP_MB, shard=level)
+
+        whole, net, opt = wrapped(0)
+        steps(net, opt, "vector", rank, 0, 8)
+        first, net, opt = wrapped(0)
+        steps(net, opt, "vector", rank, 0, 4)
+        model_state, opt_state = get_state_dict(net, opt)
+        dcp.save({"model": model_state, "optim": opt_state}, checkpoint_id=where)
+        resumed, net, opt = wrapped(5)
+        model_state, opt_state = get_state_dict(net, opt)
+        state = {"model": model_state, "optim": opt_state}
+        dcp.load(state, checkpoint_id=where)
+        set_state_dict(net, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        steps(net, opt, "vector", rank, 4, 8)
+        assert_like_ddp(resumed, whole, gloo, n)
+    finally:
+        torch.distributed.barrier(group=gloo)
+        if rank == 0:
+            shutil.rmtree(directory[0], ignore_errors=True)

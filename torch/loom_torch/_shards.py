@@ -188,11 +188,32 @@ class _Shards:
         dist.all_reduce(mine, group=self.group)
         return bool(mine.item())
 
-    def _shard_step(self, k, narrowed):
+    def _init_piece_state(self):
+        """A step of every piece with zero gradients (the caller set every learning rate to 0):
+        the optimizer's state for the shard, shaped, as torch.distributed.checkpoint makes a
+        fresh optimizer's state to load into. Local: nothing is communicated."""
+        groups = self.optimizer.param_groups
+        narrowed = self._shard_step(None, [g["params"] for g in groups], every=True)
+        saved = [g["params"] for g in groups]
+        grads = {}
+        try:
+            for g, pieces in zip(groups, narrowed):
+                g["params"] = pieces
+                for piece in pieces:
+                    grads[piece] = piece.grad
+                    piece.grad = torch.zeros_like(piece)
+            self.step_function(self.optimizer)
+        finally:
+            for g, params in zip(groups, saved):
+                g["params"] = params
+            for piece, grad in grads.items():
+                piece.grad = grad
+
+    def _shard_step(self, k, narrowed, every=False):
         """Update group k's pieces with the user's optimizer: each param group narrowed to the
         pieces of its parameters in this group (a parameter unused on every rank is left out,
-        as DDP leaves it without a gradient)."""
-        track = self.plan.track_usage
+        as DDP leaves it without a gradient; every=True: every piece)."""
+        track = self.plan.track_usage and not every
         pieces = []
         for params in narrowed:
             mine = []

@@ -218,6 +218,12 @@ class _Updates:
             self._apply(k)
 
     def optimizer_step(self, closure=None):
+        if (self.sharded and not self.awaiting_step and not self.optimizer.state
+                and all(g.get("lr", 1.0) == 0 for g in self.optimizer.param_groups)):
+            # torch.distributed.checkpoint's _init_optim_state (below): with a sharded plan the
+            # state it makes, to load into, is the pieces', from zero gradients.
+            self._init_piece_state()
+            return None
         if self.defer_updates and self.sharded and self.awaiting_step:
             # The averages landed in backward; each group's pieces are updated now, and the
             # all-gathers land before the next forward reads the parameters.
@@ -298,8 +304,32 @@ class _Updates:
 
     def optimizer_state_dict(self):
         self.synchronize()
-        return type(self.optimizer).state_dict(self.optimizer)
+        if not self.sharded:
+            return type(self.optimizer).state_dict(self.optimizer)
+        # The whole state of every parameter (a collective: every rank calls state_dict()), in
+        # torch's format keyed by the param groups' parameters: it loads at any world size, with
+        # or without loom, and torch.distributed.checkpoint saves it as DDP's.
+        whole = self._gather_full_state()
+        state = self.optimizer.state
+        mine = dict(state)
+        try:
+            state.clear()
+            for i, entry in whole.items():
+                state[self.params[i]] = entry
+            return type(self.optimizer).state_dict(self.optimizer)
+        finally:
+            state.clear()
+            state.update(mine)
 
     def optimizer_load_state_dict(self, state_dict):
         self.synchronize()
-        return type(self.optimizer).load_state_dict(self.optimizer, state_dict)
+        if not self.sharded:
+            return type(self.optimizer).load_state_dict(self.optimizer, state_dict)
+        # torch's load puts the whole state on the parameters; each rank keeps its pieces' slice.
+        state = self.optimizer.state
+        for mine in self.pieces:
+            for _, _, piece in mine:
+                state.pop(piece, None)
+        type(self.optimizer).load_state_dict(self.optimizer, state_dict)
+        self._adopt_optimizer_state()
+        return None

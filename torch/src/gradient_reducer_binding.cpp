@@ -474,7 +474,8 @@ void bind_gradient_reducer(py::module_& m) {
           "A sharded plan's pieces of update group k on this rank: (parameter, offset, count, "
           "values, gradient), values and gradient 1-D views of loom's memory")
       .def(
-          "parameter_values", [](const Self& r, std::size_t p) { return r->parameter_values(p, r); },
+          "parameter_values",
+          [](const Self& r, std::size_t p) { return r->parameter_values(p, r); },
           py::arg("parameter"),
           "A sharded plan's parameter p in loom's memory (shaped like p): the parameter is made "
           "a view of it, and each step's all-gathers write it")

@@ -95,9 +95,10 @@ struct ShardPiece {
 /// the group, and its update is the client's optimizer applied to shard_pieces(k) only, so its
 /// state is for the shard. After updated(k), "<b>.shard" copies the rank's updated shard out and
 /// "<b>.allgather" gathers every rank's into the parameter memory: the client waits for that
-/// with wait_gathered(k) before the parameters are read (the next forward). Every wait has the executor's timeout;
-/// failures are loom::Error naming the node, parameter and rank. The plan can change between
-/// steps (replan()); the graph, trace, DOT and "why exposed" report are the executor's.
+/// with wait_gathered(k) before the parameters are read (the next forward). Every wait has the
+/// executor's timeout; failures are loom::Error naming the node, parameter and rank. The plan can
+/// change between steps (replan()); the graph, trace, DOT and "why exposed" report are the
+/// executor's.
 class GradientReducer {
  public:
   /// @brief Builds and compiles the step for `backend` (compiling communicates: every rank

@@ -93,8 +93,8 @@ struct ReducerPlan {
 
   /// @brief ErrorCode::invalid_argument, "<who>: ...", naming the first bad field: a cap or
   /// first bucket of 0 bytes, a wire_ratio not finite and > 0, an issue order that repeats a
-  /// bucket, a shard level without external_updates. The orders' lengths are checked against the parameters by the reducer that runs
-  /// the plan.
+  /// bucket, a shard level without external_updates. The orders' lengths are checked against the
+  /// parameters by the reducer that runs the plan.
   void check(const std::string& who) const;
 };
 
@@ -104,7 +104,8 @@ std::string describe(const ReducerPlan& plan);
 
 /// @brief A plan on the wire (rank 0's decisions reach the other ranks so): the fields a search
 /// varies (cap, first bucket, partition, collectives in flight, priority, wire_ratio, shard
-/// level) and the issue order, appended to `out`. The one encoding every planner uses; PlanReader reads it.
+/// level) and the issue order, appended to `out`. The one encoding every planner uses; PlanReader
+/// reads it.
 void encode_plan(const ReducerPlan& plan, std::vector<std::int64_t>& out);
 
 /// @brief Reads, in order, values that encode_plan and the planner's own values make up.
