@@ -17,6 +17,7 @@
 #include "loom/kernels/pack.hpp"
 #include "loom/kernels/reduce.hpp"
 #include "loom/pinned_pool.hpp"
+#include "mapped_memory.hpp"
 
 namespace loom {
 
@@ -154,6 +155,7 @@ struct Bucketer::State {
   BucketerOptions options;
   // Declared before the blocks: blocks go back to the pool before the pool dies.
   std::unique_ptr<PinnedPool> own_pool;
+  std::vector<detail::MappedMemory> mapped;  // exact_memory: the arenas
   bool views = false;
   bool rebuilt = false;
   std::vector<Bucket> buckets;
@@ -194,6 +196,7 @@ void Bucketer::State::assign(std::span<const std::size_t> order) {
   parameter_views.clear();
   shard_wire.clear();
   blocks.clear();
+  mapped.clear();
   buckets = std::move(fresh);
   bucket_memory.resize(buckets.size());
   wire.resize(buckets.size());
@@ -206,8 +209,16 @@ void Bucketer::State::assign(std::span<const std::size_t> order) {
     for (const Bucket& b : buckets) group_count[key_of(b.dtype, b.device)] += b.padded_count;
     const auto lay_out = [&](std::vector<Buffer>& per_bucket, std::vector<Buffer>& per_gradient) {
       std::map<GroupKey, std::pair<Buffer, std::size_t>> arena;  // memory, next free element
-      for (const auto& [key, count] : group_count)
-        arena[key] = {acquire(count, static_cast<DType>(std::get<0>(key))), 0};
+      for (const auto& [key, count] : group_count) {
+        const DType dtype = static_cast<DType>(std::get<0>(key));
+        if (options.exact_memory) {
+          const detail::MappedMemory& m =
+              mapped.emplace_back(count * dtype_size(dtype), "Bucketer: a bucket arena");
+          arena[key] = {Buffer(m.data(), count, dtype), 0};
+        } else {
+          arena[key] = {acquire(count, dtype), 0};
+        }
+      }
       per_bucket.assign(buckets.size(), Buffer{});
       per_gradient.assign(gradients.size(), Buffer{});
       for (std::size_t b = 0; b < buckets.size(); ++b) {
@@ -288,6 +299,14 @@ Bucketer::Bucketer(std::vector<ParameterSpec> gradients, BucketerOptions options
   _state->gradients = std::move(gradients);
   _state->options = options;
   _state->views = with_storage == 0;
+  if ((options.exact_memory || options.release_after_scatter) && !_state->views)
+    throw_invalid_argument(
+        "Bucketer: exact_memory and release_after_scatter are for gradients as views (the "
+        "gradients have storage of their own)");
+  if (options.release_after_scatter && !options.exact_memory)
+    throw_invalid_argument(
+        "Bucketer: release_after_scatter needs exact_memory (pages from the "
+        "pool are locked and shared)");
   if (options.parameter_memory && !_state->views)
     throw_invalid_argument(
         "Bucketer: parameter_memory is laid out as the gradients' views, but the gradients have "
@@ -553,6 +572,15 @@ std::vector<BucketTasks> Bucketer::attach(Graph& graph, std::span<const Task> pr
     tasks.reduce = graph.reduce_scatter(name + ".reduce_scatter", wire, into,
                                         average ? ReduceOp::avg : ReduceOp::sum, comm);
   };
+  // release_after_scatter: the bucket's pages (and its 16-bit wire's) back to the kernel once
+  // its scatter landed.
+  const auto add_release = [&](const std::string& name, std::size_t b, BucketTasks& tasks) {
+    const Buffer memory = s.bucket_memory[b];
+    tasks.release = graph.compute(
+        name + ".release", [memory] { detail::release_pages(memory.data(), memory.bytes()); },
+        {.writes = {memory}, .group = name});
+    tasks.done().precede(tasks.release);
+  };
   std::vector<BucketTasks> out(n);
   for (std::size_t b = 0; b < n; ++b) {
     const Bucket& bucket = s.buckets[b];
@@ -562,6 +590,7 @@ std::vector<BucketTasks> Bucketer::attach(Graph& graph, std::span<const Task> pr
     const CommOptions comm{.priority = priority[b], .group = name};
     if (scatter) {
       add_scatter(name, b, options.scatter_into[b], comm, tasks);
+      if (s.options.release_after_scatter) add_release(name, b, tasks);
     } else {
       ReduceOp op = ReduceOp::sum;
       if (compression != Compression::none || !s.views)

@@ -17,6 +17,7 @@
 #include "loom/error.hpp"
 #include "loom/kernels/reduce.hpp"
 #include "loom/pinned_pool.hpp"
+#include "mapped_memory.hpp"
 
 namespace loom {
 
@@ -212,13 +213,14 @@ struct GradientReducer::State {
   double factor = 1.0;  // 1 / world size, applied as each gradient is copied in (as DDP)
 
   // The compiled step (rebuilt by replan). The bucketer owns the memory the graph refers to;
-  // the pool (the bucketer's and the shards') outlives it.
+  // the pool (the bucketer's) outlives it.
   std::unique_ptr<PinnedPool> pool = std::make_unique<PinnedPool>();
   std::unique_ptr<Bucketer> bucketer;
   // Sharded plans: per bucket, the rank's shard of the averaged gradients (gradients level) and
   // of the updated parameters (what the all-gather sends); per group, the rank's pieces; per
   // bucket, the all-gather.
-  std::vector<PinnedBlock> shard_blocks;
+  std::vector<detail::MappedMemory> shard_memory;  // the gradients' shards, the parameters'
+
   std::vector<Buffer> gradient_shards, parameter_shards;
   std::vector<std::vector<ShardPiece>> pieces;
   std::vector<Task> gathers;
@@ -293,6 +295,8 @@ void GradientReducer::State::build() {
   options.pool = pool.get();
   options.shard_multiple = sharded ? world : 1;
   options.parameter_memory = sharded;
+  options.exact_memory = sharded;  // memory the size of the model: no size classes
+  options.release_after_scatter = plan.shard == ShardLevel::gradients;
   auto fresh = std::make_unique<Bucketer>(parameters, options);
   if (!plan.ready_order.empty()) fresh->rebuild(plan.ready_order);
   // The parameters' values move with a replan (a sharded plan's memory is the parameters').
@@ -303,24 +307,32 @@ void GradientReducer::State::build() {
     }
   executor.reset();  // the old executor refers to the old graph's memory
   bucketer = std::move(fresh);
-  shard_blocks.clear();
+  shard_memory.clear();
   gradient_shards.clear();
   parameter_shards.clear();
   pieces.clear();
   gathers.clear();
   gather_order.clear();
   const std::vector<Bucket>& all = bucketer->buckets();
-  const auto shard_memory = [&](const Bucket& b) {
-    const std::size_t count = b.padded_count / world;
-    PinnedBlock& block = shard_blocks.emplace_back(pool->acquire(count * dtype_size(b.dtype)));
-    std::memset(block.data(), 0, count * dtype_size(b.dtype));
-    return Buffer(block.data(), count, b.dtype);
-  };
-  if (sharded)
+  // Every bucket's shard back to back (64-byte aligned) in one mapping per kind.
+  const auto shards_of = [&](std::vector<Buffer>& out, const char* what) {
+    constexpr std::size_t align = 64;
+    std::vector<std::size_t> offsets;
+    std::size_t total = 0;
     for (const Bucket& b : all) {
-      parameter_shards.push_back(shard_memory(b));
-      if (plan.shard == ShardLevel::gradients) gradient_shards.push_back(shard_memory(b));
+      offsets.push_back(total);
+      total += ((b.padded_count / world) * dtype_size(b.dtype) + align - 1) / align * align;
     }
+    const detail::MappedMemory& m = shard_memory.emplace_back(total, what);
+    for (std::size_t b = 0; b < all.size(); ++b)
+      out.push_back(Buffer(static_cast<std::byte*>(m.data()) + offsets[b],
+                           all[b].padded_count / world, all[b].dtype));
+  };
+  if (sharded) {
+    shards_of(parameter_shards, "GradientReducer: the parameters' shards");
+    if (plan.shard == ShardLevel::gradients)
+      shards_of(gradient_shards, "GradientReducer: the gradients' shards");
+  }
 
   Graph g;
   gradient_nodes.clear();

@@ -266,6 +266,46 @@ TEST(ShardedReducer, GathersFollowTheForwardOrder) {
   });
 }
 
+// ZeRO-2's memory: once a bucket's reduce-scatter landed its whole pages go back to the kernel
+// (they read as zero), and the next step's gradients fault them in again with the right values.
+TEST(ShardedReducer, GradientBucketsGiveTheirPagesBackAfterTheScatter) {
+  std::atomic<long> resident{0}, wrong{0};
+  LocalWorld::run(3, [&](Backend& backend) {
+    std::vector<ParameterSpec> big = {{"a", "m", 40001}, {"b", "m", 30011}};
+    ReducerPlan plan = sharded(ShardLevel::gradients, 64 << 10);
+    GradientReducer reducer(big, backend, plan, options());
+    EXPECT_TRUE(reducer.graph().find("bucket0.release").valid());
+    std::vector<std::vector<float>> grads = {std::vector<float>(40001), std::vector<float>(30011)};
+    for (int step = 0; step < 2; ++step) {
+      reducer.begin();
+      for (std::size_t p = 0; p < 2; ++p) {
+        for (std::size_t i = 0; i < grads[p].size(); ++i)
+          grads[p][i] = local_gradient(backend.rank(), p, step, i);
+        reducer.ready(p, Buffer::of(std::span(grads[p])));
+      }
+      for (std::size_t k = 0; k < reducer.num_update_groups(); ++k) {
+        reducer.wait_update(k);
+        for (const ShardPiece& piece : reducer.shard_pieces(k)) {
+          const float* g = piece.gradient.as<float>();
+          for (std::size_t i = 0; i < piece.count; ++i)
+            if (std::fabs(g[i] - average(3, piece.parameter, step, piece.offset + i)) > 1e-5f)
+              ++wrong;
+        }
+        reducer.updated(k);
+      }
+      reducer.finish();
+      // Every element of the buckets' interior pages reads zero now.
+      for (std::size_t p = 0; p < 2; ++p) {
+        const float* v = reducer.gradient(p).as<float>();
+        for (std::size_t i = 2048; i + 2048 < grads[p].size(); ++i)
+          if (v[i] != 0.0f) ++resident;
+      }
+    }
+  });
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(resident.load(), 0);
+}
+
 TEST(ShardedReducer, ReplanKeepsTheParameterValues) {
   LocalWorld::run(3, [&](Backend& backend) {
     GradientReducer reducer(model(), backend, sharded(ShardLevel::optimizer), options());

@@ -70,6 +70,15 @@ struct BucketerOptions {
   /// only): parameter_values() and parameter_bucket(), for a sharded update whose updated
   /// shards are all-gathered into the parameters.
   bool parameter_memory = false;
+  /// @brief Gradients as views only: the arenas (gradients, parameters) come straight from the
+  /// kernel, exactly the pages they need, instead of from the pool (whose power-of-two size
+  /// classes could double memory the size of the model) and unlocked.
+  bool exact_memory = false;
+  /// @brief With exact_memory and AttachOptions::scatter_into: once a bucket's reduce-scatter
+  /// landed, its whole pages go back to the kernel ("<b>.release"): a bucket's gradients are
+  /// resident only from its first hand-over to its scatter (ZeRO-2's memory), at the price of
+  /// faulting the pages in again at the next backward.
+  bool release_after_scatter = false;
 };
 
 /// @brief The elements [offset, offset + count) of one gradient, placed in a bucket.
@@ -131,6 +140,9 @@ struct BucketTasks {
   Task unpack;  ///< invalid likewise
   /// @brief The first node of the chain (pack, else reduce): it runs after the producers.
   Task first() const { return pack.valid() ? pack : reduce; }
+  /// @brief release_after_scatter: gives the bucket's pages back after the scatter (invalid
+  /// otherwise).
+  Task release;
   /// @brief The last node of the chain: make the bucket's optimizer update succeed it.
   Task done() const { return unpack.valid() ? unpack : reduce; }
 };
