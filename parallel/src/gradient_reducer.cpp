@@ -205,6 +205,26 @@ UpdateGroups make_shard_groups(const Bucketer& bucketer,
   return out;
 }
 
+std::vector<std::size_t> shard_gather_order(const std::vector<Bucket>& buckets,
+                                            const std::vector<std::vector<std::size_t>>& groups,
+                                            const std::vector<std::size_t>& forward_order,
+                                            std::size_t parameters) {
+  const std::size_t n = parameters;
+  std::vector<std::size_t> forward_position(n);
+  for (std::size_t k = 0; k < n; ++k)
+    forward_position[forward_order.empty() ? k : forward_order[k]] = k;
+  std::vector<std::size_t> need(groups.size(), n);
+  for (std::size_t k = 0; k < groups.size(); ++k)
+    for (std::size_t b : groups[k])
+      for (const BucketPiece& piece : buckets.at(b).pieces)
+        need[k] = std::min(need[k], forward_position.at(piece.gradient));
+  std::vector<std::size_t> order(groups.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return need[a] < need[b]; });
+  return order;
+}
+
 struct GradientReducer::State {
   std::vector<ParameterSpec> parameters;
   Backend& backend;
@@ -220,6 +240,12 @@ struct GradientReducer::State {
   // of the updated parameters (what the all-gather sends); per group, the rank's pieces; per
   // bucket, the all-gather.
   std::vector<detail::MappedMemory> shard_memory;  // the gradients' shards, the parameters'
+  // What the last replan replaced, kept until the step after it ends: a sharded plan's
+  // parameters are views of the bucketer's memory, and a backward running when the plan
+  // changed (the client replans as its backward begins) still reads the values its forward saved.
+  std::vector<std::unique_ptr<Bucketer>> retired;
+  std::vector<detail::MappedMemory> retired_shards;
+  bool retire_after_step = false;
 
   std::vector<Buffer> gradient_shards, parameter_shards;
   std::vector<std::vector<ShardPiece>> pieces;
@@ -306,6 +332,10 @@ void GradientReducer::State::build() {
       std::memcpy(to.data(), from.data(), from.bytes());
     }
   executor.reset();  // the old executor refers to the old graph's memory
+  if (bucketer && bucketer->options().parameter_memory) {
+    retired.push_back(std::move(bucketer));
+    for (detail::MappedMemory& m : shard_memory) retired_shards.push_back(std::move(m));
+  }
   bucketer = std::move(fresh);
   shard_memory.clear();
   gradient_shards.clear();
@@ -373,26 +403,11 @@ void GradientReducer::State::build() {
   if (sharded) {
     gathers.assign(all.size(), Task{});
     // The all-gathers are issued after every bucket's reduction (priorities below the
-    // reductions', which attach() raised by the bucket count: a gather that waits for its update
-    // must never hold up a reduction behind it in the collectives' fixed order, which with deferred
-    // updates would wait for ever), in the order the next forward needs their parameters.
-    std::vector<std::size_t> forward_position(n);
-    for (std::size_t k = 0; k < n; ++k)
-      forward_position[plan.forward_order.empty() ? k : plan.forward_order[k]] = k;
-    std::vector<std::size_t> first_needed(all.size(), n);
-    for (std::size_t b = 0; b < all.size(); ++b)
-      for (const BucketPiece& piece : all[b].pieces)
-        first_needed[b] = std::min(first_needed[b], forward_position[piece.gradient]);
-    // Per update group (its buckets' gathers one after another), groups by the first
-    // parameter the forward needs of them.
-    std::vector<std::size_t> group_need(groups.size(), n);
-    for (std::size_t k = 0; k < groups.size(); ++k)
-      for (std::size_t b : group_buckets[k])
-        group_need[k] = std::min(group_need[k], first_needed[b]);
-    gather_order.resize(groups.size());
-    std::iota(gather_order.begin(), gather_order.end(), 0);
-    std::stable_sort(gather_order.begin(), gather_order.end(),
-                     [&](std::size_t a, std::size_t b) { return group_need[a] < group_need[b]; });
+    // reductions', which attach() raised by the bucket count: a gather that waits for its
+    // update must never hold up a reduction behind it in the collectives' fixed order, which
+    // with deferred updates would wait for ever), group by group in the order the next
+    // forward needs them.
+    gather_order = shard_gather_order(all, group_buckets, plan.forward_order, n);
     std::vector<int> priority(all.size());
     int next_priority = static_cast<int>(all.size());
     for (std::size_t k : gather_order)
@@ -553,6 +568,7 @@ void GradientReducer::begin() {
   }
   s.executor->start();
   s.in_step = true;
+  s.retire_after_step = !s.retired.empty();
 }
 
 bool GradientReducer::in_step() const noexcept {
@@ -705,7 +721,13 @@ void GradientReducer::finish() {
   State& s = *_state;
   if (!s.in_step) invalid("finish: no step in progress (begin() starts one)");
   s.in_step = false;
+  const bool retire = s.retire_after_step;
+  s.retire_after_step = false;
   s.executor->wait();
+  if (retire) {  // the step after the replan ended: nothing reads the old memory any more
+    s.retired.clear();
+    s.retired_shards.clear();
+  }
   std::lock_guard lock(s.log_mutex);
   if (s.ready_log.size() == s.parameters.size()) s.last_ready_order = s.ready_log;
   s.last_handed_at = s.handed_at;

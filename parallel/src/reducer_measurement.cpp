@@ -211,7 +211,11 @@ ReducerMeasurements measure_reducer_steps(const GradientReducer& reducer,
       stopped.push_back(span);
       double elements = 0;
       const std::vector<std::size_t>& group = reducer.update_group(k);
-      for (std::size_t p : group) elements += static_cast<double>(reducer.parameter(p).count);
+      if (reducer.plan().shard == ShardLevel::none)
+        for (std::size_t p : group) elements += static_cast<double>(reducer.parameter(p).count);
+      else  // the update is of this rank's pieces only
+        for (const ShardPiece& piece : reducer.shard_pieces(k))
+          elements += static_cast<double>(piece.count);
       update_samples.push_back(
           {static_cast<double>(group.size()), elements, std::max(0.0, span.end_s - span.start_s)});
       m.update_s += span.end_s - span.start_s;

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
@@ -44,7 +45,8 @@ std::vector<std::int64_t> predicted_on_rank_zero(
     try {
       const ReducerMeasurements measured = measure_reducer_steps(reducer, steps, search.latency_s);
       const std::vector<PlanPrediction> ranked = rank_plans(reducer, measured, search);
-      const PlanPrediction current = predict_reducer_step(reducer, measured, reducer.plan());
+      const PlanPrediction current =
+          predict_reducer_step(reducer, measured, reducer.plan(), search);
       encode(measured, ranked, current, mine);
     } catch (const Error& e) {
       failure = e;
@@ -76,8 +78,10 @@ PlanDecision choose_reducer_plan(GradientReducer& reducer, std::span<const Reduc
         const double current = running.step_s;
         // A plan replaces the running one only if it is predicted faster by more than the
         // prediction misses the running plan's measured step.
+        // A running plan over the memory budget is replaced by the fastest that fits.
         const double doubt = std::abs(current - measured.step_s);
-        const bool change = ranked.front().step_s < current - doubt;
+        const bool change =
+            ranked.front().fits && (ranked.front().step_s < current - doubt || !running.fits);
         encode_plan(change ? ranked.front().plan : running.plan, out);
         out.push_back(static_cast<std::int64_t>(ranked.size()));
         out.push_back(std::bit_cast<std::int64_t>(change ? ranked.front().step_s : current));
@@ -117,9 +121,13 @@ PlanShortlist shortlist_reducer_plans(GradientReducer& reducer,
       reducer, steps, search, "GradientReducer::shortlist_plans", "shortlist_reducer_plans",
       [keep, margin](const ReducerMeasurements& measured, const std::vector<PlanPrediction>& ranked,
                      const PlanPrediction& current, std::vector<std::int64_t>& out) {
+        // Only plans within the memory budget (rank_plans puts them first); where the running
+        // plan is over it, the fastest that fit, whatever their prediction.
         std::vector<const PlanPrediction*> picked{&current};
         for (const PlanPrediction& p : ranked) {
-          if (picked.size() >= keep || !(p.step_s < current.step_s * margin)) break;
+          if (picked.size() >= keep || !p.fits ||
+              (current.fits && !(p.step_s < current.step_s * margin)))
+            break;
           const bool twin = std::any_of(picked.begin(), picked.end(), [&](const auto* q) {
             return same_plan(q->plan, p.plan) ||
                    (q->buckets == p.buckets && std::abs(q->step_s - p.step_s) <= 1e-9 * q->step_s);
@@ -132,6 +140,8 @@ PlanShortlist shortlist_reducer_plans(GradientReducer& reducer,
           encode_plan(p->plan, out);
           out.push_back(std::bit_cast<std::int64_t>(p->step_s));
           out.push_back(static_cast<std::int64_t>(p->buckets));
+          out.push_back(static_cast<std::int64_t>(p->memory.total()));
+          out.push_back(p->fits ? 1 : 0);
         }
       },
       [](const std::vector<std::int64_t>& zero) { return !zero.empty(); });
@@ -145,6 +155,8 @@ PlanShortlist shortlist_reducer_plans(GradientReducer& reducer,
     t.plan = read.plan(reducer.plan());
     t.predicted_step_s = read.next_double();
     t.buckets = static_cast<std::size_t>(read.next());
+    t.memory_bytes = static_cast<std::size_t>(read.next());
+    t.fits = read.next() != 0;
     out.plans.push_back(std::move(t));
   }
   if (out.plans.empty())
@@ -188,8 +200,17 @@ PlanDecision decide_reducer_plan(GradientReducer& reducer, const PlanShortlist& 
     chosen.timed.push_back(std::move(t));
   }
   // A plan replaces the running one (DDP's cap at first) only for a gain above the trials'
-  // noise (plan_switch_gain).
-  const std::size_t fastest = PlanTrials::keep_or_switch(agreed);
+  // noise (plan_switch_gain); plans over the memory budget are not chosen (a running plan over
+  // it is replaced by the fastest that fits, when one was timed).
+  std::vector<double> candidates = agreed;
+  for (std::size_t k = 1; k < candidates.size(); ++k)
+    if (!chosen.timed[k].fits) candidates[k] = std::numeric_limits<double>::infinity();
+  std::size_t fastest = PlanTrials::keep_or_switch(candidates);
+  if (!chosen.timed.front().fits) {
+    candidates.front() = std::numeric_limits<double>::infinity();
+    const std::size_t best = PlanTrials::fastest(candidates);
+    if (std::isfinite(candidates[best])) fastest = best;
+  }
   const TimedPlan& best = chosen.timed[fastest];
   chosen.predicted_step_s = best.predicted_step_s;
   chosen.changed = fastest != 0;  // the replaced plan is the shortlist's first

@@ -26,6 +26,11 @@ struct BuiltStep {
   std::vector<std::size_t> issue;  // node ids
   std::size_t buckets = 0;
   double backward_s = 0, forward_s = 0, other_s = 0, update_s = 0, busy_s = 0;
+  /// @brief Per bucket: the nodes handing its gradients over, its reduction and its bytes
+  /// (when its memory is resident under ShardLevel::gradients).
+  std::vector<std::vector<std::size_t>> bucket_gradients;
+  std::vector<std::size_t> bucket_reduce;
+  std::vector<std::size_t> bucket_bytes;
 };
 
 /// @brief `plan`'s step on `bucketer` (made by make_reducer_bucketer) from `measured`.

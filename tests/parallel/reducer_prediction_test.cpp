@@ -314,6 +314,115 @@ TEST(PlanPrediction, RanksPlansAndAgreesOnRankZerosChoice) {
   EXPECT_DOUBLE_EQ(decided[0].current_predicted_step_s, ranked_current[0]);
 }
 
+// A plan's memory per rank, worked out by hand for 2 x 1000 float32 parameters on 2 ranks in
+// one bucket, Adam's 8 bytes of state per element.
+TEST(PlanMemory, ParametersBucketsShardsAndStateByShardLevel) {
+  LocalWorld::run(2, [&](Backend& backend) {
+    GradientReducer reducer(two_parameters(), backend, one_bucket(), options());
+    PlanSearch search;
+    search.state_bytes_per_element = 8;
+    search.activation_bytes = 1000;
+    ReducerPlan plan = one_bucket();
+    const PlanMemory none = plan_memory(reducer, plan, search);
+    EXPECT_EQ(none.parameters, 8000u);  // the model's own memory
+    EXPECT_EQ(none.gradients, 8192u);   // the pool's size class of the 8000-byte arena
+    EXPECT_EQ(none.shards, 0u);
+    EXPECT_EQ(none.optimizer_state, 16000u);
+    EXPECT_EQ(none.activations, 1000u);
+    EXPECT_EQ(none.total(), 8000u + 8192 + 16000 + 1000);
+    plan.shard = ShardLevel::optimizer;
+    const PlanMemory zero1 = plan_memory(reducer, plan, search);
+    EXPECT_EQ(zero1.parameters, 8192u);  // loom's memory, whole pages
+    EXPECT_EQ(zero1.gradients, 8192u);
+    EXPECT_EQ(zero1.shards, 4096u);           // the parameters' shard (4000 bytes)
+    EXPECT_EQ(zero1.optimizer_state, 8000u);  // half the elements
+    plan.shard = ShardLevel::gradients;
+    const PlanMemory zero2 = plan_memory(reducer, plan, search);
+    EXPECT_EQ(zero2.gradients, 8192u);  // every bucket resident (not simulated)
+    EXPECT_EQ(zero2.shards, 8192u);     // the parameters' and the gradients' shards
+    EXPECT_EQ(zero2.optimizer_state, 8000u);
+    EXPECT_EQ(describe(zero2),
+              "parameters 8 KiB + gradients 8 KiB + shards 8 KiB + optimizer state 8 KiB + "
+              "activations 1000 B = 33 KiB");
+  });
+}
+
+// Sharded plans are predicted with their own collectives (ZeRO-2's reduce-scatters, every
+// level's all-gathers after the updates), and a budget keeps plans over it from being chosen.
+TEST(PlanPrediction, ShardedPlansAreSimulatedAndABudgetFiltersThem) {
+  std::mutex mutex;
+  std::vector<ReducerPlan> chosen_plans;
+  LocalWorld::run(2, [&](Backend& backend) {
+    const std::vector<ParameterSpec> params = twelve_layers();
+    GradientReducer reducer(params, backend, one_64_mib_bucket(), options());
+    std::vector<ReducerStepRecord> steps{twelve_layer_step(params)};
+    if (backend.rank() != 0) steps.clear();
+    PlanSearch search = PlanSearch::for_gradient_reducer();
+    search.caps_bytes = {std::size_t{256} << 10, std::size_t{1} << 20};
+    search.first_bucket_bytes = {};
+    search.shard_levels = {ShardLevel::none, ShardLevel::optimizer, ShardLevel::gradients};
+    search.state_bytes_per_element = 8;
+    if (backend.rank() == 0) {
+      const ReducerMeasurements m = measure_reducer_steps(reducer, steps);
+      for (ShardLevel level : {ShardLevel::optimizer, ShardLevel::gradients}) {
+        ReducerPlan plan = one_64_mib_bucket();
+        plan.shard = level;
+        const PlanPrediction p = predict_reducer_step(reducer, m, plan, search);
+        std::size_t gathers = 0, scatters = 0, allreduces = 0;
+        for (const ProfiledNode& node : p.profile.nodes) {
+          if (node.kind != NodeKind::collective) continue;
+          gathers += node.op == Collective::allgather;
+          scatters += node.op == Collective::reduce_scatter;
+          allreduces += node.op == Collective::allreduce;
+        }
+        EXPECT_EQ(gathers, p.buckets);
+        EXPECT_EQ(scatters, level == ShardLevel::gradients ? p.buckets : 0u);
+        EXPECT_EQ(allreduces, level == ShardLevel::optimizer ? p.buckets : 0u);
+        EXPECT_GT(p.step_s, 0);
+      }
+      // Without a budget every level is ranked; with one below every unsharded plan, the
+      // fitting (sharded) plans come first.
+      const std::vector<PlanPrediction> all = rank_plans(reducer, m, search);
+      std::size_t levels[3] = {0, 0, 0};
+      for (const PlanPrediction& p : all) ++levels[static_cast<int>(p.plan.shard)];
+      EXPECT_GT(levels[0], 0u);
+      EXPECT_EQ(levels[1], levels[2]);
+      std::size_t unsharded_least = SIZE_MAX;
+      for (const PlanPrediction& p : all)
+        if (p.plan.shard == ShardLevel::none)
+          unsharded_least = std::min(unsharded_least, p.memory.total());
+      search.memory_budget_bytes = unsharded_least - 1;
+      const std::vector<PlanPrediction> budgeted = rank_plans(reducer, m, search);
+      ASSERT_TRUE(budgeted.front().fits);
+      bool over = false;
+      for (const PlanPrediction& p : budgeted) {
+        if (!p.fits) over = true;
+        EXPECT_FALSE(over && p.fits) << "a fitting plan ranked after one over the budget";
+        EXPECT_EQ(p.fits, p.memory.total() <= search.memory_budget_bytes);
+        if (p.fits) EXPECT_NE(p.plan.shard, ShardLevel::none);
+      }
+    }
+    // Every rank agrees on rank 0's choice, which fits.
+    if (backend.rank() == 0) {
+      const ReducerMeasurements m = measure_reducer_steps(reducer, steps);
+      std::size_t least = SIZE_MAX;
+      for (const PlanPrediction& p : rank_plans(reducer, m, search))
+        if (p.plan.shard == ShardLevel::none) least = std::min(least, p.memory.total());
+      search.memory_budget_bytes = least - 1;
+    }
+    std::vector<std::int64_t> budget{static_cast<std::int64_t>(search.memory_budget_bytes)};
+    budget = backend.agree_on_root("test budget", budget, std::chrono::seconds(20),
+                                   [] { return std::string("test"); });
+    search.memory_budget_bytes = static_cast<std::size_t>(budget[0]);
+    choose_reducer_plan(reducer, steps, search);
+    std::lock_guard lock(mutex);
+    chosen_plans.push_back(reducer.plan());
+  });
+  ASSERT_EQ(chosen_plans.size(), 2u);
+  EXPECT_NE(chosen_plans[0].shard, ShardLevel::none);
+  EXPECT_TRUE(same_plan(chosen_plans[0], chosen_plans[1]));
+}
+
 TEST(PlanPrediction, ShortlistIsTimedAndRankZerosStepsDecide) {
   // 3 ranks: rank 0 shortlists; each plan then "runs" (replanned to) in turn for 3 rounds, and
   // each rank records its own times: rank 0's say plan 1 is fastest, the others' that plan 0

@@ -30,7 +30,22 @@ class OddMlp(nn.Module):
         return self.head(torch.tanh(self.fc2(torch.relu(self.fc1(x)))))
 
 
+class Wide(nn.Module):
+    """279,807 parameters (about 1 MiB): enough that pages and size classes do not decide the
+    memory of a plan."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(16, 1024)
+        self.fc2 = nn.Linear(1024, 255)
+        self.head = nn.Linear(255, 4)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
+
+
 helpers.MODELS["odd"] = (lambda: OddMlp(), "vector")
+helpers.MODELS["wide"] = (lambda: Wide(), "vector")
 
 
 def count(model):
@@ -118,7 +133,7 @@ def test_a_whole_tensor_optimizer_and_other_misuses_are_named(world):
         with pytest.raises(ValueError, match="Adafactor updates whole"):
             loom_torch.parallelize(model, torch.optim.Adafactor(model.parameters()),
                                    bucket_cap_mb=1, shard="gradients")
-    with pytest.raises(ValueError, match="shard must be 'none', 'optimizer' or 'gradients'"):
+    with pytest.raises(ValueError, match="shard must be 'none', 'optimizer', 'gradients' or 'auto'"):
         loom_torch.parallelize(model, torch.optim.SGD(model.parameters(), lr=0.1),
                                bucket_cap_mb=1, shard="zero3")
     net, opt = loom_torch.parallelize(model, torch.optim.SGD(model.parameters(), lr=0.1),
@@ -242,3 +257,51 @@ def test_distributed_checkpoint_at_the_same_world_size_resumes_like_the_uninterr
         torch.distributed.barrier(group=gloo)
         if rank == 0:
             shutil.rmtree(directory[0], ignore_errors=True)
+
+
+def test_a_budget_that_nothing_fits_is_named_before_the_first_step(world):
+    rank, n, gloo = world
+    model, _ = fresh("wide")
+    with pytest.raises(ValueError, match="memory_budget_mb=0.5 is below what every plan needs "
+                                         "per rank before any activation; the smallest, "
+                                         "shard='(optimizer|gradients)', needs [0-9.]+ MiB"):
+        loom_torch.parallelize(model, OPTIMIZERS["adam"](model.parameters()), shard="auto",
+                               memory_budget_mb=0.5)
+    with pytest.raises(ValueError, match="memory_budget_mb=0.5, but the plan .*shard optimizer"
+                                         ".* needs [0-9.]+ MiB per rank"):
+        loom_torch.parallelize(model, OPTIMIZERS["adam"](model.parameters()), bucket_cap_mb=1,
+                               shard="optimizer", memory_budget_mb=0.5)
+    with pytest.raises(ValueError, match="shard='auto' is chosen by the automatic plan"):
+        loom_torch.parallelize(model, OPTIMIZERS["adam"](model.parameters()), bucket_cap_mb=1,
+                               shard="auto")
+
+
+def test_auto_within_a_budget_picks_a_plan_that_fits_and_trains_like_ddp(world):
+    """A budget below the unsharded plan's need: the automatic plan starts sharded, times only
+    plans that fit, and ends on one that fits (activations included); the parameters equal
+    DDP's."""
+    rank, n, gloo = world
+    probe, _ = fresh("wide")
+    whole, _ = loom_torch.parallelize(probe, OPTIMIZERS["sgd"](probe.parameters()),
+                                      bucket_cap_mb=25)
+    need = whole.plan_memory()
+    assert need["optimizer_state_mb"] == pytest.approx(need["parameters_mb"], rel=1e-3)  # SGD
+    budget = need["total_mb"] - 0.2
+    ddp_model, _, _ = train("wide", "sgd", rank, 24, gloo=gloo)
+    model, kind = fresh("wide")
+    net, opt = loom_torch.parallelize(model, OPTIMIZERS["sgd"](model.parameters()),
+                                      shard="auto", memory_budget_mb=budget)
+    assert net.reducer_plan.shard != "none"  # the starting plan fits
+    for step in range(24):
+        x, y = data(kind, rank, step)
+        opt.zero_grad()
+        loss_of(kind, net(x), y).backward()
+        opt.step()
+    decided = net.automatic_plan
+    assert decided is not None, "the automatic plan did not decide in 24 steps"
+    assert all(entry["fits"] for entry in decided["timed"]), decided["timed"]
+    mine = net.plan_memory()
+    assert mine["activations_mb"] > 0, mine
+    assert mine["total_mb"] <= budget, (mine, budget)
+    assert net.reducer_plan.shard != "none"
+    assert_like_ddp(model, ddp_model, gloo, n)

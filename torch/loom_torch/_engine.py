@@ -22,7 +22,8 @@ class _Engine(_Planning, _Updates, _Join, _Shards):
     (its plan: _planning.py; its updates and the optimizer: _updates.py; join(): _join.py)."""
 
     def __init__(self, module, optimizer, group, plan, overlap_forward, rebuild_buckets, profile,
-                 automatic=False, defer_updates=False, gradient_as_bucket_view=True):
+                 automatic=False, defer_updates=False, gradient_as_bucket_view=True,
+                 shard_levels=(), memory_budget_mb=None):
         self.module = module
         self.optimizer = optimizer
         self.group = group
@@ -49,12 +50,17 @@ class _Engine(_Planning, _Updates, _Join, _Shards):
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
         # shard="optimizer" | "gradients" (_shards.py): the parameters become views of loom's
-        # memory, and the optimizer steps this rank's pieces of them.
-        self.sharded = plan.shard != "none"
-        self.shard_gradients = plan.shard == "gradients"
+        # memory, and the optimizer steps this rank's pieces of them. The plan's search (per
+        # wrapper: its shard levels and memory budget are this wrapper's).
+        self.search = _C.PlanSearch.for_gradient_reducer()
+        self.search.shard_levels = list(shard_levels)
+        self.sharded = self.shard_gradients = False
         self.carried_state = None
-        if self.sharded:
-            check_shardable(optimizer, module, self.params, self.names, plan.shard)
+        self.gradient_as_bucket_view = gradient_as_bucket_view
+        self.activation_bytes = None  # measured in the first reduced forward (a budget's)
+        if plan.shard != "none" or len(shard_levels) > 1:
+            check_shardable(optimizer, module, self.params, self.names,
+                            plan.shard if plan.shard != "none" else "auto")
         self.reducer = _C.GradientReducer(
             backend_of(group), self.names, [owner.get(id(p), "") for p in self.params], self.params,
             plan, profile)
@@ -66,17 +72,15 @@ class _Engine(_Planning, _Updates, _Join, _Shards):
         # average copied in (staged, as DDP on Gloo does with CUDA tensors).
         # shard="gradients": the average exists only for this rank's shard; .grad is dropped
         # once handed over (the gradient's memory is the bucket's, until its reduce-scatter).
-        self.as_bucket_view = [gradient_as_bucket_view and p.is_contiguous()
-                               and p.device.type == "cpu" and not self.shard_gradients
-                               for p in self.params]
+        self.as_bucket_view = [False] * len(self.params)  # (set by _layout, per plan)
         # join(divide_by_initial_world_size=False): world / ranks training, for the step in
         # progress (its updates may land in the next forward) and for the next one.
         self.grad_scale = self.next_scale = 1.0
         self.joining = None          # the options of the join() in force
         self.last_active = None      # join(): which ranks trained in the last step
         self._layout()
-        if self.sharded:
-            self._adopt_optimizer_state()
+        if memory_budget_mb is not None:
+            self._check_budget(memory_budget_mb)
         # The step's timeline for the simulator (net.predict(), bucket_cap_mb="auto"): what
         # this thread did, in ns since the step's begin(); kept only while profiling.
         self.profiling = self.reducer.profiling()
@@ -146,6 +150,14 @@ class _Engine(_Planning, _Updates, _Join, _Shards):
 
     # -- layout (rebuilt after a replan) --------------------------------------------------------
     def _layout(self):
+        level = self.reducer.plan().shard
+        self.sharded = level != "none"
+        self.shard_gradients = level == "gradients"
+        # shard="gradients": the average exists only for this rank's shard; .grad is dropped
+        # once handed over (the gradient's memory is the bucket's, until its reduce-scatter).
+        self.as_bucket_view = [self.gradient_as_bucket_view and p.is_contiguous()
+                               and p.device.type == "cpu" and not self.shard_gradients
+                               for p in self.params]
         self.groups = self.reducer.update_groups()
         self.group_of = [0] * len(self.params)
         for k, members in enumerate(self.groups):
@@ -156,7 +168,13 @@ class _Engine(_Planning, _Updates, _Join, _Shards):
         self.gathered = [True] * len(self.groups)
         self.narrow_key = None
         if self.sharded:
-            self._shard_layout(first=not hasattr(self, "pieces"))
+            self._shard_layout()
+        else:
+            self.pieces, self.pieces_of = [], {}
+            if self.carried_state is not None:  # a sharded optimizer's state, whole again
+                for i, state in self.carried_state.items():
+                    self.optimizer.state[self.params[i]] = state
+                self.carried_state = None
 
     def _release_views(self):
         """Before the buckets are rebuilt (their memory freed): a .grad that is a bucket slot
@@ -164,6 +182,9 @@ class _Engine(_Planning, _Updates, _Join, _Shards):
         gathered whole (a collective), for the new pieces."""
         if self.sharded:
             self._carry_state_over_replan()
+            for p in self.params:  # their own memory again, until the next layout
+                p.data = p.detach().clone()
+            self.quick = [(p, p.data_ptr()) for p in self.params]
         for i, p in enumerate(self.params):
             grad = p.grad
             if grad is not None and grad is self.views[i]:
@@ -457,8 +478,7 @@ class _Engine(_Planning, _Updates, _Join, _Shards):
         self.synchronize()
         self._release_views()  # (the reducer's memory is not the model's any more)
         if self.carried_state is not None:
-            # A sharded optimizer's state, gathered whole, goes back to the whole parameters
-            # (which stay views of loom's memory, kept alive by them).
+            # A sharded optimizer's state, gathered whole, goes back to the whole parameters.
             for i, state in self.carried_state.items():
                 self.optimizer.state[self.params[i]] = state
             self.carried_state = None

@@ -38,9 +38,13 @@ class _Planning:
         self.automatic = False
         self.last_period = None
         self._release_views()
+        if self.activation_bytes is not None:
+            self.search.activation_bytes = int(self.activation_bytes)
         chosen = self.reducer.shortlist_plans(self.search)
         if chosen is not None:  # no plan predicted faster than the running one: nothing to time
             self._decided(chosen)
+        else:  # the trials begin with the running plan
+            self._layout()
 
     def _time_plans(self):
         # Collective: every rank records the period it measured (rank 0's decide) and moves to

@@ -10,6 +10,21 @@ again into the new pieces (a collective, at the same point on every rank)."""
 import torch
 import torch.distributed as dist
 
+def state_bytes_per_element(optimizer, dtype):
+    """The optimizer's state per parameter element, in bytes, as a step of a probe parameter of
+    `dtype` makes it (Adam: its two moments); 0 when the optimizer cannot be probed."""
+    probe = torch.zeros(16, dtype=dtype, requires_grad=True)
+    try:
+        opt = type(optimizer)([probe], **optimizer.defaults)
+        probe.grad = torch.full_like(probe, 1e-3)
+        opt.step()
+    except Exception:  # (a constructor that wants more than its defaults, a fused CUDA kernel)
+        return 0.0
+    state = opt.state.get(probe, {})
+    return sum(v.numel() * v.element_size() for v in state.values()
+               if isinstance(v, torch.Tensor) and v.numel() == probe.numel()) / probe.numel()
+
+
 # Optimizers whose update of an element reads only that element's parameter, gradient and
 # state: a shard is updated exactly as it would be in the whole tensor.
 ELEMENTWISE = ("SGD", "Adam", "AdamW", "Adagrad", "RMSprop", "Adadelta", "Adamax", "NAdam",
@@ -41,16 +56,16 @@ def check_shardable(optimizer, module, params, names, level):
 class _Shards:
     """Mixed into _Engine (_engine.py)."""
 
-    def _shard_layout(self, first):
-        """The parameters as views of the reducer's parameter memory (their values copied in the
-        first time; a replan moved them already) and this rank's pieces per update group."""
+    def _shard_layout(self):
+        """The parameters as views of the reducer's parameter memory (their values copied in)
+        and this rank's pieces per update group; the optimizer's state sliced into them (carried
+        over a replan, or held for the whole parameters)."""
         for i, p in enumerate(self.params):
             memory = self.reducer.parameter_values(i)
-            if first:
-                memory.copy_(p.detach())
+            memory.copy_(p.detach())
             p.data = memory
         self.quick = [(p, p.data_ptr()) for p in self.params]
-        if not first:
+        if hasattr(self, "signature"):
             self.signature = self._signature()
         self.gather_sequence = self.reducer.gather_order()
         self.gather_position = [0] * len(self.groups)
@@ -68,6 +83,38 @@ class _Shards:
         if self.carried_state is not None:
             state, self.carried_state = self.carried_state, None
             self._load_full_state(state)
+        self._adopt_optimizer_state()
+
+    def _check_budget(self, budget_mb):
+        """memory_budget_mb against the model's state (activations are not known before the
+        first forward): with shard="auto" the first of none, optimizer, gradients that fits is
+        the starting plan; a named error naming the smallest plan's need when none does."""
+        search = self.search
+        search.memory_budget_mb = float(budget_mb)
+        search.state_bytes_per_element = state_bytes_per_element(self.optimizer,
+                                                                 self.params[0].dtype)
+        levels = list(search.shard_levels) or [self.plan.shard]
+        needs = []
+        for level in levels:
+            plan = self.plan.copy()
+            plan.shard = level
+            need = self.reducer.plan_memory(plan, search)
+            if need["total_mb"] <= budget_mb:
+                if level != self.plan.shard:
+                    self.plan = plan
+                    self.replan_agreed()  # (before any step: the same on every rank)
+                return
+            needs.append((need["total_mb"], level, need["text"]))
+        total, level, text = min(needs)
+        if not search.shard_levels:  # one plan, the one asked for
+            raise ValueError(
+                "parallelize: memory_budget_mb=%g, but the plan (%s) needs %.1f MiB per rank "
+                "before any activation: %s" % (budget_mb, self.reducer.describe_plan(), total,
+                                               text))
+        raise ValueError(
+            "parallelize: memory_budget_mb=%g is below what every plan needs per rank before any "
+            "activation; the smallest, shard=%r, needs %.1f MiB: %s"
+            % (budget_mb, level, total, text))
 
     def _adopt_optimizer_state(self):
         """State the optimizer holds for the whole parameters when wrapped (Adagrad makes its

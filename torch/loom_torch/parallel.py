@@ -64,7 +64,7 @@ def parallelize(model, optimizer, process_group=None, bucket_cap_mb=None, compre
                 find_unused_parameters=False, first_bucket_mb=1, partition_large=None,
                 collectives_in_flight=0, overlap_forward=True, broadcast_buffers=True,
                 rebuild_buckets=True, profile=None, priority="forward", defer_updates=False,
-                gradient_as_bucket_view=True, shard="none"):
+                gradient_as_bucket_view=True, shard="none", memory_budget_mb=None):
     """Wraps `model` and `optimizer` for data-parallel training on a loom process group.
 
     Returns (net, optimizer): net is a module wrapping `model` (as DDP's, its state_dict keys
@@ -116,6 +116,13 @@ def parallelize(model, optimizer, process_group=None, bucket_cap_mb=None, compre
     bucket reduce-scattered, so a rank holds only its shard's average and .grad is None after
     backward; net.clip_grad_norm_() clips over the shards). Element-wise optimizers only (SGD,
     Adam, AdamW, Adagrad, RMSprop, ...); the parameters become views of loom's host memory.
+    "auto": the automatic plan (bucket_cap_mb="auto") also chooses the level, among those that
+    fit memory_budget_mb (with an optimizer that is not element-wise, or a CUDA model, only
+    "none"). memory_budget_mb: the bytes per rank a plan may take (parameters, gradient buckets,
+    shards, optimizer state, and activations from the first forward; net.plan_memory() says
+    what the plan in force takes): checked when wrapped (a named error, naming the smallest
+    plan's need, when nothing fits the model's state), and the automatic plan picks the fastest
+    plan that fits.
     """
     if bucket_cap_mb is None:
         # The default: loom plans the buckets itself, unless defer_updates asks for DDP's
@@ -161,19 +168,38 @@ def parallelize(model, optimizer, process_group=None, bucket_cap_mb=None, compre
         # of the model (its pending updates applied, its hooks removed) and refuses to run.
         previous.close()
     # parallelize's arguments, one to one (find_unused_parameters counts usage).
-    if shard not in ("none", "optimizer", "gradients"):
-        raise ValueError("parallelize: shard must be 'none', 'optimizer' or 'gradients', not %r"
-                         % (shard,))
+    if shard not in ("none", "optimizer", "gradients", "auto"):
+        raise ValueError("parallelize: shard must be 'none', 'optimizer', 'gradients' or 'auto', "
+                         "not %r" % (shard,))
+    if memory_budget_mb is not None and not float(memory_budget_mb) > 0:
+        raise ValueError("parallelize: memory_budget_mb must be > 0 MiB, not %r"
+                         % (memory_budget_mb,))
+    shard_levels = ()
+    if shard == "auto":
+        if not automatic:
+            raise ValueError("parallelize: shard='auto' is chosen by the automatic plan: leave "
+                             "bucket_cap_mb='auto' (and defer_updates=False)")
+        shard_levels = ("none", "optimizer", "gradients")
+        try:
+            from ._shards import check_shardable
+            named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+            check_shardable(optimizer, model, [p for _, p in named], [n for n, _ in named],
+                            "auto")
+        except ValueError:
+            shard_levels = ("none",)
+        shard = "none"  # the starting plan's, unless the budget needs more
     plan = _C.ReducerPlan(
         bucket_cap_mb=float(bucket_cap_mb), first_bucket_mb=float(first_bucket_mb),
         partition_large=bool(partition_large), collectives_in_flight=int(collectives_in_flight),
         compression=compression, track_usage=bool(find_unused_parameters), priority=priority,
         shard=shard)
+    options = {"shard_levels": shard_levels, "memory_budget_mb": memory_budget_mb}
     plan.check("parallelize")
     net = ParallelModule(model, optimizer, group, plan,
         overlap_forward=overlap_forward, broadcast_buffers=broadcast_buffers,
         rebuild_buckets=rebuild_buckets, profile=profile, automatic=automatic,
-        defer_updates=bool(defer_updates), gradient_as_bucket_view=bool(gradient_as_bucket_view))
+        defer_updates=bool(defer_updates), gradient_as_bucket_view=bool(gradient_as_bucket_view),
+        **options)
     _WRAPPED[model] = weakref.ref(net._loom)
     return net, optimizer
 
@@ -187,7 +213,8 @@ class ParallelModule(torch.nn.Module):
 
     def __init__(self, module, optimizer, group, plan, overlap_forward=True,
                  broadcast_buffers=True, rebuild_buckets=True, profile=None, automatic=False,
-                 defer_updates=False, gradient_as_bucket_view=True):
+                 defer_updates=False, gradient_as_bucket_view=True, shard_levels=(),
+                 memory_budget_mb=None):
         super().__init__()
         self.module = module
         self.process_group = group
@@ -200,7 +227,8 @@ class ParallelModule(torch.nn.Module):
         # Rank 0's parameters and buffers everywhere, as DDP does when it wraps a model.
         broadcast_state(group, module, 0)
         engine = _Engine(module, optimizer, group, plan, overlap_forward, rebuild_buckets, profile,
-                         automatic, defer_updates, gradient_as_bucket_view)
+                         automatic, defer_updates, gradient_as_bucket_view, shard_levels,
+                         memory_budget_mb)
         object.__setattr__(self, "_loom", engine)
         optimizer._loom_engine = weakref.ref(engine)  # the wrapper keeps it alive, not this
         # The model, and the module torch.compile wrapped (its reads are the user's too).
@@ -251,10 +279,33 @@ class ParallelModule(torch.nn.Module):
         # (and its hooks) run eagerly, as graph breaks.
         reduced, timed = self._before_forward()
         try:
-            output = self.module(*inputs, **kwargs)
+            engine = self._loom
+            if reduced and engine.activation_bytes is None and engine.search.memory_budget_mb > 0:
+                output = self._measured_forward(inputs, kwargs)
+            else:
+                output = self.module(*inputs, **kwargs)
         finally:
             self._forward_ended()
         return self._after_forward(output, reduced, timed)
+
+    @_eager
+    def _measured_forward(self, inputs, kwargs):
+        # A memory budget's activations: the bytes the first reduced forward saves for its
+        # backward (each storage once; the parameters' own excluded).
+        engine = self._loom
+        own = {p.untyped_storage().data_ptr() for p in engine.params}
+        saved = {}
+
+        def pack(t):
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in own:
+                saved[storage.data_ptr()] = storage.nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            output = self.module(*inputs, **kwargs)
+        engine.activation_bytes = sum(saved.values())
+        return output
 
     @_eager
     def _before_forward(self):
@@ -448,6 +499,20 @@ class ParallelModule(torch.nn.Module):
         in registration order): the average lands there; with gradient_as_bucket_view, .grad
         is the slot itself once handed over."""
         return list(self._loom.views)
+
+    def plan_memory(self):
+        """What the plan in force takes per rank, in MiB (a dict: parameters_mb, gradients_mb,
+        shards_mb, optimizer_state_mb, activations_mb, total_mb, and "text"), as the memory
+        budget weighs it: the optimizer's state at its measured bytes per element, and the
+        activations measured in the first forward (0 before, or without a budget)."""
+        engine = self._loom
+        search = engine.search.copy()
+        if search.state_bytes_per_element == 0:
+            from ._shards import state_bytes_per_element
+            search.state_bytes_per_element = state_bytes_per_element(engine.optimizer,
+                                                                     engine.params[0].dtype)
+        search.activation_bytes = int(engine.activation_bytes or 0)
+        return engine.reducer.plan_memory(engine.reducer.plan(), search)
 
     @property
     def reducer_plan(self):

@@ -268,6 +268,8 @@ py::dict automatic_plan_dict(const PlanDecision& chosen) {
     e["plan"] = describe(t.plan);
     e["predicted_ms"] = t.predicted_step_s * 1e3;
     e["measured_ms"] = t.measured_step_s * 1e3;
+    e["memory_mb"] = bytes_to_mib(t.memory_bytes);
+    e["fits"] = t.fits;
     timed.append(e);
   }
   d["timed"] = timed;
@@ -407,6 +409,25 @@ void bind_plan(py::module_& m) {
       .def_readwrite("shortlist", &PlanSearch::shortlist)
       .def_readwrite("trial_runs", &PlanSearch::trial_runs)
       .def_readwrite("shortlist_margin", &PlanSearch::shortlist_margin)
+      .def_property(
+          "shard_levels",
+          [](const PlanSearch& s) {
+            std::vector<std::string> out;
+            for (ShardLevel l : s.shard_levels) out.push_back(to_string(l));
+            return out;
+          },
+          [](PlanSearch& s, const std::vector<std::string>& names) {
+            s.shard_levels.clear();
+            for (const std::string& n : names)
+              s.shard_levels.push_back(as_value_error([&] { return parse_shard_level(n); }));
+          })
+      .def_property(
+          "memory_budget_mb",
+          [](const PlanSearch& s) { return bytes_to_mib(s.memory_budget_bytes); },
+          [](PlanSearch& s, double mb) { s.memory_budget_bytes = mib_to_bytes(mb); })
+      .def_readwrite("state_bytes_per_element", &PlanSearch::state_bytes_per_element)
+      .def_readwrite("activation_bytes", &PlanSearch::activation_bytes)
+      .def("copy", [](const PlanSearch& s) { return s; })
       .def(
           "check",
           [](const PlanSearch& s, const std::string& who) {
@@ -509,6 +530,23 @@ void bind_gradient_reducer(py::module_& m) {
              return out;
            })
       .def("describe_plan", [](TorchReducer& r) { return describe(r.reducer().plan()); })
+      .def(
+          "plan_memory",
+          [](TorchReducer& r, const ReducerPlan& plan, const PlanSearch& search) {
+            const PlanMemory m = plan_memory(r.reducer(), plan, search);
+            py::dict d;
+            d["parameters_mb"] = bytes_to_mib(m.parameters);
+            d["gradients_mb"] = bytes_to_mib(m.gradients);
+            d["shards_mb"] = bytes_to_mib(m.shards);
+            d["optimizer_state_mb"] = bytes_to_mib(m.optimizer_state);
+            d["activations_mb"] = bytes_to_mib(m.activations);
+            d["total_mb"] = bytes_to_mib(m.total());
+            d["text"] = describe(m);
+            return d;
+          },
+          py::arg("plan"), py::arg("search"),
+          "A plan's memory per rank on this reducer's parameters and ranks (every gradient "
+          "bucket counted resident), with the search's optimizer state and activations")
       .def("observed_ready_order",
            [](TorchReducer& r) { return r.reducer().observed_ready_order(); })
       .def(

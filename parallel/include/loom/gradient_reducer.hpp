@@ -59,6 +59,14 @@ UpdateGroups make_update_groups(const Bucketer& bucketer,
 UpdateGroups make_shard_groups(const Bucketer& bucketer,
                                const std::vector<std::size_t>& issue_order);
 
+/// @brief The order a sharded plan all-gathers its update groups (`groups`: per group, its
+/// buckets) in: by the first parameter the next forward needs of each (`forward_order`, else
+/// registration order), ties by group.
+std::vector<std::size_t> shard_gather_order(const std::vector<Bucket>& buckets,
+                                            const std::vector<std::vector<std::size_t>>& groups,
+                                            const std::vector<std::size_t>& forward_order,
+                                            std::size_t parameters);
+
 /// @brief What one rank updates of one parameter under a sharded plan: the elements
 /// [offset, offset + count) of the parameter, which lie in this rank's shard of `bucket`.
 struct ShardPiece {
@@ -179,7 +187,9 @@ class GradientReducer {
   void finish();
 
   /// @brief Rebuilds the buckets and recompiles with `plan` (collective: every rank, between
-  /// steps, with the same plan). Gradient memory moves.
+  /// steps, with the same plan). Gradient memory moves; a sharded plan's parameter memory too,
+  /// the old kept until the step after the replan finishes (a backward begun under the old
+  /// plan still reads it).
   void replan(ReducerPlan plan);
   /// @brief The order the gradients were handed over in the last finished step (parameter
   /// indices), for ReducerPlan::ready_order; empty before.

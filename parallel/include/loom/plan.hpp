@@ -188,6 +188,17 @@ struct PlanSearch {
   /// few cores).
   double cores = 0;
   double comm_cpu = 0;
+  /// @brief GradientReducer: the shard levels tried with every bucketing (empty: the running
+  /// plan's only).
+  std::vector<ShardLevel> shard_levels;
+  /// @brief GradientReducer: the bytes per rank a plan may take (PlanMemory::total(),
+  /// reducer_prediction.hpp); 0: no budget. Plans over it are predicted, never chosen.
+  std::size_t memory_budget_bytes = 0;
+  /// @brief GradientReducer: what PlanMemory counts beside loom's own memory: the optimizer's
+  /// state per parameter element it updates, in bytes (Adam's two float32 moments: 8), and the
+  /// activations the client measured.
+  double state_bytes_per_element = 0;
+  std::size_t activation_bytes = 0;
 
   /// @brief The GradientReducer's search (loom_torch.parallelize's bucket_cap_mb="auto"): caps
   /// 1, 2, 4, 10, 25 and 50 MiB, in flight 0..3; planned after 3 profiled steps, the running
@@ -214,6 +225,10 @@ struct PlanSearch {
 struct TimedPlan {
   ReducerPlan plan;
   std::size_t buckets = 0;
+  /// @brief Its predicted memory per rank (PlanMemory::total()) and whether that is within
+  /// PlanSearch::memory_budget_bytes (always, without a budget).
+  std::size_t memory_bytes = 0;
+  bool fits = true;
   double predicted_step_s = 0;  ///< the simulator's step for this plan
   double measured_step_s = 0;   ///< rank 0's step under it (PlanTrials::steps_s; 0: not timed)
 };

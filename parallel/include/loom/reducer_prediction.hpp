@@ -106,10 +106,44 @@ ReducerMeasurements measure_reducer_steps(const GradientReducer& reducer,
                                           std::span<const ReducerStepRecord> steps,
                                           double latency_s = 50e-6);
 
+/// @brief What a plan's memory is made of, per rank, in bytes: what
+/// PlanSearch::memory_budget_bytes weighs.
+struct PlanMemory {
+  /// @brief The parameters' values, whole on every rank (a sharded plan's are loom's padded
+  /// memory).
+  std::size_t parameters = 0;
+  /// @brief The gradient buckets: as allocated (the pool's size classes unsharded, exact pages
+  /// sharded; 16-bit wires with compression), or with ShardLevel::gradients those resident at
+  /// once at the simulated step's peak (every bucket when not simulated).
+  std::size_t gradients = 0;
+  /// @brief A sharded plan's shards of the parameters (and of the averaged gradients).
+  std::size_t shards = 0;
+  /// @brief PlanSearch::state_bytes_per_element times the elements this rank updates.
+  std::size_t optimizer_state = 0;
+  /// @brief PlanSearch::activation_bytes.
+  std::size_t activations = 0;
+  std::size_t total() const noexcept {
+    return parameters + gradients + shards + optimizer_state + activations;
+  }
+};
+
+/// @brief "parameters 1.2 MiB + gradients 1.2 MiB + shards 0.6 MiB + optimizer state 1.2 MiB +
+/// activations 3 MiB = 7.2 MiB".
+std::string describe(const PlanMemory& memory);
+
+/// @brief `plan`'s memory per rank over `reducer`'s parameters and world size, with
+/// `search`'s optimizer state and activations; every gradient bucket counted resident.
+PlanMemory plan_memory(const GradientReducer& reducer, const ReducerPlan& plan,
+                       const PlanSearch& search);
+
 /// @brief A plan's predicted step.
 struct PlanPrediction {
   ReducerPlan plan;
   std::size_t buckets = 0;
+  /// @brief Its memory per rank (plan_memory(), the gradients' peak from the simulated step)
+  /// and whether it is within the search's budget.
+  PlanMemory memory;
+  bool fits = true;
   double step_s = 0;           ///< predicted period
   double measured_step_s = 0;  ///< the measurements' (the plan measured, when it is in force)
   // The predicted step's parts.
@@ -135,11 +169,13 @@ struct PlanPrediction {
 /// in the forward only where a module needs them), as loom_torch.parallelize does.
 /// `plan` keeps the reducer's parameters; ErrorCode::invalid_argument for a bad plan.
 PlanPrediction predict_reducer_step(const GradientReducer& reducer,
-                                    const ReducerMeasurements& measured, const ReducerPlan& plan);
+                                    const ReducerMeasurements& measured, const ReducerPlan& plan,
+                                    const PlanSearch& search = PlanSearch::for_gradient_reducer());
 
 /// @brief Every plan `search` tries (compression, usage counting and orders as the reducer's
-/// plan; IssuePriority::forward with the measured wire-to-backward ratio) predicted from
-/// `measured`, fastest first; the reducer's own plan first among equals.
+/// plan; IssuePriority::forward with the measured wire-to-backward ratio; each of
+/// search.shard_levels) predicted from `measured`: those within the memory budget first, each
+/// part fastest first; the reducer's own plan first among equals.
 std::vector<PlanPrediction> rank_plans(
     const GradientReducer& reducer, const ReducerMeasurements& measured,
     const PlanSearch& search = PlanSearch::for_gradient_reducer());
