@@ -123,6 +123,12 @@ class Gpt(nn.Module):
         return self.out(self.norm(self.blocks(h, mask=self.mask)))
 
 
+def gpt_wide():
+    """The GPT-like model at a size where model state dominates a rank's memory: vocabulary
+    8000, width 512, 4 blocks (16.7 M parameters)."""
+    return Gpt(vocab=8000, d=512, heads=8, layers=4, seq=32)
+
+
 def mlp():
     layers = []
     for k in range(8):
@@ -163,6 +169,12 @@ def make(name, batch):
         return (mlp(), lambda g: torch.rand(b, 64, generator=g) * 2 - 1,
                 lambda out, y: 0.5 * ((out - y) ** 2).sum() / b,
                 lambda g: torch.rand(b, 16, generator=g) * 2 - 1)
+    if name == "gpt-wide":
+        b = batch or 8
+        return (gpt_wide(), lambda g: torch.randint(0, 8000, (b, 32), generator=g),
+                lambda out, y: nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]),
+                                                           y.reshape(-1)),
+                lambda g: torch.randint(0, 8000, (b, 32), generator=g))
     if name == "gpt":
         b = batch or 8
         return (Gpt(), lambda g: torch.randint(0, 2000, (b, 32), generator=g),
@@ -174,7 +186,8 @@ def make(name, batch):
 
 PLAN_OPTIONS = {"cap": ("bucket_cap_mb", float), "first": ("first_bucket_mb", float),
                 "inflight": ("collectives_in_flight", int), "priority": ("priority", str),
-                "partition": ("partition_large", lambda v: v in ("1", "true", "yes"))}
+                "partition": ("partition_large", lambda v: v in ("1", "true", "yes")),
+                "shard": ("shard", str)}
 
 
 def plan_options(mode):
@@ -192,7 +205,17 @@ def plan_options(mode):
 
 
 MODES = ("local", "ddp-gloo", "ddp-loom", "ddp-gloo-optim-bwd", "parallelize", "parallelize-auto",
-         "parallelize-default")
+         "parallelize-default", "ddp-gloo-zero", "fsdp2-gloo")
+
+
+def blocks_of(model):
+    """The blocks FSDP2 wraps one by one (fsdp2-gloo): transformer layers, else the model's
+    layers with parameters; the root takes the rest (tied embeddings stay in one group)."""
+    blocks = [m for m in model.modules()
+              if isinstance(m, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer))]
+    if blocks:
+        return blocks
+    return [m for m in model.children() if any(True for _ in m.parameters())]
 PLANNED = ("parallelize", "parallelize-auto")  # the modes that take a plan in their name
 
 
@@ -302,6 +325,25 @@ class Trainer:
             except RuntimeError as error:
                 raise optim_bwd_failure(error) from None
             self.opt = NoOptimizer()
+        elif self.kind == "fsdp2-gloo":
+            # FSDP2 on the job's Gloo group, each block sharded and gathered once per step
+            # (reshard_after_forward=False: the gathered weights stay for the backward, as
+            # ZeRO-2 keeps whole parameters).
+            from torch.distributed.device_mesh import DeviceMesh
+            from torch.distributed.fsdp import fully_shard
+            mesh = DeviceMesh.from_group(groups["gloo"], "cpu")
+            for block in blocks_of(model):
+                fully_shard(block, mesh=mesh, reshard_after_forward=False)
+            fully_shard(model, mesh=mesh, reshard_after_forward=False)
+            self.net, self.opt = model, optimizer(model.parameters())
+        elif self.kind == "ddp-gloo-zero":
+            # DDP on Gloo with torch's ZeroRedundancyOptimizer (each rank steps its share of the
+            # parameters and broadcasts them).
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+            self.net = DDP(model, process_group=groups["gloo"], bucket_cap_mb=args.bucket_cap_mb)
+            self.opt = ZeroRedundancyOptimizer(self.net.parameters(),
+                                               optimizer_class=optimizer_class,
+                                               process_group=groups["gloo"], **optimizer_kwargs)
         else:
             group = groups["gloo" if mode == "ddp-gloo" else "loom"]
             self.net = DDP(model, process_group=group, bucket_cap_mb=args.bucket_cap_mb)
