@@ -741,6 +741,12 @@ void GradientReducer::replan(ReducerPlan plan) {
   s.build();
 }
 
+void GradientReducer::release_replaced() {
+  _state->retired.clear();
+  _state->retired_shards.clear();
+  _state->retire_after_step = false;
+}
+
 std::vector<std::size_t> GradientReducer::observed_ready_order() const {
   std::lock_guard lock(_state->log_mutex);
   return _state->last_ready_order;

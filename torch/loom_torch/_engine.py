@@ -171,10 +171,7 @@ class _Engine(_Planning, _Updates, _Join, _Shards):
             self._shard_layout()
         else:
             self.pieces, self.pieces_of = [], {}
-            if self.carried_state is not None:  # a sharded optimizer's state, whole again
-                for i, state in self.carried_state.items():
-                    self.optimizer.state[self.params[i]] = state
-                self.carried_state = None
+            self._state_to_whole_parameters()
 
     def _release_views(self):
         """Before the buckets are rebuilt (their memory freed): a .grad that is a bucket slot
@@ -360,6 +357,8 @@ class _Engine(_Planning, _Updates, _Join, _Shards):
     def _end_backward(self):
         self.in_backward = False
         self.awaiting_step = True
+        if self.sharded:
+            self.reducer.release_replaced()  # (the forward's saved tensors are gone now)
         missing = self.reducer.missing()
         for i in missing:  # every rank hands every gradient over: the same communication
             grad = self.params[i].grad
@@ -477,11 +476,7 @@ class _Engine(_Planning, _Updates, _Join, _Shards):
                                "again after step()")
         self.synchronize()
         self._release_views()  # (the reducer's memory is not the model's any more)
-        if self.carried_state is not None:
-            # A sharded optimizer's state, gathered whole, goes back to the whole parameters.
-            for i, state in self.carried_state.items():
-                self.optimizer.state[self.params[i]] = state
-            self.carried_state = None
+        self._state_to_whole_parameters()
         for handle in self.handles:
             handle.remove()
         self.handles, self.accumulators = [], []

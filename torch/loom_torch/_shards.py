@@ -80,9 +80,10 @@ class _Shards:
                 mine.append((i, offset, values))
                 self.pieces_of.setdefault(i, []).append(values)
             self.pieces.append(mine)
-        if self.carried_state is not None:
-            state, self.carried_state = self.carried_state, None
-            self._load_full_state(state)
+        if self.carried_state is not None:  # the old pieces' state, into the new pieces
+            old, self.carried_state = self.carried_state, None
+            self._move_state(old, [(i, offset, piece) for mine in self.pieces
+                                   for i, offset, piece in mine], self.optimizer.state)
         self._adopt_optimizer_state()
 
     def _check_budget(self, budget_mb):
@@ -149,91 +150,107 @@ class _Shards:
                         taken[key] = value
                 state[piece] = taken
 
+    def _own_pieces(self):
+        """(parameter, offset, piece) of every piece this rank holds."""
+        return [(i, offset, piece) for mine in self.pieces for i, offset, piece in mine]
+
     def _gather_full_state(self):
-        """Every parameter's optimizer state whole, on every rank (a collective on the group):
-        each state tensor shaped like its piece is summed over the ranks from zeros with each
-        rank's pieces in place (the pieces cover every element once), and a scalar comes from
-        the piece holding the parameter's first element."""
+        """Every parameter's optimizer state whole, on every rank (a collective on the group),
+        the pieces' own left as they are: parameter index -> {key: value}."""
         state = self.optimizer.state
-        elementwise, scalars = {}, {}   # key -> dtype, for every piece's state
-        others = {}                     # non-tensor values: key -> value (the same everywhere)
-        for mine in self.pieces:
-            for _, _, piece in mine:
-                for key, value in state.get(piece, {}).items():
-                    if isinstance(value, torch.Tensor) and value.dim() > 0 \
-                            and value.numel() == piece.numel():
-                        elementwise[key] = value.dtype
-                    elif isinstance(value, torch.Tensor) and value.numel() == 1:
-                        scalars[key] = value.dtype
-                    else:
-                        others[key] = value
-        # Which keys exist at all: every rank must run the same collectives.
-        keys = self._agreed_keys(sorted(elementwise), sorted(scalars))
-        sizes = [p.numel() for p in self.params]
+        old = [(i, offset, piece, state.get(piece, {})) for i, offset, piece in self._own_pieces()]
+        whole = {}
+        self._move_state(old, [(i, 0, p) for i, p in enumerate(self.params)], whole,
+                         keep=True)
+        return {i: whole[p] for i, p in enumerate(self.params) if p in whole}
+
+    def _move_state(self, old, targets, out, keep=False):
+        """A collective on the group: the state of `old` pieces ((parameter, offset, piece,
+        state), this rank's, every rank's together covering each element once) into `targets`
+        ((parameter, offset, tensor): whole parameters at offset 0, or the new pieces), written
+        to out[tensor]. Key by key: a tensor shaped like its piece goes through one sum over the
+        ranks of a flat buffer the size of the model (each rank's elements in place, the rest
+        zero), and is freed from `old` as it goes unless `keep`; a scalar comes from the piece
+        holding its parameter's first element; other values are copied."""
+        elementwise, scalars, others = {}, {}, {}
+        for _, _, piece, state in old:
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and value.dim() > 0 \
+                        and value.numel() == piece.numel():
+                    elementwise[key] = str(value.dtype)
+                elif isinstance(value, torch.Tensor) and value.numel() == 1:
+                    scalars[key] = str(value.dtype)
+                else:
+                    others[key] = value
+        keys = self._agreed_keys(elementwise, scalars)  # every rank runs the same collectives
         starts = [0]
-        for n in sizes:
-            starts.append(starts[-1] + n)
-        full = {i: {} for i in range(len(self.params))}
-        have = [False] * len(self.params)
-        for key in keys["elementwise"]:
-            flat = torch.zeros(starts[-1], dtype=torch.float64)
-            for mine in self.pieces:
-                for i, offset, piece in mine:
-                    value = state.get(piece, {}).get(key)
+        for p in self.params:
+            starts.append(starts[-1] + p.numel())
+        # Which parameters have state on some rank (never-stepped ones get none).
+        known = torch.zeros(len(self.params), dtype=torch.float64)
+        for i, offset, piece, state in old:
+            if state:
+                known[i] = 1
+        if keys:
+            dist.all_reduce(known, group=self.group)
+        has = [known[i].item() > 0 for i in range(len(self.params))]
+        made = {}
+        for key, (kind, dtype_name) in keys.items():
+            dtype = getattr(torch, dtype_name.replace("torch.", ""))
+            if kind == "e":
+                flat = torch.zeros(starts[-1], dtype=dtype)
+                for i, offset, piece, state in old:
+                    value = state.get(key) if keep else state.pop(key, None)
                     if value is not None:
                         at = starts[i] + offset
-                        flat[at:at + piece.numel()] = value.detach().reshape(-1).double()
-                        have[i] = True
-            dist.all_reduce(flat, group=self.group)
-            dtype = elementwise.get(key, torch.float32)
-            for i, p in enumerate(self.params):
-                full[i][key] = flat[starts[i]:starts[i + 1]].to(dtype).reshape(p.shape).clone()
-        for key in keys["scalars"]:
-            values = torch.zeros(len(self.params), dtype=torch.float64)
-            for mine in self.pieces:
-                for i, offset, piece in mine:
-                    value = state.get(piece, {}).get(key)
+                        flat[at:at + piece.numel()] = value.detach().reshape(-1)
+                dist.all_reduce(flat, group=self.group)
+                for i, offset, target in targets:
+                    if has[i]:
+                        at = starts[i] + offset
+                        made.setdefault(target, {})[key] = \
+                            flat[at:at + target.numel()].clone().reshape(target.shape)
+                del flat
+            else:
+                values = torch.zeros(len(self.params), dtype=torch.float64)
+                for i, offset, piece, state in old:
+                    value = state.get(key)
                     if value is not None and offset == 0:
                         values[i] = float(value)
-            dist.all_reduce(values, group=self.group)
-            dtype = scalars.get(key, torch.float32)
-            for i in range(len(self.params)):
-                full[i][key] = torch.tensor(values[i].item(), dtype=dtype)
-        # Parameters without state on any rank (never stepped) get none.
-        known = torch.tensor([1.0 if h else 0.0 for h in have], dtype=torch.float64)
-        if keys["elementwise"]:
-            dist.all_reduce(known, group=self.group)
-        for i in range(len(self.params)):
-            if known[i] == 0 and keys["elementwise"]:
-                full[i] = {}
-            elif full[i]:
-                full[i].update(others)
-        return {i: s for i, s in full.items() if s}
+                dist.all_reduce(values, group=self.group)
+                for i, offset, target in targets:
+                    if has[i]:
+                        made.setdefault(target, {})[key] = torch.tensor(values[i].item(),
+                                                                        dtype=dtype)
+        for target, state in made.items():
+            state.update(others)
+            out[target] = state
 
     def _agreed_keys(self, elementwise, scalars):
-        # The union over the ranks (a rank may hold no piece of some parameter, or none at all).
-        mine = [("e", key) for key in elementwise] + [("s", key) for key in scalars]
+        # The union over the ranks (a rank may hold no piece of some parameter, or none at all):
+        # key -> ("e" elementwise | "s" scalar, dtype).
+        mine = [("e", key, dtype) for key, dtype in elementwise.items()] + \
+               [("s", key, dtype) for key, dtype in scalars.items()]
         everyone = [None] * self.world
         dist.all_gather_object(everyone, mine, group=self.group)
-        union = sorted({entry for rank in everyone for entry in rank})
-        return {"elementwise": [key for kind, key in union if kind == "e"],
-                "scalars": [key for kind, key in union if kind == "s"]}
+        return {key: (kind, dtype) for kind, key, dtype in
+                sorted({entry for rank in everyone for entry in rank})}
+
+    def _state_to_whole_parameters(self):
+        """A sharded optimizer's state, carried out of its pieces, onto the whole parameters (a
+        collective: the plan is no longer sharded, or the wrapper lets go of the model)."""
+        if self.carried_state is not None:
+            old, self.carried_state = self.carried_state, None
+            self._move_state(old, [(i, 0, p) for i, p in enumerate(self.params)],
+                             self.optimizer.state)
 
     def _carry_state_over_replan(self):
-        """Before the buckets change: the optimizer state gathered whole (collective), to be
-        sliced into the new pieces by _shard_layout."""
-        if not self._anyone_has_state():  # (a collective on every rank alike)
-            return
-        self.carried_state = self._gather_full_state()
-        for mine in self.pieces:
-            for _, _, piece in mine:
-                self.optimizer.state.pop(piece, None)
-
-    def _anyone_has_state(self):
-        mine = torch.tensor([1.0 if any(piece in self.optimizer.state for m in self.pieces
-                                        for _, _, piece in m) else 0.0])
-        dist.all_reduce(mine, group=self.group)
-        return bool(mine.item())
+        """Before the buckets change: the optimizer's state of this rank's pieces, taken out of
+        the optimizer, for _move_state into the new layout (_shard_layout, or the whole
+        parameters when the plan is no longer sharded)."""
+        state = self.optimizer.state
+        self.carried_state = [(i, offset, piece, state.pop(piece, {}))
+                              for i, offset, piece in self._own_pieces()]
 
     def _init_piece_state(self):
         """A step of every piece with zero gradients (the caller set every learning rate to 0):

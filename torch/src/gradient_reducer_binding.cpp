@@ -484,6 +484,9 @@ void bind_gradient_reducer(py::module_& m) {
           },
           "Parameters not handed over in this step")
       .def("backward_done", [](TorchReducer& r) { r.reducer().backward_done(); })
+      .def(
+          "release_replaced", [](TorchReducer& r) { r.reducer().release_replaced(); },
+          "Frees the memory the last replan replaced (the backward that read it ended)")
       .def("poll", [](TorchReducer& r) { return r.reducer().poll(); })
       .def(
           "wait_update", [](TorchReducer& r, std::size_t k) { r.reducer().wait_update(k); },

@@ -191,6 +191,10 @@ class GradientReducer {
   /// the old kept until the step after the replan finishes (a backward begun under the old
   /// plan still reads it).
   void replan(ReducerPlan plan);
+  /// @brief Frees now what the last replan replaced (a sharded plan's old parameter memory),
+  /// once the client knows that the backward running when the plan changed has ended; the
+  /// finish() of the step after the replan frees it otherwise.
+  void release_replaced();
   /// @brief The order the gradients were handed over in the last finished step (parameter
   /// indices), for ReducerPlan::ready_order; empty before.
   std::vector<std::size_t> observed_ready_order() const;
