@@ -187,7 +187,8 @@ def make(name, batch):
 PLAN_OPTIONS = {"cap": ("bucket_cap_mb", float), "first": ("first_bucket_mb", float),
                 "inflight": ("collectives_in_flight", int), "priority": ("priority", str),
                 "partition": ("partition_large", lambda v: v in ("1", "true", "yes")),
-                "shard": ("shard", str)}
+                "shard": ("shard", str),
+                "rebuild": ("rebuild_buckets", lambda v: v in ("1", "true", "yes"))}
 
 
 def plan_options(mode):

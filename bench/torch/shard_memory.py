@@ -110,6 +110,7 @@ def main():
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(row, f, indent=1)
+    dist.barrier(group=groups["gloo"])  # every rank ends together
     dist.destroy_process_group()
 
 

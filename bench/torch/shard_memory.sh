@@ -19,6 +19,7 @@ modes=${MODES:-ddp-gloo ddp-gloo-zero fsdp2-gloo parallelize parallelize:shard=o
 python=${PYTHON:-$root/.venv/bin/python}
 [[ -x $python ]] || python=python3
 out=${OUT:-$(mktemp -d)}
+mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export MALLOC_MMAP_THRESHOLD_=${MALLOC_MMAP_THRESHOLD_:-65536}
 export LOOM_CALIBRATION=${LOOM_CALIBRATION:-0}

@@ -358,10 +358,14 @@ void GradientReducer::State::build() {
       out.push_back(Buffer(static_cast<std::byte*>(m.data()) + offsets[b],
                            all[b].padded_count / world, all[b].dtype));
   };
-  if (sharded) {
+  // With ShardLevel::gradients the gradients' shard is the all-gather's send buffer too: its
+  // average is read by the update, which comes before the updated shard is copied in, and the
+  // next reduce-scatter writes it only in the next step, after this step's all-gathers ended.
+  if (plan.shard == ShardLevel::gradients) {
+    shards_of(gradient_shards, "GradientReducer: the gradients' shards");
+    parameter_shards = gradient_shards;
+  } else if (sharded) {
     shards_of(parameter_shards, "GradientReducer: the parameters' shards");
-    if (plan.shard == ShardLevel::gradients)
-      shards_of(gradient_shards, "GradientReducer: the gradients' shards");
   }
 
   Graph g;

@@ -61,7 +61,7 @@ PlanMemory memory_of(const GradientReducer& reducer, const ReducerPlan& plan,
   } else {
     for (const auto& [dtype, bytes] : arena) m.parameters += pages(bytes);
     m.gradients = plan.shard == ShardLevel::gradients ? pages(resident_bytes) : m.parameters;
-    m.shards = pages(shard_bytes) * (plan.shard == ShardLevel::gradients ? 2 : 1);
+    m.shards = pages(shard_bytes);  // (gradients: the averages' shard is also the gather's)
   }
   m.gradients += wires;
   m.optimizer_state =

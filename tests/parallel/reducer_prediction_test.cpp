@@ -339,11 +339,11 @@ TEST(PlanMemory, ParametersBucketsShardsAndStateByShardLevel) {
     plan.shard = ShardLevel::gradients;
     const PlanMemory zero2 = plan_memory(reducer, plan, search);
     EXPECT_EQ(zero2.gradients, 8192u);  // every bucket resident (not simulated)
-    EXPECT_EQ(zero2.shards, 8192u);     // the parameters' and the gradients' shards
+    EXPECT_EQ(zero2.shards, 4096u);     // one shard: the average's, then the all-gather's
     EXPECT_EQ(zero2.optimizer_state, 8000u);
     EXPECT_EQ(describe(zero2),
-              "parameters 8 KiB + gradients 8 KiB + shards 8 KiB + optimizer state 8 KiB + "
-              "activations 1000 B = 33 KiB");
+              "parameters 8 KiB + gradients 8 KiB + shards 4 KiB + optimizer state 8 KiB + "
+              "activations 1000 B = 29 KiB");
   });
 }
 

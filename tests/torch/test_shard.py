@@ -16,6 +16,11 @@ from helpers import (CAP_MB, OPTIMIZERS, assert_like_ddp, data, fresh, loss_of, 
 
 LEVELS = ["optimizer", "gradients"]
 
+# The optimizer state moves between layouts (DDP's rebuild after the first step, rewrapping,
+# checkpoints) through a buffer of this many elements: odd and small, so that every move here
+# crosses buffer boundaries inside pieces.
+loom_torch._shards.MOVE_CHUNK = 37
+
 
 class OddMlp(nn.Module):
     """159 parameters (odd): buckets that do not divide by 2 or 3 ranks are padded."""

@@ -171,6 +171,7 @@ class _Engine(_Planning, _Updates, _Join, _Shards):
             self._shard_layout()
         else:
             self.pieces, self.pieces_of = [], {}
+            self._parameters_to_their_own_memory()
             self._state_to_whole_parameters()
 
     def _release_views(self):
@@ -178,10 +179,9 @@ class _Engine(_Planning, _Updates, _Join, _Shards):
         becomes a tensor of its own, with the same values; a sharded optimizer's state is
         gathered whole (a collective), for the new pieces."""
         if self.sharded:
+            # (The parameters stay views of the replaced memory, which the reducer keeps until
+            # the backward that may read it ended: the next layout copies them from there.)
             self._carry_state_over_replan()
-            for p in self.params:  # their own memory again, until the next layout
-                p.data = p.detach().clone()
-            self.quick = [(p, p.data_ptr()) for p in self.params]
         for i, p in enumerate(self.params):
             grad = p.grad
             if grad is not None and grad is self.views[i]:
@@ -295,7 +295,7 @@ class _Engine(_Planning, _Updates, _Join, _Shards):
         self.output_at = None
         self.synchronize()
         self._record_step(now)
-        if self.rebuild_pending:
+        if self.rebuild_pending and not self.sharded:
             self._rebuild_buckets()
         if self.automatic and self.steps_since_plan >= self.search.profile_runs:
             self._plan_automatically()
@@ -476,6 +476,7 @@ class _Engine(_Planning, _Updates, _Join, _Shards):
                                "again after step()")
         self.synchronize()
         self._release_views()  # (the reducer's memory is not the model's any more)
+        self._parameters_to_their_own_memory()
         self._state_to_whole_parameters()
         for handle in self.handles:
             handle.remove()

@@ -25,6 +25,10 @@ def state_bytes_per_element(optimizer, dtype):
                if isinstance(v, torch.Tensor) and v.numel() == probe.numel()) / probe.numel()
 
 
+# The optimizer state moves between layouts through a buffer of this many elements at a time.
+MOVE_CHUNK = 4 << 20
+
+
 # Optimizers whose update of an element reads only that element's parameter, gradient and
 # state: a shard is updated exactly as it would be in the whole tensor.
 ELEMENTWISE = ("SGD", "Adam", "AdamW", "Adagrad", "RMSprop", "Adadelta", "Adamax", "NAdam",
@@ -64,6 +68,7 @@ class _Shards:
             memory = self.reducer.parameter_values(i)
             memory.copy_(p.detach())
             p.data = memory
+        self.params_in_loom = True
         self.quick = [(p, p.data_ptr()) for p in self.params]
         if hasattr(self, "signature"):
             self.signature = self._signature()
@@ -198,19 +203,34 @@ class _Shards:
         for key, (kind, dtype_name) in keys.items():
             dtype = getattr(torch, dtype_name.replace("torch.", ""))
             if kind == "e":
-                flat = torch.zeros(starts[-1], dtype=dtype)
+                # Through a buffer of MOVE_CHUNK elements at a time: its sum over the ranks holds
+                # every rank's elements of that stretch of the model (the rest is zero).
+                sources = []
                 for i, offset, piece, state in old:
                     value = state.get(key) if keep else state.pop(key, None)
                     if value is not None:
                         at = starts[i] + offset
-                        flat[at:at + piece.numel()] = value.detach().reshape(-1)
-                dist.all_reduce(flat, group=self.group)
+                        sources.append((at, at + piece.numel(), value.detach().reshape(-1)))
+                outs = []
                 for i, offset, target in targets:
                     if has[i]:
                         at = starts[i] + offset
-                        made.setdefault(target, {})[key] = \
-                            flat[at:at + target.numel()].clone().reshape(target.shape)
-                del flat
+                        into = torch.zeros(target.numel(), dtype=dtype)
+                        made.setdefault(target, {})[key] = into.view(target.shape)
+                        outs.append((at, at + target.numel(), into))
+                for lo in range(0, starts[-1], MOVE_CHUNK):
+                    hi = min(starts[-1], lo + MOVE_CHUNK)
+                    buffer = torch.zeros(hi - lo, dtype=dtype)
+                    for a, b, value in sources:
+                        if a < hi and b > lo:
+                            x, y = max(a, lo), min(b, hi)
+                            buffer[x - lo:y - lo] = value[x - a:y - a]
+                    dist.all_reduce(buffer, group=self.group)
+                    for a, b, into in outs:
+                        if a < hi and b > lo:
+                            x, y = max(a, lo), min(b, hi)
+                            into[x - a:y - a] = buffer[x - lo:y - lo]
+                del sources
             else:
                 values = torch.zeros(len(self.params), dtype=torch.float64)
                 for i, offset, piece, state in old:
@@ -235,6 +255,34 @@ class _Shards:
         dist.all_gather_object(everyone, mine, group=self.group)
         return {key: (kind, dtype) for kind, key, dtype in
                 sorted({entry for rank in everyone for entry in rank})}
+
+    def _parameters_to_their_own_memory(self):
+        """The parameters leave loom's memory (the plan is no longer sharded, or the wrapper
+        lets go of the model): each gets a copy of its values."""
+        if getattr(self, "params_in_loom", False):
+            for p in self.params:
+                p.data = p.detach().clone()
+            self.params_in_loom = False
+            self.quick = [(p, p.data_ptr()) for p in self.params]
+            if hasattr(self, "signature"):
+                self.signature = self._signature()
+
+    def rebuild_before_forward(self):
+        """A sharded plan's rebuild of the buckets in the observed ready order (DDP's, after the
+        first step), made before a forward rather than as the next backward begins: then no
+        autograd graph holds the parameters, whose memory the rebuild moves, and the replaced
+        memory is freed at once (as the backward begins it would stay until that backward
+        ended, beside the new: the model's parameters twice at the peak)."""
+        if not (self.rebuild_pending and self.sharded) or self.in_backward:
+            return
+        if not self.reducer.observed_ready_order():
+            if not self.reducer.in_step() or self.awaiting_step:
+                return  # no step yet (or its optimizer.step() is still to come)
+            self.synchronize()  # the first step ends here (its all-gathers land, once)
+            if not self.reducer.observed_ready_order():
+                return
+        self._rebuild_buckets()
+        self.reducer.release_replaced()
 
     def _state_to_whole_parameters(self):
         """A sharded optimizer's state, carried out of its pieces, onto the whole parameters (a

@@ -314,6 +314,8 @@ class ParallelModule(torch.nn.Module):
             raise RuntimeError("loom_torch.parallelize: this wrapper was replaced by a later "
                                "parallelize() of the same model; use the one it returned")
         engine.recover_if_backward_failed()
+        if engine.no_sync_depth == 0 and torch.is_grad_enabled():
+            engine.rebuild_before_forward()  # (a sharded plan's, where every rank trains)
         timed = engine.t0 is not None and not engine.in_backward
         entered = 0
         if timed:  # a new forward: the step's timeline keeps the last one before backward
