@@ -188,7 +188,8 @@ PLAN_OPTIONS = {"cap": ("bucket_cap_mb", float), "first": ("first_bucket_mb", fl
                 "inflight": ("collectives_in_flight", int), "priority": ("priority", str),
                 "partition": ("partition_large", lambda v: v in ("1", "true", "yes")),
                 "shard": ("shard", str),
-                "rebuild": ("rebuild_buckets", lambda v: v in ("1", "true", "yes"))}
+                "rebuild": ("rebuild_buckets", lambda v: v in ("1", "true", "yes")),
+                "budget": ("memory_budget_mb", float)}
 
 
 def plan_options(mode):

@@ -63,7 +63,7 @@ __all__ = ["parallelize", "ParallelModule"]
 def parallelize(model, optimizer, process_group=None, bucket_cap_mb=None, compression=None,
                 find_unused_parameters=False, first_bucket_mb=1, partition_large=None,
                 collectives_in_flight=0, overlap_forward=True, broadcast_buffers=True,
-                rebuild_buckets=True, profile=None, priority="forward", defer_updates=False,
+                rebuild_buckets=None, profile=None, priority="forward", defer_updates=False,
                 gradient_as_bucket_view=True, shard="none", memory_budget_mb=None):
     """Wraps `model` and `optimizer` for data-parallel training on a loom process group.
 
@@ -92,7 +92,8 @@ def parallelize(model, optimizer, process_group=None, bucket_cap_mb=None, compre
     overlap_forward: leave the updates of buckets still in flight at opt.step() to the next
     forward (False: opt.step() waits for every bucket). broadcast_buffers: rank 0's buffers before
     each forward, as DDP. rebuild_buckets: after the first step, rebuild the buckets in the order
-    the gradients became ready (rank 0's), as DDP. profile: record each step's timeline for
+    the gradients became ready (rank 0's), as DDP (None: unless the plan is sharded, whose
+    rebuild moves the parameters' memory and so holds them twice for a moment). profile: record each step's timeline for
     write_trace()/explain()/dump_dot() durations and net.predict() (None: LOOM_TRACE decides).
     defer_updates: DDP's semantics: backward ends once every bucket has landed, with the averaged
     gradients in .grad, and opt.step() updates the parameters itself. Code that reads or changes
@@ -194,6 +195,8 @@ def parallelize(model, optimizer, process_group=None, bucket_cap_mb=None, compre
         compression=compression, track_usage=bool(find_unused_parameters), priority=priority,
         shard=shard)
     options = {"shard_levels": shard_levels, "memory_budget_mb": memory_budget_mb}
+    if rebuild_buckets is None:
+        rebuild_buckets = shard == "none"
     plan.check("parallelize")
     net = ParallelModule(model, optimizer, group, plan,
         overlap_forward=overlap_forward, broadcast_buffers=broadcast_buffers,
