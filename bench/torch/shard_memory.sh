@@ -62,7 +62,7 @@ if "ddp-gloo" in rows:
               n, ddp["optimizer_state"] / mb, ddp["gradients"] / mb,
               (ddp["resident"] - saving) / mb, (ddp["peak"] - saving) / mb,
               (ddp["tensors"] - saving) / mb))
-    for mode in ("parallelize:shard=gradients", "parallelize:shard=optimizer"):
+    for mode in ("parallelize:shard=gradients", "parallelize:shard=gradients:rebuild=1"):
         if mode in rows:
             r = rows[mode]
             print("%s: resident %s, peak %s, tensors %s" % (
