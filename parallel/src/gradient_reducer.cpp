@@ -358,14 +358,12 @@ void GradientReducer::State::build() {
       out.push_back(Buffer(static_cast<std::byte*>(m.data()) + offsets[b],
                            all[b].padded_count / world, all[b].dtype));
   };
-  // With ShardLevel::gradients the gradients' shard is the all-gather's send buffer too: its
-  // average is read by the update, which comes before the updated shard is copied in, and the
-  // next reduce-scatter writes it only in the next step, after this step's all-gathers ended.
-  if (plan.shard == ShardLevel::gradients) {
-    shards_of(gradient_shards, "GradientReducer: the gradients' shards");
+  // Every bucket is reduce-scattered into its shard, which is the all-gather's send buffer too:
+  // its average is read by the update, which comes before the updated shard is copied in, and
+  // the next reduce-scatter writes it only in the next step, after this step's all-gathers.
+  if (sharded) {
+    shards_of(gradient_shards, "GradientReducer: the shards");
     parameter_shards = gradient_shards;
-  } else if (sharded) {
-    shards_of(parameter_shards, "GradientReducer: the parameters' shards");
   }
 
   Graph g;
@@ -433,9 +431,7 @@ void GradientReducer::State::build() {
           out.count = to - from;
           out.bucket = b;
           out.values = values.slice(from, out.count);
-          out.gradient = plan.shard == ShardLevel::gradients
-                             ? gradient_shards[b].slice(from - lo, out.count)
-                             : bucketer->bucket_buffer(b).slice(from, out.count);
+          out.gradient = gradient_shards[b].slice(from - lo, out.count);
           mine.push_back(out);
         }
         // The rank's updated shard, copied out of the parameter memory the all-gather writes.

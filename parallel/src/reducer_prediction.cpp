@@ -262,7 +262,7 @@ BuiltStep build_reducer_step(const GradientReducer& reducer, const ReducerMeasur
       ProfiledNode& reduce = nodes[buckets[b].reduce.id()];
       // The whole padded bucket is reduced (scattered) on the wire.
       reduce.bytes = reduce.bytes / bucket.count * bucket.padded_count;
-      if (plan.shard == ShardLevel::gradients) reduce.op = Collective::reduce_scatter;
+      reduce.op = Collective::reduce_scatter;
     }
     for (std::size_t k : gather_sequence)
       for (std::size_t j = 0; j < gathers[k].size(); ++j) {

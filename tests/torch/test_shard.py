@@ -4,6 +4,8 @@ same job: the same model, data, optimizer and buckets; every rank's parameters e
 opt.step() (the all-gathers still in flight); each rank's optimizer state is its shard only;
 clip_grad_norm_ over the shards equals DDP's; the misuses are named errors.
 """
+import json
+
 import pytest
 import torch
 import torch.nn as nn
@@ -94,8 +96,8 @@ def test_optimizer_state_is_this_ranks_shard_only(world, level):
     everyone = [None] * n
     torch.distributed.all_gather_object(everyone, mine, group=gloo)
     assert sum(everyone) == total, everyone
-    if level == "gradients":
-        assert all(p.grad is None for p in model.parameters()), "a whole .grad was kept"
+    # Only each rank's shard of the average exists: no whole .grad is kept.
+    assert all(p.grad is None for p in model.parameters()), "a whole .grad was kept"
 
 
 @pytest.mark.parametrize("level", LEVELS + ["none"])
@@ -313,3 +315,27 @@ def test_auto_within_a_budget_picks_a_plan_that_fits_and_trains_like_ddp(world):
     assert mine["total_mb"] <= budget, (mine, budget)
     assert net.reducer_plan.shard != "none"
     assert_like_ddp(model, ddp_model, gloo, n)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_the_scatters_and_gathers_are_nodes_of_the_step_in_dot_and_trace(world, level,
+                                                                          tmp_path_factory):
+    rank, n, gloo = world
+    model, net, opt = train("odd", "adam", rank, 3, shard=level, profile=True)
+    directory = tmp_path_factory.mktemp("shard_%s" % level)
+    dot = directory / "step.dot"
+    net.dump_dot(str(dot))
+    text = dot.read_text()
+    reduction = "reduce_scatter"
+    assert "bucket0.%s" % reduction in text and "bucket0.allgather" in text, text[:2000]
+    assert "bucket0.shard" in text
+    assert ("bucket0.release" in text) == (level == "gradients")
+    issued = net.collective_issue_order()
+    gathers = [k for k, name in enumerate(issued) if name.endswith(".allgather")]
+    reductions = [k for k, name in enumerate(issued) if name.endswith("." + reduction)]
+    assert gathers and reductions and max(reductions) < min(gathers), issued
+    trace = net.write_trace(str(directory / "trace.json"))
+    events = json.load(open(trace))
+    names = {e.get("name") for e in (events["traceEvents"] if isinstance(events, dict)
+                                    else events)}
+    assert "bucket0.allgather" in names and "bucket0.%s" % reduction in names, sorted(names)[:40]

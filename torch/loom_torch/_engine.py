@@ -54,7 +54,7 @@ class _Engine(_Planning, _Updates, _Join, _Shards):
         # wrapper: its shard levels and memory budget are this wrapper's).
         self.search = _C.PlanSearch.for_gradient_reducer()
         self.search.shard_levels = list(shard_levels)
-        self.sharded = self.shard_gradients = False
+        self.sharded = self.average_in_shards = False
         self.carried_state = None
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.activation_bytes = None  # measured in the first reduced forward (a budget's)
@@ -152,11 +152,11 @@ class _Engine(_Planning, _Updates, _Join, _Shards):
     def _layout(self):
         level = self.reducer.plan().shard
         self.sharded = level != "none"
-        self.shard_gradients = level == "gradients"
-        # shard="gradients": the average exists only for this rank's shard; .grad is dropped
+        # A sharded plan averages only each rank's shard (reduce-scatters): .grad is dropped
         # once handed over (the gradient's memory is the bucket's, until its reduce-scatter).
+        self.average_in_shards = self.sharded
         self.as_bucket_view = [self.gradient_as_bucket_view and p.is_contiguous()
-                               and p.device.type == "cpu" and not self.shard_gradients
+                               and p.device.type == "cpu" and not self.average_in_shards
                                for p in self.params]
         self.groups = self.reducer.update_groups()
         self.group_of = [0] * len(self.params)
@@ -343,7 +343,7 @@ class _Engine(_Planning, _Updates, _Join, _Shards):
 
     def _hand_over(self, i, grad, used=True):
         self.reducer.ready(i, grad, used=used)  # (in place when .grad is the slot already)
-        if self.shard_gradients:
+        if self.average_in_shards:
             # Only this rank's shard will be averaged: there is no whole gradient to keep.
             self.params[i].grad = None
             self.seen[i] = None

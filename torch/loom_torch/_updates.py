@@ -44,7 +44,7 @@ class _Updates:
 
     def _copy_average(self, k, missing_only=False):
         # Group k's averages into .grad (only where there is none: missing_only).
-        if self.shard_gradients:
+        if self.average_in_shards:
             return  # only this rank's shard is averaged (the pieces' .grad)
         track = self.plan.track_usage
         for i in self.groups[k]:
@@ -167,7 +167,7 @@ class _Updates:
         self._scale_landed(k)
         swapped = []
         track = self.plan.track_usage
-        for i in (() if self.shard_gradients else self.groups[k]):
+        for i in (() if self.average_in_shards else self.groups[k]):
             p = self.params[i]
             if track and self.reducer.globally_unused(i):
                 continue  # as DDP: its .grad is left as it was

@@ -111,11 +111,12 @@ def parallelize(model, optimizer, process_group=None, bucket_cap_mb=None, compre
     False: .grad stays the tensor autograd made, the average copied into it.
     Uneven inputs: `with net.join():` around the loop (DDP's join(); ParallelModule.join).
     shard: "none" (every rank holds and updates the whole model, as DDP), "optimizer" (ZeRO-1:
-    gradients all-reduced whole, each rank's optimizer updates only its 1/world-size shard of
-    every bucket, so its state is for the shard, and the updated shards are all-gathered into
-    the parameters ahead of the next forward, layer by layer) or "gradients" (ZeRO-2: each
-    bucket reduce-scattered, so a rank holds only its shard's average and .grad is None after
-    backward; net.clip_grad_norm_() clips over the shards). Element-wise optimizers only (SGD,
+    each bucket reduce-scattered as its gradients are in, so a rank holds only its shard's
+    average and .grad is None after backward; each rank's optimizer updates only its
+    1/world-size shard of every bucket, so its state is for the shard; the updated shards are
+    all-gathered into the parameters ahead of the next forward, layer by layer;
+    net.clip_grad_norm_() clips over the shards) or "gradients" (ZeRO-2: as "optimizer", and
+    each bucket's memory goes back to the kernel once scattered). Element-wise optimizers only (SGD,
     Adam, AdamW, Adagrad, RMSprop, ...); the parameters become views of loom's host memory.
     "auto": the automatic plan (bucket_cap_mb="auto") also chooses the level, among those that
     fit memory_budget_mb (with an optimizer that is not element-wise, or a CUDA model, only
@@ -424,7 +425,7 @@ class ParallelModule(torch.nn.Module):
             raise RuntimeError("loom_torch.parallelize: clip_grad_norm_ between backward and "
                                "optimizer.step() needs defer_updates=True (otherwise each "
                                "bucket's update is applied as it lands, during backward)")
-        if not engine.shard_gradients:
+        if not engine.average_in_shards:
             return torch.nn.utils.clip_grad_norm_(
                 [p for p in self.module.parameters() if p.grad is not None], max_norm,
                 norm_type)

@@ -78,8 +78,7 @@ struct ShardPiece {
   /// writes them, and the all-gather sends them to every rank.
   Buffer values;
   /// @brief The piece's averaged gradient once its group's update is ready (wait_update()):
-  /// a slice of the all-reduced bucket (ShardLevel::optimizer) or of this rank's
-  /// reduce-scattered shard (ShardLevel::gradients).
+  /// a slice of this rank's reduce-scattered shard.
   Buffer gradient;
 };
 
@@ -98,10 +97,11 @@ struct ShardPiece {
 /// Sharded (ReducerPlan::shard): every bucket is padded to a multiple of the world size and
 /// rank r owns the r-th of its equal shards. The reducer owns the parameters' memory too
 /// (parameter_values(): the client copies the values in once and makes the parameters views of
-/// it). Each bucket is all-reduced (optimizer) or reduce-scattered into the rank's shard
-/// (gradients); update group k then holds every bucket that shares a parameter with another of
-/// the group, and its update is the client's optimizer applied to shard_pieces(k) only, so its
-/// state is for the shard. After updated(k), "<b>.shard" copies the rank's updated shard out and
+/// it). Each bucket is reduce-scattered into the rank's shard as its gradients are in (with
+/// ShardLevel::gradients its pages then go back to the kernel); update group k then holds every
+/// bucket that shares a parameter with another of the group, and its update is the client's
+/// optimizer applied to shard_pieces(k) only, so its state is for the shard. After updated(k),
+/// "<b>.shard" copies the rank's updated shard out and
 /// "<b>.allgather" gathers every rank's into the parameter memory: the client waits for that
 /// with wait_gathered(k) before the parameters are read (the next forward). Every wait has the
 /// executor's timeout; failures are loom::Error naming the node, parameter and rank. The plan can
@@ -126,8 +126,8 @@ class GradientReducer {
   /// @brief The buckets in the order their allreduces are issued (the same on every rank).
   const std::vector<std::size_t>& issue_order() const noexcept;
   /// @brief Where parameter p's averaged gradient is once its buckets landed (loom's memory,
-  /// valid until the next replan()). Under ShardLevel::gradients only this rank's shard is
-  /// averaged (ShardPiece::gradient); this memory then holds the rank's own scaled gradient.
+  /// valid until the next replan()). Under a sharded plan only this rank's shard is averaged
+  /// (ShardPiece::gradient); this memory then holds the rank's own scaled gradient.
   Buffer gradient(std::size_t p) const;
 
   /// @brief Update groups: the parameters updated together, in the order their buckets are

@@ -34,12 +34,14 @@ const char* to_string(IssuePriority priority) noexcept;
 enum class ShardLevel : unsigned char {
   /// @brief Every rank holds whole gradients and updates every parameter (DDP).
   none,
-  /// @brief Gradients are all-reduced whole; each rank updates only its shard of every bucket
+  /// @brief Each bucket is reduce-scattered as its gradients are in (the same bytes on the wire
+  /// as an allreduce): each rank receives only its shard's average and updates only its shard
   /// (its optimizer state is for the shard), and the updated shards are all-gathered into the
-  /// parameters (ZeRO-1, ZeroRedundancyOptimizer).
+  /// parameters (ZeRO-1, as DeepSpeed's stage 1 with reduce_scatter). The gradient buckets stay
+  /// resident.
   optimizer,
-  /// @brief Gradients are reduce-scattered: each rank receives only its shard's average, updates
-  /// it, and the updated shards are all-gathered (ZeRO-2).
+  /// @brief As optimizer, and each bucket's memory goes back to the kernel once scattered: the
+  /// gradients are resident only from their hand-over to their bucket's scatter (ZeRO-2).
   gradients,
 };
 
@@ -87,8 +89,8 @@ struct ReducerPlan {
   /// @brief Add an external node per update group, which the client signals with updated()
   /// once it applied the update: the run then spans the updates, and the trace shows them.
   bool external_updates = true;
-  /// @brief Shard the update (and with ShardLevel::gradients the averaged gradients) across the
-  /// ranks; needs external_updates (the all-gather follows the update).
+  /// @brief Shard the averaged gradients, the update and its state across the ranks; needs
+  /// external_updates (the all-gather follows the update).
   ShardLevel shard = ShardLevel::none;
 
   /// @brief ErrorCode::invalid_argument, "<who>: ...", naming the first bad field: a cap or
