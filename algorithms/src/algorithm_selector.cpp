@@ -384,6 +384,8 @@ double AlgorithmSelector::predict_with(const CostParameters& cost, Algorithm alg
       if (collective == Collective::allreduce && find_algorithm(c)->bandwidth_optimal) continue;
       best = std::min(best, predict_with(cost, c, collective, bytes, world));
     }
+    if (collective == Collective::reduce_scatter)  // the whole buffer reduced and sent per step
+      return ceil_log2(world) * (cost.alpha_s + n * (cost.beta_s_per_byte + cost.gamma_s_per_byte));
     return std::isfinite(best) ? best : ceil_log2(world) * cost.alpha_s + n * cost.beta_s_per_byte;
   }
   return schedule_seconds(algorithm, collective, bytes, flat_topology(world), cost, cost);

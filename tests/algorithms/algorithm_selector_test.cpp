@@ -103,6 +103,28 @@ TEST(AlgorithmSelector, WithoutAFitALargeAllreduceGoesToABandwidthOptimalAlgorit
   }
 }
 
+// Untuned, a backend's native reduce-scatter is modelled as reducing and sending the whole buffer
+// per step (Open MPI 4.1's measured 5x loom's ring at 67 MB on vader): a large one goes to a
+// bandwidth-optimal algorithm.
+TEST(AlgorithmSelector, WithoutAFitALargeReduceScatterLeavesNative) {
+  const AlgorithmSelector s;
+  for (int ranks : {2, 3, 4}) {
+    LocalWorld world(ranks);
+    std::vector<float> large(std::size_t{6} << 20), shard(large.size() / ranks);
+    const CollectiveArgs big{Collective::reduce_scatter, Buffer::of(std::span(large)),
+                             Buffer::of(std::span(shard)), ReduceOp::sum, 0};
+    const auto c = s.choose(big, world.backend(0));
+    EXPECT_TRUE(c.algorithm == Algorithm::ring || c.algorithm == Algorithm::recursive_halving)
+        << ranks << " ranks: " << to_string(c.algorithm) << " (" << c.reason << ")";
+    const std::size_t bytes = large.size() * sizeof(float);
+    const CostParameters cost = default_tuning().cost;
+    EXPECT_DOUBLE_EQ(s.predict(Algorithm::native, Collective::reduce_scatter, bytes, ranks),
+                     std::ceil(std::log2(ranks)) *
+                         (cost.alpha_s +
+                          double(bytes) * (cost.beta_s_per_byte + cost.gamma_s_per_byte)));
+  }
+}
+
 // On two levels (2 nodes x 2 ranks, 2 x 3) the model picks hierarchical for large allreduces
 // and, at 2 x 2, a latency-optimal one for small; on one node, or one rank per node, never. (At 2 +
 // 1 + 3 its leader-based form, recursive doubling with the fold among 3 nodes, moves more over a
