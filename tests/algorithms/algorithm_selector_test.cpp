@@ -118,10 +118,10 @@ TEST(AlgorithmSelector, WithoutAFitALargeReduceScatterLeavesNative) {
         << ranks << " ranks: " << to_string(c.algorithm) << " (" << c.reason << ")";
     const std::size_t bytes = large.size() * sizeof(float);
     const CostParameters cost = default_tuning().cost;
-    EXPECT_DOUBLE_EQ(s.predict(Algorithm::native, Collective::reduce_scatter, bytes, ranks),
-                     std::ceil(std::log2(ranks)) *
-                         (cost.alpha_s +
-                          double(bytes) * (cost.beta_s_per_byte + cost.gamma_s_per_byte)));
+    EXPECT_DOUBLE_EQ(
+        s.predict(Algorithm::native, Collective::reduce_scatter, bytes, ranks),
+        std::ceil(std::log2(ranks)) *
+            (cost.alpha_s + double(bytes) * (cost.beta_s_per_byte + cost.gamma_s_per_byte)));
   }
 }
 
