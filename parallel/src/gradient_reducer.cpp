@@ -236,10 +236,10 @@ struct GradientReducer::State {
   // the pool (the bucketer's) outlives it.
   std::unique_ptr<PinnedPool> pool = std::make_unique<PinnedPool>();
   std::unique_ptr<Bucketer> bucketer;
-  // Sharded plans: per bucket, the rank's shard of the averaged gradients (gradients level) and
-  // of the updated parameters (what the all-gather sends); per group, the rank's pieces; per
+  // Sharded plans: per bucket, the rank's shard (the reduce-scatter's average, then the updated
+  // parameters the all-gather sends), all in shard_memory; per group, the rank's pieces; per
   // bucket, the all-gather.
-  std::vector<detail::MappedMemory> shard_memory;  // the gradients' shards, the parameters'
+  std::vector<detail::MappedMemory> shard_memory;
   // What the last replan replaced, kept until the step after it ends: a sharded plan's
   // parameters are views of the bucketer's memory, and a backward running when the plan
   // changed (the client replans as its backward begins) still reads the values its forward saved.
@@ -247,7 +247,7 @@ struct GradientReducer::State {
   std::vector<detail::MappedMemory> retired_shards;
   bool retire_after_step = false;
 
-  std::vector<Buffer> gradient_shards, parameter_shards;
+  std::vector<Buffer> shards;
   std::vector<std::vector<ShardPiece>> pieces;
   std::vector<Task> gathers;
   std::vector<std::size_t> gather_order;  // update groups in the order they are all-gathered
@@ -338,14 +338,16 @@ void GradientReducer::State::build() {
   }
   bucketer = std::move(fresh);
   shard_memory.clear();
-  gradient_shards.clear();
-  parameter_shards.clear();
+  shards.clear();
   pieces.clear();
   gathers.clear();
   gather_order.clear();
   const std::vector<Bucket>& all = bucketer->buckets();
-  // Every bucket's shard back to back (64-byte aligned) in one mapping per kind.
-  const auto shards_of = [&](std::vector<Buffer>& out, const char* what) {
+  // Every bucket is reduce-scattered into its shard, which is the all-gather's send buffer too:
+  // its average is read by the update, which comes before the updated shard is copied in, and
+  // the next reduce-scatter writes it only in the next step, after this step's all-gathers.
+  // The shards lie back to back (64-byte aligned) in one mapping.
+  if (sharded) {
     constexpr std::size_t align = 64;
     std::vector<std::size_t> offsets;
     std::size_t total = 0;
@@ -353,17 +355,10 @@ void GradientReducer::State::build() {
       offsets.push_back(total);
       total += ((b.padded_count / world) * dtype_size(b.dtype) + align - 1) / align * align;
     }
-    const detail::MappedMemory& m = shard_memory.emplace_back(total, what);
+    const detail::MappedMemory& m = shard_memory.emplace_back(total, "GradientReducer: the shards");
     for (std::size_t b = 0; b < all.size(); ++b)
-      out.push_back(Buffer(static_cast<std::byte*>(m.data()) + offsets[b],
-                           all[b].padded_count / world, all[b].dtype));
-  };
-  // Every bucket is reduce-scattered into its shard, which is the all-gather's send buffer too:
-  // its average is read by the update, which comes before the updated shard is copied in, and
-  // the next reduce-scatter writes it only in the next step, after this step's all-gathers.
-  if (sharded) {
-    shards_of(gradient_shards, "GradientReducer: the shards");
-    parameter_shards = gradient_shards;
+      shards.push_back(Buffer(static_cast<std::byte*>(m.data()) + offsets[b],
+                              all[b].padded_count / world, all[b].dtype));
   }
 
   Graph g;
@@ -373,7 +368,7 @@ void GradientReducer::State::build() {
   AttachOptions attach;
   attach.order = BucketOrder::bucket;  // every gradient node is a source: the plan orders
   attach.issue_order = planned_issue_order(bucketer->buckets(), parameters, plan);
-  attach.scatter_into = gradient_shards;
+  attach.scatter_into = shards;
   if (sharded) attach.priority_base = static_cast<int>(bucketer->buckets().size());
   bucket_tasks = bucketer->attach(g, gradient_nodes, backend.world_size(), attach);
   issue = attach.issue_order;
@@ -431,12 +426,12 @@ void GradientReducer::State::build() {
           out.count = to - from;
           out.bucket = b;
           out.values = values.slice(from, out.count);
-          out.gradient = gradient_shards[b].slice(from - lo, out.count);
+          out.gradient = shards[b].slice(from - lo, out.count);
           mine.push_back(out);
         }
         // The rank's updated shard, copied out of the parameter memory the all-gather writes.
         const std::string name = "bucket" + std::to_string(b);
-        const Buffer own = values.slice(lo, shard), send = parameter_shards[b];
+        const Buffer own = values.slice(lo, shard), send = shards[b];
         Task copy = g.compute(name + ".shard",
                               [own, send] { std::memcpy(send.data(), own.data(), own.bytes()); },
                               {.reads = {own}, .writes = {send}, .group = name});

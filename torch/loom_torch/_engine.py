@@ -59,7 +59,7 @@ class _Engine(_Planning, _Updates, _Join, _Shards):
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.activation_bytes = None  # measured in the first reduced forward (a budget's)
         if plan.shard != "none" or len(shard_levels) > 1:
-            check_shardable(optimizer, module, self.params, self.names,
+            check_shardable(optimizer, self.params, self.names,
                             plan.shard if plan.shard != "none" else "auto")
         self.reducer = _C.GradientReducer(
             backend_of(group), self.names, [owner.get(id(p), "") for p in self.params], self.params,

@@ -5,10 +5,11 @@ world size); each rank's optimizer steps only its pieces of every bucket (1-D vi
 memory, each with its slice of the averaged gradient as .grad), so its state is for the shard;
 loom all-gathers the updated shards into the parameters after every bucket's reduction, and the
 next forward's pre-hooks wait for their own parameters' all-gather. When the buckets change
-(DDP's rebuild, the automatic plan, replan()) the optimizer state is gathered whole and sliced
-again into the new pieces (a collective, at the same point on every rank)."""
+(DDP's rebuild, the automatic plan, replan()) the optimizer state moves into the new pieces
+key by key through a sum over the ranks (a collective, at the same point on every rank)."""
 import torch
 import torch.distributed as dist
+
 
 def state_bytes_per_element(optimizer, dtype):
     """The optimizer's state per parameter element, in bytes, as a step of a probe parameter of
@@ -35,7 +36,7 @@ ELEMENTWISE = ("SGD", "Adam", "AdamW", "Adagrad", "RMSprop", "Adadelta", "Adamax
                "RAdam", "ASGD", "Rprop")
 
 
-def check_shardable(optimizer, module, params, names, level):
+def check_shardable(optimizer, params, names, level):
     kind = type(optimizer)
     known = next((c.__name__ for c in kind.__mro__
                   if c.__name__ in ELEMENTWISE and c.__module__.startswith("torch.optim")), None)
@@ -66,7 +67,8 @@ class _Shards:
         over a replan, or held for the whole parameters)."""
         for i, p in enumerate(self.params):
             memory = self.reducer.parameter_values(i)
-            memory.copy_(p.detach())
+            if not getattr(self, "params_in_loom", False):  # (a replan moved loom's own copy)
+                memory.copy_(p.detach())
             p.data = memory
         self.params_in_loom = True
         self.quick = [(p, p.data_ptr()) for p in self.params]
@@ -173,9 +175,9 @@ class _Shards:
         """A collective on the group: the state of `old` pieces ((parameter, offset, piece,
         state), this rank's, every rank's together covering each element once) into `targets`
         ((parameter, offset, tensor): whole parameters at offset 0, or the new pieces), written
-        to out[tensor]. Key by key: a tensor shaped like its piece goes through one sum over the
-        ranks of a flat buffer the size of the model (each rank's elements in place, the rest
-        zero), and is freed from `old` as it goes unless `keep`; a scalar comes from the piece
+        to out[tensor]. Key by key: a tensor shaped like its piece goes through sums over the
+        ranks of a buffer of MOVE_CHUNK elements (each rank's elements of that stretch of the
+        model in place, the rest zero), and is freed from `old` as it goes unless `keep`; a scalar comes from the piece
         holding its parameter's first element; other values are copied."""
         elementwise, scalars, others = {}, {}, {}
         for _, _, piece, state in old:
@@ -305,7 +307,7 @@ class _Shards:
         the optimizer's state for the shard, shaped, as torch.distributed.checkpoint makes a
         fresh optimizer's state to load into. Local: nothing is communicated."""
         groups = self.optimizer.param_groups
-        narrowed = self._shard_step(None, [g["params"] for g in groups], every=True)
+        narrowed = self._shard_step([g["params"] for g in groups], every=True)
         saved = [g["params"] for g in groups]
         grads = {}
         try:
@@ -321,9 +323,9 @@ class _Shards:
             for piece, grad in grads.items():
                 piece.grad = grad
 
-    def _shard_step(self, k, narrowed, every=False):
-        """Update group k's pieces with the user's optimizer: each param group narrowed to the
-        pieces of its parameters in this group (a parameter unused on every rank is left out,
+    def _shard_step(self, narrowed, every=False):
+        """What the user's optimizer steps for an update group: each param group (`narrowed`:
+        its parameters in the group) as the pieces of those parameters (a parameter unused on every rank is left out,
         as DDP leaves it without a gradient; every=True: every piece)."""
         track = self.plan.track_usage and not every
         pieces = []

@@ -187,7 +187,7 @@ class _Updates:
         # The groups as they were when backward began (a group added since gets nothing).
         narrowed = self.step_narrow[k]
         if self.sharded:  # this rank's pieces of them
-            narrowed = self._shard_step(k, narrowed)
+            narrowed = self._shard_step(narrowed)
         saved = []
         try:
             for gi, g in enumerate(groups):

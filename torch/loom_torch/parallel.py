@@ -185,8 +185,7 @@ def parallelize(model, optimizer, process_group=None, bucket_cap_mb=None, compre
         try:
             from ._shards import check_shardable
             named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-            check_shardable(optimizer, model, [p for _, p in named], [n for n, _ in named],
-                            "auto")
+            check_shardable(optimizer, [p for _, p in named], [n for n, _ in named], "auto")
         except ValueError:
             shard_levels = ("none",)
         shard = "none"  # the starting plan's, unless the budget needs more
