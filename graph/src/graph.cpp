@@ -44,7 +44,7 @@ void accesses_of(const NodeData& node, std::vector<Access>& out) {
         out.push_back({c.send, true});
         return;
       }
-      out.push_back({c.send, false});
+      out.push_back({c.send, c.send_is_workspace});
       out.push_back({c.recv, true});
       return;
     case NodeKind::send:

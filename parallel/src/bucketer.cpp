@@ -542,7 +542,16 @@ std::vector<BucketTasks> Bucketer::attach(Graph& graph, std::span<const Task> pr
     }
   }
   // A bucket reduce-scattered into `into`: packed (or cast, the average folded in) into its
-  // wire, then this rank's shard lands in `into` (cast back when compressed).
+  // wire, then this rank's shard lands in `into` (cast back when compressed). Nothing reads the
+  // wire after its scatter (a sharded bucket's gradients are not whole averages afterwards, and
+  // `.grad` is left to the shard), so the scatter may use it as its workspace: loom's ring
+  // reduce-scatter then takes no scratch memory.
+  const auto reduce_scatter = [&](const std::string& name, Buffer wire, Buffer shard, ReduceOp op,
+                                  const CommOptions& comm) {
+    CollectiveArgs args{Collective::reduce_scatter, wire, shard, op, 0};
+    args.send_is_workspace = true;
+    return graph.collective(name + ".reduce_scatter", args, comm);
+  };
   const auto add_scatter = [&](const std::string& name, std::size_t b, Buffer into,
                                const CommOptions& comm, BucketTasks& tasks) {
     const std::vector<Copy> copies = s.copies(b);
@@ -553,8 +562,7 @@ std::vector<BucketTasks> Bucketer::attach(Graph& graph, std::span<const Task> pr
       const Buffer shard = s.shard_wire[b];
       tasks.pack = graph.compute(name + ".pack", [copies, factor] { compress(copies, factor); },
                                  {.reads = full, .writes = {wire}, .group = name});
-      tasks.reduce =
-          graph.reduce_scatter(name + ".reduce_scatter", wire, shard, ReduceOp::sum, comm);
+      tasks.reduce = reduce_scatter(name, wire, shard, ReduceOp::sum, comm);
       tasks.unpack = graph.compute(name + ".unpack",
                                    [shard, into] {
                                      kernels::cast(shard.data(), shard.dtype(), into.data(),
@@ -569,8 +577,7 @@ std::vector<BucketTasks> Bucketer::attach(Graph& graph, std::span<const Task> pr
           graph.compute(name + ".pack", [plan, wire] { kernels::pack(plan, bytes_of(wire)); },
                         {.reads = full, .writes = {wire}, .group = name});
     }
-    tasks.reduce = graph.reduce_scatter(name + ".reduce_scatter", wire, into,
-                                        average ? ReduceOp::avg : ReduceOp::sum, comm);
+    tasks.reduce = reduce_scatter(name, wire, into, average ? ReduceOp::avg : ReduceOp::sum, comm);
   };
   // release_after_scatter: the bucket's pages (and its 16-bit wire's) back to the kernel once
   // its scatter landed.

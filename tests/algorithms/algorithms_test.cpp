@@ -3,6 +3,7 @@
 // fallback, channel isolation and concurrent instances.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
@@ -319,6 +320,44 @@ TEST(Algorithms, ConcurrentInstancesKeepTheirOwnMessages) {
     for (int k = 0; k < 6; ++k)
       for (double x : data[k]) ASSERT_EQ(x, 60.0 + 4 * k);  // (0+10+20+30) + 4k
   });
+}
+
+// The ring reduce-scatter receives every other partial into its output (one scratch block,
+// none at 2 ranks), or, given its input as workspace, accumulates the partials in the input's
+// blocks (no scratch): at 2-5 ranks and an odd block size every rank gets its block's exact
+// sum and maximum either way, and without the workspace the input is left as it was.
+TEST(Algorithms, RingReduceScatterWithAndWithoutItsInputAsWorkspaceGivesTheResult) {
+  for (int world = 2; world <= 5; ++world)
+    for (bool workspace : {false, true})
+      for (ReduceOp op : {ReduceOp::sum, ReduceOp::max})
+        LocalWorld::run(world, [&](Backend& b) {
+          const std::size_t block = 1001;
+          const auto n = static_cast<std::size_t>(world) * block;
+          std::vector<double> send(n), out(block, -1.0);
+          // Rank r's element i: (r + 1) * 1000 + i, with every third element's ranks reversed
+          // so that the maximum is not always the last rank's.
+          const auto value = [&](int r, std::size_t i) {
+            const int who = i % 3 == 0 ? world - 1 - r : r;
+            return (who + 1) * 1000.0 + double(i);
+          };
+          for (std::size_t i = 0; i < n; ++i) send[i] = value(b.rank(), i);
+          const std::vector<double> before = send;
+          CollectiveArgs args{Collective::reduce_scatter, Buffer::of(std::span(send)),
+                              Buffer::of(std::span(out)), op, 0};
+          args.send_is_workspace = workspace;
+          start_collective(b, Algorithm::ring, args)->wait();
+          const std::string what = "world " + std::to_string(world) +
+                                   (workspace ? " workspace " : " ") + std::string(to_string(op)) +
+                                   " rank " + std::to_string(b.rank());
+          for (std::size_t k = 0; k < block; ++k) {
+            const std::size_t i = b.rank() * block + k;
+            double want = op == ReduceOp::sum ? 0.0 : value(0, i);
+            for (int r = 0; r < world; ++r)
+              want = op == ReduceOp::sum ? want + value(r, i) : std::max(want, value(r, i));
+            ASSERT_EQ(out[k], want) << what << " element " << k;
+          }
+          if (!workspace) EXPECT_EQ(send, before) << what;
+        });
 }
 
 // A rank that fails while the others are inside an algorithm makes their transfers fail with

@@ -32,6 +32,11 @@ struct CollectiveArgs {
   Buffer recv;
   ReduceOp reduce_op = ReduceOp::sum;
   int root = 0;
+  /// @brief The caller does not read `send` after the operation: loom's own algorithms may use
+  /// its memory as their workspace (the ring reduce-scatter then accumulates its partial sums
+  /// in the input's blocks and takes no scratch). A graph counts the node as writing `send`.
+  /// Native calls (MPI, NCCL) leave `send` as it was.
+  bool send_is_workspace = false;
 };
 
 }  // namespace loom

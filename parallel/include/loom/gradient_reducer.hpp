@@ -127,7 +127,8 @@ class GradientReducer {
   const std::vector<std::size_t>& issue_order() const noexcept;
   /// @brief Where parameter p's averaged gradient is once its buckets landed (loom's memory,
   /// valid until the next replan()). Under a sharded plan only this rank's shard is averaged
-  /// (ShardPiece::gradient); this memory then holds the rank's own scaled gradient.
+  /// (ShardPiece::gradient): the reduce-scatter takes this memory as its workspace
+  /// (CollectiveArgs::send_is_workspace), so after it the memory holds partial sums, no gradient.
   Buffer gradient(std::size_t p) const;
 
   /// @brief Update groups: the parameters updated together, in the order their buckets are
