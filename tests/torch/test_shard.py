@@ -229,9 +229,12 @@ def test_a_full_state_dict_saved_at_n_ranks_resumes_at_fewer(world, level):
     torch.distributed.barrier(group=gloo)
 
 
+@pytest.mark.parametrize("frozen", [False, True])
 @pytest.mark.parametrize("level", LEVELS)
 def test_distributed_checkpoint_at_the_same_world_size_resumes_like_the_uninterrupted_run(
-        world, level):
+        world, level, frozen):
+    """frozen: the optimizer also holds a parameter loom does not reduce (fc2's weight, frozen
+    in the model), which DCP's fresh-state step leaves without a gradient."""
     import os
     import shutil
     import tempfile
@@ -241,11 +244,12 @@ def test_distributed_checkpoint_at_the_same_world_size_resumes_like_the_uninterr
     rank, n, gloo = world
     directory = [tempfile.mkdtemp(prefix="loom_shard_dcp_") if rank == 0 else None]
     torch.distributed.broadcast_object_list(directory, src=0, group=gloo)
-    where = os.path.join(directory[0], level)
+    where = os.path.join(directory[0], level + ("-frozen" if frozen else ""))
     try:
         def wrapped(seed):
             torch.manual_seed(seed)
             model = OddMlp()
+            model.fc2.weight.requires_grad_(not frozen)
             return (model,) + loom_torch.parallelize(
                 model, OPTIMIZERS["adam"](model.parameters()), bucket_cap_mb=CAP_MB,
                 first_bucket_mb=CAP_MB, shard=level)

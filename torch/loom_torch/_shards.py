@@ -309,11 +309,15 @@ class _Shards:
         groups = self.optimizer.param_groups
         narrowed = self._shard_step([g["params"] for g in groups], every=True)
         saved = [g["params"] for g in groups]
+        # The parameters loom does not reduce step as themselves, with the .grad DCP gave them.
+        unreduced = {id(p) for params in saved for p in params if id(p) not in self.index}
         grads = {}
         try:
             for g, pieces in zip(groups, narrowed):
                 g["params"] = pieces
                 for piece in pieces:
+                    if id(piece) in unreduced:
+                        continue
                     grads[piece] = piece.grad
                     piece.grad = torch.zeros_like(piece)
             self.step_function(self.optimizer)
@@ -325,14 +329,19 @@ class _Shards:
 
     def _shard_step(self, narrowed, every=False):
         """What the user's optimizer steps for an update group: each param group (`narrowed`:
-        its parameters in the group) as the pieces of those parameters (a parameter unused on every rank is left out,
-        as DDP leaves it without a gradient; every=True: every piece)."""
+        its parameters in the group) as the pieces of those parameters (a parameter unused on
+        every rank is left out, as DDP leaves it without a gradient). every=True: every piece,
+        and the group's parameters loom does not reduce (outside the model, frozen in it) as
+        themselves, with their own .grad."""
         track = self.plan.track_usage and not every
         pieces = []
         for params in narrowed:
             mine = []
             for p in params:
-                i = self.index[id(p)]
+                i = self.index.get(id(p))
+                if i is None and every:
+                    mine.append(p)
+                    continue
                 if track and self.reducer.globally_unused(i):
                     continue
                 mine.extend(self.pieces_of.get(i, ()))
