@@ -1,9 +1,12 @@
-// Soak on the local backend: 3 ranks (threads), the training-step graph for many steps; memory,
-// pinned pool and file descriptors flat after warm-up. Long form: LOOM_SOAK_ITERATIONS=10000.
+// Soak on the local backend: 3 ranks (threads), the training-step graph and a sharded reducer
+// for many steps; memory, pinned pool and file descriptors flat after warm-up. Long form:
+// LOOM_SOAK_ITERATIONS=10000.
 #include <gtest/gtest.h>
 
 #include <stdlib.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <mutex>
 #include <span>
@@ -11,6 +14,7 @@
 #include <vector>
 
 #include "loom/executor.hpp"
+#include "loom/gradient_reducer.hpp"
 #include "loom/local.hpp"
 #include "scoped_env.hpp"
 #include "soak/soak.hpp"
@@ -82,6 +86,91 @@ TEST(Soak, ProfiledRunsWithTraceKeepMemoryFlat) {
   for (int r = 0; r < 2; ++r)
     std::remove(
         (testing::TempDir() + "soak_profiled_trace.rank" + std::to_string(r) + ".json").c_str());
+}
+
+// A sharded plan (ShardLevel::gradients: exact page mappings, each bucket's pages given back
+// after its scatter and faulted in again by the next step, a reduce-scatter that uses its input
+// as workspace, the all-gathers into the parameter memory) with every recording option on
+// (LOOM_TRACE: a trace after every run, the profiler): 3 ranks, odd sizes; resident memory flat
+// after warm-up, the profiler's window bounded, and every step's values right. Rank r hands over
+// gradients r + 1 + step (averaged: 2 + step); each rank writes the average into its pieces,
+// so after the gathers every parameter element must read 2 + step (to rounding).
+TEST(Soak, ShardedReducerWithTraceKeepsMemoryFlat) {
+  const long steps = test::soak_iterations(test::sanitized_build ? 1000 : 600);
+  const long warmup = std::min<long>(100, steps / 2);
+  const std::string trace = testing::TempDir() + "soak_sharded_trace.json";
+  std::optional<test::ScopedEnv> tracing(std::in_place, "LOOM_TRACE", trace.c_str());
+  const std::vector<ParameterSpec> parameters{{"embed.weight", "embed", 30011},
+                                              {"layers.0.weight", "layers.0", 65537},
+                                              {"layers.0.bias", "layers.0", 257},
+                                              {"head.weight", "head", 100003}};
+  ReducerPlan plan;
+  plan.shard = ShardLevel::gradients;
+  plan.bucket_cap_bytes = std::size_t{256} << 10;
+  plan.first_bucket_bytes = std::size_t{64} << 10;
+  plan.partition_large = true;
+  std::mutex mutex;
+  std::vector<std::string> failures;
+  LocalWorld::run(3, [&](Backend& backend) {
+    ExecutorOptions options;
+    options.timeout = std::chrono::duration<double>(120);
+    GradientReducer reducer(parameters, backend, plan, options);
+    const std::size_t n = reducer.num_parameters();
+    std::vector<std::vector<float>> grads(n);
+    for (std::size_t p = 0; p < n; ++p) grads[p].resize(reducer.parameter(p).count);
+    long wrong = 0;
+    test::ProcessSample warm;
+    for (long step = 0; step < steps; ++step) {
+      if (step == warmup) warm = test::sample_process();
+      reducer.begin();
+      for (std::size_t p = 0; p < n; ++p) {
+        std::fill(grads[p].begin(), grads[p].end(), float(backend.rank() + 1 + step % 1000));
+        reducer.ready(p, Buffer::of(std::span(grads[p])));
+      }
+      for (std::size_t k = 0; k < reducer.num_update_groups(); ++k) {
+        reducer.wait_update(k);
+        for (const ShardPiece& piece : reducer.shard_pieces(k))
+          std::copy_n(piece.gradient.as<float>(), piece.count, piece.values.as<float>());
+        reducer.updated(k);
+      }
+      for (std::size_t k = 0; k < reducer.num_update_groups(); ++k) reducer.wait_gathered(k);
+      reducer.finish();
+      const float want = float(2 + step % 1000);
+      for (std::size_t p = 0; p < n; ++p) {
+        const float* v = reducer.parameter_values(p).as<float>();
+        // Each share is scaled by 1/3 before the sum: within rounding of the average.
+        wrong += std::count_if(v, v + reducer.parameter(p).count,
+                               [&](float x) { return std::fabs(x - want) > 1e-5f * want; });
+      }
+    }
+    const auto end = test::sample_process();
+    const double growth_mib =
+        (static_cast<double>(end.rss_bytes) - static_cast<double>(warm.rss_bytes)) / (1 << 20);
+    const CommunicationProfiler& profiler = reducer.executor().profiler();
+    std::printf(
+        "sharded soak rank %d: %ld steps (%ld warm-up), %ld wrong values; resident %.1f -> "
+        "%.1f MiB (%+.2f MiB); profiler keeps %zu of %zu records; fds %zu -> %zu\n",
+        backend.rank(), steps, warmup, wrong, static_cast<double>(warm.rss_bytes) / (1 << 20),
+        static_cast<double>(end.rss_bytes) / (1 << 20), growth_mib, profiler.records().size(),
+        profiler.total_recorded(), warm.open_fds, end.open_fds);
+    std::string failure;
+    if (wrong != 0) failure += " " + std::to_string(wrong) + " parameter values wrong";
+    if (profiler.records().size() > CommunicationProfiler::default_window)
+      failure += " profiler keeps " + std::to_string(profiler.records().size());
+    if (end.open_fds > warm.open_fds)
+      failure += " new descriptors: " + test::new_descriptors(warm, end);
+    if (test::rss_is_meaningful && growth_mib * (1 << 20) > double(test::rss_growth_bound))
+      failure += " resident memory grew " + std::to_string(growth_mib) + " MiB";
+    if (!failure.empty()) {
+      std::lock_guard lock(mutex);
+      failures.push_back("rank " + std::to_string(backend.rank()) + ":" + failure);
+    }
+  });
+  tracing.reset();
+  EXPECT_TRUE(failures.empty()) << failures.front();
+  for (int r = 0; r < 3; ++r)
+    std::remove(
+        (testing::TempDir() + "soak_sharded_trace.rank" + std::to_string(r) + ".json").c_str());
 }
 
 }  // namespace
