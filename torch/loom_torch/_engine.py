@@ -400,8 +400,7 @@ class _Engine(_Planning, _Updates, _Join, _Shards):
                 self.wait_and_apply(k)
             for k in sorted(needed):
                 if not self.gathered[k]:
-                    self.reducer.wait_gathered(k)
-                    self.gathered[k] = True
+                    self.wait_gathered(k)
             return
         if self.in_backward or all(self.applied[self.group_of[i]] for i in indices):
             return
@@ -410,6 +409,17 @@ class _Engine(_Planning, _Updates, _Join, _Shards):
             return
         for k in sorted({self.group_of[i] for i in indices}):
             self.wait_and_apply(k)
+
+    def wait_gathered(self, k):
+        """Sharded plans: waits for update group k's all-gathers, timed as a wait (the step
+        simulator takes it out of the forward's measured compute, as the updates' waits)."""
+        if self.t0 is not None:
+            start = time.monotonic_ns() - self.t0
+            self.reducer.wait_gathered(k)
+            self.timeline_waits.append((start, time.monotonic_ns() - self.t0))
+        else:
+            self.reducer.wait_gathered(k)
+        self.gathered[k] = True
 
     def _before_module(self, name, indices, module, inputs):
         if self.learning:
