@@ -22,6 +22,28 @@
 namespace loom {
 namespace {
 
+// What each rank found wrong, gathered across the rank threads.
+class RankFailures {
+ public:
+  void add(int rank, const std::string& failure) {
+    if (failure.empty()) return;
+    std::lock_guard lock(_mutex);
+    _failures.push_back("rank " + std::to_string(rank) + ":" + failure);
+  }
+  bool empty() const { return _failures.empty(); }
+  const std::string& first() const { return _failures.front(); }
+
+ private:
+  std::mutex _mutex;
+  std::vector<std::string> _failures;
+};
+
+// Removes the per-rank traces that LOOM_TRACE=<TempDir>/<stem>.json wrote.
+void remove_traces(const std::string& stem, int ranks) {
+  for (int r = 0; r < ranks; ++r)
+    std::remove((testing::TempDir() + stem + ".rank" + std::to_string(r) + ".json").c_str());
+}
+
 TEST(Soak, LocalBackendThreeRanksStaysFlat) {
   const long iterations = test::soak_iterations(300);
   LocalWorld::run(3, [&](Backend& backend) { test::soak(backend, iterations); });
@@ -38,8 +60,7 @@ TEST(Soak, ProfiledRunsWithTraceKeepMemoryFlat) {
   const long warmup = runs / 10;
   const std::string trace = testing::TempDir() + "soak_profiled_trace.json";
   std::optional<test::ScopedEnv> tracing(std::in_place, "LOOM_TRACE", trace.c_str());
-  std::mutex mutex;
-  std::vector<std::string> failures;
+  RankFailures failures;
   LocalWorld::run(2, [&](Backend& backend) {
     std::vector<float> grad(256, 0.0f);
     long run = 0, right = 0;
@@ -76,16 +97,11 @@ TEST(Soak, ProfiledRunsWithTraceKeepMemoryFlat) {
       failure += " profiler's aggregate is wrong";
     if (test::rss_is_meaningful && growth_mib >= 2.0)  // was ~1.3 KB per run: 46 MiB
       failure += " resident memory grew " + std::to_string(growth_mib) + " MiB";
-    if (!failure.empty()) {
-      std::lock_guard lock(mutex);
-      failures.push_back("rank " + std::to_string(backend.rank()) + ":" + failure);
-    }
+    failures.add(backend.rank(), failure);
   });
   tracing.reset();
-  EXPECT_TRUE(failures.empty()) << failures.front();
-  for (int r = 0; r < 2; ++r)
-    std::remove(
-        (testing::TempDir() + "soak_profiled_trace.rank" + std::to_string(r) + ".json").c_str());
+  EXPECT_TRUE(failures.empty()) << failures.first();
+  remove_traces("soak_profiled_trace", 2);
 }
 
 // A sharded plan (ShardLevel::gradients: exact page mappings, each bucket's pages given back
@@ -109,8 +125,7 @@ TEST(Soak, ShardedReducerWithTraceKeepsMemoryFlat) {
   plan.bucket_cap_bytes = std::size_t{256} << 10;
   plan.first_bucket_bytes = std::size_t{64} << 10;
   plan.partition_large = true;
-  std::mutex mutex;
-  std::vector<std::string> failures;
+  RankFailures failures;
   LocalWorld::run(3, [&](Backend& backend) {
     ExecutorOptions options;
     options.timeout = std::chrono::duration<double>(120);
@@ -161,16 +176,11 @@ TEST(Soak, ShardedReducerWithTraceKeepsMemoryFlat) {
       failure += " new descriptors: " + test::new_descriptors(warm, end);
     if (test::rss_is_meaningful && growth_mib * (1 << 20) > double(test::rss_growth_bound))
       failure += " resident memory grew " + std::to_string(growth_mib) + " MiB";
-    if (!failure.empty()) {
-      std::lock_guard lock(mutex);
-      failures.push_back("rank " + std::to_string(backend.rank()) + ":" + failure);
-    }
+    failures.add(backend.rank(), failure);
   });
   tracing.reset();
-  EXPECT_TRUE(failures.empty()) << failures.front();
-  for (int r = 0; r < 3; ++r)
-    std::remove(
-        (testing::TempDir() + "soak_sharded_trace.rank" + std::to_string(r) + ".json").c_str());
+  EXPECT_TRUE(failures.empty()) << failures.first();
+  remove_traces("soak_sharded_trace", 3);
 }
 
 }  // namespace

@@ -411,14 +411,9 @@ class _Engine(_Planning, _Updates, _Join, _Shards):
             self.wait_and_apply(k)
 
     def wait_gathered(self, k):
-        """Sharded plans: waits for update group k's all-gathers, timed as a wait (the step
-        simulator takes it out of the forward's measured compute, as the updates' waits)."""
-        if self.t0 is not None:
-            start = time.monotonic_ns() - self.t0
-            self.reducer.wait_gathered(k)
-            self.timeline_waits.append((start, time.monotonic_ns() - self.t0))
-        else:
-            self.reducer.wait_gathered(k)
+        """Sharded plans: waits for update group k's all-gathers, timed as a wait (not as the
+        forward's compute)."""
+        self.timed_wait(self.reducer.wait_gathered, k)
         self.gathered[k] = True
 
     def _before_module(self, name, indices, module, inputs):
@@ -462,15 +457,8 @@ class _Engine(_Planning, _Updates, _Join, _Shards):
             written = True  # the step stays open: the next synchronize() applies the group
             raise
         finally:
-            if written:
-                pass
-            elif self.t0 is not None:
-                start = time.monotonic_ns() - self.t0
-                self.reducer.finish()
-                self.timeline_waits.append((start, time.monotonic_ns() - self.t0))
-            else:
-                self.reducer.finish()
             if not written:
+                self.timed_wait(self.reducer.finish)
                 self.gathered = [True] * len(self.groups)
                 self.updates_pending = False
                 for target in self.read_targets:
