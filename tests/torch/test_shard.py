@@ -343,3 +343,33 @@ def test_the_scatters_and_gathers_are_nodes_of_the_step_in_dot_and_trace(world, 
     names = {e.get("name") for e in (events["traceEvents"] if isinstance(events, dict)
                                     else events)}
     assert "bucket0.allgather" in names and "bucket0.%s" % reduction in names, sorted(names)[:40]
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_gradient_accumulation_with_no_sync_is_like_ddp(world, level):
+    """Three micro-batches under no_sync, the fourth reduced: the sharded step updates with the
+    average of all four, as DDP (the gradients accumulated outside loom's buckets are handed
+    over at the reduced backward; the bucket is the scatter's workspace, never carried over)."""
+    rank, n, gloo = world
+    micro = 4
+    out = {}
+    for which in ("ddp", "loom"):
+        model, kind = fresh("odd")
+        opt = OPTIMIZERS["adam"](model.parameters())
+        if which == "ddp":
+            net = DDP(model, process_group=gloo, bucket_cap_mb=CAP_MB)
+        else:
+            net, opt = loom_torch.parallelize(model, opt, bucket_cap_mb=CAP_MB,
+                                              first_bucket_mb=CAP_MB, shard=level)
+        for step in range(4):
+            opt.zero_grad()
+            for m in range(micro):
+                x, y = data(kind, rank, micro * step + m)
+                if m < micro - 1:
+                    with net.no_sync():
+                        (loss_of(kind, net(x), y) / micro).backward()
+                else:
+                    (loss_of(kind, net(x), y) / micro).backward()
+            opt.step()
+        out[which] = model
+    assert_like_ddp(out["loom"], out["ddp"], gloo, n)
