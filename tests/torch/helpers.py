@@ -121,6 +121,24 @@ def loss_of(kind, out, y):
     return F.cross_entropy(out, y)
 
 
+MICRO = 4
+
+
+def accumulate_loop(net, opt, model, kind, step):
+    """One step of gradient accumulation: MICRO micro-batches, all but the last under
+    net.no_sync(), then opt.step()."""
+    rank = dist.get_rank()
+    opt.zero_grad()
+    for micro in range(MICRO):
+        x, y = data(kind, rank, MICRO * step + micro)
+        if micro < MICRO - 1:
+            with net.no_sync():
+                (loss_of(kind, net(x), y) / MICRO).backward()
+        else:  # the synced micro-batch: the sum of all four is averaged
+            (loss_of(kind, net(x), y) / MICRO).backward()
+    opt.step()
+
+
 MODELS = {
     "mlp": (lambda: Mlp(), "vector"),
     "encoder": (lambda: Encoder(), "sequence"),

@@ -14,7 +14,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import loom_torch
 
 import helpers
-from helpers import (CAP_MB, OPTIMIZERS, assert_like_ddp, data, fresh, loss_of, train)
+from helpers import (CAP_MB, OPTIMIZERS, accumulate_loop, assert_like_ddp, data, fresh, loss_of,
+                     train)
 
 LEVELS = ["optimizer", "gradients"]
 
@@ -53,6 +54,15 @@ class Wide(nn.Module):
 
 helpers.MODELS["odd"] = (lambda: OddMlp(), "vector")
 helpers.MODELS["wide"] = (lambda: Wide(), "vector")
+
+
+def wrap_like(how, model, opt, gloo, level, group=None, **options):
+    """how "ddp": DDP on `gloo`; "loom": parallelize sharded at `level` on `group` (the world by
+    default), with the tests' small buckets. Returns (net, opt)."""
+    if how == "ddp":
+        return DDP(model, process_group=gloo, bucket_cap_mb=CAP_MB), opt
+    return loom_torch.parallelize(model, opt, process_group=group, bucket_cap_mb=CAP_MB,
+                                  first_bucket_mb=CAP_MB, shard=level, **options)
 
 
 def count(model):
@@ -108,12 +118,7 @@ def test_clip_grad_norm_over_the_shards_equals_ddp(world, level):
     for how in ("ddp", "loom"):
         model, kind = fresh("mlp")
         opt = OPTIMIZERS["adamw"](model.parameters())
-        if how == "ddp":
-            net = DDP(model, process_group=gloo, bucket_cap_mb=CAP_MB)
-        else:
-            net, opt = loom_torch.parallelize(model, opt, bucket_cap_mb=CAP_MB,
-                                              first_bucket_mb=CAP_MB, defer_updates=True,
-                                              shard=level)
+        net, opt = wrap_like(how, model, opt, gloo, level, defer_updates=True)
         seen = []
         for step in range(6):
             x, y = data(kind, rank, step)
@@ -199,11 +204,7 @@ def test_a_full_state_dict_saved_at_n_ranks_resumes_at_fewer(world, level):
     for how in ("ddp", "loom"):
         model, kind = fresh("odd")
         opt = OPTIMIZERS["adamw"](model.parameters())
-        if how == "ddp":
-            net = DDP(model, process_group=gloo, bucket_cap_mb=CAP_MB)
-        else:
-            net, opt = loom_torch.parallelize(model, opt, bucket_cap_mb=CAP_MB,
-                                              first_bucket_mb=CAP_MB, shard=level)
+        net, opt = wrap_like(how, model, opt, gloo, level)
         steps(net, opt, kind, rank, 0, 4)
         saved = (net.state_dict(), opt.state_dict())  # every rank: a collective for loom
         if how == "loom":
@@ -214,12 +215,7 @@ def test_a_full_state_dict_saved_at_n_ranks_resumes_at_fewer(world, level):
         torch.manual_seed(7)  # other initial weights: the checkpoint must bring them
         again = OddMlp()
         opt2 = OPTIMIZERS["adamw"](again.parameters())
-        if how == "ddp":
-            net2 = DDP(again, process_group=sub_gloo, bucket_cap_mb=CAP_MB)
-        else:
-            net2, opt2 = loom_torch.parallelize(again, opt2, process_group=sub,
-                                                bucket_cap_mb=CAP_MB, first_bucket_mb=CAP_MB,
-                                                shard=level)
+        net2, opt2 = wrap_like(how, again, opt2, sub_gloo, level, group=sub)
         net2.load_state_dict(saved[0])
         opt2.load_state_dict(saved[1])
         steps(net2, opt2, kind, rank, 4, 8)
@@ -351,25 +347,11 @@ def test_gradient_accumulation_with_no_sync_is_like_ddp(world, level):
     average of all four, as DDP (the gradients accumulated outside loom's buckets are handed
     over at the reduced backward; the bucket is the scatter's workspace, never carried over)."""
     rank, n, gloo = world
-    micro = 4
     out = {}
-    for which in ("ddp", "loom"):
+    for how in ("ddp", "loom"):
         model, kind = fresh("odd")
-        opt = OPTIMIZERS["adam"](model.parameters())
-        if which == "ddp":
-            net = DDP(model, process_group=gloo, bucket_cap_mb=CAP_MB)
-        else:
-            net, opt = loom_torch.parallelize(model, opt, bucket_cap_mb=CAP_MB,
-                                              first_bucket_mb=CAP_MB, shard=level)
+        net, opt = wrap_like(how, model, OPTIMIZERS["adam"](model.parameters()), gloo, level)
         for step in range(4):
-            opt.zero_grad()
-            for m in range(micro):
-                x, y = data(kind, rank, micro * step + m)
-                if m < micro - 1:
-                    with net.no_sync():
-                        (loss_of(kind, net(x), y) / micro).backward()
-                else:
-                    (loss_of(kind, net(x), y) / micro).backward()
-            opt.step()
-        out[which] = model
+            accumulate_loop(net, opt, model, kind, step)
+        out[how] = model
     assert_like_ddp(out["loom"], out["ddp"], gloo, n)

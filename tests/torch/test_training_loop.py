@@ -25,8 +25,9 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import loom_torch
-from helpers import (OPTIMIZERS, STEPS, Encoder, assert_as_close_as_ddp_to_itself,
-                     assert_like_ddp, data, flat, fresh, identical_on_every_rank, loss_of)
+from helpers import (OPTIMIZERS, STEPS, Encoder, accumulate_loop,
+                     assert_as_close_as_ddp_to_itself, assert_like_ddp, data, flat, fresh,
+                     identical_on_every_rank, loss_of)
 
 TINY_CAP_MB = 0.002  # DDP with a few KiB per bucket: the "DDP against itself" reference
 
@@ -309,22 +310,6 @@ def test_lr_schedulers_step_like_ddp_and_do_not_warn(world, scheduler):
 
 
 # 4. Gradient accumulation -----------------------------------------------------------------
-
-MICRO = 4
-
-
-def accumulate_loop(net, opt, model, kind, step):
-    rank = dist.get_rank()
-    opt.zero_grad()
-    for micro in range(MICRO):
-        x, y = data(kind, rank, MICRO * step + micro)
-        if micro < MICRO - 1:
-            with net.no_sync():
-                (loss_of(kind, net(x), y) / MICRO).backward()
-        else:  # the synced micro-batch: the sum of all four is averaged
-            (loss_of(kind, net(x), y) / MICRO).backward()
-    opt.step()
-
 
 @pytest.mark.parametrize("name,optimizer", [("mlp", "sgd"), ("encoder", "adamw")])
 def test_gradient_accumulation_with_no_sync_is_like_ddp(world, name, optimizer):

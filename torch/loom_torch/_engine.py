@@ -54,7 +54,7 @@ class _Engine(_Planning, _Updates, _Join, _Shards):
         # wrapper: its shard levels and memory budget are this wrapper's).
         self.search = _C.PlanSearch.for_gradient_reducer()
         self.search.shard_levels = list(shard_levels)
-        self.sharded = self.average_in_shards = False
+        self.sharded = self.average_in_shards = self.params_in_loom = False
         self.carried_state = None
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.activation_bytes = None  # measured in the first reduced forward (a budget's)

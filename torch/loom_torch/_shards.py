@@ -67,7 +67,7 @@ class _Shards:
         over a replan, or held for the whole parameters)."""
         for i, p in enumerate(self.params):
             memory = self.reducer.parameter_values(i)
-            if not getattr(self, "params_in_loom", False):  # (a replan moved loom's own copy)
+            if not self.params_in_loom:  # (a replan moved loom's own copy)
                 memory.copy_(p.detach())
             p.data = memory
         self.params_in_loom = True
@@ -177,8 +177,9 @@ class _Shards:
         ((parameter, offset, tensor): whole parameters at offset 0, or the new pieces), written
         to out[tensor]. Key by key: a tensor shaped like its piece goes through sums over the
         ranks of a buffer of MOVE_CHUNK elements (each rank's elements of that stretch of the
-        model in place, the rest zero), and is freed from `old` as it goes unless `keep`; a scalar comes from the piece
-        holding its parameter's first element; other values are copied."""
+        model in place, the rest zero), and is freed from `old` as it goes unless `keep`; a
+        scalar comes from the piece holding its parameter's first element; other values are
+        copied."""
         elementwise, scalars, others = {}, {}, {}
         for _, _, piece, state in old:
             for key, value in state.items():
@@ -261,7 +262,7 @@ class _Shards:
     def _parameters_to_their_own_memory(self):
         """The parameters leave loom's memory (the plan is no longer sharded, or the wrapper
         lets go of the model): each gets a copy of its values."""
-        if getattr(self, "params_in_loom", False):
+        if self.params_in_loom:
             for p in self.params:
                 p.data = p.detach().clone()
             self.params_in_loom = False
