@@ -22,7 +22,8 @@
 set -u
 BINARIES="cuda_unavailable_test cuda_runtime_test cuda_kernels_test gpu_executor_test nccl_backend_test
   executor_test bucketer_test dot_test algorithms_test fault_local_test bad_input_test
-  data_parallel_step_test gradient_reducer_test train_step_test mpi_staging_test mpi_backend_test
+  data_parallel_step_test gradient_reducer_test train_step_test mpi_staging_test device_buckets_test
+  mpi_backend_test
   executor_mpi_test mpi_collectives_test mpi_algorithms_test loom-bench-nccl loom-bench-pinned
   loom-overlap loom-train-step"
 DEBS="openmpi-bin libopenmpi3 openmpi-common libpmix2 libhwloc15 libevent-core-2.1-7
@@ -83,6 +84,7 @@ run() {
   t train_step_test.cuda 240 ./train_step_test --gtest_filter='TrainStepCuda.*'
   MR="orterun --oversubscribe --bind-to none -x LD_LIBRARY_PATH"
   for n in 1 2 3; do t mpi_staging_test.np$n 180 $MR -np $n ./mpi_staging_test --gtest_brief=1; done
+  for n in 1 2 3; do t device_buckets_test.np$n 180 $MR -np $n ./device_buckets_test --gtest_brief=1; done
   for n in 2 3; do t mpi_backend_test.np$n 180 $MR -np $n ./mpi_backend_test --gtest_brief=1; done
   t executor_mpi_test.np3 180 $MR -np 3 ./executor_mpi_test --gtest_brief=1
   t mpi_collectives_test.np3 240 $MR -np 3 ./mpi_collectives_test --gtest_brief=1
@@ -107,14 +109,14 @@ run() {
   for s in stream_wait input_hold; do
     t torch_cuda.skip_$s.np2 240 $MR -x PYTHONPATH -x LOOM_TIMEOUT_S -x UCX_MODULE_DIR \
       -x LOOM_TORCH_UNSAFE_SKIP=$s -np 2 python3 mpi_pytest.py --log-dir "$O/torch_cuda.skip_$s" \
-      -- -x -q -p no:cacheprovider test_cuda.py -k "stream_order or input_kept"
+      -- -x -q -p no:cacheprovider test_cuda.py -k "stream_order or input_kept or after_their_stream"
   done
   # torchrun, 2 ranks on the one GPU: the ucx transport's staged path (NCCL refuses them).
   t torch_cuda.torchrun2 300 python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
     -m pytest -x -q -p no:cacheprovider test_cuda.py
   t torch_nccl_ws1 300 python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
     "$R/bench/gpu/torch_nccl_overhead.py" --json "$O/torch_nccl_ws1.json"
-  # The transformer step on CUDA, 2 ranks sharing the GPU: parallelize (staged through loom's
+  # The transformer step on CUDA, 2 ranks sharing the GPU: parallelize (device buckets, and
   # host buckets) against DDP on Gloo, interleaved.
   t torch_parallelize_cuda.np2 300 $MR -x PYTHONPATH -x LOOM_TIMEOUT_S -x UCX_MODULE_DIR -np 2 \
     python3 "$R/bench/gpu/torch_parallelize_cuda.py" --json "$O/torch_parallelize_cuda.json"

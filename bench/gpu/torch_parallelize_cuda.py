@@ -4,8 +4,10 @@ the visible GPU, LOCAL_RANK % count: 2 ranks share one GPU and time-slice it).
 
     mpirun -np 2 python3 bench/gpu/torch_parallelize_cuda.py [--rounds 5] [--steps 10] [--json F]
 
-parallelize stages each gradient through loom's host buckets (the mpi transport's path for ranks
-sharing a GPU); DDP on Gloo stages its CUDA buckets too. Each round runs `steps` steps of each
+parallelize runs twice: with its buckets in the GPU's memory (the default; loom's kernels copy
+the gradients in, and the buckets travel on NCCL, or staged through pinned memory by the mpi
+transport where ranks share a GPU) and with LOOM_TORCH_CUDA_BUCKETS=host (each gradient staged
+through loom's host buckets); DDP on Gloo stages its CUDA buckets too. Each round runs `steps` steps of each
 after 3 warm-up steps; a step is timed from zero_grad() to the next zero_grad() with a device
 synchronize, and rank 0's median step per mode is reported with the same-round ratios.
 """
@@ -67,8 +69,10 @@ def main():
         torch.manual_seed(0)
         model = Transformer(layers=args.layers).to(device)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        if mode == "parallelize":
+        if mode.startswith("parallelize"):
+            os.environ["LOOM_TORCH_CUDA_BUCKETS"] = "host" if mode.endswith("host") else "auto"
             net, opt = loom_torch.parallelize(model, opt, bucket_cap_mb=args.bucket_cap_mb)
+            del os.environ["LOOM_TORCH_CUDA_BUCKETS"]
         else:
             net = DDP(model, process_group=gloo, bucket_cap_mb=args.bucket_cap_mb)
         return net, opt
@@ -80,7 +84,7 @@ def main():
         F.cross_entropy(out.reshape(-1, out.shape[-1]), tokens[:, 1:].reshape(-1)).backward()
         opt.step()
 
-    modes = {m: make(m) for m in ("ddp-gloo", "parallelize")}
+    modes = {m: make(m) for m in ("ddp-gloo", "parallelize", "parallelize-host")}
     for net, opt in modes.values():
         for k in range(3):
             step(net, opt, k)
@@ -92,16 +96,19 @@ def main():
             start = time.perf_counter()
             for k in range(args.steps):
                 step(net, opt, k)
-            if m == "parallelize":
+            if m.startswith("parallelize"):
                 net.synchronize()
             synchronize()
             times[m].append((time.perf_counter() - start) / args.steps * 1e3)
     ratios = [p / d for p, d in zip(times["parallelize"], times["ddp-gloo"])]
+    host_ratios = [p / d for p, d in zip(times["parallelize-host"], times["ddp-gloo"])]
     row = {"ranks": n, "device": torch.cuda.get_device_name(device) if cuda else "cpu",
-           "path": loom_torch.backend_of(dist.group.WORLD).device_path(),
+           "buckets": modes["parallelize"][0].bucket_memory(),
            "ddp_gloo_ms": statistics.median(times["ddp-gloo"]),
            "parallelize_ms": statistics.median(times["parallelize"]),
+           "parallelize_host_ms": statistics.median(times["parallelize-host"]),
            "same_round_ratios": ratios, "ratio_median": statistics.median(ratios),
+           "host_ratio_median": statistics.median(host_ratios),
            "rounds": times}
     if rank == 0:
         print(json.dumps(row, indent=1))

@@ -116,13 +116,13 @@ __global__ void divide_kernel(T* data, std::size_t n, int divisor) {
 // As the CPU: multiply by the factor in the type an element computes in (float for 16-bit
 // floats, then rounded to 16 bits).
 template <class T>
-__global__ void scale_kernel(T* data, std::size_t n, double factor) {
+__global__ void scale_kernel(const T* in, T* out, std::size_t n, double factor) {
   using A = Arith<T>;
   using U = typename A::type;
   const U f = static_cast<U>(factor);
   for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
        i += std::size_t{gridDim.x} * blockDim.x)
-    data[i] = A::store(A::load(data[i]) * f);
+    out[i] = A::store(A::load(in[i]) * f);
 }
 
 template <class From, class To>
@@ -222,18 +222,26 @@ void average(void* data, std::size_t count, DType dtype, int divisor, NativeStre
   check_launch("average", count, dtype);
 }
 
-void scale(void* data, std::size_t count, DType dtype, double factor, NativeStream stream) {
+void scale(const void* in, void* out, std::size_t count, DType dtype, double factor,
+           NativeStream stream) {
   require_scalable("scale", dtype);
   if (count == 0) return;
+  if (in == nullptr || out == nullptr)
+    throw Error(ErrorCode::invalid_argument,
+                "scale of " + std::to_string(count) + " elements: null buffer");
   const std::size_t n = elements(count, dtype);
   with_type(dtype, [&](auto tag) {
     using T = decltype(tag);
     if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, Half> ||
                   std::is_same_v<T, BHalf>)
-      scale_kernel<T>
-          <<<blocks_for(n), threads_per_block, 0, stream>>>(static_cast<T*>(data), n, factor);
+      scale_kernel<T><<<blocks_for(n), threads_per_block, 0, stream>>>(
+          static_cast<const T*>(in), static_cast<T*>(out), n, factor);
   });
   check_launch("scale", count, dtype);
+}
+
+void scale(void* data, std::size_t count, DType dtype, double factor, NativeStream stream) {
+  scale(data, data, count, dtype, factor, stream);
 }
 
 void cast(const void* in, DType from, void* out, DType to, std::size_t count, NativeStream stream) {

@@ -11,6 +11,8 @@
 #include <unordered_map>
 
 #include "invalid_argument.hpp"
+#include "loom/config.hpp"
+#include "loom/cuda_device.hpp"
 #include "loom/error.hpp"
 #include "loom/executor.hpp"
 #include "loom/kernels/cast.hpp"
@@ -18,6 +20,9 @@
 #include "loom/kernels/reduce.hpp"
 #include "loom/pinned_pool.hpp"
 #include "mapped_memory.hpp"
+#if LOOM_HAVE_CUDA
+#include "loom/kernels/cuda.hpp"
+#endif
 
 namespace loom {
 
@@ -112,6 +117,92 @@ void add_pack_and_unpack(Graph& graph, const std::string& name, const std::vecto
                                {.reads = {wire}, .writes = full, .group = name});
 }
 
+bool on_device(const Bucket& bucket) {
+  return bucket.device.kind == DeviceKind::cuda;
+}
+
+#if LOOM_HAVE_CUDA
+using cuda::NativeStream;
+
+NativeStream native(StreamRef stream) {
+  return static_cast<NativeStream>(stream.native);
+}
+
+// A device bucket's pack starts, on the device, after the work enqueued on the input stream
+// when it launches: gradients written outside the graph (autograd's stream) are read after
+// they are written. One event per bucket, recorded again each run.
+struct InputOrder {
+  NativeStream input = nullptr;
+  std::shared_ptr<cuda::Event> event;
+  void operator()(NativeStream stream) const {
+    event->record(input);
+    cuda::stream_wait(stream, *event);
+  }
+};
+
+// A device bucket's pack: compression's cast (the average folded in first, as the CPU's
+// cast, on the full-precision values the unpack overwrites anyway), else one DevicePackPlan
+// launch. Returns the plan for the unpack (nullptr when compressing).
+std::shared_ptr<kernels::cuda::DevicePackPlan> add_device_pack(
+    Graph& graph, const std::string& name, const std::vector<Copy>& copies, Buffer wire,
+    Compression compression, double factor, const InputOrder& order, int device,
+    BucketTasks& tasks) {
+  std::vector<Buffer> full;
+  for (const Copy& c : copies) full.push_back(c.full);
+  if (compression != Compression::none) {
+    std::vector<Buffer> writes = full;
+    writes.push_back(wire);
+    tasks.pack =
+        graph.compute_gpu(name + ".pack",
+                          [copies, factor, order](StreamRef s) {
+                            order(native(s));
+                            for (const Copy& c : copies) {
+                              if (factor != 1.0)
+                                kernels::cuda::scale(c.full.data(), c.full.count(), c.full.dtype(),
+                                                     factor, native(s));
+                              kernels::cuda::cast(c.full.data(), c.full.dtype(), c.wire.data(),
+                                                  c.wire.dtype(), c.full.count(), native(s));
+                            }
+                          },
+                          {.reads = full, .writes = writes, .group = name});
+    return nullptr;
+  }
+  auto plan = std::make_shared<kernels::cuda::DevicePackPlan>(pack_plan(copies, name), device);
+  tasks.pack = graph.compute_gpu(name + ".pack",
+                                 [plan, wire, order](StreamRef s) {
+                                   order(native(s));
+                                   plan->pack(wire.data(), native(s));
+                                 },
+                                 {.reads = full, .writes = {wire}, .group = name});
+  return plan;
+}
+
+// A device bucket's unpack: compression's cast back, else the plan's copy (the average folded
+// in: one scaling copy per stretch).
+void add_device_unpack(Graph& graph, const std::string& name, const std::vector<Copy>& copies,
+                       Buffer wire, Compression compression, double factor,
+                       std::shared_ptr<kernels::cuda::DevicePackPlan> plan, BucketTasks& tasks) {
+  std::vector<Buffer> full;
+  for (const Copy& c : copies) full.push_back(c.full);
+  tasks.unpack =
+      graph.compute_gpu(name + ".unpack",
+                        [copies, wire, compression, factor, plan](StreamRef s) {
+                          if (compression != Compression::none) {
+                            for (const Copy& c : copies)
+                              kernels::cuda::cast(c.wire.data(), c.wire.dtype(), c.full.data(),
+                                                  c.full.dtype(), c.full.count(), native(s));
+                          } else if (factor == 1.0) {
+                            plan->unpack(wire.data(), native(s));
+                          } else {
+                            for (const Copy& c : copies)
+                              kernels::cuda::scale(c.wire.data(), c.full.data(), c.full.count(),
+                                                   c.full.dtype(), factor, native(s));
+                          }
+                        },
+                        {.reads = {wire}, .writes = full, .group = name});
+}
+#endif
+
 void check_permutation(std::span<const std::size_t> order, std::size_t n, const char* what) {
   if (order.size() != n)
     throw_invalid_argument(std::string(what) + " has " + std::to_string(order.size()) +
@@ -155,7 +246,8 @@ struct Bucketer::State {
   BucketerOptions options;
   // Declared before the blocks: blocks go back to the pool before the pool dies.
   std::unique_ptr<PinnedPool> own_pool;
-  std::vector<detail::MappedMemory> mapped;  // exact_memory: the arenas
+  std::vector<detail::MappedMemory> mapped;       // exact_memory: the arenas
+  std::vector<cuda::DeviceMemory> device_memory;  // device buckets: arenas, wires
   bool views = false;
   bool rebuilt = false;
   std::vector<Bucket> buckets;
@@ -169,7 +261,18 @@ struct Bucketer::State {
   std::vector<Buffer> shard_wire;
 
   PinnedPool& pool() const { return options.pool ? *options.pool : *own_pool; }
-  Buffer acquire(std::size_t count, DType dtype) {
+  Buffer acquire(std::size_t count, DType dtype, Device device = Device::cpu()) {
+    if (device.kind == DeviceKind::cuda) {
+      const std::size_t bytes = count * dtype_size(dtype);
+      try {
+        const cuda::DeviceMemory& m = device_memory.emplace_back(bytes, device.index);
+        cuda::zero(m.data(), bytes);
+        return Buffer(m.data(), count, dtype, device);
+      } catch (const Error& e) {
+        throw Error(e.code(), "Bucketer: bucket memory for the gradients on " + to_string(device) +
+                                  " (" + std::to_string(bytes) + " bytes): " + e.message());
+      }
+    }
     PinnedBlock& block = blocks.emplace_back(pool().acquire(count * dtype_size(dtype)));
     if (count != 0) std::memset(block.data(), 0, count * dtype_size(dtype));
     return Buffer(block.data(), count, dtype);
@@ -197,6 +300,7 @@ void Bucketer::State::assign(std::span<const std::size_t> order) {
   shard_wire.clear();
   blocks.clear();
   mapped.clear();
+  device_memory.clear();
   buckets = std::move(fresh);
   bucket_memory.resize(buckets.size());
   wire.resize(buckets.size());
@@ -211,7 +315,10 @@ void Bucketer::State::assign(std::span<const std::size_t> order) {
       std::map<GroupKey, std::pair<Buffer, std::size_t>> arena;  // memory, next free element
       for (const auto& [key, count] : group_count) {
         const DType dtype = static_cast<DType>(std::get<0>(key));
-        if (options.exact_memory) {
+        const Device device{static_cast<DeviceKind>(std::get<1>(key)), std::get<2>(key)};
+        if (device.kind == DeviceKind::cuda) {
+          arena[key] = {acquire(count, dtype, device), 0};
+        } else if (options.exact_memory) {
           const detail::MappedMemory& m =
               mapped.emplace_back(count * dtype_size(dtype), "Bucketer: a bucket arena");
           arena[key] = {Buffer(m.data(), count, dtype), 0};
@@ -235,17 +342,19 @@ void Bucketer::State::assign(std::span<const std::size_t> order) {
     if (options.parameter_memory) lay_out(parameter_memory, parameter_views);
   }
   for (std::size_t b = 0; b < buckets.size(); ++b) {
+    const Device device = buckets[b].device;
     if (options.compression != Compression::none)
-      wire[b] = acquire(buckets[b].padded_count, wire_dtype(options.compression, buckets[b].dtype));
+      wire[b] = acquire(buckets[b].padded_count, wire_dtype(options.compression, buckets[b].dtype),
+                        device);
     else if (views)
       wire[b] = bucket_memory[b];
     else
-      wire[b] = bucket_memory[b] = acquire(buckets[b].padded_count, buckets[b].dtype);
+      wire[b] = bucket_memory[b] = acquire(buckets[b].padded_count, buckets[b].dtype, device);
   }
   if (options.compression != Compression::none && options.shard_multiple > 1)
     for (const Bucket& b : buckets)
       shard_wire.push_back(acquire(b.padded_count / options.shard_multiple,
-                                   wire_dtype(options.compression, b.dtype)));
+                                   wire_dtype(options.compression, b.dtype), b.device));
 }
 
 Bucketer::Bucketer(std::vector<ParameterSpec> gradients, BucketerOptions options)
@@ -267,11 +376,21 @@ Bucketer::Bucketer(std::vector<ParameterSpec> gradients, BucketerOptions options
       throw_invalid_argument("Bucketer: gradients #" + std::to_string(it->second) + " and #" +
                              std::to_string(i) + " are both named '" + g.name + "'");
     if (g.count == 0) throw_invalid_argument("Bucketer: " + quoted(g, i) + " has no elements");
-    if (g.device.kind != DeviceKind::cpu || (!g.storage.empty() && g.storage.device() != g.device))
-      throw Error(ErrorCode::unsupported,
-                  "Bucketer: " + quoted(g, i) + " is on " + to_string(g.device) +
-                      "; buckets live in host memory from the pinned pool (device gradients "
-                      "come with the CUDA backend)");
+    if (!g.storage.empty() && g.storage.device() != g.device)
+      throw_invalid_argument("Bucketer: " + quoted(g, i) + " is declared on " +
+                             to_string(g.device) + " but its storage is " + g.storage.describe());
+    if (g.device.kind == DeviceKind::cuda) {
+      if (!cuda::built_with_cuda())
+        throw Error(ErrorCode::unsupported,
+                    "Bucketer: " + quoted(g, i) + " is on " + to_string(g.device) +
+                        ", but this loom was built without CUDA: its buckets live in host "
+                        "memory only");
+      if (options.exact_memory || options.release_after_scatter || options.parameter_memory)
+        throw Error(ErrorCode::unsupported,
+                    "Bucketer: " + quoted(g, i) + " is on " + to_string(g.device) +
+                        "; exact_memory, release_after_scatter and parameter_memory are host "
+                        "memory (sharded plans keep CPU parameters)");
+    }
     if (options.compression != Compression::none && g.dtype != DType::float32)
       throw Error(ErrorCode::unsupported, "Bucketer: compression " +
                                               std::string(to_string(options.compression)) +
@@ -541,6 +660,12 @@ std::vector<BucketTasks> Bucketer::attach(Graph& graph, std::span<const Task> pr
                                std::to_string(shard) + "] on " + to_string(s.buckets[b].device));
     }
   }
+#if LOOM_HAVE_CUDA
+  const auto input_order = [&](std::size_t b) {
+    return InputOrder{s.options.device_input_stream,
+                      std::make_shared<cuda::Event>(s.buckets[b].device.index)};
+  };
+#endif
   // A bucket reduce-scattered into `into`: packed (or cast, the average folded in) into its
   // wire, then this rank's shard lands in `into` (cast back when compressed). Nothing reads the
   // wire after its scatter (a sharded bucket's gradients are not whole averages afterwards, and
@@ -558,6 +683,27 @@ std::vector<BucketTasks> Bucketer::attach(Graph& graph, std::span<const Task> pr
     std::vector<Buffer> full;
     for (const Copy& c : copies) full.push_back(c.full);
     const Buffer wire = s.wire[b];
+#if LOOM_HAVE_CUDA
+    if (on_device(s.buckets[b])) {
+      const bool pack = compression != Compression::none || !s.views;
+      if (pack)
+        add_device_pack(graph, name, copies, wire, compression, factor, input_order(b),
+                        s.buckets[b].device.index, tasks);
+      const Buffer shard = compression != Compression::none ? s.shard_wire[b] : into;
+      const ReduceOp op =
+          compression == Compression::none && average ? ReduceOp::avg : ReduceOp::sum;
+      tasks.reduce = reduce_scatter(name, wire, shard, op, comm);
+      if (compression != Compression::none)
+        tasks.unpack =
+            graph.compute_gpu(name + ".unpack",
+                              [shard, into](StreamRef st) {
+                                kernels::cuda::cast(shard.data(), shard.dtype(), into.data(),
+                                                    into.dtype(), into.count(), native(st));
+                              },
+                              {.reads = {shard}, .writes = {into}, .group = name});
+      return;
+    }
+#endif
     if (compression != Compression::none) {
       const Buffer shard = s.shard_wire[b];
       tasks.pack = graph.compute(name + ".pack", [copies, factor] { compress(copies, factor); },
@@ -600,10 +746,19 @@ std::vector<BucketTasks> Bucketer::attach(Graph& graph, std::span<const Task> pr
       if (s.options.release_after_scatter) add_release(name, b, tasks);
     } else {
       ReduceOp op = ReduceOp::sum;
-      if (compression != Compression::none || !s.views)
+      const bool pack = compression != Compression::none || !s.views;
+      if (pack && on_device(bucket)) {  // (only in a build with CUDA: the constructor refuses)
+#if LOOM_HAVE_CUDA
+        const std::vector<Copy> copies = s.copies(b);
+        auto plan = add_device_pack(graph, name, copies, wire, compression, factor, input_order(b),
+                                    bucket.device.index, tasks);
+        add_device_unpack(graph, name, copies, wire, compression, factor, std::move(plan), tasks);
+#endif
+      } else if (pack) {
         add_pack_and_unpack(graph, name, s.copies(b), wire, compression, factor, tasks);
-      else if (average)
+      } else if (average) {
         op = ReduceOp::avg;  // views, no pack/unpack: the reduction divides
+      }
       // The padding (zero) is not reduced.
       tasks.reduce = graph.allreduce(name + ".allreduce", wire.slice(0, bucket.count), op, comm);
     }

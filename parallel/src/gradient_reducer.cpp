@@ -8,16 +8,22 @@
 #include <cstring>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <unordered_map>
 
 #include "bytes_text.hpp"
 #include "invalid_argument.hpp"
+#include "loom/config.hpp"
+#include "loom/cuda_device.hpp"
 #include "loom/error.hpp"
 #include "loom/kernels/reduce.hpp"
 #include "loom/pinned_pool.hpp"
 #include "mapped_memory.hpp"
+#if LOOM_HAVE_CUDA
+#include "loom/kernels/cuda.hpp"
+#endif
 
 namespace loom {
 
@@ -231,6 +237,13 @@ struct GradientReducer::State {
   ReducerPlan plan;
   ExecutorOptions executor_options;
   double factor = 1.0;  // 1 / world size, applied as each gradient is copied in (as DDP)
+  // Device parameters: the stream ready() copies their gradients into the buckets on (the
+  // backend's device_stream), and their device (-1: every parameter is on the CPU).
+  cuda::NativeStream device_stream = nullptr;
+  int device = -1;
+  // The usage counts on the device, where the backend moves device memory only (nccl): the
+  // host counts are copied up before their allreduce and back after it.
+  cuda::DeviceMemory usage_on_device;
 
   // The compiled step (rebuilt by replan). The bucketer owns the memory the graph refers to;
   // the pool (the bucketer's) outlives it.
@@ -275,8 +288,16 @@ struct GradientReducer::State {
   std::chrono::steady_clock::time_point begun;
   std::vector<double> handed_at, last_handed_at;
 
-  State(std::vector<ParameterSpec> p, Backend& b, ReducerPlan pl, ExecutorOptions o)
-      : parameters(std::move(p)), backend(b), plan(std::move(pl)), executor_options(std::move(o)) {}
+  State(std::vector<ParameterSpec> p, Backend& b, ReducerPlan pl, ExecutorOptions o,
+        cuda::NativeStream stream)
+      : parameters(std::move(p)),
+        backend(b),
+        plan(std::move(pl)),
+        executor_options(std::move(o)),
+        device_stream(stream) {
+    for (const ParameterSpec& spec : parameters)
+      if (spec.device.kind == DeviceKind::cuda) device = spec.device.index;
+  }
 
   void build();
   std::string where(std::size_t p) const {
@@ -323,6 +344,7 @@ void GradientReducer::State::build() {
   options.parameter_memory = sharded;
   options.exact_memory = sharded;  // memory the size of the model: no size classes
   options.release_after_scatter = plan.shard == ShardLevel::gradients;
+  options.device_input_stream = device_stream;
   auto fresh = std::make_unique<Bucketer>(parameters, options);
   if (!plan.ready_order.empty()) fresh->rebuild(plan.ready_order);
   // The parameters' values move with a replan (a sharded plan's memory is the parameters').
@@ -382,10 +404,31 @@ void GradientReducer::State::build() {
   usage_ready = usage_reduce = Task{};
   if (plan.track_usage) {
     usage_ready = g.external("usage.ready", {.group = "usage"});
-    // Priority 0, below every bucket's: issued after them, at the end of backward.
-    usage_reduce = g.allreduce("usage.allreduce", Buffer::of(std::span(usage)), ReduceOp::sum,
-                               {.group = "usage"});
-    usage_ready.precede(usage_reduce);
+    const Buffer counts = Buffer::of(std::span(usage));
+    if (backend.supports(Device::cpu())) {
+      // Priority 0, below every bucket's: issued after them, at the end of backward.
+      usage_reduce = g.allreduce("usage.allreduce", counts, ReduceOp::sum, {.group = "usage"});
+      usage_ready.precede(usage_reduce);
+    } else {
+      // A backend of device memory only (nccl): the counts go up, are summed there and come
+      // back; usage_reduce is the last of the three, after which the host counts are the sums.
+      usage_on_device = cuda::DeviceMemory(counts.bytes(), device);
+      const Buffer up(usage_on_device.data(), n, DType::int32, Device::cuda(device));
+      const auto copy = [](Buffer to, Buffer from) {
+        return [to, from](StreamRef s) {
+          cuda::copy_async(to.data(), from.data(), from.bytes(),
+                           static_cast<cuda::NativeStream>(s.native));
+        };
+      };
+      Task upload = g.compute_gpu("usage.upload", copy(up, counts),
+                                  {.reads = {counts}, .writes = {up}, .group = "usage"});
+      Task sum = g.allreduce("usage.allreduce", up, ReduceOp::sum, {.group = "usage"});
+      usage_reduce = g.compute_gpu("usage.download", copy(counts, up),
+                                   {.reads = {up}, .writes = {counts}, .group = "usage"});
+      usage_ready.precede(upload);
+      upload.precede(sum);
+      sum.precede(usage_reduce);
+    }
   }
   update_nodes.clear();
   if (plan.external_updates) {
@@ -445,7 +488,12 @@ void GradientReducer::State::build() {
   ExecutorOptions compile_options = executor_options;
   if (plan.collectives_in_flight)
     compile_options.collectives_in_flight = plan.collectives_in_flight;
-  executor = Executor::compile(g, backend, compile_options);
+  {
+    // GPU nodes run on the device current at compile: the parameters'.
+    std::optional<cuda::DeviceGuard> on_device;
+    if (device >= 0) on_device.emplace(device);
+    executor = Executor::compile(g, backend, compile_options);
+  }
   graph = std::move(g);
   handed = std::make_unique<std::atomic<bool>[]>(n);
   polled.assign(groups.size(), 0);
@@ -453,7 +501,8 @@ void GradientReducer::State::build() {
 }
 
 GradientReducer::GradientReducer(std::vector<ParameterSpec> parameters, Backend& backend,
-                                 ReducerPlan plan, ExecutorOptions executor) {
+                                 ReducerPlan plan, ExecutorOptions executor,
+                                 cuda::NativeStream device_stream) {
   if (parameters.empty()) invalid("no parameters to reduce");
   std::unordered_map<std::string, std::size_t> names;
   for (std::size_t p = 0; p < parameters.size(); ++p) {
@@ -467,10 +516,20 @@ GradientReducer::GradientReducer(std::vector<ParameterSpec> parameters, Backend&
     if (!spec.storage.empty())
       invalid("parameter '" + spec.name +
               "' has storage: the reducer owns the gradients' memory (ready() hands each over)");
-    if (spec.device.kind != DeviceKind::cpu)
+    if (spec.device.kind == DeviceKind::cuda && plan.shard != ShardLevel::none)
+      throw Error(ErrorCode::unsupported,
+                  "GradientReducer: parameter '" + spec.name + "' is on " + to_string(spec.device) +
+                      "; shard '" + to_string(plan.shard) +
+                      "' keeps the parameters in host memory (CPU parameters only)");
+    if (!backend.supports(spec.device))
       throw Error(ErrorCode::unsupported, "GradientReducer: parameter '" + spec.name + "' is on " +
-                                              to_string(spec.device) +
-                                              "; the reducer's buckets are in host memory");
+                                              to_string(spec.device) + ", which the " +
+                                              std::string(backend.name()) + " backend cannot move");
+    if (spec.device.kind == DeviceKind::cuda && spec.device != parameters.front().device &&
+        parameters.front().device.kind == DeviceKind::cuda)
+      invalid("parameters '" + parameters.front().name + "' and '" + spec.name + "' are on " +
+              to_string(parameters.front().device) + " and " + to_string(spec.device) +
+              " (one device per reducer)");
     if (plan.shard != ShardLevel::none && !is_floating(spec.dtype))
       throw Error(ErrorCode::unsupported, "GradientReducer: parameter '" + spec.name + "' is " +
                                               std::string(to_string(spec.dtype)) + "; shard '" +
@@ -478,8 +537,8 @@ GradientReducer::GradientReducer(std::vector<ParameterSpec> parameters, Backend&
                                               "' updates floating-point parameters only");
   }
   check_plan(plan, parameters.size(), "");
-  _state =
-      std::make_unique<State>(std::move(parameters), backend, std::move(plan), std::move(executor));
+  _state = std::make_unique<State>(std::move(parameters), backend, std::move(plan),
+                                   std::move(executor), device_stream);
   _state->factor = 1.0 / backend.world_size();
   _state->build();
 }
@@ -580,13 +639,22 @@ void GradientReducer::ready(std::size_t p, Buffer gradient, bool used) {
             std::to_string(spec.count) + "] but its gradient is " + gradient.describe() +
             " (was the model moved or changed after the reducer was made?)");
   if (gradient.data() == nullptr) invalid("ready: " + s.where(p) + ": the gradient is null");
-  if (gradient.device().kind != DeviceKind::cpu)
-    throw Error(ErrorCode::unsupported, "GradientReducer::ready: " + s.where(p) +
-                                            ": the gradient is on " + to_string(gradient.device()) +
-                                            "; the reducer's buckets are in host memory");
+  if (gradient.device() != spec.device)
+    invalid("ready: " + s.where(p) + " is declared on " + to_string(spec.device) +
+            " but its gradient is on " + to_string(gradient.device()));
   s.hand_over(p, "ready");
   const Buffer into = s.bucketer->gradient(p);
-  kernels::scale(gradient.data(), into.data(), spec.count, spec.dtype, s.factor);
+  if (spec.device.kind == DeviceKind::cuda) {
+#if LOOM_HAVE_CUDA
+    // Enqueued on the device stream (which the caller ordered after the gradient's producer),
+    // which the bucket's pack or collective starts after.
+    cuda::DeviceGuard on_device(spec.device.index);
+    kernels::cuda::scale(gradient.data(), into.data(), spec.count, spec.dtype, s.factor,
+                         s.device_stream);
+#endif
+  } else {
+    kernels::scale(gradient.data(), into.data(), spec.count, spec.dtype, s.factor);
+  }
   s.usage[p] = used ? 1 : 0;
   s.executor->signal(s.gradient_nodes[p]);
 }
@@ -597,7 +665,12 @@ void GradientReducer::mark_unused(std::size_t p) {
   s.check_in_step(p, "mark_unused");
   s.hand_over(p, "mark_unused");
   const Buffer into = s.bucketer->gradient(p);
-  std::memset(into.data(), 0, into.bytes());
+  if (into.device().kind == DeviceKind::cuda) {
+    cuda::DeviceGuard on_device(into.device().index);
+    cuda::zero_async(into.data(), into.bytes(), s.device_stream);
+  } else {
+    std::memset(into.data(), 0, into.bytes());
+  }
   s.usage[p] = 0;
   s.executor->signal(s.gradient_nodes[p]);
 }

@@ -68,6 +68,28 @@ void Event::synchronize() const {
   check(cudaEventSynchronize(_event), "cudaEventSynchronize");
 }
 
+void copy_async(void* destination, const void* source, std::size_t bytes, NativeStream stream) {
+  if (bytes == 0) return;
+  check(cudaMemcpyAsync(destination, source, bytes, cudaMemcpyDefault, stream),
+        "cudaMemcpyAsync of " + std::to_string(bytes) + " bytes");
+}
+
+void stream_wait(NativeStream stream, const Event& event) {
+  check(cudaStreamWaitEvent(stream, event.native(), 0), "cudaStreamWaitEvent");
+}
+
+void zero(void* data, std::size_t bytes) {
+  if (bytes == 0) return;
+  check(cudaMemset(data, 0, bytes), "cudaMemset of " + std::to_string(bytes) + " bytes");
+  check(cudaStreamSynchronize(nullptr), "cudaStreamSynchronize");
+}
+
+void zero_async(void* data, std::size_t bytes, NativeStream stream) {
+  if (bytes == 0) return;
+  check(cudaMemsetAsync(data, 0, bytes, stream),
+        "cudaMemsetAsync of " + std::to_string(bytes) + " bytes");
+}
+
 #else  // built without CUDA: nothing can be created
 
 Stream::Stream(int device, Priority) : _device(device) {
@@ -92,6 +114,18 @@ bool Event::complete() const {
   return true;
 }
 void Event::synchronize() const {}
+void copy_async(void*, const void*, std::size_t, NativeStream) {
+  throw Error(ErrorCode::unavailable, unavailable_reason());
+}
+void zero_async(void*, std::size_t, NativeStream) {
+  throw Error(ErrorCode::unavailable, unavailable_reason());
+}
+void stream_wait(NativeStream, const Event&) {
+  throw Error(ErrorCode::unavailable, unavailable_reason());
+}
+void zero(void*, std::size_t) {
+  throw Error(ErrorCode::unavailable, unavailable_reason());
+}
 
 #endif
 

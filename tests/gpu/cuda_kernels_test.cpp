@@ -192,6 +192,16 @@ TEST_F(CudaKernels, AverageAndScaleEqualCpu) {
     sync();
     EXPECT_TRUE(same_values(test::to_host<std::byte>(device, bytes), expected, dtype))
         << to_string(dtype) << " scale";
+    // Out of place (a gradient copied into its bucket, divided): the input stays as it was.
+    cuda::DeviceMemory out(bytes, 0);
+    auto copied = expected;
+    kernels::scale(expected.data(), copied.data(), count, dtype, 0.25);
+    kernels::cuda::scale(device.data(), out.data(), count, dtype, 0.25, stream());
+    sync();
+    EXPECT_TRUE(same_values(test::to_host<std::byte>(out, bytes), copied, dtype))
+        << to_string(dtype) << " scale out of place";
+    EXPECT_TRUE(same_values(test::to_host<std::byte>(device, bytes), expected, dtype))
+        << to_string(dtype) << " scale's input";
   }
   cuda::DeviceMemory small(16, 0);
   expect_error(ErrorCode::unsupported, "avg is not defined for bool",

@@ -17,6 +17,7 @@
 #include "gpu/gpu_test_support.hpp"
 #include "loom/backend.hpp"
 #include "loom/error.hpp"
+#include "loom/gradient_reducer.hpp"
 #include "loom/local.hpp"
 #include "loom/nccl.hpp"
 #include "scoped_env.hpp"
@@ -164,6 +165,36 @@ TEST_F(NcclOneRank, CollectivesAtWorldSizeOne) {
   nccl().alltoall(device_buffer<float>(send, n), device_buffer<float>(recv, n));
   EXPECT_EQ(test::to_host<float>(recv, n), host);
   nccl().barrier();
+}
+
+// NCCL moves device memory only: the reducer's usage counts go up to the device for their
+// allreduce and come back (usage.upload, usage.download); device buckets averaged at world 1.
+TEST_F(NcclOneRank, GradientReducerOnDeviceBucketsCountsUsageOnTheDevice) {
+  cuda::Stream stream(0);
+  std::vector<ParameterSpec> specs{{"a", "", 5, DType::float32, Device::cuda(0)},
+                                   {"b", "", 3, DType::float32, Device::cuda(0)}};
+  ReducerPlan plan;
+  plan.track_usage = true;
+  plan.external_updates = true;
+  GradientReducer reducer(specs, nccl(), plan, {}, stream.native());
+  ASSERT_TRUE(reducer.graph().find("usage.upload").valid());
+  const std::vector<float> host{1, -2, 3.5f, 4, 5};
+  auto a = test::to_device(host);
+  reducer.begin();
+  reducer.ready(0, device_buffer<float>(a, 5));
+  reducer.mark_unused(1);
+  reducer.backward_done();
+  for (std::size_t k = 0; k < reducer.num_update_groups(); ++k) {
+    reducer.wait_update(k);
+    reducer.updated(k);
+  }
+  EXPECT_FALSE(reducer.globally_unused(0));
+  EXPECT_TRUE(reducer.globally_unused(1));
+  const Buffer g = reducer.gradient(0);
+  std::vector<float> got(5);
+  cuda::copy(got.data(), g.data(), g.bytes());
+  EXPECT_EQ(got, host);
+  reducer.finish();
 }
 
 TEST_F(NcclOneRank, GroupLaunchesABucketTogether) {

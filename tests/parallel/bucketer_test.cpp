@@ -11,6 +11,7 @@
 
 #include "expect_error.hpp"
 #include "loom/bucketer.hpp"
+#include "loom/cuda_device.hpp"
 #include "loom/error.hpp"
 #include "loom/executor.hpp"
 #include "loom/graph.hpp"
@@ -533,6 +534,30 @@ INSTANTIATE_TEST_SUITE_P(
 
 using test::expect_error;
 
+// Device gradients: buckets in device memory where loom has CUDA (the GPU tests run them:
+// tests/gpu/device_buckets_test.cpp); here what each build says where it cannot.
+TEST(Bucketer, DeviceGradientsWithoutADeviceAreNamed) {
+  const std::vector<ParameterSpec> on_gpu{{"v", "", 3, DType::float32, Device::cuda(0)}};
+  if (!cuda::built_with_cuda()) {
+    expect_error(ErrorCode::unsupported,
+                 "Bucketer: gradient 'v' (#0) is on cuda:0, but this loom was built without "
+                 "CUDA",
+                 [&] { Bucketer{on_gpu}; });
+    return;
+  }
+  for (const BucketerOptions options :
+       {BucketerOptions{.exact_memory = true}, BucketerOptions{.parameter_memory = true}})
+    expect_error(ErrorCode::unsupported,
+                 "'v' (#0) is on cuda:0; exact_memory, release_after_scatter and "
+                 "parameter_memory are host memory",
+                 [&] { Bucketer(on_gpu, options); });
+  if (cuda::device_count() > 0) GTEST_SKIP() << "a CUDA device is visible: device_buckets_test";
+  expect_error(ErrorCode::unavailable,
+               "Bucketer: bucket memory for the gradients on cuda:0 (12 bytes): no CUDA device "
+               "is visible",
+               [&] { Bucketer{on_gpu}; });
+}
+
 TEST(Bucketer, BadInputNamesWhatIsWrong) {
   expect_error(ErrorCode::invalid_argument, "no gradients", [] { Bucketer({}); });
   expect_error(ErrorCode::invalid_argument, "'w' (#1) has no elements", [] {
@@ -544,9 +569,12 @@ TEST(Bucketer, BadInputNamesWhatIsWrong) {
   expect_error(ErrorCode::invalid_argument, "bucket_cap_bytes must be > 0", [] {
     Bucketer({{"v", "", 3}}, {.bucket_cap_bytes = 0});
   });
-  expect_error(ErrorCode::unsupported, "'v' (#0) is on cuda:0", [] {
-    Bucketer({{"v", "", 3, DType::float32, Device::cuda(0)}});
-  });
+  std::vector<float> host(3);
+  expect_error(
+      ErrorCode::invalid_argument,
+      "'v' (#0) is declared on cuda:0 but its storage is float32[3]@cpu", [&] {
+        Bucketer({{"v", "", 3, DType::float32, Device::cuda(0), Buffer::of(std::span(host))}});
+      });
   expect_error(ErrorCode::unsupported, "compression float16 casts float32 gradients", [] {
     Bucketer({{"v", "", 3, DType::float64}}, {.compression = Compression::float16});
   });

@@ -408,9 +408,20 @@ TEST(GradientReducer, BadHandOversAreNamedErrors) {
         GradientReducer({{"a", "", 3, DType::float32, Device::cpu(), Buffer::of(std::span(own))}},
                         *backend);
       });
-  expect_error(ErrorCode::unsupported, "GradientReducer: parameter 'a' is on cuda:0", [&] {
-    GradientReducer({{"a", "", 3, DType::float32, Device::cuda(0)}}, *backend);
-  });
+  expect_error(ErrorCode::unsupported,
+               "GradientReducer: parameter 'a' is on cuda:0, which the local backend cannot move",
+               [&] {
+                 GradientReducer({{"a", "", 3, DType::float32, Device::cuda(0)}}, *backend);
+               });
+  ReducerPlan sharded;
+  sharded.shard = ShardLevel::optimizer;
+  expect_error(
+      ErrorCode::unsupported,
+      "GradientReducer: parameter 'a' is on cuda:0; shard 'optimizer' keeps the "
+      "parameters in host memory",
+      [&] {
+        GradientReducer({{"a", "", 3, DType::float32, Device::cuda(0)}}, *backend, sharded);
+      });
 }
 
 TEST(GradientReducer, ReplansFromTheObservedOrderAndExplainsBuckets) {

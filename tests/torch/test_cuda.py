@@ -62,6 +62,49 @@ def test_unsafe_skips(monkeypatch):
         _C._unsafe_skips()
 
 
+@pytest.mark.parametrize("wanted,cuda,sharded,devices,cpu,memory,why", [
+    (None, True, False, 0, True, "host", ""),
+    (None, True, False, 1, False, "device", ""),
+    (None, False, False, 1, False, "host", ""),
+    (None, True, True, 1, False, "host", ""),
+    (None, True, False, 2, False, "host", ""),
+    (None, True, False, 1, True, "host", ""),
+    ("host", True, False, 1, False, "host", ""),
+    ("device", True, False, 1, False, "device", ""),
+    ("device", False, False, 1, False, None, "LOOM_TORCH_CUDA_BUCKETS=device, but this "
+                                             "loom_torch was built without CUDA"),
+    ("device", True, True, 1, False, None, "LOOM_TORCH_CUDA_BUCKETS=device, but a sharded plan "
+                                           "keeps the parameters in host memory"),
+    ("device", True, False, 2, False, None, "LOOM_TORCH_CUDA_BUCKETS=device, but the parameters "
+                                            "are on 2 GPUs"),
+    ("device", True, False, 1, True, None, "LOOM_TORCH_CUDA_BUCKETS=device, but some parameters "
+                                           "are on the CPU"),
+])
+def test_bucket_memory_rule(wanted, cuda, sharded, devices, cpu, memory, why):
+    got, reason = _C._choose_bucket_memory(wanted, cuda, sharded, devices, cpu)
+    assert got == memory
+    assert reason.startswith(why) if why else reason == ""
+
+
+def test_bucket_memory_from_environment(monkeypatch):
+    for text, want in [("", None), ("auto", None), ("host", "host"), ("device", "device")]:
+        monkeypatch.setenv("LOOM_TORCH_CUDA_BUCKETS", text)
+        assert _C._bucket_memory_from_environment() == want
+    monkeypatch.setenv("LOOM_TORCH_CUDA_BUCKETS", "gpu")
+    with pytest.raises(RuntimeError, match=r"LOOM_TORCH_CUDA_BUCKETS='gpu': expected one of "
+                                           r"auto, host, device"):
+        _C._bucket_memory_from_environment()
+
+
+def test_cpu_model_has_host_buckets(world):
+    model = torch.nn.Linear(3, 2)
+    net, opt = loom_torch.parallelize(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert net.bucket_memory() == "host"
+    net(torch.ones(4, 3)).sum().backward()
+    opt.step()
+    net.synchronize()
+
+
 def test_cpu_group_has_no_device_path(world, loom_backend):
     t = torch.ones(5)
     dist.all_reduce(t)
@@ -190,18 +233,22 @@ def test_input_kept_alive_while_read(world, loom_backend):
         pytest.skip("staged path: the input is on the host before the call returns")
 
 
-# parallelize on a CUDA model: the gradients staged through loom's host buckets (ready() copies
-# each in after torch's current stream; the average is copied back into .grad on it), against
-# DDP on Gloo with the same CUDA model, data and buckets. Ranks sharing one GPU time-slice it.
+# parallelize on a CUDA model, its buckets in the GPU's memory (the default: each gradient
+# copied in, scaled, by loom's kernel on loom's stream after torch's current stream; .grad the
+# bucket slot) or in host memory (LOOM_TORCH_CUDA_BUCKETS=host: staged, ready() copies each in
+# and the average is copied back into .grad), against DDP on Gloo with the same CUDA model, data
+# and buckets. Ranks sharing one GPU time-slice it (device buckets then travel staged too).
 @needs_gpu
 @pytest.mark.parametrize("name,optimizer", [("mlp", "sgd"), ("encoder", "adam"),
                                             ("gpt", "adamw")])
 @pytest.mark.parametrize("defer", [False, True], ids=["overlapped", "defer_updates"])
-def test_parallelize_a_cuda_model_like_ddp(world, name, optimizer, defer):
+@pytest.mark.parametrize("buckets", ["device", "host"])
+def test_parallelize_a_cuda_model_like_ddp(world, name, optimizer, defer, buckets, monkeypatch):
     from torch.nn.parallel import DistributedDataParallel as DDP
     from helpers import CAP_MB, OPTIMIZERS, assert_like_ddp, data, fresh, loss_of
     rank, n, gloo = world
     torch.cuda.set_device(device())
+    monkeypatch.setenv("LOOM_TORCH_CUDA_BUCKETS", buckets)
 
     def run(use_loom):
         model, kind = fresh(name)
@@ -220,6 +267,7 @@ def test_parallelize_a_cuda_model_like_ddp(world, name, optimizer, defer):
         if use_loom:
             net.synchronize()
             assert all(p.grad is None or p.grad.is_cuda for p in model.parameters())
+            assert net.bucket_memory().startswith(buckets), net.bucket_memory()
         return model
 
     assert_like_ddp(run(True), run(False), gloo, n)
@@ -231,12 +279,14 @@ def test_parallelize_a_cuda_model_like_ddp(world, name, optimizer, defer):
 # steps under both.
 @needs_gpu
 @pytest.mark.parametrize("precision", ["bf16", "fp16_grad_scaler"])
-def test_parallelize_a_cuda_model_under_autocast_like_ddp(world, precision):
+@pytest.mark.parametrize("buckets", ["device", "host"])
+def test_parallelize_a_cuda_model_under_autocast_like_ddp(world, precision, buckets, monkeypatch):
     from torch.nn.parallel import DistributedDataParallel as DDP
     from helpers import (CAP_MB, OPTIMIZERS, assert_as_close_as_ddp_to_itself, data, flat, fresh,
                          loss_of)
     rank, n, gloo = world
     torch.cuda.set_device(device())
+    monkeypatch.setenv("LOOM_TORCH_CUDA_BUCKETS", buckets)
     fp16 = precision == "fp16_grad_scaler"
 
     def run(use_loom, cap_mb=CAP_MB):
@@ -275,3 +325,44 @@ def test_parallelize_a_cuda_model_under_autocast_like_ddp(world, precision):
     if fp16:
         assert ddp_skipped[0], ddp_skipped  # the first steps overflowed at 2**20
     assert_as_close_as_ddp_to_itself(loom, ddp, other, gloo, n)
+
+
+# The hand-over's stream order on device buckets: the backward runs on a side stream behind a
+# long kernel, so autograd writes each gradient late; loom's copy into the bucket waits for that
+# stream (an event). With LOOM_TORCH_UNSAFE_SKIP=stream_wait the copy reads the gradients before
+# they are written, and the averages are wrong: the test then expects exactly that. Every rank
+# trains on the same data, so the average is the local gradient.
+@needs_gpu
+@pytest.mark.skipif(SKIP not in ("", "stream_wait"), reason="another switch is on")
+def test_device_buckets_read_gradients_after_their_stream(world, monkeypatch):
+    rank, size, _ = world
+    torch.cuda.set_device(device())
+    monkeypatch.setenv("LOOM_TORCH_CUDA_BUCKETS", "device")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Tanh(),
+                                torch.nn.Linear(1024, 1024)).to(device())
+    reference = [p.detach().clone() for p in model.parameters()]
+    x = torch.randn(256, 1024, device=device())
+    local = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Tanh(),
+                                torch.nn.Linear(1024, 1024)).to(device())
+    with torch.no_grad():
+        for p, q in zip(local.parameters(), reference):
+            p.copy_(q)
+    local(x).square().mean().backward()
+    want = [p.grad.clone() for p in local.parameters()]
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    net, opt = loom_torch.parallelize(model, opt, defer_updates=True)
+    assert net.bucket_memory().startswith("device")
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)  # ~0.1 s: autograd's writes land late
+        net(x).square().mean().backward()
+    side.synchronize()
+    net.synchronize()
+    torch.cuda.synchronize()
+    right = all(torch.allclose(p.grad, w, rtol=1e-5, atol=1e-7)
+                for p, w in zip(model.parameters(), want))
+    assert right == (SKIP == ""), "loom's stream wait %s" % (
+        "is on and the averages are wrong" if SKIP == "" else
+        "is skipped, yet the averages are right: the test cannot see the stream order")

@@ -68,8 +68,10 @@ class _Engine(_Planning, _Updates, _Join, _Shards):
         # memory once handed over (autograd then accumulates into the bucket itself), not a
         # tensor beside it; a parameter whose memory is not contiguous keeps its own .grad (the
         # slot is contiguous, and .grad's layout follows the parameter's).
-        # A CUDA parameter's slot is in the host bucket: its .grad stays on its device, the
-        # average copied in (staged, as DDP on Gloo does with CUDA tensors).
+        # A CUDA model's buckets are in its GPU's memory (reducer.device_buckets()): .grad is
+        # the slot there as on the CPU. With host buckets (LOOM_TORCH_CUDA_BUCKETS=host, a
+        # model on two devices, a loom without CUDA) the slot is in host memory: .grad stays
+        # on its device, the average copied in (staged, as DDP on Gloo does with CUDA tensors).
         # shard="gradients": the average exists only for this rank's shard; .grad is dropped
         # once handed over (the gradient's memory is the bucket's, until its reduce-scatter).
         self.as_bucket_view = [False] * len(self.params)  # (set by _layout, per plan)
@@ -155,8 +157,10 @@ class _Engine(_Planning, _Updates, _Join, _Shards):
         # A sharded plan averages only each rank's shard (reduce-scatters): .grad is dropped
         # once handed over (the gradient's memory is the bucket's, until its reduce-scatter).
         self.average_in_shards = self.sharded
+        device_buckets = self.reducer.device_buckets()
         self.as_bucket_view = [self.gradient_as_bucket_view and p.is_contiguous()
-                               and p.device.type == "cpu" and not self.average_in_shards
+                               and (p.device.type == "cpu" or device_buckets)
+                               and not self.average_in_shards
                                for p in self.params]
         self.groups = self.reducer.update_groups()
         self.group_of = [0] * len(self.params)

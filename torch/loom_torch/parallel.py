@@ -494,6 +494,14 @@ class ParallelModule(torch.nn.Module):
         allreduces are issued, the same on every rank."""
         return self._loom.reducer.bucket_issue_order()
 
+    def bucket_memory(self):
+        """Where the buckets are and how they travel: "host" (CPU models, and CUDA models staged
+        through host buckets), "device/nccl" or "device/staged" (a CUDA model's buckets in its
+        GPU's memory, on NCCL or through pinned memory on the host transport).
+        LOOM_TORCH_CUDA_BUCKETS=host|device chooses for a CUDA model."""
+        reducer = self._loom.reducer
+        return "device/" + reducer.device_path() if reducer.device_buckets() else "host"
+
     def collective_issue_order(self):
         """The step's collective nodes by name ("bucket3.allreduce", ...) in the order they
         are issued, as net.dump_dot() and the trace name them."""

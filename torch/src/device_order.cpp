@@ -53,6 +53,35 @@ std::optional<DevicePath> choose_device_path(std::optional<DevicePath> wanted, b
   return std::nullopt;
 }
 
+std::optional<BucketMemory> bucket_memory_from_environment() {
+  const auto text = environment::text("LOOM_TORCH_CUDA_BUCKETS");
+  if (!text || text->empty() || *text == "auto") return std::nullopt;
+  if (*text == "host") return BucketMemory::host;
+  if (*text == "device") return BucketMemory::device;
+  throw Error(ErrorCode::invalid_argument,
+              "LOOM_TORCH_CUDA_BUCKETS='" + *text + "': expected one of auto, host, device");
+}
+
+std::optional<BucketMemory> choose_bucket_memory(std::optional<BucketMemory> wanted, bool have_cuda,
+                                                 bool sharded, int cuda_devices,
+                                                 bool cpu_parameters, std::string& why) {
+  why.clear();
+  if (cuda_devices == 0 || wanted == BucketMemory::host) return BucketMemory::host;
+  std::string against;
+  if (!have_cuda)
+    against = "this loom_torch was built without CUDA";
+  else if (sharded)
+    against = "a sharded plan keeps the parameters in host memory";
+  else if (cuda_devices > 1)
+    against = "the parameters are on " + std::to_string(cuda_devices) + " GPUs (one per process)";
+  else if (cpu_parameters)
+    against = "some parameters are on the CPU";
+  if (against.empty()) return BucketMemory::device;
+  if (!wanted) return BucketMemory::host;
+  why = "LOOM_TORCH_CUDA_BUCKETS=device, but " + against;
+  return std::nullopt;
+}
+
 UnsafeSkips UnsafeSkips::from_environment() {
   UnsafeSkips skips;
   const auto text = environment::text("LOOM_TORCH_UNSAFE_SKIP");

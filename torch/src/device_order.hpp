@@ -31,6 +31,23 @@ std::optional<DevicePath> device_path_from_environment();
 std::optional<DevicePath> choose_device_path(std::optional<DevicePath> wanted, bool have_nccl,
                                              bool host_stages, bool nccl_refused, std::string& why);
 
+/// @brief Where parallelize's buckets of a CUDA model live: host memory (each gradient
+/// staged through its slot there, as DDP on Gloo) or device memory of the parameters' GPU
+/// (loom's CUDA kernels pack and scale, the collective moves device memory).
+enum class BucketMemory { host, device };
+
+/// @brief LOOM_TORCH_CUDA_BUCKETS: "host", "device", or unset/"auto" (nullopt). Anything else
+/// is ErrorCode::invalid_argument naming the value.
+std::optional<BucketMemory> bucket_memory_from_environment();
+
+/// @brief Where parallelize buckets a model: `cuda_devices` the distinct CUDA devices of its
+/// trained parameters, `cpu_parameters` whether some are on the CPU. Automatic: device memory
+/// where loom has CUDA, the plan is unsharded and every parameter is on one GPU; host memory
+/// otherwise. nullopt and the reason in `why` where `wanted` is device memory and it cannot be.
+std::optional<BucketMemory> choose_bucket_memory(std::optional<BucketMemory> wanted, bool have_cuda,
+                                                 bool sharded, int cuda_devices,
+                                                 bool cpu_parameters, std::string& why);
+
 /// @brief What loom_torch's stream-order safeguards skip, for the test that proves each one
 /// matters (LOOM_TORCH_UNSAFE_SKIP=stream_wait|input_hold); never set in a real job.
 struct UnsafeSkips {

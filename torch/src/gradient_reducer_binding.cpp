@@ -10,12 +10,15 @@
 #include <deque>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "device_order.hpp"
+#include "loom/cuda_device.hpp"
 #include "loom/error.hpp"
 #include "loom/gradient_reducer.hpp"
 #include "loom/output_file.hpp"
@@ -35,17 +38,15 @@ class TorchReducer {
  public:
   TorchReducer(ProcessGroupLoom& group, const std::vector<std::string>& names,
                const std::vector<std::string>& modules, const std::vector<at::Tensor>& parameters,
-               const ReducerPlan& plan, std::optional<bool> profile)
-      : _backend(group.make_companion_backend()) {
+               const ReducerPlan& plan, std::optional<bool> profile) {
     if (names.size() != parameters.size() || modules.size() != parameters.size())
       throw Error(ErrorCode::invalid_argument,
                   "GradientReducer: " + std::to_string(names.size()) + " names and " +
                       std::to_string(modules.size()) + " module names for " +
                       std::to_string(parameters.size()) + " parameters");
-    // The buckets are in host memory: a CUDA parameter's gradient is staged through its slot
-    // there (ready() copies it in after torch's current stream; the client copies the average
-    // back into .grad on that stream), as DDP on Gloo stages CUDA gradients.
     std::vector<ParameterSpec> specs;
+    std::vector<int> cuda_devices;
+    bool cpu_parameters = false;
     for (std::size_t p = 0; p < parameters.size(); ++p) {
       const at::Tensor& t = parameters[p];
       const std::string where = "parallelize: parameter '" + names[p] + "'";
@@ -53,16 +54,62 @@ class TorchReducer {
         throw Error(ErrorCode::unsupported,
                     where + " is on " + t.device().str() +
                         ": parallelize trains parameters on the CPU or on a CUDA device");
+      if (t.is_cuda()) {
+        if (std::find(cuda_devices.begin(), cuda_devices.end(), t.device().index()) ==
+            cuda_devices.end())
+          cuda_devices.push_back(t.device().index());
+      } else {
+        cpu_parameters = true;
+      }
       specs.push_back({names[p], modules[p], static_cast<std::size_t>(t.numel()),
                        to_loom(t.scalar_type(), where)});
+    }
+    // A CUDA model's buckets: in device memory of its GPU (loom's kernels copy each gradient in
+    // on a stream of the reducer's, ordered after torch's current stream; the collective moves
+    // device memory, on NCCL or staged), else in host memory, each gradient staged through its
+    // slot there (ready() copies it in; the client copies the average back into .grad), as DDP
+    // on Gloo stages CUDA gradients.
+    std::string why;
+    const std::optional<BucketMemory> memory = choose_bucket_memory(
+        bucket_memory_from_environment(), cuda::built_with_cuda(), plan.shard != ShardLevel::none,
+        static_cast<int>(cuda_devices.size()), cpu_parameters, why);
+    if (!memory) throw Error(ErrorCode::unsupported, "parallelize: " + why);
+    cuda::NativeStream stream = nullptr;
+    if (*memory == BucketMemory::device) {
+      _device = cuda_devices.front();
+      const std::string where = "parallelize";
+      stream = _order.stream(_device, where);
+      auto [backend, path] = group.make_companion_device_backend(_device, stream, where);
+      _backend = std::move(backend);
+      _device_path = path;
+      for (ParameterSpec& spec : specs) spec.device = Device::cuda(_device);
+    } else {
+      _backend = group.make_companion_backend();
     }
     ExecutorOptions options;
     options.timeout = std::chrono::duration<double>(group.timeout_seconds());
     options.profile = profile;
     _profiling = options.resolved().profile.value_or(false);
-    _reducer = std::make_unique<GradientReducer>(std::move(specs), *_backend, plan, options);
+    _reducer =
+        std::make_unique<GradientReducer>(std::move(specs), *_backend, plan, options, stream);
     _shapes.reserve(parameters.size());
     for (const at::Tensor& t : parameters) _shapes.push_back(t.sizes().vec());
+  }
+
+  /// Whether the buckets are in device memory (gradient() and the slots are CUDA tensors).
+  bool device_buckets() const { return _device >= 0; }
+  /// "nccl" or "staged" for device buckets, "" for host buckets.
+  std::string device_path() const {
+    if (!_device_path) return "";
+    return *_device_path == DevicePath::nccl ? "nccl" : "staged";
+  }
+
+  /// Ends the step; the gradients held for the device copies are let go (the step's
+  /// collectives, which ran after those copies, have completed).
+  void finish() {
+    _reducer->finish();
+    std::lock_guard lock(_held_mutex);
+    _held.clear();
   }
 
   GradientReducer& reducer() { return *_reducer; }
@@ -75,6 +122,26 @@ class TorchReducer {
                   where +
                       " is sparse; parallelize reduces dense gradients (DDP's sparse "
                       "gradients are not supported)");
+    if (gradient.is_cuda() && device_buckets()) {
+      if (gradient.device().index() != _device)
+        throw Error(ErrorCode::invalid_argument,
+                    where + " is on " + gradient.device().str() +
+                        "; the parameters are on cuda:" + std::to_string(_device));
+      const at::Tensor dense = gradient.is_contiguous() ? gradient : gradient.contiguous();
+      const Buffer buffer = to_buffer(dense, *_backend, where, "gradient");
+      // The reducer's stream waits for torch's current stream (where autograd wrote it), and
+      // the tensor is held until the step ends: the caching allocator must not hand its memory
+      // out while loom's copy may still read it. A gradient that is its bucket slot (.grad as
+      // the bucket view) is loom's own memory.
+      _order.after_current(dense, where);
+      if (dense.data_ptr() != _reducer->gradient(p).data() && !_order.skips().input_hold) {
+        std::lock_guard lock(_held_mutex);
+        _held.push_back(dense);
+      }
+      py::gil_scoped_release no_gil;
+      _reducer->ready(p, buffer, used);
+      return;
+    }
     if (gradient.is_cuda()) {
       // Staged: straight into the parameter's slot of the host bucket (a copy that waits for
       // torch's current stream, where autograd produced the gradient), scaled there in place.
@@ -102,7 +169,14 @@ class TorchReducer {
   /// Parameter p's slot in the host bucket, shaped like p (valid until the next replan()).
   at::Tensor slot_of(std::size_t p) const {
     const Buffer g = _reducer->gradient(p);
-    return at::from_blob(g.data(), _shapes[p], at::TensorOptions().dtype(scalar_type_of(p)));
+    return at::from_blob(g.data(), _shapes[p], options_of(p));
+  }
+
+  /// Parameter p's dtype, on the buckets' device.
+  at::TensorOptions options_of(std::size_t p) const {
+    at::TensorOptions options = at::TensorOptions().dtype(scalar_type_of(p));
+    if (device_buckets()) options = options.device(at::Device(at::kCUDA, _device));
+    return options;
   }
 
   /// Parameter p's averaged gradient: a view of loom's bucket memory shaped like p, which
@@ -110,8 +184,7 @@ class TorchReducer {
   at::Tensor gradient(std::size_t p, const std::shared_ptr<TorchReducer>& self) {
     const Buffer g = _reducer->gradient(p);
     return at::from_blob(
-        g.data(), _shapes[p], [keep = self](void*) mutable { keep.reset(); },
-        at::TensorOptions().dtype(scalar_type_of(p)));
+        g.data(), _shapes[p], [keep = self](void*) mutable { keep.reset(); }, options_of(p));
   }
 
   /// A sharded plan's parameter p in loom's memory, shaped like p (the parameters become views
@@ -233,6 +306,15 @@ class TorchReducer {
   static constexpr std::size_t kept = 16;
 
  private:
+  // Device buckets: the reducer's stream, ordered after torch's current stream before each
+  // hand-over (declared first: the backend and the reducer enqueue on it until they are gone),
+  // the GPU (-1: host buckets), the path the buckets travel, and the gradients held until the
+  // step ends.
+  DeviceOrder _order;
+  int _device = -1;
+  std::optional<DevicePath> _device_path;
+  std::mutex _held_mutex;
+  std::vector<at::Tensor> _held;
   std::shared_ptr<Backend> _backend;
   std::unique_ptr<GradientReducer> _reducer;
   std::vector<std::vector<std::int64_t>> _shapes;
@@ -513,8 +595,12 @@ void bind_gradient_reducer(py::module_& m) {
       .def("globally_unused",
            [](TorchReducer& r, std::size_t p) { return r.reducer().globally_unused(p); })
       .def(
-          "finish", [](TorchReducer& r) { r.reducer().finish(); },
-          py::call_guard<py::gil_scoped_release>())
+          "finish", [](TorchReducer& r) { r.finish(); }, py::call_guard<py::gil_scoped_release>())
+      .def("device_buckets", &TorchReducer::device_buckets,
+           "Whether the buckets are in device memory (.grad of a CUDA parameter is then its "
+           "slot)")
+      .def("device_path", &TorchReducer::device_path,
+           "How device buckets travel: 'nccl' or 'staged' ('' for host buckets)")
       .def(
           "gradient", [](const Self& r, std::size_t p) { return r->gradient(p, r); },
           py::arg("parameter"))

@@ -147,6 +147,29 @@ PYBIND11_MODULE(_C, m) {
         return std::make_pair(name, why);
       },
       py::arg("wanted"), py::arg("have_nccl"), py::arg("host_stages"), py::arg("nccl_refused"));
+  // The rule parallelize applies to a CUDA model's buckets (tested without a GPU).
+  m.def(
+      "_choose_bucket_memory",
+      [](std::optional<std::string> wanted, bool have_cuda, bool sharded, int cuda_devices,
+         bool cpu_parameters) {
+        std::optional<loom::torch::BucketMemory> want;
+        if (wanted == "host") want = loom::torch::BucketMemory::host;
+        if (wanted == "device") want = loom::torch::BucketMemory::device;
+        std::string why;
+        const auto memory = loom::torch::choose_bucket_memory(want, have_cuda, sharded,
+                                                              cuda_devices, cpu_parameters, why);
+        std::optional<std::string> name;
+        if (memory) name = *memory == loom::torch::BucketMemory::host ? "host" : "device";
+        return std::make_pair(name, why);
+      },
+      py::arg("wanted"), py::arg("have_cuda"), py::arg("sharded"), py::arg("cuda_devices"),
+      py::arg("cpu_parameters"));
+  m.def("_bucket_memory_from_environment", [] {
+    const auto memory = loom::torch::bucket_memory_from_environment();
+    return memory ? std::optional<std::string>(memory == loom::torch::BucketMemory::host ? "host"
+                                                                                         : "device")
+                  : std::nullopt;
+  });
   m.def("_device_path_from_environment", [] {
     const auto path = loom::torch::device_path_from_environment();
     return path ? std::optional<std::string>(path == loom::torch::DevicePath::nccl ? "nccl"

@@ -660,6 +660,21 @@ loom::Backend& ProcessGroupLoom::device_backend(int device, const std::string& w
   }
   check_usable("open the CUDA backend");
   const cuda::NativeStream stream = _order.stream(device, where);
+  auto [backend, path] = open_device_backend(device, stream, "", where);
+  _device_backend = std::move(backend);
+  _device_path = path;
+  return *_device_backend;
+}
+
+std::pair<std::shared_ptr<loom::Backend>, DevicePath>
+ProcessGroupLoom::make_companion_device_backend(int device, cuda::NativeStream stream,
+                                                const std::string& where) {
+  check_usable("open a companion CUDA backend");
+  return open_device_backend(device, stream, "/companion-" + std::to_string(_companions++), where);
+}
+
+std::pair<std::shared_ptr<loom::Backend>, DevicePath> ProcessGroupLoom::open_device_backend(
+    int device, cuda::NativeStream stream, const std::string& suffix, const std::string& where) {
   const std::optional<DevicePath> wanted = device_path_from_environment();
   const auto built = built_backends();
   const bool have_nccl = std::find(built.begin(), built.end(), "nccl") != built.end();
@@ -675,12 +690,12 @@ loom::Backend& ProcessGroupLoom::device_backend(int device, const std::string& w
     try {
       // NCCL's unique id and its checks (a GPU per rank, none shared) over the group's own
       // transport; the same answer on every rank.
-      const std::shared_ptr<loom::Backend> bootstrap = open_backend("/nccl-bootstrap");
+      const std::shared_ptr<loom::Backend> bootstrap = open_backend(suffix + "/nccl-bootstrap");
       NcclConfig config = NcclConfig::from_env();
       config.device = device;
       config.input_stream = stream;
       config.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(_timeout);
-      _device_backend = make_nccl_backend(*bootstrap, config);
+      return {make_nccl_backend(*bootstrap, config), DevicePath::nccl};
     } catch (const Error& e) {
       if (e.code() != ErrorCode::unsupported || wanted == DevicePath::nccl) throw;
       nccl_refused = true;  // two ranks on one GPU: staged instead, on every rank alike
@@ -690,9 +705,7 @@ loom::Backend& ProcessGroupLoom::device_backend(int device, const std::string& w
 #endif
   if (!path)
     throw Error(ErrorCode::unavailable, where + ": CUDA tensors cannot travel here: " + why);
-  if (!_device_backend) _device_backend = open_backend("/device", stream);
-  _device_path = path;
-  return *_device_backend;
+  return {open_backend(suffix + "/device", stream), *path};
 }
 
 // ---- the operations ------------------------------------------------------------------------

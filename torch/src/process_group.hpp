@@ -127,6 +127,12 @@ class ProcessGroupLoom final : public c10d::Backend {
   /// the group's own (parallelize's reducer). A collective call: every rank of the group makes
   /// its companions in the same order.
   std::shared_ptr<loom::Backend> make_companion_backend();
+  /// @brief The same for CUDA memory of `device`: the path a group's CUDA tensors take (NCCL,
+  /// bootstrapped over a companion of the host transport, or the host transport staging through
+  /// pinned memory), its device work ordered after `stream`. A collective call, as
+  /// make_companion_backend. ErrorCode::unavailable naming why where no path can carry them.
+  std::pair<std::shared_ptr<loom::Backend>, DevicePath> make_companion_device_backend(
+      int device, cuda::NativeStream stream, const std::string& where);
   /// @brief Stops the group's progress thread and failure reporter (once; later calls return at
   /// once): no loom thread touches this group's tensors or Python objects afterwards, its works
   /// still in flight are abandoned, and later operations fail with ErrorCode::cancelled. Call
@@ -198,6 +204,10 @@ class ProcessGroupLoom final : public c10d::Backend {
   enum class Transport { store, mpi_subgroup, launcher };
   std::shared_ptr<loom::Backend> open_backend(const std::string& suffix,
                                               cuda::NativeStream device_stream = nullptr) const;
+  // The backend for CUDA memory of `device` (device_path's rule), named `suffix` among the
+  // group's backends.
+  std::pair<std::shared_ptr<loom::Backend>, DevicePath> open_device_backend(
+      int device, cuda::NativeStream stream, const std::string& suffix, const std::string& where);
 
   Transport _transport = Transport::launcher;
   std::string _group_name;

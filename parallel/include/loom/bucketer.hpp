@@ -10,6 +10,7 @@
 
 #include "loom/backend.hpp"
 #include "loom/buffer.hpp"
+#include "loom/cuda_stream.hpp"
 #include "loom/dtype.hpp"
 #include "loom/graph.hpp"
 
@@ -79,6 +80,13 @@ struct BucketerOptions {
   /// resident only from its first hand-over to its scatter (ZeRO-2's memory), at the price of
   /// faulting the pages in again at the next backward.
   bool release_after_scatter = false;
+  /// @brief Device buckets (gradients on a CUDA device, in a build with CUDA): a bucket's pack
+  /// (compression's cast, or the copy out of gradients with storage) starts on the device after
+  /// the work enqueued on this stream when the pack is launched (an event, no host wait), so
+  /// gradients written outside the graph on this stream are read after they are written.
+  /// nullptr: the legacy default stream. Without a pack, the collective reads the bucket
+  /// itself: give the backend the same stream (BackendSetup::device_stream).
+  cuda::NativeStream device_input_stream = nullptr;
 };
 
 /// @brief The elements [offset, offset + count) of one gradient, placed in a bucket.
@@ -161,8 +169,11 @@ class Bucketer {
  public:
   /// @brief Throws ErrorCode::invalid_argument (empty list, a gradient without elements,
   /// duplicate names, storage on some gradients but not others, storage that does not match
-  /// its spec, a zero cap) or ErrorCode::unsupported (device memory, compression of a
-  /// non-float32 gradient, average of an integer gradient), naming the gradient.
+  /// its spec, a zero cap) or ErrorCode::unsupported (device memory in a build without CUDA,
+  /// or with exact_memory, release_after_scatter or parameter_memory, which are host memory;
+  /// compression of a non-float32 gradient, average of an integer gradient), naming the
+  /// gradient. Device memory that cannot be had (no device visible) is
+  /// ErrorCode::unavailable naming the device.
   explicit Bucketer(std::vector<ParameterSpec> gradients, BucketerOptions options = {});
   ~Bucketer();
   Bucketer(Bucketer&&) noexcept;

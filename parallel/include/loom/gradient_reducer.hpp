@@ -113,8 +113,17 @@ class GradientReducer {
   /// constructs its reducer at the same point, with the same parameters). Throws
   /// ErrorCode::invalid_argument naming a bad parameter (no name, duplicate, no elements) or
   /// plan, ErrorCode::unsupported for compression of non-float32 gradients or an integer one.
+  ///
+  /// Parameters on a CUDA device (a build with CUDA, unsharded plans, one device, a backend
+  /// that moves its memory: nccl, or mpi and ucx staging) have their buckets in device memory:
+  /// ready() enqueues each gradient's scaled copy on `device_stream`, which the caller orders
+  /// after the gradient's producer and gives the backend as its BackendSetup::device_stream
+  /// (nullptr: the legacy default stream), so the bucket's collective starts after it on the
+  /// device; gradient(p) is then device memory. The waits stay on the host (a group's update
+  /// is ready when its collectives' device work completed). ErrorCode::unsupported names a
+  /// device parameter the backend cannot move or a sharded plan of device parameters.
   GradientReducer(std::vector<ParameterSpec> parameters, Backend& backend, ReducerPlan plan = {},
-                  ExecutorOptions executor = {});
+                  ExecutorOptions executor = {}, cuda::NativeStream device_stream = nullptr);
   ~GradientReducer();
   GradientReducer(const GradientReducer&) = delete;
   GradientReducer& operator=(const GradientReducer&) = delete;
@@ -142,12 +151,13 @@ class GradientReducer {
   void begin();
   /// @brief Whether a step was begun and not finished.
   bool in_step() const noexcept;
-  /// @brief Hands over parameter p's gradient (same count and dtype as declared; any thread):
-  /// copied into the bucket, scaled by 1 / world size. ErrorCode::invalid_argument for a
-  /// mismatch, a second gradient for p in this step, or no step in progress. used = false
-  /// (track_usage): p produced no gradient on this rank in this step, but the rank holds one
-  /// from before (accumulated under no_sync): that is its share, as DDP sends it, while p
-  /// counts as unused here for globally_unused().
+  /// @brief Hands over parameter p's gradient (same count, dtype and device as declared; any
+  /// thread): copied into the bucket, scaled by 1 / world size (for a device parameter,
+  /// enqueued on the device stream: the gradient must stay valid until that copy ran).
+  /// ErrorCode::invalid_argument for a mismatch, a second gradient for p in this step, or no step
+  /// in progress. used = false (track_usage): p produced no gradient on this rank in this step, but
+  /// the rank holds one from before (accumulated under no_sync): that is its share, as DDP sends
+  /// it, while p counts as unused here for globally_unused().
   void ready(std::size_t p, Buffer gradient, bool used = true);
   /// @brief Parameter p produced no gradient on this rank in this step: its share is zero.
   void mark_unused(std::size_t p);

@@ -71,6 +71,17 @@ class Event {
   int _device = 0;
 };
 
+/// @brief Enqueues a copy of `bytes` bytes between any two of host, device or pinned memory
+/// on `stream` (cudaMemcpyAsync; from pageable host memory the call returns once the source
+/// was read). Without CUDA: ErrorCode::unavailable.
+void copy_async(void* destination, const void* source, std::size_t bytes, NativeStream stream);
+/// @brief Makes later work on `stream` wait for `event` on the device (no host wait).
+void stream_wait(NativeStream stream, const Event& event);
+/// @brief Zeroes `bytes` bytes of device memory and returns once they are zero.
+void zero(void* data, std::size_t bytes);
+/// @brief Enqueues zeroing `bytes` bytes of device memory on `stream` (cudaMemsetAsync).
+void zero_async(void* data, std::size_t bytes, NativeStream stream);
+
 /// @brief The streams of one device: `compute_streams` normal-priority compute streams handed
 /// out round-robin, and one high-priority communication stream so that collectives are not
 /// queued behind long kernels.

@@ -27,6 +27,10 @@ void average(void* data, std::size_t count, DType dtype, int divisor, NativeStre
 
 /// @brief data[i] *= factor on `stream` (floating and complex dtypes), as kernels::scale.
 void scale(void* data, std::size_t count, DType dtype, double factor, NativeStream stream);
+/// @brief out[i] = in[i] * factor on `stream` (out may alias in), as kernels::scale(in, out):
+/// a gradient copied into its bucket and divided by the world size in one pass.
+void scale(const void* in, void* out, std::size_t count, DType dtype, double factor,
+           NativeStream stream);
 
 /// @brief Converts between float32, float16 and bfloat16 on `stream`, as kernels::cast.
 void cast(const void* in, DType from, void* out, DType to, std::size_t count, NativeStream stream);
