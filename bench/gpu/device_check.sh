@@ -114,6 +114,9 @@ run() {
   # torchrun, 2 ranks on the one GPU: the ucx transport's staged path (NCCL refuses them).
   t torch_cuda.torchrun2 300 python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
     -m pytest -x -q -p no:cacheprovider test_cuda.py
+  # torchrun, 1 rank: NCCL, parallelize's device buckets on it (updates ordered on streams).
+  t torch_cuda.torchrun1_nccl 240 python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
+    -m pytest -x -q -p no:cacheprovider test_cuda.py -k "parallelize or after_their_stream"
   t torch_nccl_ws1 300 python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
     "$R/bench/gpu/torch_nccl_overhead.py" --json "$O/torch_nccl_ws1.json"
   # The transformer step on CUDA, 2 ranks sharing the GPU: parallelize (device buckets, and

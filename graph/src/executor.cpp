@@ -68,6 +68,7 @@ void Executor::Impl::compile() {
   build_flow_graph();
   if (profile.enabled) profile.records.assign(graph.nodes.size(), detail::NodeRecord{});
   progress.finished_in = std::make_unique<std::atomic<std::uint64_t>[]>(graph.nodes.size());
+  progress.issued_in = std::make_unique<std::atomic<std::uint64_t>[]>(graph.nodes.size());
   progress.signal_of.assign(graph.nodes.size(), detail::RunProgress::Signal::waiting);
   std::vector<char> has_predecessor(graph.nodes.size(), 0);
   for (const auto& edge : graph.edges) has_predecessor[edge.second] = 1;
@@ -189,6 +190,9 @@ void Executor::Impl::issue(std::uint32_t i) {
   engine->watch(
       std::move(work), [this, i](std::exception_ptr error) { complete(i, std::move(error)); },
       timeout);
+  // Sequentially consistent, as finished(): a waiter counts itself, then reads the node's run.
+  progress.issued_in[i].store(progress.run.load(std::memory_order_relaxed));
+  if (progress.waiters.load() > 0) notify_waiters();
 }
 
 // Runs on the progress engine's thread.
@@ -359,6 +363,14 @@ void Executor::wait(Task task) {
 
 bool Executor::done(Task task) const {
   return _impl->progress.done(_impl->node_of(task, "done"));
+}
+
+void Executor::wait_issued(Task task) {
+  _impl->wait_for(_impl->node_of(task, "wait_issued"), /*issue_only=*/true);
+}
+
+bool Executor::issued(Task task) const {
+  return _impl->progress.issued(_impl->node_of(task, "issued"));
 }
 
 bool Executor::running() const noexcept {

@@ -159,6 +159,11 @@ struct RunProgress {
   bool done(std::uint32_t i) const noexcept {
     return finished_in[i].load() == run.load(std::memory_order_relaxed);
   }
+  /// Per node: the run it was last issued in (communication nodes: started on the backend).
+  std::unique_ptr<std::atomic<std::uint64_t>[]> issued_in;
+  bool issued(std::uint32_t i) const noexcept {
+    return issued_in[i].load() == run.load(std::memory_order_relaxed) || done(i);
+  }
   std::atomic<int> waiters{0};
   std::atomic<bool> running{false};  ///< started and not yet waited for
 };
@@ -251,7 +256,7 @@ struct Executor::Impl {
     if (progress.waiters.load() > 0) notify_waiters();
   }
   void notify_waiters();
-  void wait_for(std::uint32_t i);
+  void wait_for(std::uint32_t i, bool issue_only = false);
   void wait_for_everything();
   bool expire(std::uint32_t waited);
   void cancel_external();

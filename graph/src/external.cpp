@@ -126,32 +126,35 @@ bool Executor::Impl::expire(std::uint32_t waited) {
   return true;
 }
 
-void Executor::Impl::wait_for(std::uint32_t i) {
-  if (progress.done(i)) return;
+void Executor::Impl::wait_for(std::uint32_t i, bool issue_only) {
+  const auto reached = [&] { return issue_only ? progress.issued(i) : progress.done(i); };
+  if (reached()) return;
   const bool bounded = timeout.count() > 0;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   bool expired = false;
   {
     progress.waiters.fetch_add(1);
     std::unique_lock lock(progress.mutex);
-    while (!progress.done(i) && !failure.failed.load()) {
+    while (!reached() && !failure.failed.load()) {
       if (!progress.running.load()) break;
       if (!bounded) {
         progress.changed.wait(lock);
       } else if (progress.changed.wait_until(lock, deadline) == std::cv_status::timeout) {
-        expired = !progress.done(i) && !failure.failed.load();
+        expired = !reached() && !failure.failed.load();
         break;
       }
     }
     progress.waiters.fetch_sub(1);
   }
-  if (progress.done(i)) return;
+  if (reached()) return;
   if (!progress.running.load() && !failure.failed.load())
     throw Error(ErrorCode::invalid_argument,
                 "Executor::wait: " + where(i) + ": no run in progress (Executor::start)");
   if (expired && !expire(i))
-    throw Error(ErrorCode::timeout, "Executor::wait: " + where(i) + " did not complete within " +
-                                        environment::seconds_text(options.timeout->count()));
+    throw Error(ErrorCode::timeout,
+                "Executor::wait: " + where(i) +
+                    (issue_only ? " was not issued within " : " did not complete within ") +
+                    environment::seconds_text(options.timeout->count()));
   std::lock_guard lock(failure.mutex);
   std::rethrow_exception(failure.error);
 }

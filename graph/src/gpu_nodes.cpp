@@ -65,7 +65,9 @@ GpuNodes::GpuNodes(const GraphState& graph, const std::vector<std::uint32_t>& or
 }
 
 void GpuNodes::launch(std::uint32_t i, const std::function<void(StreamRef)>& body) {
-  cuda::set_device(_device);  // TBB workers start on device 0
+  // TBB workers start on device 0; a caller's thread (Executor::wait joins the arena) gets its
+  // own device back.
+  const cuda::DeviceGuard on_device(_device);
   const cuda::Stream& stream = _streams->compute(static_cast<std::size_t>(_stream_of[i]));
   for (std::uint32_t p : _gpu_predecessors[i])
     if (_stream_of[p] != _stream_of[i]) stream.wait(*_done[p]);

@@ -125,11 +125,12 @@ __global__ void scale_kernel(const T* in, T* out, std::size_t n, double factor) 
     out[i] = A::store(A::load(in[i]) * f);
 }
 
+// As the CPU's cast: through float, the factor (1 for a plain cast) multiplied in float.
 template <class From, class To>
-__global__ void cast_kernel(const From* in, To* out, std::size_t n) {
+__global__ void cast_kernel(const From* in, To* out, std::size_t n, float factor) {
   for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
        i += std::size_t{gridDim.x} * blockDim.x)
-    out[i] = Arith<To>::store(static_cast<float>(Arith<From>::load(in[i])));
+    out[i] = Arith<To>::store(static_cast<float>(Arith<From>::load(in[i])) * factor);
 }
 
 constexpr unsigned threads_per_block = 256;
@@ -245,6 +246,11 @@ void scale(void* data, std::size_t count, DType dtype, double factor, NativeStre
 }
 
 void cast(const void* in, DType from, void* out, DType to, std::size_t count, NativeStream stream) {
+  cast(in, from, out, to, count, 1.0, stream);
+}
+
+void cast(const void* in, DType from, void* out, DType to, std::size_t count, double factor,
+          NativeStream stream) {
   if (!can_cast(from, to))
     throw Error(ErrorCode::unsupported, "cast from " + std::string(to_string(from)) + " to " +
                                             std::string(to_string(to)) +
@@ -255,7 +261,9 @@ void cast(const void* in, DType from, void* out, DType to, std::size_t count, Na
     throw Error(ErrorCode::invalid_argument,
                 "cast of " + std::to_string(count) + " elements: null buffer");
   if (from == to) {
-    if (in != out)
+    if (factor != 1.0)
+      scale(in, out, count, from, factor, stream);
+    else if (in != out)
       check(cudaMemcpyAsync(out, in, count * dtype_size(from), cudaMemcpyDefault, stream),
             "cast (cudaMemcpyAsync)");
     return;
@@ -264,7 +272,7 @@ void cast(const void* in, DType from, void* out, DType to, std::size_t count, Na
     using F = decltype(from_tag);
     using T = decltype(to_tag);
     cast_kernel<F, T><<<blocks_for(count), threads_per_block, 0, stream>>>(
-        static_cast<const F*>(in), static_cast<T*>(out), count);
+        static_cast<const F*>(in), static_cast<T*>(out), count, static_cast<float>(factor));
   };
   if (from == DType::float32 && to == DType::float16) launch(float{}, Half{});
   if (from == DType::float32 && to == DType::bfloat16) launch(float{}, BHalf{});

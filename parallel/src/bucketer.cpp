@@ -140,9 +140,8 @@ struct InputOrder {
   }
 };
 
-// A device bucket's pack: compression's cast (the average folded in first, as the CPU's
-// cast, on the full-precision values the unpack overwrites anyway), else one DevicePackPlan
-// launch. Returns the plan for the unpack (nullptr when compressing).
+// A device bucket's pack: compression's cast (the average folded in, as the CPU's), else one
+// DevicePackPlan launch. Returns the plan for the unpack (nullptr when compressing).
 std::shared_ptr<kernels::cuda::DevicePackPlan> add_device_pack(
     Graph& graph, const std::string& name, const std::vector<Copy>& copies, Buffer wire,
     Compression compression, double factor, const InputOrder& order, int device,
@@ -150,21 +149,15 @@ std::shared_ptr<kernels::cuda::DevicePackPlan> add_device_pack(
   std::vector<Buffer> full;
   for (const Copy& c : copies) full.push_back(c.full);
   if (compression != Compression::none) {
-    std::vector<Buffer> writes = full;
-    writes.push_back(wire);
-    tasks.pack =
-        graph.compute_gpu(name + ".pack",
-                          [copies, factor, order](StreamRef s) {
-                            order(native(s));
-                            for (const Copy& c : copies) {
-                              if (factor != 1.0)
-                                kernels::cuda::scale(c.full.data(), c.full.count(), c.full.dtype(),
-                                                     factor, native(s));
-                              kernels::cuda::cast(c.full.data(), c.full.dtype(), c.wire.data(),
-                                                  c.wire.dtype(), c.full.count(), native(s));
-                            }
-                          },
-                          {.reads = full, .writes = writes, .group = name});
+    tasks.pack = graph.compute_gpu(name + ".pack",
+                                   [copies, factor, order](StreamRef s) {
+                                     order(native(s));
+                                     for (const Copy& c : copies)
+                                       kernels::cuda::cast(c.full.data(), c.full.dtype(),
+                                                           c.wire.data(), c.wire.dtype(),
+                                                           c.full.count(), factor, native(s));
+                                   },
+                                   {.reads = full, .writes = {wire}, .group = name});
     return nullptr;
   }
   auto plan = std::make_shared<kernels::cuda::DevicePackPlan>(pack_plan(copies, name), device);
@@ -265,6 +258,7 @@ struct Bucketer::State {
     if (device.kind == DeviceKind::cuda) {
       const std::size_t bytes = count * dtype_size(dtype);
       try {
+        const cuda::DeviceGuard on_device(device.index);  // (the zeroing's device too)
         const cuda::DeviceMemory& m = device_memory.emplace_back(bytes, device.index);
         cuda::zero(m.data(), bytes);
         return Buffer(m.data(), count, dtype, device);

@@ -525,11 +525,15 @@ GradientReducer::GradientReducer(std::vector<ParameterSpec> parameters, Backend&
       throw Error(ErrorCode::unsupported, "GradientReducer: parameter '" + spec.name + "' is on " +
                                               to_string(spec.device) + ", which the " +
                                               std::string(backend.name()) + " backend cannot move");
-    if (spec.device.kind == DeviceKind::cuda && spec.device != parameters.front().device &&
-        parameters.front().device.kind == DeviceKind::cuda)
-      invalid("parameters '" + parameters.front().name + "' and '" + spec.name + "' are on " +
-              to_string(parameters.front().device) + " and " + to_string(spec.device) +
-              " (one device per reducer)");
+    if (spec.device.kind == DeviceKind::cuda) {
+      const ParameterSpec& first =
+          *std::find_if(parameters.begin(), parameters.end(),
+                        [](const ParameterSpec& q) { return q.device.kind == DeviceKind::cuda; });
+      if (spec.device != first.device)
+        invalid("parameters '" + first.name + "' and '" + spec.name + "' are on " +
+                to_string(first.device) + " and " + to_string(spec.device) +
+                " (one device per reducer)");
+    }
     if (plan.shard != ShardLevel::none && !is_floating(spec.dtype))
       throw Error(ErrorCode::unsupported, "GradientReducer: parameter '" + spec.name + "' is " +
                                               std::string(to_string(spec.dtype)) + "; shard '" +
@@ -717,6 +721,21 @@ void GradientReducer::wait_update(std::size_t k) {
   if (!s.in_step) invalid("wait_update: no step in progress (begin() starts one)");
   for (std::size_t b : s.group_buckets[k]) s.executor->wait(s.bucket_tasks[b].done());
   if (s.usage_reduce.valid()) s.executor->wait(s.usage_reduce);
+  s.polled[k] = 1;
+}
+
+void GradientReducer::wait_issued(std::size_t k) {
+  State& s = *_state;
+  update_group(k);
+  if (!s.in_step) invalid("wait_issued: no step in progress (begin() starts one)");
+  for (std::size_t b : s.group_buckets[k]) {
+    const BucketTasks& tasks = s.bucket_tasks[b];
+    if (tasks.unpack.valid())
+      s.executor->wait(tasks.done());  // a GPU node's work is on the executor's streams
+    else
+      s.executor->wait_issued(tasks.reduce);
+  }
+  if (s.usage_reduce.valid()) s.executor->wait(s.usage_reduce);  // the counts are read here
   s.polled[k] = 1;
 }
 

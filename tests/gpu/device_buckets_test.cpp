@@ -124,8 +124,8 @@ TEST(DeviceBuckets, GradientReducerHandsOverOnTheDeviceStream) {
   const int world = backend->world_size(), rank = backend->rank();
   std::vector<ParameterSpec> specs;
   for (std::size_t i = 0; i < sizes.size(); ++i)
-    specs.push_back({"p" + std::to_string(i), "m" + std::to_string(i % 2), sizes[i],
-                     DType::float32, Device::cuda(0)});
+    specs.push_back({"p" + std::to_string(i), "m" + std::to_string(i % 2), sizes[i], DType::float32,
+                     Device::cuda(0)});
   ReducerPlan plan;
   plan.bucket_cap_bytes = 4096;
   plan.first_bucket_bytes = 1024;
@@ -134,8 +134,7 @@ TEST(DeviceBuckets, GradientReducerHandsOverOnTheDeviceStream) {
   GradientReducer reducer(specs, *backend, plan, {}, stream.native());
   const std::size_t unused = 2;
   std::vector<cuda::DeviceMemory> grads;
-  for (std::size_t i = 0; i < sizes.size(); ++i)
-    grads.emplace_back(sizes[i] * sizeof(float), 0);
+  for (std::size_t i = 0; i < sizes.size(); ++i) grads.emplace_back(sizes[i] * sizeof(float), 0);
   for (int step = 0; step < 3; ++step) {
     reducer.begin();
     for (std::size_t i = sizes.size(); i-- > 0;) {

@@ -170,14 +170,17 @@ TEST_F(NcclOneRank, CollectivesAtWorldSizeOne) {
 // NCCL moves device memory only: the reducer's usage counts go up to the device for their
 // allreduce and come back (usage.upload, usage.download); device buckets averaged at world 1.
 TEST_F(NcclOneRank, GradientReducerOnDeviceBucketsCountsUsageOnTheDevice) {
-  cuda::Stream stream(0);
+  // The fixture's NCCL starts after the legacy default stream: the reducer copies in on it too
+  // (as test::to_device's copy and the final read, which are ordered with it).
   std::vector<ParameterSpec> specs{{"a", "", 5, DType::float32, Device::cuda(0)},
                                    {"b", "", 3, DType::float32, Device::cuda(0)}};
   ReducerPlan plan;
   plan.track_usage = true;
   plan.external_updates = true;
-  GradientReducer reducer(specs, nccl(), plan, {}, stream.native());
+  GradientReducer reducer(specs, nccl(), plan, {}, nullptr);
+  const Task download = reducer.graph().find("usage.download");
   ASSERT_TRUE(reducer.graph().find("usage.upload").valid());
+  ASSERT_TRUE(download.valid());
   const std::vector<float> host{1, -2, 3.5f, 4, 5};
   auto a = test::to_device(host);
   reducer.begin();
@@ -188,6 +191,7 @@ TEST_F(NcclOneRank, GradientReducerOnDeviceBucketsCountsUsageOnTheDevice) {
     reducer.wait_update(k);
     reducer.updated(k);
   }
+  EXPECT_TRUE(reducer.executor().done(download));  // the counts came back before the update
   EXPECT_FALSE(reducer.globally_unused(0));
   EXPECT_TRUE(reducer.globally_unused(1));
   const Buffer g = reducer.gradient(0);

@@ -266,6 +266,59 @@ TEST(External, CollectivesBehindExternalNodesOnLocalRanks) {
   EXPECT_EQ(wrong.load(), 0);
 }
 
+// wait_issued: a collective behind an external node is issued on rank 0 while rank 1 has not
+// signalled yet, so it cannot have completed; wait_issued returns then (what a device reducer's
+// stream wait needs), wait() after rank 1 signals. A node never issued is a timeout.
+TEST(External, WaitIssuedReturnsOnceTheCollectiveStartedNotWhenItCompletes) {
+  std::atomic<bool> checked{false};
+  std::atomic<int> wrong{0};
+  LocalWorld::run(2, [&](Backend& backend) {
+    Graph g;
+    std::vector<float> data(33);
+    Task in = g.external("grad");
+    Task reduce = g.allreduce("bucket0.allreduce", Buffer::of(std::span(data)), ReduceOp::sum);
+    Task after = g.compute("after", [] {});
+    in.precede(reduce);
+    reduce.precede(after);
+    Executor ex(g, backend, with_timeout(20));
+    for (int run = 0; run < 3; ++run) {
+      std::fill(data.begin(), data.end(), float(backend.rank() + 1 + run));
+      ex.start();
+      if (backend.rank() == 0) {
+        wrong += ex.issued(reduce);  // not before its gradient
+        ex.signal(in);
+        ex.wait_issued(reduce);
+        wrong += !ex.issued(reduce);
+        wrong += ex.done(reduce);   // rank 1 has not signalled: it cannot have completed
+        wrong += ex.issued(after);  // a compute node is issued when it completed
+        checked = true;
+      } else {
+        while (!checked) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        wrong += ex.issued(reduce);
+        ex.signal(in);
+      }
+      ex.wait(reduce);
+      for (float v : data) wrong += v != float(3 + 2 * run);
+      ex.wait();
+      wrong += !ex.issued(after);
+      checked = false;
+      backend.barrier();
+    }
+  });
+  EXPECT_EQ(wrong.load(), 0);
+
+  auto backend = make_local_backend();
+  Graph g;
+  std::vector<float> three(3);
+  Task in = g.external("grad.never");
+  Task reduce = g.allreduce("bucket0.allreduce", Buffer::of(std::span(three)), ReduceOp::sum);
+  in.precede(reduce);
+  Executor ex(g, *backend, with_timeout(0.3));
+  ex.start();
+  expect_error(ErrorCode::timeout, "'grad.never'", [&] { ex.wait_issued(reduce); });
+  EXPECT_THROW(ex.wait(), Error);
+}
+
 // A rank whose outside work never reports: its peer's collective times out naming the rank, and
 // the silent rank's wait names its node; neither hangs.
 TEST(External, ARankThatNeverSignalsIsNamedOnEveryRank) {

@@ -133,6 +133,20 @@ void DeviceOrder::after_current(const at::Tensor& tensor, std::string_view where
   _stream->wait(*_event);
 }
 
+void DeviceOrder::current_after(std::string_view where) {
+  const int device = this->device();
+  if (device < 0)
+    throw Error(ErrorCode::internal,
+                std::string(where) + ": no stream yet to order torch's current stream after");
+  if (_skips.stream_wait) return;
+  const c10::Device torch_device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device));
+  const c10::impl::VirtualGuardImpl guard(torch_device.type());
+  const c10::Stream current = guard.getStream(torch_device);
+  std::lock_guard lock(_mutex);
+  _event->record(*_stream);
+  cuda::stream_wait(static_cast<cuda::NativeStream>(current.native_handle()), *_event);
+}
+
 int DeviceOrder::device() const {
   std::lock_guard lock(_mutex);
   return _device;

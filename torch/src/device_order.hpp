@@ -72,6 +72,10 @@ class DeviceOrder {
   /// device has enqueued so far (unless UnsafeSkips::stream_wait).
   void after_current(const at::Tensor& tensor, std::string_view where);
 
+  /// @brief Makes torch's current stream of the group's device wait (on the device, no host
+  /// wait) for the work enqueued on the group's stream so far (unless UnsafeSkips::stream_wait).
+  void current_after(std::string_view where);
+
   /// @brief The device of the group's stream; -1 before the first CUDA tensor.
   int device() const;
   const UnsafeSkips& skips() const noexcept { return _skips; }

@@ -70,16 +70,25 @@ class TorchReducer {
     // slot there (ready() copies it in; the client copies the average back into .grad), as DDP
     // on Gloo stages CUDA gradients.
     std::string why;
-    const std::optional<BucketMemory> memory = choose_bucket_memory(
-        bucket_memory_from_environment(), cuda::built_with_cuda(), plan.shard != ShardLevel::none,
-        static_cast<int>(cuda_devices.size()), cpu_parameters, why);
+    const std::optional<BucketMemory> wanted = bucket_memory_from_environment();
+    std::optional<BucketMemory> memory =
+        choose_bucket_memory(wanted, cuda::built_with_cuda(), plan.shard != ShardLevel::none,
+                             static_cast<int>(cuda_devices.size()), cpu_parameters, why);
     if (!memory) throw Error(ErrorCode::unsupported, "parallelize: " + why);
+    // Where the group has no path for CUDA memory (no NCCL, a transport that does not stage),
+    // the host buckets' staging needs none; asked for, device buckets are the named error.
+    if (*memory == BucketMemory::device && !wanted && !group.may_move_device_memory())
+      memory = BucketMemory::host;
     cuda::NativeStream stream = nullptr;
     if (*memory == BucketMemory::device) {
       _device = cuda_devices.front();
       const std::string where = "parallelize";
       stream = _order.stream(_device, where);
-      auto [backend, path] = group.make_companion_device_backend(_device, stream, where);
+      // On NCCL every collective is enqueued on the reducer's stream itself, behind the
+      // copies in: an update group's averages are then ready behind that stream once its
+      // collectives are issued (wait_update orders torch's current stream after it).
+      auto [backend, path] =
+          group.make_companion_device_backend(_device, stream, where, /*on_stream=*/true);
       _backend = std::move(backend);
       _device_path = path;
       for (ParameterSpec& spec : specs) spec.device = Device::cuda(_device);
@@ -102,6 +111,29 @@ class TorchReducer {
   std::string device_path() const {
     if (!_device_path) return "";
     return *_device_path == DevicePath::nccl ? "nccl" : "staged";
+  }
+
+  /// Waits for update group k: on device buckets over NCCL, whose collectives run on the
+  /// reducer's stream, until they were issued, then torch's current stream waits for that
+  /// stream on the device (as DDP's work.wait() on NCCL); otherwise until they completed.
+  void wait_update(std::size_t k) {
+    if (_device_path != DevicePath::nccl) {
+      py::gil_scoped_release no_gil;
+      _reducer->wait_update(k);
+      return;
+    }
+    {
+      py::gil_scoped_release no_gil;
+      _reducer->wait_issued(k);
+    }
+    _order.current_after("parallelize");
+  }
+
+  /// Parameter p had no gradient in this step: its slot is zeroed, on device buckets after
+  /// torch's current stream (which may still read it: .grad is the slot).
+  void mark_unused(std::size_t p) {
+    if (device_buckets()) _order.after_current(slot_of(p), "parallelize");
+    _reducer->mark_unused(p);
   }
 
   /// Ends the step; the gradients held for the device copies are let go (the step's
@@ -554,7 +586,7 @@ void bind_gradient_reducer(py::module_& m) {
       .def("in_step", [](TorchReducer& r) { return r.reducer().in_step(); })
       .def("ready", &TorchReducer::ready, py::arg("parameter"), py::arg("gradient"),
            py::arg("used") = true)
-      .def("mark_unused", [](TorchReducer& r, std::size_t p) { r.reducer().mark_unused(p); })
+      .def("mark_unused", &TorchReducer::mark_unused)
       .def("handed_over", [](TorchReducer& r, std::size_t p) { return r.reducer().handed_over(p); })
       .def(
           "missing",
@@ -570,9 +602,9 @@ void bind_gradient_reducer(py::module_& m) {
           "release_replaced", [](TorchReducer& r) { r.reducer().release_replaced(); },
           "Frees the memory the last replan replaced (the backward that read it ended)")
       .def("poll", [](TorchReducer& r) { return r.reducer().poll(); })
-      .def(
-          "wait_update", [](TorchReducer& r, std::size_t k) { r.reducer().wait_update(k); },
-          py::call_guard<py::gil_scoped_release>())
+      .def("wait_update", &TorchReducer::wait_update,
+           "Waits for update group k (on NCCL device buckets, until issued: torch's current "
+           "stream then waits for the reduction on the device)")
       .def("updated", [](TorchReducer& r, std::size_t k) { r.reducer().updated(k); })
       .def(
           "shard_pieces", [](const Self& r, std::size_t k) { return r->shard_pieces(k, r); },

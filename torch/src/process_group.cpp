@@ -668,19 +668,34 @@ loom::Backend& ProcessGroupLoom::device_backend(int device, const std::string& w
 
 std::pair<std::shared_ptr<loom::Backend>, DevicePath>
 ProcessGroupLoom::make_companion_device_backend(int device, cuda::NativeStream stream,
-                                                const std::string& where) {
+                                                const std::string& where, bool on_stream) {
   check_usable("open a companion CUDA backend");
-  return open_device_backend(device, stream, "/companion-" + std::to_string(_companions++), where);
+  return open_device_backend(device, stream, "/companion-" + std::to_string(_companions++), where,
+                             on_stream);
+}
+
+bool ProcessGroupLoom::has_nccl() {
+  const auto built = built_backends();
+  return std::find(built.begin(), built.end(), "nccl") != built.end();
+}
+
+bool ProcessGroupLoom::host_stages() const {
+  // mpi and ucx stage device buffers through pinned memory where loom has CUDA.
+  return (_backend->name() == "mpi" || _backend->name() == "ucx") && cuda::built_with_cuda();
+}
+
+bool ProcessGroupLoom::may_move_device_memory() const {
+  std::string why;
+  return choose_device_path(device_path_from_environment(), has_nccl(), host_stages(), false, why)
+      .has_value();
 }
 
 std::pair<std::shared_ptr<loom::Backend>, DevicePath> ProcessGroupLoom::open_device_backend(
-    int device, cuda::NativeStream stream, const std::string& suffix, const std::string& where) {
+    int device, cuda::NativeStream stream, const std::string& suffix, const std::string& where,
+    bool on_stream) {
   const std::optional<DevicePath> wanted = device_path_from_environment();
-  const auto built = built_backends();
-  const bool have_nccl = std::find(built.begin(), built.end(), "nccl") != built.end();
-  // mpi and ucx stage device buffers through pinned memory where loom has CUDA.
-  const bool host_stages =
-      (_backend->name() == "mpi" || _backend->name() == "ucx") && cuda::built_with_cuda();
+  const bool have_nccl = has_nccl();
+  const bool host_stages = this->host_stages();
   bool nccl_refused = false;
   std::string why;
   std::optional<DevicePath> path =
@@ -694,6 +709,7 @@ std::pair<std::shared_ptr<loom::Backend>, DevicePath> ProcessGroupLoom::open_dev
       NcclConfig config = NcclConfig::from_env();
       config.device = device;
       config.input_stream = stream;
+      config.run_on_input_stream = on_stream;
       config.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(_timeout);
       return {make_nccl_backend(*bootstrap, config), DevicePath::nccl};
     } catch (const Error& e) {

@@ -129,10 +129,14 @@ class ProcessGroupLoom final : public c10d::Backend {
   std::shared_ptr<loom::Backend> make_companion_backend();
   /// @brief The same for CUDA memory of `device`: the path a group's CUDA tensors take (NCCL,
   /// bootstrapped over a companion of the host transport, or the host transport staging through
-  /// pinned memory), its device work ordered after `stream`. A collective call, as
+  /// pinned memory), its device work ordered after `stream` (on_stream: NCCL enqueues every
+  /// operation on `stream` itself, NcclConfig::run_on_input_stream). A collective call, as
   /// make_companion_backend. ErrorCode::unavailable naming why where no path can carry them.
   std::pair<std::shared_ptr<loom::Backend>, DevicePath> make_companion_device_backend(
-      int device, cuda::NativeStream stream, const std::string& where);
+      int device, cuda::NativeStream stream, const std::string& where, bool on_stream = false);
+  /// @brief Whether CUDA memory has a path here before NCCL is tried (LOOM_TORCH_CUDA_PATH, this
+  /// loom's NCCL, a transport that stages): the same answer on every rank of a job.
+  bool may_move_device_memory() const;
   /// @brief Stops the group's progress thread and failure reporter (once; later calls return at
   /// once): no loom thread touches this group's tensors or Python objects afterwards, its works
   /// still in flight are abandoned, and later operations fail with ErrorCode::cancelled. Call
@@ -204,10 +208,13 @@ class ProcessGroupLoom final : public c10d::Backend {
   enum class Transport { store, mpi_subgroup, launcher };
   std::shared_ptr<loom::Backend> open_backend(const std::string& suffix,
                                               cuda::NativeStream device_stream = nullptr) const;
+  static bool has_nccl();
+  bool host_stages() const;
   // The backend for CUDA memory of `device` (device_path's rule), named `suffix` among the
   // group's backends.
   std::pair<std::shared_ptr<loom::Backend>, DevicePath> open_device_backend(
-      int device, cuda::NativeStream stream, const std::string& suffix, const std::string& where);
+      int device, cuda::NativeStream stream, const std::string& suffix, const std::string& where,
+      bool on_stream = false);
 
   Transport _transport = Transport::launcher;
   std::string _group_name;

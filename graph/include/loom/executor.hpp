@@ -132,6 +132,12 @@ class Executor {
   void wait(Task task);
   /// @brief Whether `task` has completed in the current run (or, after wait(), the last one).
   bool done(Task task) const;
+  /// @brief Waits until `task` was issued in the current run: a communication node started
+  /// on the backend (its device work, on a device backend, then enqueued on its stream); any
+  /// other node completed. Timeout and failure as wait(task).
+  void wait_issued(Task task);
+  /// @brief Whether `task` was issued in the current run (see wait_issued); never waits.
+  bool issued(Task task) const;
   /// @brief Waits for the run start() began and ends it like run(): throws loom::Error naming
   /// the failed node. With external nodes, when the timeout passes without every node done,
   /// the run fails with ErrorCode::timeout naming the external nodes not signalled (the

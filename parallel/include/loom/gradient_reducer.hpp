@@ -171,6 +171,13 @@ class GradientReducer {
   std::vector<std::size_t> poll();
   /// @brief Waits (the executor's timeout) until update group k's buckets landed.
   void wait_update(std::size_t k);
+  /// @brief Device buckets whose backend runs every collective on the device stream (nccl
+  /// with NcclConfig::run_on_input_stream): waits (the executor's timeout) only until update
+  /// group k's collectives were issued, and the usage counts (track_usage) landed. Its averages
+  /// are then ready on the device behind the device stream: a reader ordered after that stream
+  /// (an event) reads them without the host waiting for the reduction. A bucket with a GPU
+  /// unpack (compression), whose work is on the executor's streams, is waited for whole.
+  void wait_issued(std::size_t k);
   /// @brief The client applied update group k (external_updates: signals its node).
   void updated(std::size_t k);
   /// @brief Sharded plans: this rank's pieces of update group k (what its optimizer updates);

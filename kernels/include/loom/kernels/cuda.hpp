@@ -34,6 +34,10 @@ void scale(const void* in, void* out, std::size_t count, DType dtype, double fac
 
 /// @brief Converts between float32, float16 and bfloat16 on `stream`, as kernels::cast.
 void cast(const void* in, DType from, void* out, DType to, std::size_t count, NativeStream stream);
+/// @brief The same with `factor` multiplied in (in float) in the same pass, as kernels::cast
+/// with a factor: the compression hook's cast with the average folded in.
+void cast(const void* in, DType from, void* out, DType to, std::size_t count, double factor,
+          NativeStream stream);
 
 /// @brief A PackPlan uploaded to one device: packing or unpacking every segment of a bucket is
 /// then one kernel launch (one thread block per piece), whatever the number of segments.
