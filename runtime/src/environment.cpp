@@ -13,7 +13,7 @@
 namespace loom::environment {
 namespace {
 
-constexpr std::array<Variable, 22> all_variables{{
+constexpr std::array<Variable, 23> all_variables{{
     {"LOOM_BACKEND", "the backend create_backend() makes",
      "mpi under mpirun, ucx where LOOM_STORE is set, else local", "local, mpi, nccl, ucx"},
     {"LOOM_TIMEOUT_S",
@@ -23,6 +23,11 @@ constexpr std::array<Variable, 22> all_variables{{
      "be abandoned, prints that error and ends the process with status 124 "
      "(Backend::set_timeout per backend)",
      "300", "decimal seconds >= 0; 0 disables"},
+    {"LOOM_TORCH_CUDA_BUCKETS",
+     "where `parallelize` buckets a CUDA model: `device` (its GPU's memory, loom's CUDA kernels) "
+     "or `host` (staged through host buckets) (docs/parallelize.md)",
+     "auto: device for an unsharded model on one GPU whose group can move device memory, else host",
+     "auto, host, device"},
     {"LOOM_TORCH_CUDA_PATH",
      "how a loom torch group moves CUDA tensors: `nccl` (one rank per GPU) or `staged` through "
      "pinned host memory on the mpi or ucx transport (docs/torch.md)",
