@@ -96,6 +96,19 @@ def test_bucket_memory_from_environment(monkeypatch):
         _C._bucket_memory_from_environment()
 
 
+# Ranks that choose differently (LOOM_TORCH_CUDA_BUCKETS on one rank only) would open different
+# companions and meet only at the timeout: parallelize's agreement names it on every rank.
+def test_ranks_that_disagree_on_bucket_memory_are_named_on_every_rank(world, loom_backend):
+    rank, size, _ = world
+    with pytest.raises(RuntimeError, match=r"the ranks disagree on where a CUDA model's buckets "
+                                           r"live: 1 of %d ranks chose device memory, the others "
+                                           r"host memory \(rank %d: %s\)"
+                                           % (size, rank, "device" if rank == 0 else "host")):
+        _C._agree_on_bucket_memory(loom_backend, "device" if rank == 0 else "host")
+    _C._agree_on_bucket_memory(loom_backend, "host")  # agreeing ranks go on
+    _C._agree_on_bucket_memory(loom_backend, "device")
+
+
 def test_cpu_model_has_host_buckets(world):
     model = torch.nn.Linear(3, 2)
     net, opt = loom_torch.parallelize(model, torch.optim.SGD(model.parameters(), lr=0.1))

@@ -2,7 +2,9 @@
 #include "device_order.hpp"
 
 #include <c10/core/Stream.h>
+
 #include <c10/core/impl/VirtualGuardImpl.h>
+#include <cstdint>
 
 #include "loom/cuda_device.hpp"
 #include "loom/environment.hpp"
@@ -80,6 +82,21 @@ std::optional<BucketMemory> choose_bucket_memory(std::optional<BucketMemory> wan
   if (!wanted) return BucketMemory::host;
   why = "LOOM_TORCH_CUDA_BUCKETS=device, but " + against;
   return std::nullopt;
+}
+
+void agree_on_bucket_memory(Backend& backend, BucketMemory memory) {
+  std::int32_t on_device = memory == BucketMemory::device ? 1 : 0;
+  backend.allreduce(Buffer(&on_device, 1, DType::int32), ReduceOp::sum);
+  const int world = backend.world_size();
+  if (on_device == 0 || on_device == world) return;
+  throw Error(ErrorCode::mismatch,
+              "parallelize: the ranks disagree on where a CUDA model's buckets live: " +
+                  std::to_string(on_device) + " of " + std::to_string(world) +
+                  " ranks chose device memory, the others host memory (rank " +
+                  std::to_string(backend.rank()) + ": " +
+                  (memory == BucketMemory::device ? "device" : "host") +
+                  "); LOOM_TORCH_CUDA_BUCKETS and the trained parameters' devices must be the "
+                  "same on every rank");
 }
 
 UnsafeSkips UnsafeSkips::from_environment() {

@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 
+#include "loom/backend.hpp"
 #include "loom/cuda_stream.hpp"
 
 namespace loom::torch {
@@ -47,6 +48,11 @@ std::optional<BucketMemory> bucket_memory_from_environment();
 std::optional<BucketMemory> choose_bucket_memory(std::optional<BucketMemory> wanted, bool have_cuda,
                                                  bool sharded, int cuda_devices,
                                                  bool cpu_parameters, std::string& why);
+
+/// @brief Every rank must bucket alike (their companions are opened to match): an allreduce
+/// over `backend` (with its timeout) of how many ranks chose device memory. Where they differ,
+/// ErrorCode::mismatch on every rank, naming the count and this rank's choice.
+void agree_on_bucket_memory(Backend& backend, BucketMemory memory);
 
 /// @brief What loom_torch's stream-order safeguards skip, for the test that proves each one
 /// matters (LOOM_TORCH_UNSAFE_SKIP=stream_wait|input_hold); never set in a real job.

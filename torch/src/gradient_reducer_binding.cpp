@@ -79,6 +79,10 @@ class TorchReducer {
     // the host buckets' staging needs none; asked for, device buckets are the named error.
     if (*memory == BucketMemory::device && !wanted && !group.may_move_device_memory())
       memory = BucketMemory::host;
+    // The ranks agree first, over a host companion every rank opens alike: ranks that chose
+    // differently would open different companions and meet only at the timeout.
+    std::shared_ptr<Backend> host = group.make_companion_backend();
+    agree_on_bucket_memory(*host, *memory);
     cuda::NativeStream stream = nullptr;
     if (*memory == BucketMemory::device) {
       _device = cuda_devices.front();
@@ -93,7 +97,7 @@ class TorchReducer {
       _device_path = path;
       for (ParameterSpec& spec : specs) spec.device = Device::cuda(_device);
     } else {
-      _backend = group.make_companion_backend();
+      _backend = std::move(host);
     }
     ExecutorOptions options;
     options.timeout = std::chrono::duration<double>(group.timeout_seconds());

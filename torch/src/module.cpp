@@ -164,6 +164,20 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("wanted"), py::arg("have_cuda"), py::arg("sharded"), py::arg("cuda_devices"),
       py::arg("cpu_parameters"));
+  // The ranks' agreement parallelize makes before it opens its companions (tested without a
+  // GPU by ranks that pass different choices).
+  m.def(
+      "_agree_on_bucket_memory",
+      [](loom::torch::ProcessGroupLoom& group, const std::string& memory) {
+        if (memory != "host" && memory != "device")
+          throw py::value_error("memory must be 'host' or 'device', not '" + memory + "'");
+        const std::shared_ptr<loom::Backend> backend = group.make_companion_backend();
+        py::gil_scoped_release no_gil;
+        loom::torch::agree_on_bucket_memory(*backend, memory == "host"
+                                                          ? loom::torch::BucketMemory::host
+                                                          : loom::torch::BucketMemory::device);
+      },
+      py::arg("group"), py::arg("memory"));
   m.def("_bucket_memory_from_environment", [] {
     const auto memory = loom::torch::bucket_memory_from_environment();
     return memory ? std::optional<std::string>(memory == loom::torch::BucketMemory::host ? "host"
