@@ -57,6 +57,13 @@ struct Copy {
   Buffer wire;
 };
 
+// The full-precision stretches of a bucket's copies: what its pack reads and its unpack writes.
+std::vector<Buffer> full_of(const std::vector<Copy>& copies) {
+  std::vector<Buffer> full;
+  for (const Copy& c : copies) full.push_back(c.full);
+  return full;
+}
+
 std::span<std::byte> bytes_of(const Buffer& buffer) {
   return {static_cast<std::byte*>(buffer.data()), buffer.bytes()};
 }
@@ -92,8 +99,7 @@ kernels::PackPlan pack_plan(const std::vector<Copy>& copies, const std::string& 
 // the average folded into the unpack (one pass either way).
 void add_pack_and_unpack(Graph& graph, const std::string& name, const std::vector<Copy>& copies,
                          Buffer wire, Compression compression, double factor, BucketTasks& tasks) {
-  std::vector<Buffer> full;
-  for (const Copy& c : copies) full.push_back(c.full);
+  const std::vector<Buffer> full = full_of(copies);
   if (compression != Compression::none) {
     tasks.pack = graph.compute(name + ".pack", [copies, factor] { compress(copies, factor); },
                                {.reads = full, .writes = {wire}, .group = name});
@@ -146,8 +152,7 @@ std::shared_ptr<kernels::cuda::DevicePackPlan> add_device_pack(
     Graph& graph, const std::string& name, const std::vector<Copy>& copies, Buffer wire,
     Compression compression, double factor, const InputOrder& order, int device,
     BucketTasks& tasks) {
-  std::vector<Buffer> full;
-  for (const Copy& c : copies) full.push_back(c.full);
+  const std::vector<Buffer> full = full_of(copies);
   if (compression != Compression::none) {
     tasks.pack = graph.compute_gpu(name + ".pack",
                                    [copies, factor, order](StreamRef s) {
@@ -175,8 +180,7 @@ std::shared_ptr<kernels::cuda::DevicePackPlan> add_device_pack(
 void add_device_unpack(Graph& graph, const std::string& name, const std::vector<Copy>& copies,
                        Buffer wire, Compression compression, double factor,
                        std::shared_ptr<kernels::cuda::DevicePackPlan> plan, BucketTasks& tasks) {
-  std::vector<Buffer> full;
-  for (const Copy& c : copies) full.push_back(c.full);
+  const std::vector<Buffer> full = full_of(copies);
   tasks.unpack =
       graph.compute_gpu(name + ".unpack",
                         [copies, wire, compression, factor, plan](StreamRef s) {
@@ -674,8 +678,7 @@ std::vector<BucketTasks> Bucketer::attach(Graph& graph, std::span<const Task> pr
   const auto add_scatter = [&](const std::string& name, std::size_t b, Buffer into,
                                const CommOptions& comm, BucketTasks& tasks) {
     const std::vector<Copy> copies = s.copies(b);
-    std::vector<Buffer> full;
-    for (const Copy& c : copies) full.push_back(c.full);
+    const std::vector<Buffer> full = full_of(copies);
     const Buffer wire = s.wire[b];
 #if LOOM_HAVE_CUDA
     if (on_device(s.buckets[b])) {

@@ -42,14 +42,18 @@ def test_device_path_rule(wanted, nccl, stages, refused, path, why):
     assert reason.startswith(why) if why else reason == ""
 
 
-def test_device_path_from_environment(monkeypatch):
-    for text, want in [("", None), ("auto", None), ("nccl", "nccl"), ("staged", "staged")]:
-        monkeypatch.setenv("LOOM_TORCH_CUDA_PATH", text)
-        assert _C._device_path_from_environment() == want
-    monkeypatch.setenv("LOOM_TORCH_CUDA_PATH", "gpu")
-    with pytest.raises(RuntimeError, match=r"LOOM_TORCH_CUDA_PATH='gpu': expected one of auto, "
-                                           r"nccl, staged"):
-        _C._device_path_from_environment()
+@pytest.mark.parametrize("variable,read,choices", [
+    ("LOOM_TORCH_CUDA_PATH", "_device_path_from_environment", ["nccl", "staged"]),
+    ("LOOM_TORCH_CUDA_BUCKETS", "_bucket_memory_from_environment", ["host", "device"]),
+])
+def test_choices_from_environment(monkeypatch, variable, read, choices):
+    for text, want in [("", None), ("auto", None)] + [(c, c) for c in choices]:
+        monkeypatch.setenv(variable, text)
+        assert getattr(_C, read)() == want
+    monkeypatch.setenv(variable, "gpu")
+    with pytest.raises(RuntimeError, match=r"%s='gpu': expected one of auto, %s"
+                                           % (variable, ", ".join(choices))):
+        getattr(_C, read)()
 
 
 def test_unsafe_skips(monkeypatch):
@@ -84,16 +88,6 @@ def test_bucket_memory_rule(wanted, cuda, sharded, devices, cpu, memory, why):
     got, reason = _C._choose_bucket_memory(wanted, cuda, sharded, devices, cpu)
     assert got == memory
     assert reason.startswith(why) if why else reason == ""
-
-
-def test_bucket_memory_from_environment(monkeypatch):
-    for text, want in [("", None), ("auto", None), ("host", "host"), ("device", "device")]:
-        monkeypatch.setenv("LOOM_TORCH_CUDA_BUCKETS", text)
-        assert _C._bucket_memory_from_environment() == want
-    monkeypatch.setenv("LOOM_TORCH_CUDA_BUCKETS", "gpu")
-    with pytest.raises(RuntimeError, match=r"LOOM_TORCH_CUDA_BUCKETS='gpu': expected one of "
-                                           r"auto, host, device"):
-        _C._bucket_memory_from_environment()
 
 
 # Ranks that choose differently (LOOM_TORCH_CUDA_BUCKETS on one rank only) would open different

@@ -5,6 +5,8 @@
 
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <cstdint>
+#include <initializer_list>
+#include <utility>
 
 #include "loom/cuda_device.hpp"
 #include "loom/environment.hpp"
@@ -12,13 +14,29 @@
 
 namespace loom::torch {
 
-std::optional<DevicePath> device_path_from_environment() {
-  const auto text = environment::text("LOOM_TORCH_CUDA_PATH");
+namespace {
+
+// A variable that is unset, empty or "auto" (nullopt), or one of `choices` by name; anything
+// else is ErrorCode::invalid_argument naming the value and the names it may take.
+template <class T>
+std::optional<T> auto_or_one_of(const char* variable,
+                                std::initializer_list<std::pair<std::string_view, T>> choices) {
+  const auto text = environment::text(variable);
   if (!text || text->empty() || *text == "auto") return std::nullopt;
-  if (*text == "nccl") return DevicePath::nccl;
-  if (*text == "staged") return DevicePath::staged;
+  std::string names = "auto";
+  for (const auto& [name, value] : choices) {
+    if (*text == name) return value;
+    names += ", " + std::string(name);
+  }
   throw Error(ErrorCode::invalid_argument,
-              "LOOM_TORCH_CUDA_PATH='" + *text + "': expected one of auto, nccl, staged");
+              std::string(variable) + "='" + *text + "': expected one of " + names);
+}
+
+}  // namespace
+
+std::optional<DevicePath> device_path_from_environment() {
+  return auto_or_one_of<DevicePath>("LOOM_TORCH_CUDA_PATH",
+                                    {{"nccl", DevicePath::nccl}, {"staged", DevicePath::staged}});
 }
 
 std::optional<DevicePath> choose_device_path(std::optional<DevicePath> wanted, bool have_nccl,
@@ -56,12 +74,8 @@ std::optional<DevicePath> choose_device_path(std::optional<DevicePath> wanted, b
 }
 
 std::optional<BucketMemory> bucket_memory_from_environment() {
-  const auto text = environment::text("LOOM_TORCH_CUDA_BUCKETS");
-  if (!text || text->empty() || *text == "auto") return std::nullopt;
-  if (*text == "host") return BucketMemory::host;
-  if (*text == "device") return BucketMemory::device;
-  throw Error(ErrorCode::invalid_argument,
-              "LOOM_TORCH_CUDA_BUCKETS='" + *text + "': expected one of auto, host, device");
+  return auto_or_one_of<BucketMemory>(
+      "LOOM_TORCH_CUDA_BUCKETS", {{"host", BucketMemory::host}, {"device", BucketMemory::device}});
 }
 
 std::optional<BucketMemory> choose_bucket_memory(std::optional<BucketMemory> wanted, bool have_cuda,
